@@ -1,0 +1,24 @@
+"""gpulayer: run PyTorch work on a fleet of machines, on Celery and Redis.
+
+>>> import gpulayer
+>>> from gpulayer import submit, Resources
+>>> gpulayer.init()                      # GPULAYER_BROKER_URL, else `gpulayer up`, else an embedded cluster
+>>> submit.delay(pow, 2, 10).get()
+1024
+"""
+
+from celery import group
+
+from .client import BatchHandle, connect, init, submit_batch, wait_for_workers
+from .errors import (ClusterUnavailable, ConfigError, GpulayerError, JobFailed, JobRejected, PayloadError,
+                     PayloadRejected)
+from .models import Resources, WorkerInfo
+from .tasks.submit import submit
+from .worker.runtime import current_job, current_worker
+
+__all__ = [
+    "BatchHandle", "ClusterUnavailable", "ConfigError", "GpulayerError", "JobFailed", "JobRejected",
+    "PayloadError", "PayloadRejected", "Resources", "WorkerInfo", "connect", "current_job", "current_worker",
+    "group", "init", "submit", "submit_batch", "wait_for_workers",
+]
+__version__ = "0.1.0"

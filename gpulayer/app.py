@@ -1,0 +1,112 @@
+"""The Celery app: configuration, the signed serializer, and the router.
+
+Celery does the messaging; gpulayer decides where each message goes. The
+router asks ``placement.route`` with a registry snapshot, so ``delay``,
+``apply_async``, signatures in a ``group`` and ``submit_batch`` all route the
+same way.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import redis
+from celery import Celery
+
+from . import placement, queues, signing
+from .config import Settings
+from .errors import ClusterUnavailable, JobRejected
+from .models import Resources
+from .store.registry import CachedSnapshot, Registry
+
+SUBMIT = "gpulayer.submit"
+RESOURCES_HEADER = "gl_resources"
+
+signing.register_serializer()
+
+app = Celery("gpulayer", set_as_current=False)
+app.conf.update(
+    task_serializer=signing.NAME,
+    result_serializer=signing.NAME,
+    accept_content=[signing.NAME],
+    result_accept_content=[signing.NAME],
+    task_acks_late=True,
+    worker_prefetch_multiplier=4,
+    task_default_queue=queues.DEFAULT,
+    task_routes=("gpulayer.app.route_task",),
+    broker_connection_retry_on_startup=True,
+    # Long, so a long job is never delivered twice while it runs; dead workers'
+    # messages are handed back by the janitor, not by this timeout.
+    broker_transport_options={"visibility_timeout": 12 * 3600},
+    worker_hijack_root_logger=False,
+    imports=("gpulayer.tasks.submit",),
+)
+
+_state = threading.local()
+_lock = threading.Lock()
+_settings: Settings | None = None
+_snapshot: CachedSnapshot | None = None
+
+
+def configure(settings: Settings) -> None:
+    """Point the app (and this process's signer) at a cluster."""
+    global _settings, _snapshot
+    if not settings.broker_url:
+        raise ClusterUnavailable("no broker URL configured; call gpulayer.init() or set GPULAYER_BROKER_URL")
+    url = settings.broker_url
+    # No retry_on_timeout: kombu pipelines publishes (submit_batch) only when
+    # Redis will not replay a pipeline twice.
+    timeouts = {"socket_connect_timeout": settings.connect_timeout, "socket_timeout": 30.0}
+    with _lock:
+        app.conf.update(
+            broker_url=url,
+            result_backend=f"gpulayer.store.results:ResultBackend+{url}",
+            result_expires=settings.result_expires,
+            broker_transport_options={**app.conf.broker_transport_options, **timeouts},
+            redis_socket_connect_timeout=settings.connect_timeout,
+            redis_socket_timeout=30.0,
+        )
+        signing.configure(settings.secret_bytes(), settings.max_payload_bytes)
+        _settings = settings
+        _snapshot = CachedSnapshot(Registry(redis_client(settings), settings.worker_dead_after),
+                                   settings.registry_cache_seconds)
+
+
+def settings() -> Settings | None:
+    return _settings
+
+
+def is_configured() -> bool:
+    return _settings is not None
+
+
+def redis_client(s: Settings | None = None) -> redis.Redis:
+    s = s or _settings
+    if s is None or not s.broker_url:
+        raise ClusterUnavailable("gpulayer is not connected; call gpulayer.init() first")
+    return redis.Redis.from_url(s.broker_url, socket_connect_timeout=s.connect_timeout, socket_timeout=30.0)
+
+
+def registry() -> Registry:
+    if _snapshot is None:
+        raise ClusterUnavailable("gpulayer is not connected; call gpulayer.init() first")
+    return _snapshot.registry
+
+
+def route_for(resources: Resources) -> placement.Route:
+    """Route with the cached snapshot; on a refusal, look again at a fresh one before refusing."""
+    if _snapshot is None:
+        raise ClusterUnavailable("gpulayer is not connected; call gpulayer.init() first")
+    try:
+        return placement.route(resources, _snapshot.get())
+    except JobRejected:
+        _snapshot.invalidate()
+        return placement.route(resources, _snapshot.get())
+
+
+def route_task(name, args, kwargs, options, task=None, **kw):
+    """Celery router: gpulayer jobs go where ``placement.route`` says."""
+    if name != SUBMIT or options.get("queue"):
+        return None
+    spec = (options.get("headers") or {}).get(RESOURCES_HEADER)
+    return {"queue": route_for(Resources(**spec) if spec else Resources()).queue}

@@ -1,0 +1,91 @@
+"""``gpulayer``: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .errors import GpulayerError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gpulayer", description="Run PyTorch work on a fleet of machines.")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = sub.add_parser("up", help="start the embedded local cluster in the background")
+    up.add_argument("--workers", type=int, default=None, help="local workers (default 2)")
+    up.add_argument("--slots", type=int, default=None, help="job slots per worker (default: cores / workers, >= 2)")
+
+    sub.add_parser("down", help="stop what `gpulayer up` started")
+
+    w = sub.add_parser("worker", help="run a worker on this machine")
+    w.add_argument("--broker", default=None, help="redis://[:password@]host:port/db (default: GPULAYER_BROKER_URL)")
+    w.add_argument("--slots", type=int, default=None, help="concurrent jobs (default: GPUs, else cores)")
+    w.add_argument("--zone", default=None)
+    w.add_argument("--region", default=None)
+    w.add_argument("--name", default=None, help="worker id (default: <cuda|cpu>-<zone>-<host>)")
+    w.add_argument("--cuda", choices=("auto", "on", "off"), default="auto")
+    w.add_argument("--advertise-addr", default=None, help="address other machines reach this one at")
+    w.add_argument("--loglevel", default="INFO")
+
+    st = sub.add_parser("status", help="live workers, slots and queues")
+    st.add_argument("--json", action="store_true", help="machine-readable output")
+
+    sub.add_parser("demo", help="start the embedded cluster and run the README's demo")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args) or 0
+    except GpulayerError as err:
+        print(f"gpulayer {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _up(args) -> int:
+    from .local import up
+
+    cluster, started = up(args.workers, args.slots)
+    print(("started" if started else "already running") + f": broker {cluster.broker_url}")
+    print(f"state file: {cluster.home / 'cluster.json'} (broker URL and cluster secret; mode 0600)")
+    print("connect with gpulayer.init() from Python, stop with `gpulayer down`")
+    return 0
+
+
+def _down(args) -> int:
+    from .local import down
+
+    print("stopped the local cluster" if down() else "no local cluster was running")
+    return 0
+
+
+def _worker(args) -> int:
+    from .worker.main import run_worker
+
+    return run_worker(broker=args.broker, slots=args.slots, zone=args.zone, region=args.region, name=args.name,
+                      cuda=args.cuda, advertise_addr=args.advertise_addr, loglevel=args.loglevel)
+
+
+def _status(args) -> int:
+    from .status import collect, render
+
+    report = collect()
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        render(report)
+    return 0
+
+
+def _demo(args) -> int:
+    from .demo import run_demo
+
+    return run_demo()
+
+
+_COMMANDS = {"up": _up, "down": _down, "worker": _worker, "status": _status, "demo": _demo}

