@@ -1,0 +1,20 @@
+"""gpulayer's Trainer: Lightning's programming model with a faster loop.
+
+>>> from gpulayer.trainer import Trainer, Module
+>>> trainer = Trainer(max_epochs=2, precision="bf16-mixed")      # doctest: +SKIP
+>>> trainer.fit(Net(), train_loader)                              # doctest: +SKIP
+"""
+
+from gpulayer.trainer.callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint
+from gpulayer.trainer.config import TrainerConfig
+from gpulayer.trainer.errors import RankFailed, TrainerConfigError, TrainerError
+from gpulayer.trainer.loggers import CSVLogger, Logger, TensorBoardLogger
+from gpulayer.trainer.module import LightningModule, Module
+from gpulayer.trainer.seed import seed_everything
+from gpulayer.trainer.trainer import Trainer, fit_rank
+
+__all__ = [
+    "Callback", "CSVLogger", "EarlyStopping", "LearningRateMonitor", "LightningModule", "Logger", "ModelCheckpoint",
+    "Module", "RankFailed", "TensorBoardLogger", "Trainer", "TrainerConfig", "TrainerConfigError", "TrainerError",
+    "fit_rank", "seed_everything",
+]

@@ -1,0 +1,278 @@
+"""Trainer arguments: Lightning's names, validated once into a plain, picklable config.
+
+The config travels to every rank of a multi-process fit (see ``fit_rank``), so it
+holds only values and picklable objects (callbacks, logger), never live state.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import difflib
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from gpulayer.trainer.errors import TrainerConfigError
+
+PRECISIONS = {
+    "32-true": "32-true", "32": "32-true", 32: "32-true",
+    "16-mixed": "16-mixed", "16": "16-mixed", 16: "16-mixed",
+    "bf16-mixed": "bf16-mixed", "bf16": "bf16-mixed",
+}
+ACCELERATORS = ("auto", "cpu", "cuda", "gpu")
+STRATEGIES = ("auto", "single_device", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true")
+GRAD_SYNC = ("auto", "two_level", "flat")
+CLIP_ALGORITHMS = ("norm", "value")
+
+
+@dataclass
+class TrainerConfig:
+    """Everything a rank needs to run a fit, validated (see ``Trainer`` for meanings)."""
+
+    max_epochs: int = 1000
+    max_steps: int = -1
+    max_time: float | None = None  # seconds
+    limit_train_batches: int | float = 1.0
+    limit_val_batches: int | float = 1.0
+    precision: str = "32-true"
+    accelerator: str = "cpu"
+    devices: int = 1
+    device_ids: list[int] | None = None
+    num_nodes: int = 1
+    strategy: str = "auto"
+    benchmark: bool = True
+    deterministic: bool | str = False
+    gradient_clip_val: float | None = None
+    gradient_clip_algorithm: str = "norm"
+    accumulate_grad_batches: int = 1
+    check_val_every_n_epoch: int | None = 1
+    val_check_interval: int | float = 1.0
+    log_every_n_steps: int = 50
+    num_sanity_val_steps: int = 2
+    callbacks: list = field(default_factory=list)
+    logger: Any = None
+    enable_checkpointing: bool = True
+    enable_progress_bar: bool = False
+    default_root_dir: str = "."
+    prefetch: bool = True
+    grad_sync: str = "auto"
+
+    @property
+    def multi_process(self) -> bool:
+        return self.devices * self.num_nodes > 1
+
+
+def _choices_error(name: str, value: Any, accepted) -> TrainerConfigError:
+    shown = ", ".join(repr(a) for a in accepted)
+    return TrainerConfigError(f"Trainer({name}={value!r}) is not supported; accepted values: {shown}")
+
+
+def _int_at_least(name: str, value: Any, low: int, *, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise TrainerConfigError(f"Trainer({name}={value!r}) must be an integer >= {low}")
+    return value
+
+
+def _limit(name: str, value: Any) -> int | float:
+    """An int count of batches, or a float fraction in [0, 1] (Lightning's meaning)."""
+    if isinstance(value, bool):
+        raise TrainerConfigError(f"Trainer({name}={value!r}) must be an int (batches) or a float in [0.0, 1.0] (fraction)")
+    if isinstance(value, int) and value >= 0:
+        return value
+    if isinstance(value, float) and 0.0 <= value <= 1.0:
+        return value
+    raise TrainerConfigError(f"Trainer({name}={value!r}) must be an int (batches) or a float in [0.0, 1.0] (fraction)")
+
+
+def _max_time(value: Any) -> float | None:
+    """Lightning accepts "DD:HH:MM:SS", a timedelta or a dict of timedelta fields."""
+    if value is None:
+        return None
+    try:
+        if isinstance(value, _dt.timedelta):
+            return value.total_seconds()
+        if isinstance(value, dict):
+            return _dt.timedelta(**value).total_seconds()
+        if isinstance(value, str):
+            d, h, m, s = (int(x) for x in value.split(":"))
+            return _dt.timedelta(days=d, hours=h, minutes=m, seconds=s).total_seconds()
+    except (TypeError, ValueError) as err:
+        raise TrainerConfigError(
+            f"Trainer(max_time={value!r}) must be 'DD:HH:MM:SS', a datetime.timedelta or a dict like {{'hours': 1}}"
+        ) from err
+    raise TrainerConfigError(f"Trainer(max_time={value!r}) must be 'DD:HH:MM:SS', a datetime.timedelta or a dict")
+
+
+def _accelerator(value: Any) -> str:
+    if value not in ACCELERATORS:
+        raise _choices_error("accelerator", value, ACCELERATORS)
+    if value == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if value in ("cuda", "gpu"):
+        if not torch.cuda.is_available():
+            raise TrainerConfigError(
+                f"Trainer(accelerator={value!r}) but torch sees no CUDA device on this machine; "
+                "use accelerator='cpu' (or 'auto'), or install a CUDA build of torch"
+            )
+        return "cuda"
+    return "cpu"
+
+
+def _devices(value: Any, accelerator: str) -> tuple[int, list[int] | None]:
+    """Count and, for CUDA, explicit device ids. On CPU ``devices=M`` means M processes."""
+    if value == "auto":
+        return (torch.cuda.device_count(), None) if accelerator == "cuda" else (1, None)
+    if isinstance(value, str):
+        try:
+            value = [int(x) for x in value.split(",") if x.strip()] if "," in value else int(value)
+        except ValueError:
+            raise TrainerConfigError(f"Trainer(devices={value!r}): use an int, a list of GPU ids or 'auto'") from None
+    if isinstance(value, (list, tuple)):
+        if accelerator != "cuda" or not value or not all(isinstance(i, int) and i >= 0 for i in value):
+            raise TrainerConfigError(
+                f"Trainer(devices={value!r}): a list of device ids needs accelerator='cuda' and non-negative ints"
+            )
+        return len(value), list(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value == 0 or value < -1:
+        raise TrainerConfigError(f"Trainer(devices={value!r}): use a positive int, -1 (all), a list of GPU ids or 'auto'")
+    if value == -1:
+        return (torch.cuda.device_count(), None) if accelerator == "cuda" else (os.cpu_count() or 1, None)
+    if accelerator == "cuda" and value > torch.cuda.device_count():
+        raise TrainerConfigError(
+            f"Trainer(devices={value}) but this machine has {torch.cuda.device_count()} CUDA device(s)"
+        )
+    return value, None
+
+
+def build_config(**kwargs: Any) -> TrainerConfig:
+    """Validate Trainer keyword arguments; unknown names get a did-you-mean error."""
+    known = set(TrainerConfig.__dataclass_fields__) - {"device_ids"}
+    known |= {"enable_model_summary", "fast_dev_run"}
+    for name in kwargs:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise TrainerConfigError(f"Trainer got an unknown argument {name!r}{hint} (accepted: {', '.join(sorted(known))})")
+    kwargs.pop("enable_model_summary", None)  # accepted for Lightning compatibility; gpulayer prints no summary
+    fast_dev_run = kwargs.pop("fast_dev_run", False)
+
+    cfg = TrainerConfig()
+    precision = kwargs.get("precision", "32-true")
+    if precision not in PRECISIONS:
+        raise _choices_error("precision", precision, ["32-true", "16-mixed", "bf16-mixed", 32, "32", 16, "bf16"])
+    cfg.precision = PRECISIONS[precision]
+    cfg.accelerator = _accelerator(kwargs.get("accelerator", "auto"))
+    if cfg.precision == "16-mixed" and cfg.accelerator == "cpu":
+        raise TrainerConfigError(
+            "Trainer(precision='16-mixed') needs CUDA (float16 autocast with a GradScaler); "
+            "on CPU use precision='bf16-mixed'"
+        )
+    cfg.devices, cfg.device_ids = _devices(kwargs.get("devices", "auto"), cfg.accelerator)
+    cfg.num_nodes = _int_at_least("num_nodes", kwargs.get("num_nodes", 1), 1)
+    strategy = kwargs.get("strategy", "auto")
+    if strategy not in STRATEGIES:
+        raise _choices_error("strategy", strategy, STRATEGIES)
+    cfg.strategy = strategy
+
+    max_steps = kwargs.get("max_steps", -1)
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < -1:
+        raise TrainerConfigError(f"Trainer(max_steps={max_steps!r}) must be -1 (no limit) or an integer >= 0")
+    cfg.max_steps = max_steps
+    max_epochs = kwargs.get("max_epochs")
+    if max_epochs is None:  # Lightning: 1000 epochs unless max_steps bounds the run
+        max_epochs = -1 if max_steps != -1 else 1000
+    if isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < -1:
+        raise TrainerConfigError(f"Trainer(max_epochs={max_epochs!r}) must be -1 (no limit) or an integer >= 0")
+    cfg.max_epochs = max_epochs
+    cfg.max_time = _max_time(kwargs.get("max_time"))
+    cfg.limit_train_batches = _limit("limit_train_batches", kwargs.get("limit_train_batches", 1.0))
+    cfg.limit_val_batches = _limit("limit_val_batches", kwargs.get("limit_val_batches", 1.0))
+
+    cfg.deterministic = kwargs.get("deterministic", False)
+    if cfg.deterministic not in (True, False, "warn", None):
+        raise _choices_error("deterministic", cfg.deterministic, [True, False, "warn"])
+    cfg.deterministic = bool(cfg.deterministic) and cfg.deterministic
+    benchmark = kwargs.get("benchmark", None)
+    if benchmark not in (True, False, None):
+        raise _choices_error("benchmark", benchmark, [True, False, None])
+    cfg.benchmark = (not cfg.deterministic) if benchmark is None else benchmark
+
+    clip = kwargs.get("gradient_clip_val")
+    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip < 0):
+        raise TrainerConfigError(f"Trainer(gradient_clip_val={clip!r}) must be None or a number >= 0")
+    cfg.gradient_clip_val = float(clip) if clip else None
+    algo = kwargs.get("gradient_clip_algorithm", "norm")
+    if algo not in CLIP_ALGORITHMS:
+        raise _choices_error("gradient_clip_algorithm", algo, CLIP_ALGORITHMS)
+    cfg.gradient_clip_algorithm = algo
+    cfg.accumulate_grad_batches = _int_at_least("accumulate_grad_batches", kwargs.get("accumulate_grad_batches", 1), 1)
+    cfg.check_val_every_n_epoch = _int_at_least(
+        "check_val_every_n_epoch", kwargs.get("check_val_every_n_epoch", 1), 1, allow_none=True
+    )
+    vci = kwargs.get("val_check_interval", 1.0)
+    if isinstance(vci, bool) or not (isinstance(vci, int) and vci >= 1 or isinstance(vci, float) and 0.0 < vci <= 1.0):
+        raise TrainerConfigError(
+            f"Trainer(val_check_interval={vci!r}) must be an int >= 1 (train batches) or a float in (0.0, 1.0] (fraction of an epoch)"
+        )
+    cfg.val_check_interval = vci
+    cfg.log_every_n_steps = _int_at_least("log_every_n_steps", kwargs.get("log_every_n_steps", 50), 1)
+    cfg.num_sanity_val_steps = _int_at_least("num_sanity_val_steps", kwargs.get("num_sanity_val_steps", 2), -1)
+
+    callbacks = kwargs.get("callbacks") or []
+    if not isinstance(callbacks, (list, tuple)):
+        callbacks = [callbacks]
+    from gpulayer.trainer.callbacks import Callback, ModelCheckpoint
+    for cb in callbacks:
+        if not isinstance(cb, Callback):
+            raise TrainerConfigError(
+                f"Trainer(callbacks=...) got {type(cb).__name__}; callbacks must subclass gpulayer.trainer.Callback"
+            )
+    cfg.callbacks = list(callbacks)
+    cfg.enable_checkpointing = _bool("enable_checkpointing", kwargs.get("enable_checkpointing", True))
+    if not cfg.enable_checkpointing and any(isinstance(c, ModelCheckpoint) for c in cfg.callbacks):
+        raise TrainerConfigError("Trainer(enable_checkpointing=False) but callbacks contain a ModelCheckpoint; drop one of them")
+    if cfg.enable_checkpointing and not any(isinstance(c, ModelCheckpoint) for c in cfg.callbacks):
+        cfg.callbacks.append(ModelCheckpoint())
+
+    cfg.default_root_dir = os.fspath(kwargs.get("default_root_dir") or os.getcwd())
+    logger = kwargs.get("logger", True)
+    from gpulayer.trainer.loggers import CSVLogger, Logger
+    if logger is True or logger is None:
+        logger = CSVLogger(cfg.default_root_dir)
+    elif logger is False:
+        logger = None
+    elif isinstance(logger, (list, tuple)):
+        if len(logger) != 1:
+            raise TrainerConfigError("Trainer(logger=[...]) accepts one logger; pass the logger itself")
+        logger = logger[0]
+    if logger is not None and not isinstance(logger, Logger):
+        raise TrainerConfigError(
+            f"Trainer(logger={type(logger).__name__}) must be True, False or a gpulayer.trainer logger (CSVLogger, TensorBoardLogger)"
+        )
+    cfg.logger = logger
+    progress = kwargs.get("enable_progress_bar")
+    cfg.enable_progress_bar = _bool("enable_progress_bar", progress) if progress is not None else sys.stdout.isatty()
+    cfg.prefetch = _bool("prefetch", kwargs.get("prefetch", True))
+    grad_sync = kwargs.get("grad_sync", "auto")
+    if grad_sync not in GRAD_SYNC:
+        raise _choices_error("grad_sync", grad_sync, GRAD_SYNC)
+    cfg.grad_sync = grad_sync
+
+    if fast_dev_run:  # Lightning: n batches of train and val, no logger, no checkpoints
+        n = 1 if fast_dev_run is True else _int_at_least("fast_dev_run", fast_dev_run, 1)
+        cfg.max_epochs, cfg.max_steps = 1, n
+        cfg.limit_train_batches = cfg.limit_val_batches = n
+        cfg.num_sanity_val_steps, cfg.logger = 0, None
+        cfg.callbacks = [c for c in cfg.callbacks if not isinstance(c, ModelCheckpoint)]
+    return cfg
+
+
+def _bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _choices_error(name, value, [True, False])
+    return value

@@ -1,0 +1,89 @@
+"""Data loaders: where they come from, how many batches count, and the distributed sampler."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Iterable
+
+from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, RandomSampler
+
+from gpulayer.trainer.errors import TrainerConfigError
+from gpulayer.trainer.seed import SEED_ENV, SEED_WORKERS_ENV, worker_init_fn
+
+
+def resolve(loaders: Any) -> Any:
+    """A loader, a list of loaders, or a zero-argument factory returning one (called here, in the rank)."""
+    if loaders is None or isinstance(loaders, DataLoader) or hasattr(loaders, "__iter__"):
+        return loaders
+    if callable(loaders):
+        return loaders()
+    raise TrainerConfigError(
+        f"fit() got {type(loaders).__name__} for a data loader; pass a DataLoader, an iterable of batches, "
+        "or a function that returns one"
+    )
+
+
+def as_list(loaders: Any) -> list:
+    if loaders is None:
+        return []
+    if isinstance(loaders, (list, tuple)):
+        return list(loaders)
+    return [loaders]
+
+
+def num_batches(loader: Iterable, limit: int | float) -> float:
+    """How many batches of ``loader`` an epoch uses (``inf`` for an unsized iterable)."""
+    try:
+        n = len(loader)  # type: ignore[arg-type]
+    except TypeError:
+        n = math.inf
+    if isinstance(limit, int) and not isinstance(limit, bool):
+        return min(n, limit)
+    if n == math.inf:
+        if limit not in (0.0, 1.0):
+            raise TrainerConfigError(
+                f"a fractional limit ({limit}) needs a loader with len(); pass an int number of batches instead"
+            )
+        return 0 if limit == 0.0 else math.inf
+    return int(n * limit)
+
+
+def seed_workers(loader: Any) -> None:
+    """``seed_everything(workers=True)``: give each DataLoader worker a derived seed."""
+    if os.environ.get(SEED_WORKERS_ENV) == "1" and isinstance(loader, DataLoader) and loader.num_workers > 0 \
+            and loader.worker_init_fn is None:
+        loader.worker_init_fn = worker_init_fn
+
+
+def distributed(loader: Any, num_replicas: int, rank: int) -> Any:
+    """The same loader, each rank reading its 1/num_replicas share (Lightning inserts the sampler too)."""
+    if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
+        return loader  # an iterable that shards itself
+    if isinstance(loader.sampler, DistributedSampler):
+        return loader
+    if loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler:
+        raise TrainerConfigError(
+            f"the loader uses a custom batch sampler ({type(loader.batch_sampler).__name__}) that gpulayer cannot "
+            "split across processes; give it a DistributedSampler yourself or use devices=1"
+        )
+    sampler = DistributedSampler(
+        loader.dataset, num_replicas=num_replicas, rank=rank, shuffle=isinstance(loader.sampler, RandomSampler),
+        seed=int(os.environ.get(SEED_ENV, 0)), drop_last=loader.drop_last,
+    )
+    kwargs = dict(
+        batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory, drop_last=loader.drop_last, timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn, persistent_workers=loader.persistent_workers,
+    )
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+        kwargs["multiprocessing_context"] = loader.multiprocessing_context
+    return DataLoader(loader.dataset, **kwargs)
+
+
+def set_epoch(loader: Any, epoch: int) -> None:
+    for obj in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
+        if hasattr(obj, "set_epoch"):
+            obj.set_epoch(epoch)
+            return

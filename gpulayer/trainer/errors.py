@@ -1,0 +1,25 @@
+"""The Trainer's errors: each message says what was asked, what was found and what to do."""
+
+from __future__ import annotations
+
+try:  # the package-wide hierarchy lives in gpulayer/errors.py when it exists
+    from gpulayer.errors import GpulayerError as _Base
+except ImportError:  # pragma: no cover - errors.py not written yet in this checkout
+    _Base = Exception
+
+
+class TrainerError(_Base):
+    """The Trainer cannot do what it was asked; the message names the fix."""
+
+
+class TrainerConfigError(TrainerError, ValueError):
+    """A Trainer argument or a module hook returned a value the Trainer does not accept."""
+
+
+class RankFailed(TrainerError):
+    """A rank of a multi-process fit failed; carries the rank and its traceback."""
+
+    def __init__(self, rank: int, detail: str):
+        self.rank = rank
+        self.detail = detail
+        super().__init__(f"rank {rank} failed:\n{detail}")

@@ -1,0 +1,252 @@
+"""The fit loop. The per-step code is meant to read like nanoGPT's training loop.
+
+Per step: forward under the precision context, backward, (clip), step, zero
+grads, count. Nothing syncs with the device per step: logged values stay
+tensors until ``log_every_n_steps``; hooks nobody overrides are empty lists.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+
+from gpulayer.trainer import data
+from gpulayer.trainer.errors import TrainerConfigError
+from gpulayer.trainer.prefetch import device_batches
+from gpulayer.trainer.progress import ProgressBar
+from gpulayer.trainer.seed import capture_rng, restore_rng
+
+
+def _loss_of(out: Any) -> torch.Tensor | None:
+    if isinstance(out, torch.Tensor) or out is None:
+        return out
+    if isinstance(out, dict) and "loss" in out:
+        return out["loss"]
+    raise TrainerConfigError(
+        f"training_step returned {type(out).__name__}; return the loss tensor, a dict with a 'loss' key, or None to skip"
+    )
+
+
+class FitLoop:
+    def __init__(self, trainer, module, step_fn, train_loader, val_loaders, resume: dict | None):
+        cfg = trainer._config
+        self.trainer, self.module, self.step_fn, self.cfg = trainer, module, step_fn, cfg
+        self.strategy, self.precision, self.hooks, self.store = trainer.strategy, trainer._precision, trainer._hooks, trainer._store
+        self.train_loader, self.val_loaders = train_loader, val_loaders
+        self.resume = resume
+        self.num_train_batches = data.num_batches(train_loader, cfg.limit_train_batches)
+        self.batches_done = 0
+        self.epoch_done = False
+        self.epoch_start_rng: dict | None = None
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.optimizer = trainer.optimizers[0] if trainer.optimizers else None
+        self.step_schedulers = [c for c in trainer.lr_scheduler_configs if c.interval == "step"]
+        self.epoch_schedulers = [c for c in trainer.lr_scheduler_configs if c.interval == "epoch"]
+        self.log_needed = trainer.logger is not None or cfg.enable_progress_bar
+        self.bar = ProgressBar() if cfg.enable_progress_bar and trainer.is_global_zero else None
+        self.deadline = time.monotonic() + cfg.max_time if cfg.max_time is not None else None
+
+    # -- fit --------------------------------------------------------------------------------
+    def run(self) -> None:
+        t, cfg = self.trainer, self.cfg
+        if self.val_loaders and cfg.num_sanity_val_steps != 0 and self.resume is None:
+            self.run_validation(sanity=True)
+        self.hooks.call("on_train_start")
+        if self.resume is not None and self.resume["epoch_done"]:
+            t.current_epoch = self.resume["epoch"] + 1
+            if self.resume["rng"] is not None:
+                restore_rng(self.resume["rng"])
+            self.resume = None
+        elif self.resume is not None:
+            t.current_epoch = self.resume["epoch"]
+        while not self._fit_done():
+            self.run_epoch()
+            if self.epoch_done:
+                t.current_epoch += 1
+            else:
+                break  # max_steps, max_time or should_stop ended the epoch early
+            if t.should_stop:
+                break
+        self.hooks.call("on_train_end")
+
+    def _fit_done(self) -> bool:
+        t, cfg = self.trainer, self.cfg
+        if cfg.max_steps != -1 and t.global_step >= cfg.max_steps:
+            return True
+        if cfg.max_epochs != -1 and t.current_epoch >= cfg.max_epochs:
+            return True
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    # -- one epoch ----------------------------------------------------------------------------
+    def _batches(self) -> Any:
+        """This epoch's batch iterator, fast-forwarded when resuming mid-epoch."""
+        t = self.trainer
+        self.hooks.call("on_train_epoch_start")
+        data.set_epoch(self.train_loader, t.current_epoch)
+        skip, resume, self.resume = 0, self.resume, None
+        if resume is not None and resume["epoch_rng"] is not None:
+            restore_rng(resume["epoch_rng"])  # the shuffle of this epoch draws from these states
+        self.epoch_start_rng = capture_rng()
+        it = iter(self.train_loader)
+        if resume is not None:
+            skip = resume["batches_done"]
+            for _ in range(skip):  # replay the sampler; these batches were trained on before the save
+                next(it)
+            if resume["rng"] is not None:
+                restore_rng(resume["rng"])
+        return device_batches(it, self.strategy.root_device, self.cfg.prefetch), skip
+
+    def run_epoch(self) -> None:
+        t, cfg, hooks, store, prec = self.trainer, self.cfg, self.hooks, self.store, self.precision
+        step_fn, opt, params = self.step_fn, self.optimizer, self.params
+        accum, total = cfg.accumulate_grad_batches, self.num_train_batches
+        clip, log_every, max_steps = cfg.gradient_clip_val, cfg.log_every_n_steps, cfg.max_steps
+        manual = not self.module.automatic_optimization
+        val_every = self._val_interval()
+        batches, skip = self._batches()
+        self.epoch_done, self.batches_done = False, skip
+        if self.bar is not None:
+            self.bar.start_epoch(t.current_epoch, cfg.max_epochs, None if total == math.inf else int(total))
+        store.context = store.TRAIN_STEP
+        self.module.train()
+        stopped_early = False
+        batch_idx = skip - 1
+        for batch in batches:
+            batch_idx += 1
+            if batch_idx >= total:
+                break
+            store.batch = batch
+            for f in hooks.on_train_batch_start:
+                f(batch, batch_idx)
+            stepping = manual or (batch_idx + 1) % accum == 0 or batch_idx + 1 == total
+            if manual:
+                out = step_fn(batch, batch_idx)
+            elif stepping or t.world_size == 1:
+                out = self._forward_backward(step_fn, batch, batch_idx, accum)
+            else:
+                with self.strategy.no_sync():  # accumulate locally; DDP syncs on the stepping micro-batch
+                    out = self._forward_backward(step_fn, batch, batch_idx, accum)
+            if stepping:
+                if not manual and out is not None:
+                    for f in hooks.on_before_optimizer_step:
+                        f(opt)
+                    if clip:
+                        prec.clip(opt, params, clip, cfg.gradient_clip_algorithm)
+                    prec.step(opt)
+                    for f in hooks.on_before_zero_grad:
+                        f(opt)
+                    opt.zero_grad(set_to_none=True)
+                t.global_step += 1
+                for s in self.step_schedulers:
+                    if t.global_step % s.frequency == 0:
+                        t._step_scheduler(s)
+                if self.log_needed and t.global_step % log_every == 0:
+                    t._log_step_metrics()
+            self.batches_done = batch_idx + 1
+            for f in hooks.on_train_batch_end:
+                f(out, batch, batch_idx)
+            if self.bar is not None:
+                self.bar.update(batch_idx + 1, store.progress)
+            if val_every and (batch_idx + 1) % val_every == 0 and batch_idx + 1 != total:
+                self.run_validation()
+                store.context = store.TRAIN_STEP
+            if stepping and (max_steps != -1 and t.global_step >= max_steps or t.should_stop
+                             or self.deadline is not None and time.monotonic() >= self.deadline):
+                stopped_early = self.batches_done < total
+                break
+        self.epoch_done = not stopped_early
+        self._end_epoch()
+
+    def _forward_backward(self, step_fn, batch: Any, batch_idx: int, accum: int) -> Any:
+        with self.precision.forward_context():
+            out = step_fn(batch, batch_idx)
+        loss = _loss_of(out)
+        if loss is None:
+            return None
+        if accum > 1:
+            loss = loss / accum
+        for f in self.hooks.on_before_backward:
+            f(loss)
+        self.precision.backward(loss)
+        for f in self.hooks.on_after_backward:
+            f()
+        return out
+
+    def _val_interval(self) -> int:
+        """Run validation every this many batches inside the epoch (0: only at the epoch end)."""
+        cfg, vci = self.cfg, self.cfg.val_check_interval
+        if not self.val_loaders or vci == 1.0:
+            return 0
+        if not self._val_due():
+            return 0
+        if isinstance(vci, float):
+            return max(1, int(self.num_train_batches * vci)) if self.num_train_batches != math.inf else 0
+        return vci
+
+    def _val_due(self) -> bool:
+        n = self.cfg.check_val_every_n_epoch
+        return bool(self.val_loaders) and (n is None or (self.trainer.current_epoch + 1) % n == 0)
+
+    def _end_epoch(self) -> None:
+        t, store = self.trainer, self.store
+        if self.epoch_done and self._val_due() and data.num_batches(self.val_loaders[0], self.cfg.limit_val_batches):
+            self.run_validation()
+        store.context = store.TRAIN_EPOCH
+        if self.epoch_done:
+            for s in self.epoch_schedulers:
+                if not s.reduce_on_plateau and (t.current_epoch + 1) % s.frequency == 0:
+                    t._step_scheduler(s)
+        self.hooks.call("on_train_epoch_end")
+        if self.bar is not None:
+            t._log_step_metrics(to_logger=False)  # fresh numbers for the bar's last line of the epoch
+        metrics = store.reduce_epoch("train")
+        t._log_epoch_metrics(metrics)
+        self.hooks.call("on_train_epoch_end_monitors")
+        if self.epoch_done:
+            for s in self.epoch_schedulers:
+                if s.reduce_on_plateau and (t.current_epoch + 1) % s.frequency == 0:
+                    t._step_scheduler(s)
+        t.should_stop = self.strategy.any(t.should_stop) if t.world_size > 1 else t.should_stop
+        if self.bar is not None:
+            self.bar.end_epoch(self.batches_done, store.progress)
+        if t.logger is not None and t.is_global_zero:
+            t.logger.save()
+        store.context = store.TRAIN_STEP
+
+    # -- validation ---------------------------------------------------------------------------
+    def run_validation(self, sanity: bool = False) -> None:
+        t, hooks, store, module = self.trainer, self.hooks, self.store, self.module
+        t.sanity_checking = sanity
+        was_training = module.training
+        module.eval()
+        store.context = store.VAL
+        hooks.call("on_validation_start")
+        hooks.call("on_validation_epoch_start")
+        multi = len(self.val_loaders) > 1
+        with torch.no_grad():
+            for dl_idx, loader in enumerate(self.val_loaders):
+                n = data.num_batches(loader, self.cfg.limit_val_batches)
+                if sanity and self.cfg.num_sanity_val_steps > 0:
+                    n = min(n, self.cfg.num_sanity_val_steps)
+                if n == 0:
+                    continue
+                for i, batch in enumerate(device_batches(iter(loader), self.strategy.root_device, self.cfg.prefetch)):
+                    if i >= n:
+                        break
+                    store.batch = batch
+                    hooks.call("on_validation_batch_start", batch, i, dl_idx)
+                    with self.precision.forward_context():
+                        out = module.validation_step(batch, i, dl_idx) if multi else module.validation_step(batch, i)
+                    hooks.call("on_validation_batch_end", out, batch, i, dl_idx)
+        hooks.call("on_validation_epoch_end")
+        if sanity:
+            store.acc["val"] = {}  # Lightning discards what the sanity check logged
+        else:
+            t._log_epoch_metrics(store.reduce_epoch("val"))
+        hooks.call("on_validation_end")
+        store.context = store.TRAIN_STEP
+        t.sanity_checking = False
+        module.train(was_training)

@@ -1,0 +1,197 @@
+"""``Module``: Lightning's programming model on a plain ``torch.nn.Module``.
+
+Hook names and meanings follow ``lightning.LightningModule``; a module written for
+Lightning runs after changing its imports. Every hook has a no-op default here and
+the Trainer calls only the hooks a subclass overrides (see ``hooks.py``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+
+class Module(nn.Module):
+    """Subclass and write ``training_step`` and ``configure_optimizers``.
+
+    >>> class Net(Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.layer = torch.nn.Linear(4, 1)
+    ...     def training_step(self, batch, batch_idx):
+    ...         x, y = batch
+    ...         loss = torch.nn.functional.mse_loss(self.layer(x), y)
+    ...         self.log("train_loss", loss)
+    ...         return loss
+    ...     def configure_optimizers(self):
+    ...         return torch.optim.SGD(self.parameters(), lr=0.1)
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._trainer = None
+        self._metric_store = None
+        self._device = None
+        self._hparams: dict[str, Any] = {}
+        self.automatic_optimization = True
+
+    # -- what the Trainer exposes to the module -------------------------------------
+    @property
+    def trainer(self):
+        return self._trainer
+
+    @trainer.setter
+    def trainer(self, trainer) -> None:
+        self._trainer = trainer
+
+    @property
+    def device(self) -> torch.device:
+        if self._device is not None:
+            return self._device
+        for p in self.parameters():
+            return p.device
+        return torch.device("cpu")
+
+    @property
+    def global_step(self) -> int:
+        return self._trainer.global_step if self._trainer is not None else 0
+
+    @property
+    def current_epoch(self) -> int:
+        return self._trainer.current_epoch if self._trainer is not None else 0
+
+    @property
+    def global_rank(self) -> int:
+        return self._trainer.global_rank if self._trainer is not None else 0
+
+    @property
+    def local_rank(self) -> int:
+        return self._trainer.local_rank if self._trainer is not None else 0
+
+    @property
+    def hparams(self) -> dict[str, Any]:
+        return self._hparams
+
+    def save_hyperparameters(self, *names: str, ignore: list[str] | str | None = None, logger: bool = True) -> None:
+        """Store the caller's ``__init__`` arguments in ``self.hparams`` (and in checkpoints)."""
+        frame = inspect.currentframe().f_back
+        init_locals = frame.f_locals
+        ignore = [ignore] if isinstance(ignore, str) else list(ignore or [])
+        args = {k: v for k, v in init_locals.items() if k not in ("self", "__class__") and not k.startswith("_")}
+        if names:
+            args = {k: v for k, v in args.items() if k in names}
+        self._hparams.update({k: v for k, v in args.items() if k not in ignore})
+        del frame
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a module pickled for the ranks of a multi-process fit leaves the parent's trainer behind
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
+        state = dict(state)
+        state["_trainer"] = None
+        state["_metric_store"] = None
+        return state
+
+    # -- logging ---------------------------------------------------------------------
+    def log(
+        self,
+        name: str,
+        value: Any,
+        prog_bar: bool = False,
+        logger: bool | None = None,
+        on_step: bool | None = None,
+        on_epoch: bool | None = None,
+        reduce_fx: Any = "mean",
+        enable_graph: bool = False,
+        sync_dist: bool = False,
+        sync_dist_group: Any = None,
+        add_dataloader_idx: bool = True,
+        batch_size: int | None = None,
+        metric_attribute: str | None = None,
+        rank_zero_only: bool = False,
+    ) -> None:
+        """Record a scalar: kept as a detached tensor, turned into a number only at log intervals."""
+        store = self._metric_store
+        if store is None:
+            warnings.warn(f"self.log({name!r}) called outside Trainer.fit; the value is dropped", stacklevel=2)
+            return
+        store.log(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, batch_size)
+
+    def log_dict(self, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
+        """``self.log`` for every item of ``dictionary`` with the same options."""
+        for name, value in dictionary.items():
+            self.log(name, value, **kwargs)
+
+    # -- the step and optimizer hooks --------------------------------------------------
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return super().forward(*args, **kwargs)
+
+    def training_step(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("your Module must define training_step(self, batch, batch_idx) returning the loss")
+
+    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        return None
+
+    def configure_optimizers(self) -> Any:
+        raise NotImplementedError(
+            "your Module must define configure_optimizers(self), e.g. return torch.optim.AdamW(self.parameters(), lr=1e-3)"
+        )
+
+    def configure_callbacks(self) -> Any:
+        return []
+
+    def train_dataloader(self) -> Any:
+        return None
+
+    def val_dataloader(self) -> Any:
+        return None
+
+    def optimizers(self, use_pl_optimizer: bool = True) -> Any:
+        opts = self._trainer.optimizers if self._trainer is not None else []
+        return opts[0] if len(opts) == 1 else opts
+
+    def lr_schedulers(self) -> Any:
+        scheds = [c.scheduler for c in self._trainer.lr_scheduler_configs] if self._trainer is not None else []
+        if not scheds:
+            return None
+        return scheds[0] if len(scheds) == 1 else scheds
+
+    def manual_backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """Backward through the precision plugin (loss scaling) for manual optimization."""
+        self._trainer._precision.backward(loss)
+
+    def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
+        if metric is None:
+            scheduler.step()
+        else:
+            scheduler.step(metric)
+
+    # -- lifecycle hooks: no-ops unless overridden ---------------------------------------
+    def setup(self, stage: str) -> None: ...
+    def teardown(self, stage: str) -> None: ...
+    def on_fit_start(self) -> None: ...
+    def on_fit_end(self) -> None: ...
+    def on_train_start(self) -> None: ...
+    def on_train_end(self) -> None: ...
+    def on_train_epoch_start(self) -> None: ...
+    def on_train_epoch_end(self) -> None: ...
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> Any: ...
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None: ...
+    def on_validation_start(self) -> None: ...
+    def on_validation_end(self) -> None: ...
+    def on_validation_epoch_start(self) -> None: ...
+    def on_validation_epoch_end(self) -> None: ...
+    def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    def on_validation_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    def on_before_backward(self, loss: torch.Tensor) -> None: ...
+    def on_after_backward(self) -> None: ...
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None: ...
+    def on_before_zero_grad(self, optimizer: torch.optim.Optimizer) -> None: ...
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None: ...
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None: ...
+
+
+LightningModule = Module  # so `from gpulayer.trainer import LightningModule` ports code with one import change

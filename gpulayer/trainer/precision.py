@@ -1,0 +1,95 @@
+"""Precision plugins: how the forward runs (autocast) and how gradients reach the optimizer.
+
+``32-true``: plain. ``bf16-mixed``: autocast to bfloat16 (CPU and CUDA), no scaler.
+``16-mixed``: autocast to float16 with a ``GradScaler`` (CUDA); gradients are
+unscaled before clipping so the clip threshold means what it says.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class Precision:
+    """Full precision: forward as written, ``loss.backward()``, ``optimizer.step()``."""
+
+    name = "32-true"
+
+    def __init__(self, device_type: str = "cpu"):
+        self.device_type = device_type
+        self._null = contextlib.nullcontext()
+
+    def forward_context(self):
+        return self._null
+
+    def backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+
+    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        """Make ``.grad`` hold true gradients (before clipping or inspection)."""
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.step()
+
+    def clip(self, optimizer: torch.optim.Optimizer, params: list[nn.Parameter], value: float, algorithm: str) -> None:
+        self.unscale(optimizer)
+        if algorithm == "norm":
+            torch.nn.utils.clip_grad_norm_(params, value)
+        else:
+            torch.nn.utils.clip_grad_value_(params, value)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+class MixedPrecision(Precision):
+    """Autocast to ``dtype``; with float16 a ``GradScaler`` guards against underflow."""
+
+    def __init__(self, device_type: str, dtype: torch.dtype):
+        super().__init__(device_type)
+        self.dtype = dtype
+        self.name = "bf16-mixed" if dtype == torch.bfloat16 else "16-mixed"
+        self.scaler = torch.amp.GradScaler(device_type) if dtype == torch.float16 else None
+        self._unscaled: set[int] = set()
+
+    def forward_context(self):
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        if self.scaler is None:
+            loss.backward()
+        else:
+            self.scaler.scale(loss).backward()
+
+    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.scaler is not None:
+            self.scaler.unscale_(optimizer)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self.scaler is None:
+            optimizer.step()
+        else:
+            self.scaler.step(optimizer)
+            self.scaler.update()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+
+
+def make_precision(precision: str, device_type: str) -> Precision:
+    if precision == "bf16-mixed":
+        return MixedPrecision(device_type, torch.bfloat16)
+    if precision == "16-mixed":
+        return MixedPrecision(device_type, torch.float16)
+    return Precision(device_type)

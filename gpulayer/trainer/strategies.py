@@ -1,0 +1,140 @@
+"""Strategies: where the module lives and how ranks agree (single device, DDP in a rank).
+
+A strategy runs inside one process. Starting the processes of a multi-process
+fit is the launcher's job (``launcher.py``); a distributed job of the cluster can
+start them instead and call ``fit_rank`` in each, since DDP here only reads
+torchrun's environment variables.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from gpulayer.trainer import data, gradsync
+
+
+class SingleDeviceStrategy:
+    """One process, one device."""
+
+    global_rank = 0
+    local_rank = 0
+    world_size = 1
+    is_global_zero = True
+
+    def __init__(self, device: torch.device):
+        self.root_device = device
+        self.model: nn.Module | None = None  # what the training step is called through
+
+    def setup_environment(self) -> None:
+        if self.root_device.type == "cuda":
+            torch.cuda.set_device(self.root_device)
+
+    def setup_module(self, module: nn.Module) -> Any:
+        """Move the module; return the callable the loop runs the training step through."""
+        module.to(self.root_device)
+        module._device = self.root_device
+        self.model = module
+        return module.training_step
+
+    def prepare_loader(self, loader: Any) -> Any:
+        return loader
+
+    def no_sync(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
+        return tensor
+
+    def any(self, flag: bool) -> bool:
+        return flag
+
+    def barrier(self) -> None:
+        pass
+
+    def teardown(self) -> None:
+        pass
+
+
+class _TrainingStep(nn.Module):
+    """DDP must see the forward that builds the loss: this one runs ``training_step``."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, batch: Any, batch_idx: int) -> Any:
+        return self.module.training_step(batch, batch_idx)
+
+
+class DDPStrategy(SingleDeviceStrategy):
+    """Data parallel inside a process whose torchrun environment is set (RANK, WORLD_SIZE, MASTER_ADDR...)."""
+
+    def __init__(self, device: torch.device | None, grad_sync: str = "auto", find_unused_parameters: bool = False,
+                 timeout_s: float = 1800.0):
+        self.global_rank = int(os.environ["RANK"])
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.world_size = int(os.environ["WORLD_SIZE"])
+        self.is_global_zero = self.global_rank == 0
+        if device is None or (device.type == "cuda" and device.index is None):
+            device = torch.device("cuda", self.local_rank) if device is not None else torch.device("cpu")
+        super().__init__(device)
+        self.grad_sync = grad_sync
+        self.find_unused_parameters = find_unused_parameters
+        self.timeout_s = timeout_s
+        self.ddp: nn.parallel.DistributedDataParallel | None = None
+        self._owns_group = False
+
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        if self.root_device.type == "cpu":
+            # torchrun's rule: the machine's cores shared among its processes
+            per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+            torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", max(1, (os.cpu_count() or 1) // per_node))))
+        if not dist.is_initialized():
+            backend = "nccl" if self.root_device.type == "cuda" else "gloo"
+            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=self.timeout_s),
+                                    **({"device_id": self.root_device} if backend == "nccl" else {}))
+            self._owns_group = True
+
+    def setup_module(self, module: nn.Module) -> Any:
+        module.to(self.root_device)
+        module._device = self.root_device
+        device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
+        self.ddp = nn.parallel.DistributedDataParallel(
+            _TrainingStep(module), device_ids=device_ids, find_unused_parameters=self.find_unused_parameters
+        )
+        gradsync.register(self.ddp, self.grad_sync)
+        self.model = self.ddp
+        return self.ddp
+
+    def prepare_loader(self, loader: Any) -> Any:
+        return data.distributed(loader, self.world_size, self.global_rank)
+
+    def no_sync(self) -> contextlib.AbstractContextManager:
+        return self.ddp.no_sync()
+
+    def reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
+        tensor = tensor.clone()
+        red = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
+        dist.all_reduce(tensor, op=red)
+        return tensor / self.world_size if op == "mean" else tensor
+
+    def any(self, flag: bool) -> bool:
+        t = torch.tensor(1.0 if flag else 0.0, device=self.root_device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def teardown(self) -> None:
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self._owns_group = False
