@@ -12,6 +12,7 @@ import threading
 
 import redis
 from celery import Celery
+from kombu import pools as kombu_pools
 
 from . import placement, queues, signing
 from .config import Settings
@@ -58,6 +59,8 @@ def configure(settings: Settings) -> None:
     # Redis will not replay a pipeline twice.
     timeouts = {"socket_connect_timeout": settings.connect_timeout, "socket_timeout": 30.0}
     with _lock:
+        if _settings is not None and _settings.broker_url != url:
+            _drop_connections()
         app.conf.update(
             broker_url=url,
             result_backend=f"gpulayer.store.results:ResultBackend+{url}",
@@ -70,6 +73,15 @@ def configure(settings: Settings) -> None:
         _settings = settings
         _snapshot = CachedSnapshot(Registry(redis_client(settings), settings.worker_dead_after),
                                    settings.registry_cache_seconds)
+
+
+def _drop_connections() -> None:
+    """Forget pooled connections and the result backend before pointing at another Redis."""
+    kombu_pools.reset()  # closes and forgets every pooled connection and producer
+    app._pool = None
+    app.amqp._producer_pool = None
+    app._backend_cache = None
+    app._local = threading.local()
 
 
 def settings() -> Settings | None:

@@ -105,6 +105,7 @@ def start_worker(broker_url: str, secret: str, *, name: str, slots: int = 1, zon
     args += extra_args or []
     child_env = dict(os.environ if env is None else env)
     child_env["GPULAYER_SECRET"] = secret
+    child_env["PYTHONUNBUFFERED"] = "1"  # logs reach the file as they happen
     child_env.pop("GPULAYER_BROKER_URL", None)
     out = open(log_file, "ab") if log_file else subprocess.DEVNULL
     try:
@@ -201,6 +202,8 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None) -> int:
         state = read_state(state_file)
         if state and state.get("supervisor_pid") == os.getpid():
             state_file.unlink(missing_ok=True)
+        if parent is not None:  # a process-scoped cluster leaves nothing behind
+            shutil.rmtree(home, ignore_errors=True)
     return 0
 
 

@@ -8,6 +8,8 @@ import socket
 import time
 from urllib.parse import urlparse
 
+from celery.app import trace as celery_trace
+
 from .. import queues
 from ..app import app, configure, redis_client
 from ..config import load_settings
@@ -77,6 +79,8 @@ def run_worker(*, broker: str | None = None, slots: int | None = None, zone: str
     app.conf.gpulayer_registry = registry
     app.conf.gpulayer_heartbeat_interval = settings.heartbeat_interval
     app.steps["worker"].add(Heartbeat)
+    # Log each job as its readable summary (never its pickled bytes): "fn=square(12) resources=cpu".
+    celery_trace.LOG_RECEIVED = "Job %(id)s received: fn=%(args)s resources=%(kwargs)s"
 
     worker = app.Worker(
         hostname=f"{worker_id}@{host}",

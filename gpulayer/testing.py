@@ -1,0 +1,119 @@
+"""A throwaway fleet for tests and benchmarks: a real Redis and real worker processes.
+
+Everything runs on loopback, on free ports, and is stopped by its own pid.
+
+>>> with Fleet(tmp_path) as fleet:
+...     fleet.add_worker("w1", zone="z1")
+...     fleet.connect()
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+from . import local
+from .launch import free_port
+from .store.registry import Registry
+
+
+class Fleet:
+    def __init__(self, workdir: Path, *, secret: str = "fleet-secret", password: str | None = "fleet-pw",
+                 appendonly: bool = False):
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.secret = secret
+        self.password = password
+        self.appendonly = appendonly
+        self.port = free_port()
+        auth = f":{password}@" if password else ""
+        self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
+        self.redis_proc: subprocess.Popen | None = None
+        self.workers: dict[str, subprocess.Popen] = {}
+        self._specs: dict[str, dict] = {}
+
+    # -- Redis ----------------------------------------------------------------------------------
+    def start_redis(self) -> None:
+        self.redis_proc = local.start_redis(self.workdir / "redis", port=self.port, password=self.password,
+                                            appendonly=self.appendonly, log_file=self.workdir / "redis.log")
+        local.wait_for_redis(self.url, self.redis_proc)
+
+    def stop_redis(self) -> None:
+        if self.redis_proc is not None:
+            local.stop_process(self.redis_proc)
+            self.redis_proc = None
+
+    def client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.url)
+
+    # -- workers --------------------------------------------------------------------------------
+    def add_worker(self, name: str, *, slots: int = 1, zone: str | None = None, region: str | None = None,
+                   wait: bool = True, **kwargs) -> subprocess.Popen:
+        spec = dict(slots=slots, zone=zone, region=region, **kwargs)
+        self._specs[name] = spec
+        proc = local.start_worker(self.url, self.secret, name=name, log_file=self.workdir / f"{name}.log", **spec)
+        self.workers[name] = proc
+        if wait:
+            self.wait_workers([name])
+        return proc
+
+    def restart_worker(self, name: str, wait: bool = True) -> subprocess.Popen:
+        self.stop_worker(name)
+        return self.add_worker(name, wait=wait, **self._specs[name])
+
+    def kill_worker(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Kill a worker's main process (its pool processes exit when their parent does)."""
+        proc = self.workers[name]
+        proc.send_signal(sig)
+        proc.wait(30)
+
+    def stop_worker(self, name: str) -> None:
+        proc = self.workers.pop(name, None)
+        if proc is not None:
+            local.stop_process(proc, grace=15)
+
+    def wait_workers(self, names, timeout: float = 60.0) -> None:
+        client = self.client()
+        registry = Registry(client)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                live = {w.id for w in registry.snapshot()}
+                if set(names) <= live:
+                    return
+                for n in names:
+                    p = self.workers.get(n)
+                    if p is not None and p.poll() is not None:
+                        log = (self.workdir / f"{n}.log").read_text(errors="replace")[-3000:]
+                        raise RuntimeError(f"worker {n} exited with {p.returncode}:\n{log}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"workers {sorted(set(names) - live)} did not register in {timeout}s")
+                time.sleep(0.05)
+        finally:
+            client.close()
+
+    def connect(self):
+        import gpulayer
+
+        return gpulayer.init(self.url, secret=self.secret)
+
+    # -- lifetime -------------------------------------------------------------------------------
+    def stop(self) -> None:
+        for name in list(self.workers):
+            proc = self.workers[name]
+            if proc.poll() is None:
+                proc.terminate()
+        for name in list(self.workers):
+            self.stop_worker(name)
+        self.stop_redis()
+
+    def __enter__(self) -> Fleet:
+        self.start_redis()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

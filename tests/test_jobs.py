@@ -1,0 +1,113 @@
+"""Jobs against a real Redis and real worker processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import gpulayer
+from gpulayer import JobFailed, PayloadError, group, submit, submit_batch
+
+
+def square(x):
+    return x * x
+
+
+def where():
+    return gpulayer.current_worker().id
+
+
+def test_500_jobs_through_delay_group_and_submit_batch(fleet):
+    handles = [submit.delay(square, i) for i in range(500)]
+    assert [h.get(timeout=120) for h in handles] == [i * i for i in range(500)]
+
+    g = group(submit.s(square, i) for i in range(500)).apply_async()
+    assert g.get(timeout=120) == [i * i for i in range(500)]
+
+    b = submit_batch([submit.s(square, i) for i in range(500)])
+    assert len(b) == 500
+    assert b.get(timeout=120) == [i * i for i in range(500)]
+
+
+def test_batch_keeps_submission_order_with_mixed_functions(fleet):
+    sigs = [submit.s(square, i) if i % 2 else submit.s(lambda i: -i, i) for i in range(60)]
+    assert submit_batch(sigs).get(timeout=60) == [i * i if i % 2 else -i for i in range(60)]
+
+
+def test_lambda_closure_kwargs_and_reference(fleet):
+    offset = 10
+    assert submit.delay(lambda a, b=0: a + b + offset, 1, b=2).get(timeout=30) == 13
+    assert submit.delay("math:factorial", 5).get(timeout=30) == 120
+    assert submit.delay("os.path:join", "a", "b").get(timeout=30) == "a/b"
+
+
+def test_main_module_function_runs_by_value(fleet, tmp_path):
+    script = tmp_path / "job_script.py"
+    script.write_text(textwrap.dedent(f"""
+        import gpulayer
+        from gpulayer import submit
+
+        def triple(x):
+            return 3 * x, __name__
+
+        if __name__ == "__main__":
+            gpulayer.init({fleet.url!r}, secret={fleet.secret!r})
+            print(submit.delay(triple, 14).get(timeout=60))
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    # It ran on a worker, which cannot import the script: it came by value, as __main__'s function.
+    assert out.stdout.strip().splitlines()[-1] == "(42, '__main__')"
+
+
+def test_failure_carries_type_message_and_traceback(fleet):
+    def boom(n):
+        raise KeyError(f"missing shard {n}")
+
+    h = submit.delay(boom, 7)
+    with pytest.raises(JobFailed) as e:
+        h.get(timeout=30)
+    assert e.value.type_name == "KeyError"
+    assert "missing shard 7" in e.value.message
+    assert "boom" in e.value.traceback and "KeyError" in e.value.traceback
+    assert e.value.job_id == h.id
+
+
+def test_group_failure_is_job_failed_too(fleet):
+    g = group([submit.s(square, 2), submit.s(lambda: 1 / 0)]).apply_async()
+    with pytest.raises(JobFailed, match="ZeroDivisionError"):
+        g.get(timeout=30)
+
+
+def test_batch_failure_and_return_exceptions(fleet):
+    b = submit_batch([submit.s(square, 3), submit.s(lambda: [][1])])
+    with pytest.raises(JobFailed, match="IndexError"):
+        b.get(timeout=30)
+    values = b.get(timeout=30, propagate=False)
+    assert values[0] == 9 and isinstance(values[1], JobFailed)
+
+
+def test_jobs_see_their_worker(fleet):
+    ids = set(submit_batch([submit.s(where) for _ in range(40)]).get(timeout=60))
+    assert ids <= {"w-a", "w-b", "w-c"} and ids
+
+
+def test_unpicklable_argument_is_refused_at_submission(fleet):
+    import threading
+
+    with pytest.raises(PayloadError, match="pickle"):
+        submit.delay(square, threading.Lock())
+
+
+def test_arguments_show_as_summaries_not_bytes(fleet):
+    h = submit.delay(square, 12)
+    h.get(timeout=30)
+    log = (fleet.workdir / "w-a.log").read_text() + (fleet.workdir / "w-b.log").read_text() + \
+        (fleet.workdir / "w-c.log").read_text()
+    assert "fn=square(12) resources=cpu" in log
+    assert "\\x80\\x05" not in log  # no pickle protocol-5 header, i.e. no pickled bytes

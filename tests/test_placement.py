@@ -1,0 +1,173 @@
+"""Routing is pure: a snapshot in, a queue or a reason out."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpulayer import queues
+from gpulayer.errors import JobRejected
+from gpulayer.models import Resources, WorkerInfo
+from gpulayer.placement import eligible_workers, route
+
+
+def w(id, gpus=0, zone=None, region=None, slots=2, busy=0):
+    return WorkerInfo(id=id, hostname="h", address="127.0.0.1", zone=zone, region=region, gpus=gpus,
+                      slots=slots, busy=busy)
+
+
+FLEET = (
+    w("cpu-a", zone="europe-west1-b", region="europe-west1"),
+    w("cpu-b", zone="europe-west1-c", region="europe-west1"),
+    w("gpu-1", gpus=1, zone="europe-west4-a", region="europe-west4"),
+    w("gpu-4", gpus=4, zone="us-central1-a", region="us-central1"),
+)
+
+
+def test_cpu_job_goes_to_the_shared_cpu_queue():
+    r = route(Resources(), FLEET)
+    assert r.queue == queues.capability(0)
+    assert set(r.eligible) == {w.id for w in FLEET}  # GPU machines serve CPU jobs too
+
+
+def test_cuda_job_only_reaches_gpu_workers():
+    r = route(Resources(cuda=True), FLEET)
+    assert r.queue == queues.capability(1)
+    assert set(r.eligible) == {"gpu-1", "gpu-4"}
+
+
+def test_multi_gpu_job_needs_enough_gpus_per_worker():
+    r = route(Resources(gpus=2), FLEET)
+    assert r.queue == queues.capability(2)
+    assert r.eligible == ("gpu-4",)
+    with pytest.raises(JobRejected, match="CUDA with 8 GPUs"):
+        route(Resources(gpus=8), FLEET)
+
+
+def test_cuda_on_cpu_fleet_is_refused_naming_cuda_and_what_is_live():
+    with pytest.raises(JobRejected) as e:
+        route(Resources(cuda=True), FLEET[:2])
+    msg = str(e.value)
+    assert "CUDA" in msg and "cpu-a cpu europe-west1-b" in msg and "drop cuda=True" in msg
+
+
+def test_zone_and_region_routing():
+    assert route(Resources(zone="europe-west1-c"), FLEET).queue == queues.capability(0, zone="europe-west1-c")
+    assert route(Resources(region="europe-west1"), FLEET).eligible == ("cpu-a", "cpu-b")
+    assert route(Resources(cuda=True, region="us-central1"), FLEET).queue == queues.capability(1, region="us-central1")
+
+
+def test_unknown_zone_suggests_the_nearest_names():
+    with pytest.raises(JobRejected, match=r"did you mean .*'europe-west1-b'"):
+        route(Resources(zone="europe-west1-x"), FLEET)
+
+
+def test_zone_that_exists_but_lacks_cuda():
+    with pytest.raises(JobRejected, match="zone 'europe-west1-b'"):
+        route(Resources(cuda=True, zone="europe-west1-b"), FLEET)
+
+
+def test_pinned_job_goes_to_the_least_busy_named_worker():
+    fleet = (w("a", busy=2, slots=2), w("b", busy=0, slots=2), w("c"))
+    assert route(Resources(worker_ids=["a", "b"]), fleet).queue == queues.private("b")
+    assert route(Resources(worker_ids="c"), fleet).queue == queues.private("c")
+
+
+def test_pinned_to_unknown_worker_is_refused_with_a_suggestion():
+    with pytest.raises(JobRejected, match=r"no live worker named 'cpu-x' \(did you mean .*'cpu-a'"):
+        route(Resources(worker_ids=["cpu-x"]), FLEET)
+
+
+def test_empty_fleet_says_how_to_start_a_worker():
+    with pytest.raises(JobRejected, match="gpulayer worker"):
+        route(Resources(), ())
+
+
+def test_resources_validation():
+    assert Resources(gpus=2).cuda is True
+    assert Resources(cuda=True).gpus == 1
+    with pytest.raises(ValueError, match="Extra inputs"):
+        Resources(gpu=1)
+    with pytest.raises(ValueError, match="greater than or equal to 0"):
+        Resources(gpus=-1)
+    with pytest.raises(ValueError, match="at least one worker"):
+        Resources(worker_ids=[])
+
+
+def test_worker_consumes_exactly_the_queues_routing_can_name():
+    names = set(queues.for_worker("gpu-4", 4, "us-central1-a", "us-central1"))
+    assert queues.capability(4, zone="us-central1-a") in names
+    assert queues.capability(5) not in names
+    assert queues.private("gpu-4") in names
+    assert queues.capability(0) in names
+
+
+# --- properties -------------------------------------------------------------------------------
+
+ZONES = ["za", "zb", "zc"]
+REGIONS = {"za": "r1", "zb": "r1", "zc": "r2"}
+
+
+@st.composite
+def fleets(draw):
+    n = draw(st.integers(min_value=0, max_value=12))
+    out = []
+    for i in range(n):
+        zone = draw(st.sampled_from(ZONES + [None]))
+        out.append(w(f"w{i}", gpus=draw(st.integers(0, 4)), zone=zone, region=REGIONS.get(zone),
+                     slots=draw(st.integers(1, 8)), busy=draw(st.integers(0, 8))))
+    return tuple(out)
+
+
+@st.composite
+def requests(draw):
+    return Resources(cuda=draw(st.booleans()), gpus=draw(st.integers(0, 5)),
+                     zone=draw(st.sampled_from(ZONES + [None, "nowhere"])),
+                     region=draw(st.sampled_from(["r1", "r2", None])),
+                     worker_ids=draw(st.one_of(st.none(), st.lists(st.sampled_from([f"w{i}" for i in range(14)]),
+                                                                    min_size=1, max_size=3))))
+
+
+def _satisfies(worker: WorkerInfo, res: Resources) -> bool:
+    return ((not res.cuda or worker.gpus >= res.gpus) and (res.zone is None or worker.zone == res.zone)
+            and (res.region is None or worker.region == res.region)
+            and (res.worker_ids is None or worker.id in res.worker_ids))
+
+
+def _names_unknown(fleet, res) -> bool:
+    """A pin naming a worker that is not live is refused outright (most likely a typo)."""
+    return bool(res.worker_ids) and not set(res.worker_ids) <= {x.id for x in fleet}
+
+
+@settings(max_examples=400, deadline=None)
+@given(fleets(), requests())
+def test_routing_never_picks_a_worker_lacking_a_requirement(fleet, res):
+    if _names_unknown(fleet, res):
+        with pytest.raises(JobRejected, match="no live worker"):
+            route(res, fleet)
+        return
+    try:
+        r = route(res, fleet)
+    except JobRejected:
+        # Refused only when truly no live worker satisfies the request.
+        assert not any(_satisfies(x, res) for x in fleet)
+        return
+    by_id = {x.id: x for x in fleet}
+    assert r.eligible, "a route always names who can take it"
+    for wid in r.eligible:
+        assert _satisfies(by_id[wid], res)
+    # Every worker that reads the chosen queue satisfies the request.
+    readers = [x for x in fleet if r.queue in queues.for_worker(x.id, x.gpus, x.zone, x.region)]
+    assert readers and all(_satisfies(x, res) for x in readers)
+
+
+@settings(max_examples=200, deadline=None)
+@given(fleets(), requests())
+def test_eligible_is_exactly_the_satisfying_workers(fleet, res):
+    want = [] if _names_unknown(fleet, res) else [x.id for x in fleet if _satisfies(x, res)]
+    try:
+        got = [x.id for x in eligible_workers(res, fleet)]
+    except JobRejected:
+        got = []
+    assert sorted(got) == sorted(set(want))
