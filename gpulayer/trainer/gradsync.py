@@ -11,8 +11,7 @@ The hook runs its three collectives synchronously, which is simple and right for
 gloo on CPU; it returns a completed future as DDP's comm-hook API requires.
 """
 
-from __future__ import annotations
-
+# no `from __future__ import annotations`: DDP checks the hook's annotations as real objects
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +31,7 @@ class TwoLevelState:
     world_size: int
 
 
-def topology() -> tuple[int, int]:
+def topology() -> "tuple[int, int]":
     """(machines, processes per machine) from torchrun's environment."""
     return int(os.environ.get("GROUP_WORLD_SIZE", "1")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
 
@@ -69,7 +68,7 @@ def build_state() -> TwoLevelState:
     return TwoLevelState(intra, inter if rank == leader else None, leader, rank == leader, world)
 
 
-def two_level_hook(state: TwoLevelState, bucket: dist.GradBucket) -> torch.futures.Future:
+def two_level_hook(state: TwoLevelState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook: reduce in the machine, all-reduce across machine leaders, broadcast back, average."""
     tensor = bucket.buffer()
     dist.reduce(tensor, dst=state.local_leader, group=state.intra_group)
@@ -77,7 +76,7 @@ def two_level_hook(state: TwoLevelState, bucket: dist.GradBucket) -> torch.futur
         dist.all_reduce(tensor, group=state.inter_group)
     dist.broadcast(tensor, src=state.local_leader, group=state.intra_group)
     tensor.div_(state.world_size)
-    fut: torch.futures.Future = torch.futures.Future()
+    fut = torch.futures.Future()
     fut.set_result(tensor)
     return fut
 
