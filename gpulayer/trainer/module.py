@@ -15,6 +15,19 @@ import torch
 from torch import nn
 
 
+class AttributeDict(dict):
+    """``self.hparams.lr`` as well as ``self.hparams["lr"]``, like Lightning's."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"hparams has no {name!r} (saved: {sorted(self)})") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self[name] = value
+
+
 class Module(nn.Module):
     """Subclass and write ``training_step`` and ``configure_optimizers``.
 
@@ -36,7 +49,7 @@ class Module(nn.Module):
         self._trainer = None
         self._metric_store = None
         self._device = None
-        self._hparams: dict[str, Any] = {}
+        self._hparams: AttributeDict = AttributeDict()
         self.automatic_optimization = True
 
     # -- what the Trainer exposes to the module -------------------------------------
@@ -73,19 +86,29 @@ class Module(nn.Module):
         return self._trainer.local_rank if self._trainer is not None else 0
 
     @property
-    def hparams(self) -> dict[str, Any]:
+    def hparams(self) -> "AttributeDict":
         return self._hparams
 
     def save_hyperparameters(self, *names: str, ignore: list[str] | str | None = None, logger: bool = True) -> None:
-        """Store the caller's ``__init__`` arguments in ``self.hparams`` (and in checkpoints)."""
+        """Store the calling ``__init__``'s arguments in ``self.hparams`` (and in checkpoints)."""
         frame = inspect.currentframe().f_back
-        init_locals = frame.f_locals
+        try:
+            code, local_vars = frame.f_code, frame.f_locals
+            n_args = code.co_argcount + code.co_kwonlyargcount
+            arg_names = list(code.co_varnames[:n_args])
+            if code.co_flags & inspect.CO_VARKEYWORDS:
+                varkw = code.co_varnames[n_args + bool(code.co_flags & inspect.CO_VARARGS)]
+                extra = dict(local_vars.get(varkw, {}))
+            else:
+                extra = {}
+            args = {k: local_vars[k] for k in arg_names[1:] if k in local_vars}
+            args.update(extra)
+        finally:
+            del frame
         ignore = [ignore] if isinstance(ignore, str) else list(ignore or [])
-        args = {k: v for k, v in init_locals.items() if k not in ("self", "__class__") and not k.startswith("_")}
         if names:
             args = {k: v for k, v in args.items() if k in names}
         self._hparams.update({k: v for k, v in args.items() if k not in ignore})
-        del frame
 
     def __getstate__(self) -> dict[str, Any]:
         # a module pickled for the ranks of a multi-process fit leaves the parent's trainer behind

@@ -225,8 +225,8 @@ class Trainer:
             )
         hooks.call("on_fit_start")
         resume = self._restore(ckpt_path) if ckpt_path is not None else None
-        if self.logger is not None and self.is_global_zero and module.hparams:
-            self.logger.log_hyperparams(module.hparams)
+        if self.logger is not None and self.is_global_zero:
+            self.logger.log_hyperparams(module.hparams)  # also creates version_N now, as Lightning does
         self._loop = FitLoop(self, module, step_fn, train, val_loaders, resume)
         self.num_training_batches = self._loop.num_train_batches
         try:
