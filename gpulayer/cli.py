@@ -32,6 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="live workers, slots and queues")
     st.add_argument("--json", action="store_true", help="machine-readable output")
 
+    fl = sub.add_parser("flower", help="run Flower, the monitoring UI, on this cluster")
+    fl.add_argument("--broker", default=None, help="redis://... (default: GPULAYER_BROKER_URL, else `gpulayer up`)")
+    fl.add_argument("--port", type=int, default=5555)
+    fl.add_argument("--address", default="127.0.0.1", help="bind address (beyond loopback needs --basic-auth)")
+    fl.add_argument("--basic-auth", default=None, help="user:password, required when bound beyond loopback")
+
     sub.add_parser("demo", help="start the embedded cluster and run the README's demo")
     return p
 
@@ -82,10 +88,17 @@ def _status(args) -> int:
     return 0
 
 
+def _flower(args) -> int:
+    from .monitor import run_flower
+
+    return run_flower(broker=args.broker, port=args.port, address=args.address, basic_auth=args.basic_auth)
+
+
 def _demo(args) -> int:
     from .demo import run_demo
 
     return run_demo()
 
 
-_COMMANDS = {"up": _up, "down": _down, "worker": _worker, "status": _status, "demo": _demo}
+_COMMANDS = {"up": _up, "down": _down, "worker": _worker, "status": _status, "flower": _flower,
+             "demo": _demo}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import ipaddress
 import os
 import socket
@@ -44,6 +45,19 @@ def _check_name_free(registry: Registry, worker_id: str) -> None:
                               f"heard from {w.heartbeat_age:.1f}s ago); give this one another --name")
 
 
+def _preload() -> None:
+    """Import torch once here, so every pool process forks with it loaded instead of importing per job.
+
+    Importing does not initialise CUDA (that would not survive the fork); set
+    GPULAYER_PRELOAD= (empty) to skip it.
+    """
+    for name in filter(None, os.environ.get("GPULAYER_PRELOAD", "torch").split(",")):
+        try:
+            importlib.import_module(name.strip())
+        except ImportError:
+            pass
+
+
 def run_worker(*, broker: str | None = None, slots: int | None = None, zone: str | None = None,
                region: str | None = None, name: str | None = None, cuda: str = "auto",
                advertise_addr: str | None = None, loglevel: str = "INFO") -> int:
@@ -60,6 +74,11 @@ def run_worker(*, broker: str | None = None, slots: int | None = None, zone: str
     worker_id = name or default_worker_id(len(gpu_ids), zone, host)
     address = advertise_addr or ("127.0.0.1" if is_loopback(settings.broker_url) else default_address())
     slots = slots or (len(gpu_ids) or os.cpu_count() or 1)
+
+    # Slots share the cores: one job's math must not oversubscribe them (OpenMP
+    # threads spinning against each other make small ops 10x slower), as torchrun does.
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // slots)))
+    _preload()
 
     configure(settings)
     client = redis_client()
