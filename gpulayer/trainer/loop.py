@@ -199,10 +199,11 @@ class FitLoop:
             for s in self.epoch_schedulers:
                 if not s.reduce_on_plateau and (t.current_epoch + 1) % s.frequency == 0:
                     t._step_scheduler(s)
+        metrics = store.reduce_epoch("train")  # callbacks read epoch means in on_train_epoch_end, as in Lightning
         self.hooks.call("on_train_epoch_end")
+        metrics.update(store.reduce_epoch("train"))  # what the hooks themselves logged
         if self.bar is not None:
             t._log_step_metrics(to_logger=False)  # fresh numbers for the bar's last line of the epoch
-        metrics = store.reduce_epoch("train")
         t._log_epoch_metrics(metrics)
         self.hooks.call("on_train_epoch_end_monitors")
         if self.epoch_done:
