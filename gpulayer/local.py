@@ -61,7 +61,7 @@ def start_redis(data_dir: Path, *, port: int, password: str | None, appendonly: 
                 log_file: Path | None = None, bind: str = "127.0.0.1", tie_to_parent: bool = False) -> subprocess.Popen:
     """Start ``redis-server`` in the foreground as our child (loopback only by default)."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    args = [find_redis_server(), "--bind", bind, "--port", str(port), "--dir", str(data_dir),
+    args = [find_redis_server(), "--bind", *bind.split(), "--port", str(port), "--dir", str(data_dir),
             "--appendonly", "yes" if appendonly else "no", "--save", "", "--daemonize", "no",
             "--protected-mode", "yes"]
     if password:
@@ -95,9 +95,10 @@ def wait_for_redis(url: str, proc: subprocess.Popen | None = None, timeout: floa
 def start_worker(broker_url: str, secret: str, *, name: str, slots: int = 1, zone: str | None = None,
                  region: str | None = None, cuda: str = "off", advertise_addr: str | None = None,
                  log_file: Path | None = None, env: dict[str, str] | None = None,
-                 tie_to_parent: bool = False, extra_args: list[str] | None = None) -> subprocess.Popen:
-    """Start ``gpulayer worker`` as our child process."""
-    args = [sys.executable, "-m", "gpulayer", "worker", "--broker", broker_url, "--name", name,
+                 tie_to_parent: bool = False, extra_args: list[str] | None = None,
+                 prefix: list[str] | None = None) -> subprocess.Popen:
+    """Start ``gpulayer worker`` as our child process (``prefix``: e.g. ``ip netns exec ns1``)."""
+    args = [*(prefix or []), sys.executable, "-m", "gpulayer", "worker", "--broker", broker_url, "--name", name,
             "--slots", str(slots), "--cuda", cuda, "--loglevel", "INFO"]
     for flag, value in (("--zone", zone), ("--region", region), ("--advertise-addr", advertise_addr)):
         if value:

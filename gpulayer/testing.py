@@ -23,15 +23,17 @@ from .store.registry import Registry
 
 class Fleet:
     def __init__(self, workdir: Path, *, secret: str = "fleet-secret", password: str | None = "fleet-pw",
-                 appendonly: bool = False):
+                 appendonly: bool = False, bind: str = "127.0.0.1", host: str = "127.0.0.1"):
+        """``bind``: Redis's listen addresses (space-separated); ``host``: the address workers use."""
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.secret = secret
         self.password = password
         self.appendonly = appendonly
+        self.bind = bind
         self.port = free_port()
         auth = f":{password}@" if password else ""
-        self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
+        self.url = f"redis://{auth}{host}:{self.port}/0"
         self.redis_proc: subprocess.Popen | None = None
         self.workers: dict[str, subprocess.Popen] = {}
         self._specs: dict[str, dict] = {}
@@ -39,7 +41,8 @@ class Fleet:
     # -- Redis ----------------------------------------------------------------------------------
     def start_redis(self) -> None:
         self.redis_proc = local.start_redis(self.workdir / "redis", port=self.port, password=self.password,
-                                            appendonly=self.appendonly, log_file=self.workdir / "redis.log")
+                                            appendonly=self.appendonly, log_file=self.workdir / "redis.log",
+                                            bind=self.bind)
         local.wait_for_redis(self.url, self.redis_proc)
 
     def stop_redis(self) -> None:
