@@ -259,10 +259,10 @@ class Trainer:
         module.load_state_dict(result["state_dict"])
         self.global_step, self.current_epoch = result["global_step"], result["current_epoch"]
         self._store.load_result(result["callback_metrics"], result["logged_metrics"])
-        states = result["callbacks"]
-        for cb in self.callbacks:
-            if cb.state_key in states:
-                cb.load_state_dict(states[cb.state_key])
+        # by position: the ranks hold copies of these callbacks in the same order (class names of
+        # by-value pickled classes may differ, so state_key is not reliable across processes)
+        for cb, state in zip(self.callbacks, result["callbacks"]):
+            cb.load_state_dict(state)
 
     # -- used by the loop at log intervals and epoch ends ----------------------------------------
     def _log_step_metrics(self, to_logger: bool = True) -> None:
@@ -326,5 +326,5 @@ def fit_rank(config: TrainerConfig, module: Module, train_dataloaders: Any = Non
         "callback_metrics": {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v)
                              for k, v in trainer.callback_metrics.items()},
         "logged_metrics": trainer.logged_metrics,
-        "callbacks": {cb.state_key: cb.state_dict() for cb in trainer.callbacks},
+        "callbacks": [cb.state_dict() for cb in trainer.callbacks],
     }
