@@ -10,6 +10,7 @@
 from celery import group
 
 from .client import BatchHandle, connect, init, submit_batch, wait_for_workers
+from .distributed import GangHandle, distributed, init_process_group
 from .errors import (ClusterUnavailable, ConfigError, GpulayerError, JobFailed, JobRejected, PayloadError,
                      PayloadRejected)
 from .models import Resources, WorkerInfo
@@ -17,7 +18,7 @@ from .tasks.submit import submit
 from .worker.runtime import current_job, current_worker
 
 __all__ = [
-    "BatchHandle", "ClusterUnavailable", "ConfigError", "GpulayerError", "JobFailed", "JobRejected",
+    "BatchHandle", "ClusterUnavailable", "GangHandle", "distributed", "init_process_group", "ConfigError", "GpulayerError", "JobFailed", "JobRejected",
     "PayloadError", "PayloadRejected", "Resources", "WorkerInfo", "connect", "current_job", "current_worker",
     "group", "init", "submit", "submit_batch", "wait_for_workers",
 ]

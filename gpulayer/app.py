@@ -32,7 +32,9 @@ app.conf.update(
     accept_content=[signing.NAME],
     result_accept_content=[signing.NAME],
     task_acks_late=True,
-    worker_prefetch_multiplier=4,
+    # Workers take a message only when a slot is free (see worker/agent.py SlotGate),
+    # so slots reserved for a gang are never eaten by buffered messages.
+    worker_prefetch_multiplier=1,
     task_default_queue=queues.DEFAULT,
     task_routes=("gpulayer.app.route_task",),
     broker_connection_retry_on_startup=True,
@@ -40,7 +42,7 @@ app.conf.update(
     # messages are handed back by the janitor, not by this timeout.
     broker_transport_options={"visibility_timeout": 12 * 3600},
     worker_hijack_root_logger=False,
-    imports=("gpulayer.tasks.submit",),
+    imports=("gpulayer.tasks.submit", "gpulayer.tasks.gang"),
 )
 
 _state = threading.local()

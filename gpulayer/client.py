@@ -11,7 +11,6 @@ from urllib.parse import urlparse
 import redis
 from celery import states
 from celery.canvas import Signature
-from celery.exceptions import TimeoutError as CeleryTimeout
 from kombu.exceptions import EncodeError
 from kombu.utils.uuid import uuid
 
@@ -95,20 +94,43 @@ class BatchHandle:
 
     def get(self, timeout: float | None = None, propagate: bool = True, interval: float = 0.02) -> list[Any]:
         """Results in submission order; the first failure raises ``JobFailed`` (or is returned if not ``propagate``)."""
-        backend = app_mod.app.backend
-        metas: dict[str, dict] = {}
-        try:
-            for job_id, meta in backend.get_many(set(self.ids), timeout=timeout, interval=interval):
-                metas[job_id] = meta
-        except CeleryTimeout as err:
-            raise TimeoutError(f"{len(metas)} of {len(self.ids)} jobs finished within {timeout}s") from err
+        metas = self._gather(timeout, interval)
         out = []
-        for job_id in self.ids:
-            meta = metas[job_id]
+        for meta in metas:
             if meta["status"] != states.SUCCESS and propagate:
                 raise meta["result"]
             out.append(meta["result"])
         return out
+
+    def _gather(self, timeout: float | None, interval: float) -> list[dict]:
+        """Poll the oldest pending results, a window at a time: jobs finish roughly in order, so each
+        round reads few keys, not every pending one (which grows with the square of the batch)."""
+        backend = app_mod.app.backend
+        keys = [backend.get_key_for_task(i) for i in self.ids]
+        metas: list[dict | None] = [None] * len(self.ids)
+        pending = list(range(len(self.ids)))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        wait = interval
+        while pending:
+            window = pending[:_WINDOW]
+            found = False
+            for i, raw in zip(window, backend.client.mget([keys[i] for i in window])):
+                if raw is not None:
+                    meta = backend.decode_result(raw)
+                    if meta["status"] in states.READY_STATES:
+                        metas[i] = meta
+                        found = True
+            pending = [i for i in pending if metas[i] is None] if found else pending
+            if not pending:
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"{len(self.ids) - len(pending)} of {len(self.ids)} jobs finished within {timeout}s")
+            wait = interval if found else min(wait * 1.5, 0.2)
+            time.sleep(wait)
+        return metas
+
+
+_WINDOW = 256
 
 
 def submit_batch(signatures: Iterable[Signature], resources: Resources | dict | None = None,

@@ -11,7 +11,11 @@ expects.
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
 
 
@@ -77,3 +81,47 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def torchrun_command(nodes: int, procs_per_node: int, node_rank: int, master_addr: str, master_port: int,
+                     target: list[str], *, max_restarts: int = 0, run_id: str = "gpulayer") -> list[str]:
+    """torchrun on one machine with a static rendezvous at rank 0's address (``launcher="torchrun"``).
+
+    ``--tee 3`` prefixes every line with its local rank, so output can be told apart.
+    """
+    return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}",
+            f"--nproc-per-node={procs_per_node}", f"--node-rank={node_rank}", f"--master-addr={master_addr}",
+            f"--master-port={master_port}", f"--max-restarts={max_restarts}", f"--rdzv-id={run_id}",
+            "--monitor-interval=0.1", "--tee=3", *target]
+
+
+def stop_group(procs: list[subprocess.Popen], grace: float = 0.5) -> None:
+    """Stop process groups started with ``start_new_session``: SIGTERM, SIGKILL after ``grace`` s; reap all."""
+    for p in procs:
+        _signal_group(p, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for p in procs:
+        _signal_group(p, signal.SIGKILL)  # also reaches grandchildren still in the group
+        p.wait()
+
+
+def _signal_group(p: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(p.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def die_with_parent() -> None:
+    """In a child before exec (Linux): get SIGKILL when the thread that started it dies."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass

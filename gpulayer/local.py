@@ -50,7 +50,7 @@ def find_redis_server() -> str:
 
 
 def _die_with_parent() -> None:
-    """Linux: the child gets SIGTERM when the process that started it dies."""
+    """Linux: the child gets SIGTERM (a clean stop) when the process that started it dies."""
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:

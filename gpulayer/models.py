@@ -6,6 +6,7 @@ Validated once where data enters; plain values inside.
 from __future__ import annotations
 
 from enum import Enum
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -77,7 +78,8 @@ class WorkerInfo(BaseModel):
     gpus: int = 0
     gpu_names: tuple[str, ...] = ()
     slots: int = 1
-    busy: int = 0
+    busy: int = 0  # slots running ordinary jobs
+    held: int = 0  # slots gangs hold (reserved or running ranks)
     pid: int = 0
     started_at: float = 0.0
     # Filled in by the snapshot reader from Redis's clock, not by the worker.
@@ -89,12 +91,59 @@ class WorkerInfo(BaseModel):
 
     @property
     def free(self) -> int:
-        return max(0, self.slots - self.busy)
+        return max(0, self.slots - self.busy - self.held)
 
     def describe(self) -> str:
         kind = f"cuda x{self.gpus}" if self.cuda else "cpu"
         where = " ".join(x for x in (self.zone, self.region) if x) or "no zone"
         return f"{self.id} {kind} {where}"
+
+
+class GangSpec(BaseModel):
+    """A distributed job: ``nodes`` workers x ``procs_per_node`` processes each."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gang_id: str
+    nodes: int = Field(ge=1, le=4096)
+    procs_per_node: int = Field(ge=1, le=512)
+    resources: Resources = Resources()
+    backend: Literal["gloo", "nccl"] = "gloo"
+    launcher: Literal["direct", "torchrun"] = "direct"
+    timeout: float | None = Field(default=None, gt=0)
+    max_restarts: int = Field(default=0, ge=0, le=100)
+    name: str = "job"
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.procs_per_node
+
+
+class GangPlacement(BaseModel):
+    """Which workers run a gang (index = node rank), and why there."""
+
+    model_config = ConfigDict(frozen=True)
+
+    workers: tuple[str, ...]
+    addresses: tuple[str, ...]
+    hosts: tuple[str, ...] = ()
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.reason}: " + ", ".join(f"node {i} {w} ({a})" for i, (w, a) in
+                                              enumerate(zip(self.workers, self.addresses)))
+
+
+class GangState(str, Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def done(self) -> bool:
+        return self in (GangState.SUCCEEDED, GangState.FAILED, GangState.CANCELLED)
 
 
 class JobStatus(str, Enum):

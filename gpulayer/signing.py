@@ -33,6 +33,11 @@ def configure(secret: bytes | None, max_payload_bytes: int | None = None) -> Non
         _max_bytes = max_payload_bytes
 
 
+def current_secret() -> bytes:
+    """This process's cluster secret (for the processes it starts, such as ranks)."""
+    return _need_secret()
+
+
 def _need_secret() -> bytes:
     if not _secret:
         raise PayloadError("no cluster secret is configured: set GPULAYER_SECRET to the cluster's secret "

@@ -6,10 +6,10 @@ import logging
 import threading
 
 from celery import bootsteps
-from celery.worker import state as worker_state
 
 from ..models import WorkerInfo
 from ..store.registry import Registry
+from .agent import ordinary_active, slots
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +28,7 @@ class Heartbeat(bootsteps.StartStopStep):
         self._thread: threading.Thread | None = None
 
     def beat(self) -> None:
-        busy = len(worker_state.active_requests)
-        self.registry.heartbeat(self.info.model_copy(update={"busy": busy}))
+        self.registry.heartbeat(self.info.model_copy(update={"busy": ordinary_active(), "held": slots.held}))
 
     def _run(self) -> None:
         failing = False

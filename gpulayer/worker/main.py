@@ -19,6 +19,7 @@ from ..models import WorkerInfo
 from ..store.registry import Registry
 from . import runtime
 from .detect import default_address, detect_gpus
+from .agent import GangAgent, SlotGate
 from .heartbeat import Heartbeat
 
 
@@ -98,6 +99,8 @@ def run_worker(*, broker: str | None = None, slots: int | None = None, zone: str
     app.conf.gpulayer_registry = registry
     app.conf.gpulayer_heartbeat_interval = settings.heartbeat_interval
     app.steps["worker"].add(Heartbeat)
+    app.steps["worker"].add(GangAgent)
+    app.steps["consumer"].add(SlotGate)
     # Log each job as its readable summary (never its pickled bytes): "fn=square(12) resources=cpu".
     celery_trace.LOG_RECEIVED = "Job %(id)s received: fn=%(args)s resources=%(kwargs)s"
 

@@ -1,0 +1,161 @@
+"""Gang records and the slot ledger in Redis (key schema in ``keys.py``)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import redis
+
+from ..models import GangPlacement, GangSpec, GangState
+from . import keys
+from .registry import load_script
+
+KEEP_SECONDS = 86400
+
+
+class GangStore:
+    def __init__(self, client: redis.Redis):
+        self.r = client
+        self._reserve = load_script(client, "reserve")
+        self._release = load_script(client, "release")
+
+    # -- the record -------------------------------------------------------------------------------
+    def create(self, spec: GangSpec, payload: bytes) -> None:
+        now = time.time()
+        pipe = self.r.pipeline()
+        pipe.hset(keys.gang(spec.gang_id), mapping={
+            "spec": spec.model_dump_json(), "state": GangState.WAITING.value, "attempt": 0,
+            "reason": "waiting for the coordinator", "created": now})
+        pipe.set(keys.gang_payload(spec.gang_id), payload)
+        pipe.zadd(keys.GANGS, {spec.gang_id: now})
+        pipe.execute()
+
+    def spec(self, gang_id: str) -> GangSpec:
+        raw = self.r.hget(keys.gang(gang_id), "spec")
+        if raw is None:
+            raise KeyError(f"no gang {gang_id} in Redis (finished over a day ago, or never submitted)")
+        return GangSpec.model_validate_json(raw)
+
+    def record(self, gang_id: str) -> dict:
+        raw = {k.decode(): v.decode() for k, v in self.r.hgetall(keys.gang(gang_id)).items()}
+        out = {"gang_id": gang_id, "state": raw.get("state"), "reason": raw.get("reason", ""),
+               "attempt": int(raw.get("attempt", 0)), "created": float(raw.get("created", 0))}
+        if raw.get("placement"):
+            out["placement"] = json.loads(raw["placement"])
+        if raw.get("spec"):
+            out["spec"] = json.loads(raw["spec"])
+        return out
+
+    def state(self, gang_id: str) -> GangState:
+        raw = self.r.hget(keys.gang(gang_id), "state")
+        return GangState(raw.decode()) if raw else GangState.FAILED
+
+    def set_waiting(self, gang_id: str, reason: str) -> None:
+        self.r.hset(keys.gang(gang_id), mapping={"state": GangState.WAITING.value, "reason": reason})
+
+    def set_running(self, gang_id: str, attempt: int, placement: GangPlacement) -> None:
+        self.r.hset(keys.gang(gang_id), mapping={"state": GangState.RUNNING.value, "reason": placement.reason,
+                                                 "placement": placement.model_dump_json(), "attempt": attempt})
+
+    def finish(self, gang_id: str, state: GangState, reason: str = "") -> None:
+        pipe = self.r.pipeline()
+        pipe.hset(keys.gang(gang_id), mapping={"state": state.value, "reason": reason, "finished": time.time()})
+        pipe.zrem(keys.GANGS, gang_id)
+        for key in (keys.gang(gang_id), keys.gang_payload(gang_id)):
+            pipe.expire(key, KEEP_SECONDS)
+        pipe.execute()
+
+    def active(self) -> list[dict]:
+        return [self.record(g.decode()) for g in self.r.zrange(keys.GANGS, 0, -1)]
+
+    def payload(self, gang_id: str) -> bytes:
+        data = self.r.get(keys.gang_payload(gang_id))
+        if data is None:
+            raise KeyError(f"gang {gang_id} has no payload in Redis")
+        return data
+
+    # -- the slot ledger --------------------------------------------------------------------------
+    def held(self) -> dict[str, int]:
+        return {k.decode(): int(v) for k, v in self.r.hgetall(keys.SLOTS_HELD).items()}
+
+    def reserve(self, gang_id: str, attempt: int, placement: GangPlacement, procs: int) -> tuple[str, str, int]:
+        """All or nothing, in one Lua script.
+
+        Returns ("ok", "", 0), ("already", "", 0) if another coordinator reserved this
+        attempt first, or ("full", worker that lacked room, its free slots).
+        """
+        out = self._reserve(keys=[keys.SLOTS_HELD, keys.WORKERS_INFO, keys.gang(gang_id)],
+                            args=[procs, attempt, *placement.workers])
+        if int(out[0]) == 1:
+            return "ok", "", 0
+        if int(out[0]) == 2:
+            return "already", "", 0
+        return "full", out[1].decode(), int(out[2])
+
+    def release(self, gang_id: str, attempt: int, worker_id: str, procs: int) -> bool:
+        """Give one worker's slots back for this attempt; idempotent."""
+        return bool(self._release(keys=[keys.SLOTS_HELD, keys.gang_attempt(gang_id, attempt, "released")],
+                                  args=[worker_id, procs]))
+
+    def forget_worker(self, worker_id: str) -> None:
+        """A worker (re)starting holds nothing yet: drop stale holds and orders from a previous life."""
+        pipe = self.r.pipeline()
+        pipe.hdel(keys.SLOTS_HELD, worker_id)
+        pipe.delete(keys.agent_orders(worker_id))
+        pipe.execute()
+
+    # -- orders and what comes back ---------------------------------------------------------------
+    def send_orders(self, spec: GangSpec, attempt: int, placement: GangPlacement, broker_url: str) -> None:
+        pipe = self.r.pipeline()
+        for node, worker_id in enumerate(placement.workers):
+            order = {"gang_id": spec.gang_id, "attempt": attempt, "node_rank": node, "spec": spec.model_dump(),
+                     "workers": list(placement.workers), "addresses": list(placement.addresses),
+                     "broker_url": broker_url}
+            pipe.lpush(keys.agent_orders(worker_id), json.dumps(order))
+        pipe.execute()
+
+    def set_master(self, gang_id: str, attempt: int, addr: str, port: int) -> None:
+        self.r.set(keys.gang_attempt(gang_id, attempt, "master"), f"{addr}:{port}", ex=KEEP_SECONDS)
+
+    def master(self, gang_id: str, attempt: int) -> tuple[str, int] | None:
+        raw = self.r.get(keys.gang_attempt(gang_id, attempt, "master"))
+        if raw is None:
+            return None
+        addr, _, port = raw.decode().rpartition(":")
+        return addr, int(port)
+
+    def push_failure(self, gang_id: str, attempt: int, report: dict) -> None:
+        key = keys.gang_attempt(gang_id, attempt, "failures")
+        pipe = self.r.pipeline()
+        pipe.rpush(key, json.dumps(report))
+        pipe.expire(key, KEEP_SECONDS)
+        pipe.publish(keys.gang_events(gang_id), f"fail:{attempt}")
+        pipe.execute()
+
+    def failures(self, gang_id: str, attempt: int) -> list[dict]:
+        return [json.loads(x) for x in self.r.lrange(keys.gang_attempt(gang_id, attempt, "failures"), 0, -1)]
+
+    def cancel(self, gang_id: str) -> None:
+        self.finish(gang_id, GangState.CANCELLED, "cancelled by the client")
+        self.r.publish(keys.gang_events(gang_id), "cancel")
+
+    def set_result(self, gang_id: str, attempt: int, rank: int, blob: bytes) -> None:
+        key = keys.gang_attempt(gang_id, attempt, "results")
+        pipe = self.r.pipeline()
+        pipe.hset(key, str(rank), blob)
+        pipe.expire(key, KEEP_SECONDS)
+        pipe.execute()
+
+    def results(self, gang_id: str, attempt: int) -> dict[int, bytes]:
+        return {int(k): v for k, v in self.r.hgetall(keys.gang_attempt(gang_id, attempt, "results")).items()}
+
+    def node_report(self, gang_id: str, attempt: int, node: int, report: dict) -> None:
+        key = keys.gang_attempt(gang_id, attempt, "nodes")
+        pipe = self.r.pipeline()
+        pipe.hset(key, str(node), json.dumps(report))
+        pipe.expire(key, KEEP_SECONDS)
+        pipe.execute()
+
+    def nodes(self, gang_id: str, attempt: int) -> dict[int, dict]:
+        return {int(k): json.loads(v) for k, v in self.r.hgetall(keys.gang_attempt(gang_id, attempt, "nodes")).items()}

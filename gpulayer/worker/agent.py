@@ -1,0 +1,309 @@
+"""The gang agent: runs in each worker's main process, beside Celery's consumer.
+
+It takes gang orders from the worker's order list, holds the reserved slots
+(the consumer takes no ordinary job on them), starts the local ranks with the
+direct launcher or torchrun, streams their output, and on the first failure
+anywhere stops every local rank: SIGTERM, then SIGKILL after a short grace.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import socket
+import subprocess
+import threading
+import time
+from types import MethodType
+
+import redis
+from celery import bootsteps
+from celery.worker import state as worker_state
+
+from .. import signing
+from ..launch import RankLayout, die_with_parent, free_port, rank_env, stop_group, torchrun_command
+from ..models import GangSpec
+from ..store import keys
+from ..store.gangs import GangStore
+from ..store.registry import Registry
+
+log = logging.getLogger(__name__)
+
+TAIL_LINES = 40
+POLL = 0.01  # seconds between checks of the local ranks and the gang's events
+GRACE = 0.5  # seconds between SIGTERM and SIGKILL
+
+
+class Slots:
+    """How many of this worker's slots gangs hold; the consumer and heartbeat read it."""
+
+    def __init__(self) -> None:
+        self._held = 0
+        self._lock = threading.Lock()
+
+    @property
+    def held(self) -> int:
+        return self._held
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self._held = max(0, self._held + n)
+
+
+slots = Slots()
+
+
+def ordinary_active() -> int:
+    """Jobs running on this worker's pool, not counting the (millisecond) gang coordinator."""
+    from ..tasks.gang import COORDINATE
+
+    return sum(1 for r in list(worker_state.active_requests) if r.name != COORDINATE)
+
+
+class SlotGate(bootsteps.StartStopStep):
+    """Consumer step: take a message only while ordinary jobs + gang-held slots < slots.
+
+    Like Celery's ``worker_disable_prefetch``, so reserved slots are not eaten by
+    messages already buffered, with the gangs' holds subtracted.
+    """
+
+    requires = {"celery.worker.consumer.tasks:Tasks"}
+
+    def start(self, c) -> None:
+        qos = c.task_consumer.channel.qos
+        original = qos.can_consume
+        total = c.app.conf.gpulayer_worker.slots
+
+        def can_consume(self):
+            if len(worker_state.reserved_requests) >= total - slots.held:
+                return False
+            return original()
+
+        qos.can_consume = MethodType(can_consume, qos)
+
+
+class GangAgent(bootsteps.StartStopStep):
+    requires = {"celery.worker.components:Pool"}
+
+    def __init__(self, worker, **kwargs):
+        super().__init__(worker, **kwargs)
+        self.info = worker.app.conf.gpulayer_worker
+        self.url = worker.app.conf.broker_url
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.runs: dict[str, GangRun] = {}
+
+    def start(self, worker) -> None:
+        client = redis.Redis.from_url(self.url)
+        GangStore(client).forget_worker(self.info.id)
+        client.close()
+        self._thread = threading.Thread(target=self._loop, name="gpulayer-gang-agent", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        client = redis.Redis.from_url(self.url, socket_timeout=10)
+        while not self._stop.is_set():
+            try:
+                item = client.brpop([keys.agent_orders(self.info.id)], timeout=1)
+            except redis.RedisError as err:
+                log.warning("gpulayer agent: cannot read orders (%s); retrying", err)
+                self._stop.wait(1)
+                continue
+            if item:
+                order = json.loads(item[1])
+                run = GangRun(order, self.info, self.url)
+                self.runs[order["gang_id"]] = run
+                threading.Thread(target=run.run, name=f"gang-{order['gang_id'][:8]}", daemon=True).start()
+        client.close()
+
+    def stop(self, worker) -> None:
+        self._stop.set()
+        for run in list(self.runs.values()):
+            run.abort("the worker is shutting down")
+        if self._thread:
+            self._thread.join(timeout=3)
+
+
+class GangRun:
+    """One gang attempt's ranks on this worker."""
+
+    def __init__(self, order: dict, info, url: str):
+        self.order = order
+        self.spec = GangSpec.model_validate(order["spec"])
+        self.gang_id, self.attempt, self.node = order["gang_id"], order["attempt"], order["node_rank"]
+        self.info = info
+        self.url = url
+        self.client = redis.Redis.from_url(url, socket_timeout=10)
+        self.store = GangStore(self.client)
+        self.procs: list[tuple[int, subprocess.Popen]] = []  # (first global rank it runs, process)
+        self.tails: dict[int, collections.deque] = {}
+        self._aborted = threading.Event()
+        self.abort_reason = ""
+
+    def abort(self, reason: str) -> None:
+        self.abort_reason = reason
+        self._aborted.set()
+
+    def run(self) -> None:
+        m = self.spec.procs_per_node
+        slots.add(m)
+        outcome, stopped_at, codes = "failed", None, []
+        events = self.client.pubsub(ignore_subscribe_messages=True)
+        try:
+            events.subscribe(keys.gang_events(self.gang_id))
+            if not self._wait_for_room() or not self._launch():
+                outcome = "stopped"
+            else:
+                outcome, stopped_at = self._watch(events)
+            codes = [p.returncode for _, p in self.procs]
+        except Exception as err:
+            log.exception("gpulayer agent: gang %s failed on this worker", self.gang_id)
+            self._report_failure(self.node * m, "agent", message=f"{type(err).__name__}: {err}")
+            stopped_at = self._stop_all()
+        finally:
+            events.close()
+            self.store.node_report(self.gang_id, self.attempt, self.node, {
+                "worker": self.info.id, "state": outcome, "exit_codes": codes, "stopped_at": stopped_at,
+                "finished_at": time.time()})
+            self.store.release(self.gang_id, self.attempt, self.info.id, m)
+            slots.add(-m)
+            self.client.close()
+
+    # -- start ------------------------------------------------------------------------------------
+    def _wait_for_room(self) -> bool:
+        """Ordinary jobs already running keep their slots; start the ranks once they fit beside them."""
+        while ordinary_active() > self.info.slots - slots.held:
+            if self._aborted.is_set() or self.store.failures(self.gang_id, self.attempt):
+                return False
+            time.sleep(POLL)
+        return True
+
+    def _master(self) -> tuple[str, int] | None:
+        if self.node == 0:
+            addr = self.info.address
+            port = free_port(addr)
+            self.store.set_master(self.gang_id, self.attempt, addr, port)
+            return addr, port
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not self._aborted.is_set():
+            found = self.store.master(self.gang_id, self.attempt)
+            if found:
+                return found
+            if self.store.failures(self.gang_id, self.attempt):
+                return None
+            time.sleep(POLL)
+        self._report_failure(self.node * self.spec.procs_per_node, "agent",
+                             message="node 0 did not publish its rendezvous address within 120 s")
+        return None
+
+    def _launch(self) -> bool:
+        master = self._master()
+        if master is None:
+            return False
+        addr, port = master
+        s, m = self.spec, self.spec.procs_per_node
+        base = dict(os.environ)
+        base.update(GPULAYER_BROKER_URL=self.url, GPULAYER_SECRET=signing.current_secret().decode(),
+                    GPULAYER_WORKER_ID=self.info.id, GPULAYER_WORKER_ADDR=self.info.address,
+                    GPULAYER_GANG_ID=self.gang_id, PYTHONUNBUFFERED="1")
+        base.pop("OMP_NUM_THREADS", None)  # the worker's per-slot value; ranks get cores / local ranks
+        args = [self.gang_id, str(self.attempt)]
+        if s.launcher == "torchrun":
+            env = dict(base, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // m)))
+            cmd = torchrun_command(s.nodes, m, self.node, addr, port, ["-m", "gpulayer.rank", *args],
+                                   max_restarts=0, run_id=self.gang_id)
+            self._spawn(self.node * m, cmd, env)
+        else:
+            for local in range(m):
+                layout = RankLayout(self.node, local, s.nodes, m)
+                env = rank_env(layout, master_addr=addr, master_port=port, run_id=self.gang_id,
+                               restart_count=self.attempt, max_restarts=s.max_restarts, base_env=base)
+                self._spawn(layout.rank, [_python(), "-m", "gpulayer.rank", *args], env)
+        return True
+
+    def _spawn(self, rank: int, cmd: list[str], env: dict) -> None:
+        # Own process group (so a stop reaches torchrun's children too), and dead with the worker:
+        # a worker that dies must not leave ranks behind.
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent)
+        self.procs.append((rank, proc))
+        self.tails[rank] = collections.deque(maxlen=TAIL_LINES)
+        for stream, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+            threading.Thread(target=self._pump, args=(rank, stream, pipe), daemon=True).start()
+
+    def _pump(self, rank: int, stream: str, pipe) -> None:
+        """Forward a rank's output line by line to the gang's output channel; keep a tail of stderr."""
+        torchrun = self.spec.launcher == "torchrun"
+        channel = keys.gang_output(self.gang_id)
+        for raw in iter(pipe.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\n")
+            who = rank
+            if torchrun and line.startswith("[default") and "]:" in line:  # torchrun --tee prefix
+                tag, _, line = line.partition("]:")
+                who = self.node * self.spec.procs_per_node + int(tag[len("[default"):] or 0)
+            if stream == "stderr":
+                self.tails.setdefault(who, collections.deque(maxlen=TAIL_LINES)).append(line)
+            try:
+                self.client.publish(channel, json.dumps({"rank": who, "stream": stream, "line": line}))
+            except redis.RedisError:
+                pass
+        pipe.close()
+
+    # -- watch and stop ---------------------------------------------------------------------------
+    def _watch(self, events) -> tuple[str, float | None]:
+        next_peer_check = time.monotonic() + 1.0
+        while True:
+            done = True
+            for rank, proc in self.procs:
+                code = proc.poll()
+                if code is None:
+                    done = False
+                elif code != 0:
+                    self._report_failure(rank, "exit", exit_code=code)  # at once: the others stop on it
+                    stopped = self._stop_all()
+                    self._report_failure(rank, "stderr", exit_code=code, drained=True)
+                    return "failed", stopped
+            if done:
+                return "succeeded", None
+            msg = events.get_message(timeout=POLL)
+            if msg and str(msg["data"], "utf-8", "replace") in (f"fail:{self.attempt}", "cancel"):
+                return "stopped", self._stop_all()
+            if self._aborted.is_set():
+                self._report_failure(self.node * self.spec.procs_per_node, "agent", message=self.abort_reason)
+                return "failed", self._stop_all()
+            if time.monotonic() > next_peer_check:
+                next_peer_check = time.monotonic() + 1.0
+                lost = self._lost_peer()
+                if lost is not None:
+                    node, worker_id = lost
+                    self._report_failure(node * self.spec.procs_per_node, "worker_lost", worker=worker_id,
+                                         message=f"worker {worker_id} (node {node}) stopped heartbeating")
+                    return "failed", self._stop_all()
+
+    def _lost_peer(self) -> tuple[int, str] | None:
+        live = {w.id for w in Registry(self.client).snapshot()}
+        for node, worker_id in enumerate(self.order["workers"]):
+            if worker_id not in live:
+                return node, worker_id
+        return None
+
+    def _stop_all(self) -> float:
+        stop_group([p for _, p in self.procs], grace=GRACE)
+        return time.time()
+
+    def _report_failure(self, rank: int, kind: str, exit_code: int | None = None, worker: str | None = None,
+                        message: str = "", drained: bool = False) -> None:
+        if drained:
+            time.sleep(0.05)  # the rank is gone; let its pipes drain so the stderr tail is complete
+        self.store.push_failure(self.gang_id, self.attempt, {
+            "rank": rank, "worker": worker or self.info.id, "address": self.info.address,
+            "host": socket.gethostname(), "kind": kind, "exit_code": exit_code, "message": message,
+            "stderr_tail": "\n".join(self.tails.get(rank, ())), "at": time.time()})
+
+
+def _python() -> str:
+    import sys
+
+    return sys.executable
