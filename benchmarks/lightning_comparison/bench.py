@@ -1,8 +1,9 @@
 """gpulayer's Trainer against Lightning 2.x and a raw PyTorch loop, measured side by side.
 
 Method: every case runs at two step counts (100 and 600), each in three fresh
-processes; ms/step = (median wall time at 600 - median at 100) / 500, which
-cancels imports, process start and set-up. Start-up is process start to the
+processes; ms/step = (median wall time at 600 - median at 100) / 500, the wall
+time being first step to end of fit inside the process (process start-up varies
+by seconds on a shared machine); the difference cancels first-step and teardown costs. Start-up is process start to the
 first training step (median of the short runs).
 
     python benchmarks/lightning_comparison/bench.py            # full run (~10 min on 2 CPU cores)
@@ -202,7 +203,7 @@ def run_gpulayer(case: dict, steps: int) -> float:
 def worker(case: dict, framework: str, steps: int) -> None:
     first = {"raw": run_raw, "lightning": run_lightning, "gpulayer": run_gpulayer}[framework](case, steps)
     if int(os.environ.get("RANK", "0")) == 0 and first is not None:
-        print("RESULT " + json.dumps({"first_step_at": first}), flush=True)
+        print("RESULT " + json.dumps({"first_step_at": first, "end_at": time.time()}), flush=True)
 
 
 # -- the driver -------------------------------------------------------------------------------------
@@ -226,8 +227,12 @@ def cases(quick: bool) -> list[dict]:
     return out
 
 
-def measure(case: dict, framework: str, steps: int, timeout_s: float, threads: int) -> tuple[float, float]:
-    """(wall seconds of the whole process, seconds from process start to the first step)."""
+def measure(case: dict, framework: str, steps: int, timeout_s: float, threads: int) -> tuple[float, float, float]:
+    """(wall seconds from the first step to the end of fit, of the whole process, and to the first step).
+
+    The in-process span is what ms/step uses: on a shared machine the import time of a
+    fresh process varies by seconds, which would swamp a 500-step difference.
+    """
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(case), framework, str(steps)]
     env = dict(os.environ)
     if threads:
@@ -239,8 +244,8 @@ def measure(case: dict, framework: str, steps: int, timeout_s: float, threads: i
     if proc.returncode != 0:
         raise RuntimeError(f"{framework} {case['name']} {steps} steps failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
-    first = json.loads(line[7:])["first_step_at"]
-    return wall, (first - start) if first else float("nan")
+    result = json.loads(line[7:])
+    return result["end_at"] - result["first_step_at"], wall, result["first_step_at"] - start
 
 
 def main() -> None:
@@ -266,7 +271,8 @@ def main() -> None:
               f"# torch {torch.__version__}  lightning {lightning.__version__}  python {platform.python_version()}  "
               f"cpus {os.cpu_count()}  cuda {torch.cuda.is_available()}  OMP_NUM_THREADS {args.threads or 'default'}  "
               f"load {os.getloadavg()[0]:.1f}\n"
-              f"# ms/step = (median wall at {long} - median at {short}) / {long - short}; "
+              f"# ms/step = (median wall at {long} - median at {short}) / {long - short}, wall = first step to end of fit "
+              f"in the process; "
               f"{repeats} fresh process(es) per point; start-up = process start to first step (median)\n")
     print(header, flush=True)
     raw_lines, rows = [], []
@@ -276,10 +282,12 @@ def main() -> None:
         for _ in range(repeats):
             for n in (short, long):
                 for f in FRAMEWORKS:  # interleaved so machine noise spreads over all three
-                    wall, start = measure(case, f, n, timeout_s=600, threads=args.threads)
-                    walls[(f, n)].append(wall)
-                    starts[f].append(start)
-                    raw_lines.append(f"{case['name']} | {f} | {n} steps | wall {wall:.3f} s | first step {start:.3f} s")
+                    span, wall, start = measure(case, f, n, timeout_s=600, threads=args.threads)
+                    walls[(f, n)].append(span)
+                    if n == short:
+                        starts[f].append(start)
+                    raw_lines.append(f"{case['name']} | {f} | {n} steps | first step to end {span:.3f} s | "
+                                     f"process {wall:.3f} s | start-up {start:.3f} s")
         ms = {f: 1000 * (statistics.median(walls[(f, long)]) - statistics.median(walls[(f, short)])) / (long - short)
               for f in FRAMEWORKS}
         st = {f: statistics.median(starts[f]) for f in FRAMEWORKS}
