@@ -32,6 +32,18 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="live workers, slots and queues")
     st.add_argument("--json", action="store_true", help="machine-readable output")
 
+    tr = sub.add_parser("train", help="run a training script on N workers x M processes")
+    tr.add_argument("--nodes", type=int, required=True)
+    tr.add_argument("--procs-per-node", type=int, required=True)
+    tr.add_argument("--launcher", choices=("direct", "torchrun"), default="direct")
+    tr.add_argument("--cuda", action="store_true", help="run on GPU workers (NCCL)")
+    tr.add_argument("--zone", default=None)
+    tr.add_argument("--workdir", default=None, help="directory to package and send (default: current)")
+    tr.add_argument("--max-restarts", type=int, default=0)
+    tr.add_argument("--timeout", type=float, default=None, help="seconds to wait for free slots")
+    tr.add_argument("script")
+    tr.add_argument("args", nargs=argparse.REMAINDER)
+
     fl = sub.add_parser("flower", help="run Flower, the monitoring UI, on this cluster")
     fl.add_argument("--broker", default=None, help="redis://... (default: GPULAYER_BROKER_URL, else `gpulayer up`)")
     fl.add_argument("--port", type=int, default=5555)
@@ -88,6 +100,14 @@ def _status(args) -> int:
     return 0
 
 
+def _train(args) -> int:
+    from .train import train
+
+    return train(args.script, args.args, nodes=args.nodes, procs_per_node=args.procs_per_node,
+                 launcher=args.launcher, cuda=args.cuda, zone=args.zone, workdir=args.workdir,
+                 max_restarts=args.max_restarts, timeout=args.timeout)
+
+
 def _flower(args) -> int:
     from .monitor import run_flower
 
@@ -100,5 +120,5 @@ def _demo(args) -> int:
     return run_demo()
 
 
-_COMMANDS = {"up": _up, "down": _down, "worker": _worker, "status": _status, "flower": _flower,
+_COMMANDS = {"up": _up, "down": _down, "worker": _worker, "status": _status, "train": _train, "flower": _flower,
              "demo": _demo}

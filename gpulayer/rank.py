@@ -33,6 +33,15 @@ def main(argv: list[str]) -> int:
         fn_ref, args, kwargs = signing.loads(store.payload(gang_id))
         fn = resolve_function(fn_ref)
         result = fn(*args, **kwargs)
+    except SystemExit as exit_:  # sys.exit(n) in the rank: exit with n, like the script would
+        code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        if code == 0:
+            store.set_result(gang_id, attempt, rank, signing.dumps(None))
+            return 0
+        store.push_failure(gang_id, attempt, {
+            "rank": rank, "worker": os.environ.get("GPULAYER_WORKER_ID"), "address": os.environ.get("GPULAYER_WORKER_ADDR"),
+            "kind": "exit", "exit_code": code, "message": f"sys.exit({exit_.code!r})", "at": time.time()})
+        return code
     except BaseException as exc:  # report, then exit non-zero: the agent stops the other ranks
         tb = traceback.format_exc()
         sys.stderr.write(tb)

@@ -1,0 +1,134 @@
+"""``gpulayer train``: run a training script as a distributed job, from the command line.
+
+The working directory travels with the job (``.git``, caches, virtual
+environments and large files left out), every rank runs the script as
+``__main__`` with torchrun's environment, and every rank's output streams back
+live, prefixed with its rank. The command exits with the job's status.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import runpy
+import sys
+import tarfile
+import tempfile
+import threading
+from pathlib import Path
+
+from .errors import ConfigError, JobFailed
+
+MAX_ARCHIVE_BYTES = 48 * 2**20  # the packaged directory, compressed; under the 64 MiB message limit
+MAX_FILE_BYTES = 8 * 2**20  # single files above this stay behind (datasets, checkpoints)
+SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".mypy_cache", ".pytest_cache",
+             ".ipynb_checkpoints", "node_modules", "lightning_logs", "wandb"}
+
+
+def package_workdir(workdir: Path, max_bytes: int = MAX_ARCHIVE_BYTES,
+                    max_file: int = MAX_FILE_BYTES) -> tuple[bytes, list[str]]:
+    """A gzipped tar of ``workdir`` and the files left out for their size."""
+    buf = io.BytesIO()
+    left_out: list[str] = []
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=5) as tar:
+        for root, dirs, files in os.walk(workdir):
+            dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
+            for name in sorted(files):
+                path = Path(root) / name
+                rel = path.relative_to(workdir)
+                if path.is_symlink() or not path.is_file():
+                    continue
+                if path.stat().st_size > max_file:
+                    left_out.append(f"{rel} ({path.stat().st_size / 2**20:.0f} MiB)")
+                    continue
+                tar.add(path, arcname=str(rel), recursive=False)
+                if buf.tell() > max_bytes:  # stop early; the check below catches the rest
+                    _too_big(workdir, max_bytes)
+    if buf.tell() > max_bytes:
+        _too_big(workdir, max_bytes)
+    return buf.getvalue(), left_out
+
+
+def _too_big(workdir: Path, max_bytes: int):
+    raise ConfigError(f"{workdir} packs to over {max_bytes / 2**20:.1f} MiB; keep data and checkpoints out "
+                      "of it (read them from shared storage) or point --workdir at the code only")
+
+
+def run_script(archive: bytes, script: str, argv: list[str]) -> int:
+    """Runs in every rank: unpack the working directory, run ``script`` as ``__main__``."""
+    rank = os.environ.get("RANK", "0")
+    where = Path(tempfile.mkdtemp(prefix=f"gpulayer-train-r{rank}-"))
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
+        tar.extractall(where, filter="data")
+    os.chdir(where)
+    sys.path.insert(0, str(where))
+    sys.argv = [script, *argv]
+    try:
+        runpy.run_path(str(where / script), run_name="__main__")
+    except SystemExit as exit_:
+        if exit_.code not in (0, None):
+            raise
+    return 0
+
+
+def train(script: str, args: list[str], *, nodes: int, procs_per_node: int, launcher: str = "direct",
+          cuda: bool = False, zone: str | None = None, workdir: str | None = None, max_restarts: int = 0,
+          timeout: float | None = None, out=None, err=None) -> int:
+    """The ``gpulayer train`` command; returns its exit status."""
+    import gpulayer
+    from gpulayer import Resources, distributed
+
+    out, err = out or sys.stdout, err or sys.stderr
+    wd = Path(workdir or ".").resolve()
+    if not wd.is_dir():
+        raise ConfigError(f"--workdir {wd} is not a directory")
+    path = (wd / script).resolve() if not Path(script).is_absolute() else Path(script)
+    if not path.is_file():
+        raise ConfigError(f"script {script} not found (looked for {path}); give a path inside --workdir {wd}")
+    try:
+        rel = path.relative_to(wd)
+    except ValueError as e:
+        raise ConfigError(f"script {path} is outside --workdir {wd}; run from its directory or set --workdir") from e
+    archive, left_out = package_workdir(wd)
+    for item in left_out:
+        print(f"gpulayer train: left out (too large): {item}", file=err)
+    gpulayer.init(workers=max(nodes, 2), slots=max(procs_per_node, 2))
+    job = distributed(run_script, archive, str(rel), list(args), nodes=nodes, procs_per_node=procs_per_node,
+                      launcher=launcher, resources=Resources(cuda=cuda, zone=zone), timeout=timeout,
+                      max_restarts=max_restarts, backend="nccl" if cuda else "gloo")
+    stop = threading.Event()
+    streamer = threading.Thread(target=_stream, args=(job.id, out, err, stop), daemon=True)
+    streamer.start()
+    print(f"gpulayer train: {job.id} {nodes} x {procs_per_node} ({launcher}): {job.placement}", file=err)
+    try:
+        job.get()
+        return 0
+    except JobFailed as failure:
+        print(f"gpulayer train: {failure.message}", file=err)
+        code = getattr(failure, "exit_code", None)
+        return code if isinstance(code, int) and 0 < code < 256 else 1
+    finally:
+        stop.set()
+        streamer.join(timeout=2)
+
+
+def _stream(gang_id: str, out, err, stop: threading.Event) -> None:
+    from . import app as app_mod
+    from .store import keys
+
+    client = app_mod.redis_client()
+    sub = client.pubsub(ignore_subscribe_messages=True)
+    sub.subscribe(keys.gang_output(gang_id))
+    try:
+        while True:
+            msg = sub.get_message(timeout=0.1 if not stop.is_set() else 0.2)
+            if msg:
+                line = json.loads(msg["data"])
+                print(f"[rank {line['rank']}] {line['line']}", file=err if line["stream"] == "stderr" else out,
+                      flush=True)
+            elif stop.is_set():  # done, and nothing more in flight
+                break
+    finally:
+        sub.close()
+        client.close()
