@@ -7,6 +7,7 @@ from urllib.parse import urlparse
 from . import app as app_mod
 from . import queues
 from .client import ensure_connected
+from .store.gangs import GangStore
 
 
 def mask_url(url: str) -> str:
@@ -28,16 +29,24 @@ def collect() -> dict:
     for q in names:
         pipe.llen(q)
     lengths = dict(zip(names, pipe.execute()))
+    gangs = GangStore(client).active()
+    held = GangStore(client).held()
     client.close()
     return {
         "broker": mask_url(app_mod.settings().broker_url),
         "workers": [
             {"id": w.id, "address": w.address, "hostname": w.hostname, "zone": w.zone, "region": w.region,
              "cuda": w.cuda, "gpus": w.gpus, "gpu_names": list(w.gpu_names), "slots": w.slots, "busy": w.busy,
-             "heartbeat_age": round(w.heartbeat_age, 2), "pid": w.pid}
+             "held": held.get(w.id, 0), "heartbeat_age": round(w.heartbeat_age, 2), "pid": w.pid}
             for w in workers
         ],
         "queues": lengths,
+        "gangs": [
+            {"id": g["gang_id"], "name": g.get("spec", {}).get("name"), "state": g["state"], "reason": g["reason"],
+             "nodes": g.get("spec", {}).get("nodes"), "procs_per_node": g.get("spec", {}).get("procs_per_node"),
+             "workers": (g.get("placement") or {}).get("workers", []), "attempt": g["attempt"]}
+            for g in gangs
+        ],
     }
 
 
@@ -53,7 +62,8 @@ def render(report: dict) -> None:
     for w in report["workers"]:
         cuda = f"{w['gpus']} x {w['gpu_names'][0]}" if w["gpus"] else "-"
         t.add_row(w["id"], w["address"], w["zone"] or "-", w["region"] or "-", cuda,
-                  f"{w['busy']}/{w['slots']}", f"{w['heartbeat_age']:.1f}s ago")
+                  f"{w['busy'] + w['held']}/{w['slots']}" + (f" ({w['held']} gang)" if w["held"] else ""),
+                  f"{w['heartbeat_age']:.1f}s ago")
     console.print(t)
     q = Table(title="queues")
     q.add_column("queue")
@@ -61,3 +71,11 @@ def render(report: dict) -> None:
     for name, n in sorted(report["queues"].items()):
         q.add_row(name, str(n))
     console.print(q)
+    if report["gangs"]:
+        g = Table(title="distributed jobs")
+        for col in ("id", "function", "shape", "state", "workers", "why"):
+            g.add_column(col)
+        for job in report["gangs"]:
+            g.add_row(job["id"][:12], job["name"] or "-", f"{job['nodes']} x {job['procs_per_node']}", job["state"],
+                      ", ".join(job["workers"]) or "-", job["reason"])
+        console.print(g)

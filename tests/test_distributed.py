@@ -255,3 +255,34 @@ def test_dead_worker_fails_its_gang(tmp_path):
         with pytest.raises(JobFailed) as e:
             job.get(timeout=60)
         assert victim in e.value.message and ("stopped heartbeating" in e.value.message or "rank 1" in e.value.message)
+
+
+def test_status_json_shows_workers_slots_and_a_waiting_gangs_reason(gangs):
+    import json
+    import subprocess
+    import sys
+
+    hold = distributed(sleepy_gang, 5.0, nodes=4, procs_per_node=2)
+    hold.placement
+    waiting = distributed(sleepy_gang, 0.1, nodes=2, procs_per_node=2)
+    deadline = time.monotonic() + 30
+    while "waiting for 2 workers" not in waiting.status()["reason"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    env = dict(os.environ, GPULAYER_BROKER_URL=gangs.url, GPULAYER_SECRET=gangs.secret)
+    out = subprocess.run([sys.executable, "-m", "gpulayer", "status", "--json"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    live = {w.id: w for w in gpulayer.app.registry().snapshot()}
+    assert {w["id"] for w in report["workers"]} == set(live)
+    for w in report["workers"]:
+        assert (w["zone"], w["region"], w["slots"]) == (live[w["id"]].zone, live[w["id"]].region, live[w["id"]].slots)
+        assert w["held"] == 2  # the holding gang has every slot
+    by_id = {g["id"]: g for g in report["gangs"]}
+    assert by_id[hold.id]["state"] == "running" and sorted(by_id[hold.id]["workers"]) == ["g1", "g2", "g3", "g4"]
+    assert by_id[waiting.id]["state"] == "waiting"
+    assert "waiting for 2 workers with 2 free slots" in by_id[waiting.id]["reason"]
+    assert gangs.secret not in out.stdout and "fleet-pw" not in out.stdout
+    hold.get(timeout=120)
+    waiting.get(timeout=120)

@@ -171,3 +171,93 @@ def test_eligible_is_exactly_the_satisfying_workers(fleet, res):
     except JobRejected:
         got = []
     assert sorted(got) == sorted(set(want))
+
+
+# --- gangs ------------------------------------------------------------------------------------
+
+from gpulayer.models import GangSpec  # noqa: E402
+from gpulayer.placement import GangWaiting, check_gang_fits_fleet, place_gang  # noqa: E402
+
+
+def gang(nodes, procs, **res):
+    return GangSpec(gang_id="g", nodes=nodes, procs_per_node=procs, resources=Resources(**res))
+
+
+def wh(id, zone, region, slots=2, busy=0, host=None, gpus=0):
+    return WorkerInfo(id=id, hostname=host or id, address=f"10.0.0.{id[-1]}", zone=zone, region=region,
+                      slots=slots, busy=busy, gpus=gpus)
+
+
+TWO_REGIONS = (
+    wh("w1", "eu-1a", "eu"), wh("w2", "eu-1a", "eu"), wh("w3", "eu-1b", "eu"),
+    wh("w4", "us-1a", "us"), wh("w5", "us-1b", "us"),
+)
+
+
+def test_gang_prefers_one_zone():
+    p = place_gang(gang(2, 2), TWO_REGIONS, {})
+    assert p.workers == ("w1", "w2") and p.reason == "placed on 2 workers in zone eu-1a"
+    assert p.addresses == ("10.0.0.1", "10.0.0.2")
+
+
+def test_gang_falls_back_to_one_region_then_across_regions():
+    p = place_gang(gang(3, 2), TWO_REGIONS, {})
+    assert set(p.workers) == {"w1", "w2", "w3"} and p.reason == "placed on 3 workers in region eu"
+    p = place_gang(gang(4, 2), TWO_REGIONS, {})
+    assert p.reason.startswith("placed across regions eu, us")
+
+
+def test_gang_avoids_held_and_busy_slots():
+    p = place_gang(gang(2, 2), TWO_REGIONS, {"w1": 1})
+    assert "w1" not in p.workers and p.reason == "placed on 2 workers in region eu"
+    busy = tuple(w.model_copy(update={"busy": 2}) if w.id == "w2" else w for w in TWO_REGIONS)
+    assert "w2" not in place_gang(gang(2, 2), busy, {}).workers
+
+
+def test_gang_that_fits_later_waits_with_the_free_slots_named():
+    with pytest.raises(GangWaiting, match=r"waiting for 5 workers with 2 free slots each; free now: w1 0/2"):
+        place_gang(gang(5, 2), TWO_REGIONS, {"w1": 2})
+
+
+def test_gang_that_can_never_fit_is_rejected():
+    with pytest.raises(JobRejected, match="needs 6 workers with 2 slots"):
+        check_gang_fits_fleet(gang(6, 2), TWO_REGIONS)
+    with pytest.raises(JobRejected, match="needs 1 workers with 3 slots"):
+        place_gang(gang(1, 3), TWO_REGIONS, {})
+    with pytest.raises(JobRejected, match="CUDA"):
+        check_gang_fits_fleet(gang(1, 1, cuda=True), TWO_REGIONS)
+    with pytest.raises(JobRejected, match="pinned to only 1 workers"):
+        check_gang_fits_fleet(gang(2, 1, worker_ids=["w1"]), TWO_REGIONS)
+
+
+def test_cuda_gang_needs_gpus_for_every_process():
+    fleet = (wh("g1", "z", "r", slots=8, gpus=4), wh("g2", "z", "r", slots=8, gpus=8))
+    assert place_gang(gang(1, 8, cuda=True), fleet, {}).workers == ("g2",)
+    with pytest.raises(JobRejected, match="8 slots and 16 GPUs"):
+        check_gang_fits_fleet(gang(1, 8, gpus=2), fleet)
+
+
+def test_gang_packs_onto_fewer_hosts_among_equals():
+    fleet = (wh("a1", "z", "r", host="h1"), wh("b1", "z", "r", host="h2"), wh("b2", "z", "r", host="h2"))
+    assert place_gang(gang(2, 1), fleet, {}).workers == ("b1", "b2")
+
+
+def test_pinned_gang_uses_exactly_the_named_workers():
+    p = place_gang(gang(2, 1, worker_ids=["w5", "w3"]), TWO_REGIONS, {})
+    assert set(p.workers) == {"w3", "w5"} and p.reason.startswith("pinned to")
+
+
+@settings(max_examples=300, deadline=None)
+@given(fleets(), st.integers(1, 4), st.integers(1, 4), st.dictionaries(st.sampled_from([f"w{i}" for i in range(12)]),
+                                                                       st.integers(0, 4)))
+def test_gang_placement_is_all_or_nothing_and_never_oversubscribes(fleet, nodes, procs, held):
+    spec = GangSpec(gang_id="g", nodes=nodes, procs_per_node=procs)
+    try:
+        p = place_gang(spec, fleet, held)
+    except (GangWaiting, JobRejected):
+        return
+    assert len(p.workers) == nodes == len(set(p.workers))
+    by_id = {w.id: w for w in fleet}
+    for wid in p.workers:
+        w = by_id[wid]
+        assert w.slots - w.busy - held.get(wid, 0) >= procs
