@@ -31,6 +31,21 @@ def fit_line(lr: float, steps: int = 300, seed: int = 0) -> dict:
             "worker": w.id, "zone": w.zone}
 
 
+def allreduce_ranks() -> dict:
+    """Every rank of a 2 x 2 job adds up the rank numbers over gloo."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    import gpulayer
+
+    gpulayer.init_process_group("gloo")
+    t = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(t)
+    return {"rank": dist.get_rank(), "sum": t.item(), "worker": os.environ["GPULAYER_WORKER_ID"]}
+
+
 def run_demo() -> int:
     import gpulayer
     from gpulayer import JobRejected, Resources, submit, submit_batch
@@ -69,5 +84,18 @@ def run_demo() -> int:
         console.print("Resources(cuda=True) was accepted: this cluster has a GPU worker")
     except JobRejected as err:
         console.print(f"Resources(cuda=True) refused at once: [yellow]{err}[/]")
+    console.rule("3. a distributed job: 2 workers x 2 processes, all slots reserved at once")
+    t3 = time.monotonic()
+    job = gpulayer.distributed(allreduce_ranks, nodes=2, procs_per_node=2)
+    console.print(f"placement: {job.placement}")
+    ranks = job.get(timeout=300)
+    for r in ranks:
+        console.print(f"  rank {r['rank']} on {r['worker']}: all_reduce(sum of ranks) = {r['sum']:g}")
+    console.print(f"done in {time.monotonic() - t3:.1f}s (expected sum 0+1+2+3 = 6)")
+
+    console.rule("4. the Trainer: one process, then DDP with devices=2")
+    from gpulayer.trainer.demo import run_training_demo
+
+    run_training_demo(console.print)
     console.rule(f"done in {time.monotonic() - t0:.1f}s")
     return 0
