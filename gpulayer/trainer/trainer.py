@@ -257,6 +257,7 @@ class Trainer:
     def _take_result(self, module: Module, result: dict[str, Any]) -> None:
         """Rank 0's weights, counters, metrics and callback states, into this process's objects."""
         module.load_state_dict(result["state_dict"])
+        self.lightning_module = module
         self.global_step, self.current_epoch = result["global_step"], result["current_epoch"]
         self._store.load_result(result["callback_metrics"], result["logged_metrics"])
         # by position: the ranks hold copies of these callbacks in the same order (class names of
