@@ -16,6 +16,8 @@ def build_parser() -> argparse.ArgumentParser:
     up = sub.add_parser("up", help="start the embedded local cluster in the background")
     up.add_argument("--workers", type=int, default=None, help="local workers (default 2)")
     up.add_argument("--slots", type=int, default=None, help="job slots per worker (default: cores / workers, >= 2)")
+    up.add_argument("--flower", type=int, nargs="?", const=0, default=None, metavar="PORT",
+                    help="also run Flower on 127.0.0.1 (on PORT, default a free port)")
 
     sub.add_parser("down", help="stop what `gpulayer up` started")
 
@@ -31,6 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     st = sub.add_parser("status", help="live workers, slots and queues")
     st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.add_argument("--watch", type=float, nargs="?", const=2.0, default=None, metavar="SECONDS",
+                    help="refresh every SECONDS (default 2) until Ctrl-C")
 
     tr = sub.add_parser("train", help="run a training script on N workers x M processes")
     tr.add_argument("--nodes", type=int, required=True)
@@ -50,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--address", default="127.0.0.1", help="bind address (beyond loopback needs --basic-auth)")
     fl.add_argument("--basic-auth", default=None, help="user:password, required when bound beyond loopback")
 
+    me = sub.add_parser("metrics", help="serve queue lengths and slot use as Prometheus metrics")
+    me.add_argument("--broker", default=None, help="redis://... (default: GPULAYER_BROKER_URL, else `gpulayer up`)")
+    me.add_argument("--port", type=int, default=9808)
+    me.add_argument("--address", default="127.0.0.1", help="bind address")
+
     sub.add_parser("demo", help="start the embedded cluster and run the README's demo")
     return p
 
@@ -68,8 +77,12 @@ def main(argv: list[str] | None = None) -> int:
 def _up(args) -> int:
     from .local import up
 
-    cluster, started = up(args.workers, args.slots)
+    cluster, started = up(args.workers, args.slots, flower=args.flower)
     print(("started" if started else "already running") + f": broker {cluster.broker_url}")
+    if cluster.flower_url:
+        print(f"Flower: {cluster.flower_url}")
+    elif args.flower is not None:
+        print("Flower: not running with this cluster (see its logs, or run `gpulayer flower`)")
     print(f"state file: {cluster.home / 'cluster.json'} (broker URL and cluster secret; mode 0600)")
     print("connect with gpulayer.init() from Python, stop with `gpulayer down`")
     return 0
@@ -90,8 +103,10 @@ def _worker(args) -> int:
 
 
 def _status(args) -> int:
-    from .status import collect, render
+    from .status import collect, render, watch
 
+    if args.watch is not None:
+        return watch(args.watch, as_json=args.json)
     report = collect()
     if args.json:
         print(json.dumps(report, indent=2))
@@ -114,6 +129,12 @@ def _flower(args) -> int:
     return run_flower(broker=args.broker, port=args.port, address=args.address, basic_auth=args.basic_auth)
 
 
+def _metrics(args) -> int:
+    from .monitor import serve_metrics
+
+    return serve_metrics(broker=args.broker, port=args.port, address=args.address)
+
+
 def _demo(args) -> int:
     from .demo import run_demo
 
@@ -121,4 +142,4 @@ def _demo(args) -> int:
 
 
 _COMMANDS = {"up": _up, "down": _down, "worker": _worker, "status": _status, "train": _train, "flower": _flower,
-             "demo": _demo}
+             "metrics": _metrics, "demo": _demo}

@@ -92,9 +92,17 @@ class BatchHandle:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def get(self, timeout: float | None = None, propagate: bool = True, interval: float = 0.02) -> list[Any]:
-        """Results in submission order; the first failure raises ``JobFailed`` (or is returned if not ``propagate``)."""
-        metas = self._gather(timeout, interval)
+    def get(self, timeout: float | None = None, propagate: bool = True, interval: float = 0.02,
+            progress: bool | None = None) -> list[Any]:
+        """Results in submission order; the first failure raises ``JobFailed`` (or is returned if not ``propagate``).
+
+        ``progress``: draw a bar (done, failed, rate, ETA); by default only for more than 8 jobs
+        and only when stdout is a terminal.
+        """
+        from .progress import batch_progress
+
+        with batch_progress(len(self.ids), progress) as tick:
+            metas = self._gather(timeout, interval, tick)
         out = []
         for meta in metas:
             if meta["status"] != states.SUCCESS and propagate:
@@ -102,7 +110,7 @@ class BatchHandle:
             out.append(meta["result"])
         return out
 
-    def _gather(self, timeout: float | None, interval: float) -> list[dict]:
+    def _gather(self, timeout: float | None, interval: float, tick=None) -> list[dict]:
         """Poll the oldest pending results, a window at a time: jobs finish roughly in order, so each
         round reads few keys, not every pending one (which grows with the square of the batch)."""
         backend = app_mod.app.backend
@@ -111,6 +119,7 @@ class BatchHandle:
         pending = list(range(len(self.ids)))
         deadline = None if timeout is None else time.monotonic() + timeout
         wait = interval
+        failed = 0
         while pending:
             window = pending[:_WINDOW]
             found = False
@@ -120,7 +129,10 @@ class BatchHandle:
                     if meta["status"] in states.READY_STATES:
                         metas[i] = meta
                         found = True
+                        failed += meta["status"] != states.SUCCESS
             pending = [i for i in pending if metas[i] is None] if found else pending
+            if tick is not None:  # the progress bar (gpulayer/progress.py); it throttles itself
+                tick(len(self.ids) - len(pending), failed)
             if not pending:
                 break
             if deadline is not None and time.monotonic() > deadline:

@@ -128,6 +128,34 @@ def stop_process(proc: subprocess.Popen, grace: float = 10.0) -> None:
             proc.wait()
 
 
+def start_flower(broker_url: str, secret: str, *, port: int, log_file: Path | None = None,
+                 tie_to_parent: bool = False) -> subprocess.Popen:
+    """Start ``gpulayer flower`` on 127.0.0.1:``port`` as our child (the URL and secret go by environment)."""
+    args = [sys.executable, "-m", "gpulayer", "flower", "--port", str(port), "--address", "127.0.0.1"]
+    env = dict(os.environ, GPULAYER_BROKER_URL=broker_url, GPULAYER_SECRET=secret, PYTHONUNBUFFERED="1")
+    out = open(log_file, "ab") if log_file else subprocess.DEVNULL
+    try:
+        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                preexec_fn=_die_with_parent if tie_to_parent else None)
+    finally:
+        if log_file:
+            out.close()
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 30.0, host: str = "127.0.0.1") -> bool:
+    """True once ``host:port`` accepts connections; False if ``proc`` exits or time runs out."""
+    import socket
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            socket.create_connection((host, port), timeout=0.5).close()
+            return True
+        except OSError:
+            time.sleep(0.1)
+    return False
+
+
 def _write_state(path: Path, state: dict) -> None:
     tmp = path.with_suffix(".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -146,7 +174,7 @@ def _proc_start_time(pid: int) -> str | None:
 
 # --- the supervisor: one process that owns Redis and the workers -----------------------------------
 
-def supervise(home: Path, workers: int, slots: int, parent: int | None) -> int:
+def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_port: int | None = None) -> int:
     home.mkdir(parents=True, exist_ok=True)
     os.chmod(home, 0o700)
     logs = home / "logs"
@@ -167,6 +195,7 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None) -> int:
     redis_proc = start_redis(home / "redis", port=port, password=password, log_file=logs / "redis.log",
                              tie_to_parent=True)
     procs: dict[str, subprocess.Popen] = {}
+    flower: subprocess.Popen | None = None
     try:
         wait_for_redis(url, redis_proc)
         names = [f"local-{i + 1}" for i in range(workers)]
@@ -174,10 +203,19 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None) -> int:
         for name, zone in zip(names, zones):
             procs[name] = start_worker(url, secret, name=name, slots=slots, zone=zone, region="local",
                                        log_file=logs / f"{name}.log", tie_to_parent=True)
+        flower_url = None
+        if flower_port is not None:
+            flower_port = flower_port or free_port()
+            flower = start_flower(url, secret, port=flower_port, log_file=logs / "flower.log", tie_to_parent=True)
+            if wait_for_port(flower_port, flower):
+                flower_url = f"http://127.0.0.1:{flower_port}/"
+            else:
+                print(f"Flower did not start on port {flower_port}; see {logs / 'flower.log'}", file=sys.stderr)
         state = {"broker_url": url, "secret": secret, "home": str(home), "supervisor_pid": os.getpid(),
                  "supervisor_start": _proc_start_time(os.getpid()), "redis_pid": redis_proc.pid,
                  "worker_pids": {n: p.pid for n, p in procs.items()}, "workers": workers, "slots": slots,
-                 "started_at": time.time()}
+                 "started_at": time.time(), "flower_url": flower_url,
+                 "flower_pid": flower.pid if flower_url else None}
         _write_state(state_file, state)
         while not stopping:
             if parent is not None and os.getppid() != parent:
@@ -194,6 +232,8 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None) -> int:
                                                log_file=logs / f"{name}.log", tie_to_parent=True)
             time.sleep(0.2)
     finally:
+        if flower is not None:
+            stop_process(flower, grace=5)
         for proc in procs.values():
             if proc.poll() is None:
                 proc.terminate()
@@ -216,17 +256,20 @@ class LocalCluster:
     secret: str
     home: Path
     supervisor: subprocess.Popen | None = None
+    flower_url: str | None = None
 
     def stop(self, timeout: float = 30.0) -> None:
         if self.supervisor is not None:
             stop_process(self.supervisor, grace=timeout)
 
 
-def _spawn_supervisor(home: Path, workers: int, slots: int, parent: int | None, timeout: float) -> LocalCluster:
+def _spawn_supervisor(home: Path, workers: int, slots: int, parent: int | None, timeout: float,
+                      flower: int | None = None) -> LocalCluster:
     home.mkdir(parents=True, exist_ok=True)
     log = open(home / "supervisor.log", "ab")
     args = [sys.executable, "-m", "gpulayer.local", "--home", str(home), "--workers", str(workers),
-            "--slots", str(slots)] + (["--parent", str(parent)] if parent else [])
+            "--slots", str(slots)] + (["--parent", str(parent)] if parent else []) \
+        + (["--flower", str(flower)] if flower is not None else [])
     try:
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=parent is None)
@@ -237,7 +280,7 @@ def _spawn_supervisor(home: Path, workers: int, slots: int, parent: int | None, 
     while True:
         state = read_state(state_file)
         if state and state.get("supervisor_pid") == proc.pid:
-            cluster = LocalCluster(state["broker_url"], state["secret"], home, proc)
+            cluster = LocalCluster(state["broker_url"], state["secret"], home, proc, state.get("flower_url"))
             _wait_workers(cluster, workers, deadline)
             return cluster
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -270,14 +313,17 @@ def default_shape(workers: int | None, slots: int | None) -> tuple[int, int]:
 
 
 def up(workers: int | None = None, slots: int | None = None, home: Path | None = None,
-       timeout: float = 60.0) -> tuple[LocalCluster, bool]:
-    """Start the background cluster, or find the running one. Returns (cluster, started_now)."""
+       timeout: float = 60.0, flower: int | None = None) -> tuple[LocalCluster, bool]:
+    """Start the background cluster, or find the running one. Returns (cluster, started_now).
+
+    ``flower``: also run Flower on that port (0: a free one); its URL is in the state file.
+    """
     home = home or home_dir()
     state = read_state(home / STATE_FILE_NAME)
     if state and _alive(state.get("supervisor_pid"), state.get("supervisor_start")):
-        return LocalCluster(state["broker_url"], state["secret"], home), False
+        return LocalCluster(state["broker_url"], state["secret"], home, flower_url=state.get("flower_url")), False
     workers, slots = default_shape(workers, slots)
-    return _spawn_supervisor(home, workers, slots, parent=None, timeout=timeout), True
+    return _spawn_supervisor(home, workers, slots, parent=None, timeout=timeout, flower=flower), True
 
 
 def down(home: Path | None = None, timeout: float = 30.0) -> bool:
@@ -326,8 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--slots", type=int, default=2)
     p.add_argument("--parent", type=int, default=None)
+    p.add_argument("--flower", type=int, default=None, help="run Flower on this port (0: a free one)")
     a = p.parse_args(argv)
-    return supervise(a.home, a.workers, a.slots, a.parent)
+    return supervise(a.home, a.workers, a.slots, a.parent, a.flower)
 
 
 if __name__ == "__main__":

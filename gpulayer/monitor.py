@@ -1,11 +1,24 @@
-"""Flower on gpulayer's Celery app (it needs the cluster secret to read signed replies)."""
+"""Monitoring: Flower on gpulayer's Celery app, and Prometheus metrics of queues and slots.
+
+Flower needs the cluster secret to read the workers' signed replies, so it runs
+as ``gpulayer flower`` (this module), never as a bare ``celery flower``. Every
+page and API answer it serves passes through a filter that masks the broker
+password and the cluster secret, wherever they turn up (a worker's config, a
+task's arguments, a URL).
+"""
 
 from __future__ import annotations
 
 import ipaddress
 import os
+import re
+import time
+from urllib.parse import urlparse
 
 from .errors import ConfigError
+
+MASK = "***"
+_URL_PASSWORD = re.compile(r"(?P<head>\b[a-z][a-z0-9+.\-]*://[^:/@\s\"'<>]*:)[^@/\s\"'<>]+@", re.IGNORECASE)
 
 
 def _loopback(address: str) -> bool:
@@ -17,9 +30,68 @@ def _loopback(address: str) -> bool:
         return False
 
 
+# --- Flower ----------------------------------------------------------------------------------------
+
+def mask_text(text: str, secrets: list[str]) -> str:
+    """``text`` with each of ``secrets`` and every password inside a URL replaced by ``***``."""
+    for s in secrets:
+        text = text.replace(s, MASK)
+    return _URL_PASSWORD.sub(lambda m: m.group("head") + MASK + "@", text)
+
+
+def _secrets_of(settings) -> list[str]:
+    out = []
+    password = urlparse(settings.broker_url or "").password
+    if password:
+        out.append(password)
+    if settings.secret is not None:
+        out.append(settings.secret.get_secret_value())
+    # Longest first, so a secret that contains another is masked whole; short ones would mask too much.
+    return sorted({s for s in out if len(s) >= 4}, key=len, reverse=True)
+
+
+def _masking_transform(secrets: list[str]):
+    """A Tornado output transform that masks ``secrets`` in every response Flower sends."""
+    from tornado.web import OutputTransform
+
+    raw = [s.encode() for s in secrets]
+
+    def mask(chunk: bytes) -> bytes:
+        for s in raw:
+            chunk = chunk.replace(s, MASK.encode())
+        return _URL_PASSWORD.sub(lambda m: m.group("head") + MASK + "@", chunk.decode("utf-8", "surrogateescape")
+                                 ).encode("utf-8", "surrogateescape")
+
+    class MaskSecrets(OutputTransform):
+        def transform_first_chunk(self, status_code, headers, chunk, finishing):
+            chunk = mask(chunk)
+            if "Content-Length" in headers:
+                headers["Content-Length"] = str(len(chunk))
+            return status_code, headers, chunk
+
+        def transform_chunk(self, chunk, finishing):
+            return mask(chunk)
+
+    return MaskSecrets
+
+
+def _install_masking(secrets: list[str]) -> None:
+    """Make every Flower application built in this process mask ``secrets`` (before gzip)."""
+    from flower.app import Flower
+
+    transform = _masking_transform(secrets)
+    original = Flower.__init__
+
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.transforms.insert(0, transform)
+
+    Flower.__init__ = __init__
+
+
 def run_flower(*, broker: str | None = None, port: int = 5555, address: str = "127.0.0.1",
                basic_auth: str | None = None) -> int:
-    from .app import app
+    from . import app as app_mod
     from .client import init
 
     basic_auth = basic_auth or os.environ.get("FLOWER_BASIC_AUTH")
@@ -28,9 +100,98 @@ def run_flower(*, broker: str | None = None, port: int = 5555, address: str = "1
                           "(or set FLOWER_BASIC_AUTH), or bind to 127.0.0.1")
     if basic_auth and ":" not in basic_auth:
         raise ConfigError("--basic-auth must be user:password")
-    init(broker)
+    settings = init(broker)
+    _install_masking(_secrets_of(settings))
     argv = ["flower", f"--port={port}", f"--address={address}"]
     if basic_auth:
         os.environ["FLOWER_BASIC_AUTH"] = basic_auth  # not in argv, where `ps` would show it
-    app.start(argv)
+    app_mod.app.start(argv)
+    return 0
+
+
+# --- Prometheus metrics ----------------------------------------------------------------------------
+
+def metric_families(report: dict) -> list:
+    """``gpulayer status``'s report as Prometheus metric families."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    live = GaugeMetricFamily("gpulayer_workers_live", "Workers heard from within the liveness window")
+    live.add_metric([], len(report["workers"]))
+    slots = GaugeMetricFamily("gpulayer_worker_slots", "Job slots a worker has",
+                              labels=["worker", "zone", "region", "cuda"])
+    busy = GaugeMetricFamily("gpulayer_worker_busy_slots", "Slots running ordinary jobs", labels=["worker"])
+    held = GaugeMetricFamily("gpulayer_worker_held_slots", "Slots reserved by distributed jobs", labels=["worker"])
+    gpus = GaugeMetricFamily("gpulayer_worker_gpus", "GPUs a worker serves", labels=["worker"])
+    age = GaugeMetricFamily("gpulayer_worker_heartbeat_age_seconds", "Seconds since the worker's last heartbeat",
+                            labels=["worker"])
+    for w in report["workers"]:
+        slots.add_metric([w["id"], w["zone"] or "", w["region"] or "", "true" if w["cuda"] else "false"], w["slots"])
+        busy.add_metric([w["id"]], w["busy"])
+        held.add_metric([w["id"]], w["held"])
+        gpus.add_metric([w["id"]], w["gpus"])
+        age.add_metric([w["id"]], w["heartbeat_age"])
+    queue = GaugeMetricFamily("gpulayer_queue_length", "Jobs waiting in a queue", labels=["queue"])
+    for name, n in sorted(report["queues"].items()):
+        queue.add_metric([name], n)
+    gangs = GaugeMetricFamily("gpulayer_gangs", "Distributed jobs not yet finished, by state", labels=["state"])
+    counts = {"waiting": 0, "running": 0}
+    for g in report["gangs"]:
+        counts[g["state"]] = counts.get(g["state"], 0) + 1
+    for state, n in sorted(counts.items()):
+        gangs.add_metric([state], n)
+    return [live, slots, busy, held, gpus, age, queue, gangs]
+
+
+class _FleetCollector:
+    """Reads the registry and queues at each scrape (a scrape costs a few Redis round trips)."""
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        from .status import collect
+
+        started = time.perf_counter()
+        families = metric_families(collect())
+        took = GaugeMetricFamily("gpulayer_scrape_seconds", "Time to read the cluster state for this scrape")
+        took.add_metric([], time.perf_counter() - started)
+        return [*families, took]
+
+
+def metrics_registry():
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_FleetCollector())
+    return registry
+
+
+def metrics_text() -> str:
+    """The current metrics in Prometheus's text format."""
+    from prometheus_client import generate_latest
+
+    return generate_latest(metrics_registry()).decode()
+
+
+def serve_metrics(*, broker: str | None = None, port: int = 9808, address: str = "127.0.0.1") -> int:
+    """``gpulayer metrics``: serve ``/metrics`` until Ctrl-C."""
+    from prometheus_client import start_http_server
+
+    from .client import connect
+    from .config import load_settings
+    from .errors import ClusterUnavailable
+
+    settings = load_settings(broker_url=broker)
+    if not settings.broker_url:
+        raise ClusterUnavailable("no cluster to watch: pass --broker or set GPULAYER_BROKER_URL (and "
+                                 "GPULAYER_SECRET), or start one with `gpulayer up`")
+    connect(settings)
+    server, thread = start_http_server(port, addr=address, registry=metrics_registry())
+    print(f"serving Prometheus metrics at http://{address}:{port}/metrics", flush=True)
+    try:
+        while thread.is_alive():
+            thread.join(1.0)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
     return 0

@@ -6,7 +6,9 @@ from urllib.parse import urlparse
 
 from . import app as app_mod
 from . import queues
-from .client import ensure_connected
+from .client import connect
+from .config import load_settings
+from .errors import ClusterUnavailable, ConfigError
 from .store.gangs import GangStore
 
 
@@ -19,9 +21,20 @@ def mask_url(url: str) -> str:
     return url
 
 
+def _connect() -> None:
+    """Connect to the configured cluster; never start one just to describe it."""
+    if app_mod.is_configured():
+        return
+    settings = load_settings()
+    if not settings.broker_url:
+        raise ClusterUnavailable("no cluster to show: set GPULAYER_BROKER_URL (and GPULAYER_SECRET), "
+                                 "or start one with `gpulayer up`")
+    connect(settings)
+
+
 def collect() -> dict:
     """Live workers and queue lengths, as plain data (what ``--json`` prints)."""
-    ensure_connected()
+    _connect()
     workers = app_mod.registry().snapshot()
     names = sorted({q for w in workers for q in queues.for_worker(w.id, w.gpus, w.zone, w.region)})
     client = app_mod.redis_client()
@@ -50,12 +63,12 @@ def collect() -> dict:
     }
 
 
-def render(report: dict) -> None:
-    from rich.console import Console
+def renderables(report: dict) -> list:
+    """The report as rich tables: workers, queues, distributed jobs."""
     from rich.table import Table
+    from rich.text import Text
 
-    console = Console()
-    console.print(f"broker {report['broker']}")
+    out: list = [Text(f"broker {report['broker']}")]
     t = Table(title=f"{len(report['workers'])} live workers")
     for col in ("worker", "address", "zone", "region", "cuda", "slots used/total", "heartbeat"):
         t.add_column(col)
@@ -64,13 +77,13 @@ def render(report: dict) -> None:
         t.add_row(w["id"], w["address"], w["zone"] or "-", w["region"] or "-", cuda,
                   f"{w['busy'] + w['held']}/{w['slots']}" + (f" ({w['held']} gang)" if w["held"] else ""),
                   f"{w['heartbeat_age']:.1f}s ago")
-    console.print(t)
+    out.append(t)
     q = Table(title="queues")
     q.add_column("queue")
     q.add_column("waiting", justify="right")
     for name, n in sorted(report["queues"].items()):
         q.add_row(name, str(n))
-    console.print(q)
+    out.append(q)
     if report["gangs"]:
         g = Table(title="distributed jobs")
         for col in ("id", "function", "shape", "state", "workers", "why"):
@@ -78,4 +91,38 @@ def render(report: dict) -> None:
         for job in report["gangs"]:
             g.add_row(job["id"][:12], job["name"] or "-", f"{job['nodes']} x {job['procs_per_node']}", job["state"],
                       ", ".join(job["workers"]) or "-", job["reason"])
-        console.print(g)
+        out.append(g)
+    return out
+
+
+def render(report: dict) -> None:
+    from rich.console import Console
+
+    console = Console()
+    for item in renderables(report):
+        console.print(item)
+
+
+def watch(every: float = 2.0, as_json: bool = False) -> int:
+    """Redraw the report every ``every`` seconds until Ctrl-C (``as_json``: one JSON line per refresh)."""
+    import json
+    import time
+
+    from rich.console import Group
+    from rich.live import Live
+    from rich.text import Text
+
+    if every <= 0:
+        raise ConfigError(f"--watch takes a positive number of seconds, not {every}")
+    try:
+        if as_json:
+            while True:
+                print(json.dumps(collect()), flush=True)
+                time.sleep(every)
+        with Live(refresh_per_second=4, screen=False, auto_refresh=False) as live:
+            while True:
+                stamp = Text(f"{time.strftime('%H:%M:%S')}  every {every:g}s, Ctrl-C to stop", style="dim")
+                live.update(Group(stamp, *renderables(collect())), refresh=True)
+                time.sleep(every)
+    except KeyboardInterrupt:
+        return 0

@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 
 from .errors import ConfigError, JobFailed
+from .progress import GangProgress
 
 MAX_ARCHIVE_BYTES = 48 * 2**20  # the packaged directory, compressed; under the 64 MiB message limit
 MAX_FILE_BYTES = 8 * 2**20  # single files above this stay behind (datasets, checkpoints)
@@ -98,19 +99,23 @@ def train(script: str, args: list[str], *, nodes: int, procs_per_node: int, laun
                       launcher=launcher, resources=Resources(cuda=cuda, zone=zone), timeout=timeout,
                       max_restarts=max_restarts, backend="nccl" if cuda else "gloo")
     stop = threading.Event()
+    # At a terminal, a bar shows the gang's state and ranks; rank output is printed above it.
+    bar = GangProgress(job, file=out, enabled=None if out is sys.stdout else False)
+    out, err = bar.wrap(out), bar.wrap(err)
     streamer = threading.Thread(target=_stream, args=(job.id, out, err, stop), daemon=True)
-    streamer.start()
-    print(f"gpulayer train: {job.id} {nodes} x {procs_per_node} ({launcher}): {job.placement}", file=err)
-    try:
-        job.get()
-        return 0
-    except JobFailed as failure:
-        print(f"gpulayer train: {failure.message}", file=err)
-        code = getattr(failure, "exit_code", None)
-        return code if isinstance(code, int) and 0 < code < 256 else 1
-    finally:
-        stop.set()
-        streamer.join(timeout=2)
+    with bar:
+        streamer.start()
+        print(f"gpulayer train: {job.id} {nodes} x {procs_per_node} ({launcher}): {job.placement}", file=err)
+        try:
+            job.get()
+            return 0
+        except JobFailed as failure:
+            print(f"gpulayer train: {failure.message}", file=err)
+            code = getattr(failure, "exit_code", None)
+            return code if isinstance(code, int) and 0 < code < 256 else 1
+        finally:
+            stop.set()
+            streamer.join(timeout=2)
 
 
 def _stream(gang_id: str, out, err, stop: threading.Event) -> None:

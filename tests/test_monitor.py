@@ -1,0 +1,295 @@
+"""Monitoring: Flower (seen in a real browser), `gpulayer status --watch`, progress bars, Prometheus metrics."""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import json
+import os
+import pty
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import textwrap
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+import gpulayer
+from gpulayer import queues, submit
+from gpulayer.errors import ConfigError
+from gpulayer.launch import free_port
+from gpulayer.local import stop_process, wait_for_port
+from gpulayer.monitor import mask_text, run_flower
+
+REPO = Path(__file__).resolve().parents[1]
+IN_CI = bool(os.environ.get("CI"))
+AUTH = "ops:flower-login-pw"
+
+
+def _need(ok: bool, why: str) -> None:
+    if not ok:
+        if IN_CI:
+            pytest.fail(f"{why} (required under CI)")
+        pytest.skip(why)
+
+
+def square(x):
+    return x * x
+
+
+def client_env(fleet, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "NO_COLOR", "COLUMNS")}
+    env.update(GPULAYER_BROKER_URL=fleet.url, GPULAYER_SECRET=fleet.secret, **extra)
+    return env
+
+
+def get(url: str, auth: str | None = None, timeout: float = 30) -> str:
+    headers = {"Authorization": "Basic " + base64.b64encode(auth.encode()).decode()} if auth else {}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as r:
+        return r.read().decode()
+
+
+def run_in_pty(args, env, *, timeout=120, until=None, interrupt=False) -> tuple[int, str]:
+    """Run ``args`` with stdin/stdout/stderr on a pseudo-terminal; SIGINT it once ``until(output)`` holds."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+    proc = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=slave, env=dict(env, TERM="xterm-256color"),
+                            cwd=REPO)
+    os.close(slave)
+    buf, sent = b"", False
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            ready, _, _ = select.select([master], [], [], 0.1)
+            if ready:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # EIO: every writer closed the terminal
+                    data = b""
+                if not data and proc.poll() is not None:
+                    break
+                buf += data
+            elif proc.poll() is not None:
+                break
+            if until is not None and not sent and until(buf.decode(errors="replace")):
+                if interrupt:
+                    proc.send_signal(signal.SIGINT)
+                sent = True
+            assert time.monotonic() < deadline, f"{args} still running after {timeout}s:\n{buf.decode()[-2000:]}"
+        return proc.wait(30), buf.decode(errors="replace")
+    finally:
+        stop_process(proc, grace=5)
+        os.close(master)
+
+
+# --- Flower ----------------------------------------------------------------------------------------
+
+def chromium(*args, profile: Path, timeout: float = 90) -> subprocess.CompletedProcess:
+    """Headless Chromium in a session of its own, stopped by its process group when done (it forks helpers)."""
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    _need(exe is not None, "no chromium on PATH (apt-get install -y chromium)")
+    proc = subprocess.Popen([exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                             "--disable-component-update", "--disable-sync", "--no-first-run",
+                             "--disable-dev-shm-usage", f"--user-data-dir={profile}", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # its helpers, if any outlived it
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def wait_gone(pids, timeout=30):
+    deadline = time.monotonic() + timeout
+    while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+        assert time.monotonic() < deadline, f"still running: {pids}"
+        time.sleep(0.1)
+
+
+def test_up_flower_lists_the_workers_in_a_browser(gpulayer_home, tmp_path):
+    env = dict(os.environ)
+    up = subprocess.run([sys.executable, "-m", "gpulayer", "up", "--workers", "2", "--slots", "1", "--flower"],
+                        capture_output=True, text=True, timeout=120, env=env)
+    state = json.loads((gpulayer_home / "cluster.json").read_text()) if (gpulayer_home / "cluster.json").exists() else {}
+    try:
+        assert up.returncode == 0, up.stderr
+        url = state["flower_url"]
+        assert url and url.startswith("http://127.0.0.1:") and f"Flower: {url}" in up.stdout
+        assert psutil.pid_exists(state["flower_pid"])
+        workers_page = url + "workers"
+
+        # The workers page fills in from the workers' event heartbeats: look until both are there.
+        deadline = time.monotonic() + 60
+        while True:
+            dom = chromium("--virtual-time-budget=5000", "--dump-dom", workers_page, profile=tmp_path / "chrome")
+            if dom.returncode == 0 and "local-1@" in dom.stdout and "local-2@" in dom.stdout:
+                break
+            assert time.monotonic() < deadline, f"Flower's workers page never listed local-1 and local-2:\n" \
+                                                f"{dom.stdout[-3000:]}\n{dom.stderr[-1000:]}"
+            time.sleep(1)
+        assert "<table" in dom.stdout and "workers-table" in dom.stdout
+        shot = tmp_path / "flower-workers.png"
+        pic = chromium(f"--screenshot={shot}", "--window-size=1280,900", "--virtual-time-budget=5000", workers_page,
+                       profile=tmp_path / "chrome")
+        assert pic.returncode == 0 and shot.stat().st_size > 10_000, pic.stderr[-1000:]
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        (REPO / "test-output").mkdir(exist_ok=True)
+        shutil.copy(shot, REPO / "test-output" / "flower-workers.png")
+
+        password = state["broker_url"].split(":")[2].split("@")[0]
+        for page in ("workers", "broker", "tasks"):
+            body = get(url + page)
+            assert password not in body and state["secret"] not in body, page
+        pids = [state["supervisor_pid"], state["redis_pid"], state["flower_pid"], *state["worker_pids"].values()]
+    finally:
+        down = subprocess.run([sys.executable, "-m", "gpulayer", "down"], capture_output=True, text=True,
+                              timeout=60, env=env)
+    assert down.returncode == 0, down.stderr
+    wait_gone(pids)
+
+
+@pytest.fixture
+def flower(fleet, tmp_path):
+    """``gpulayer flower`` on the shared fleet, on a free port, behind basic auth."""
+    port = free_port()
+    log = open(tmp_path / "flower.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "gpulayer", "flower", "--port", str(port)],
+                            env=client_env(fleet, FLOWER_BASIC_AUTH=AUTH), stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    try:
+        assert wait_for_port(port, proc), (tmp_path / "flower.log").read_text()
+        yield f"http://127.0.0.1:{port}/"
+    finally:
+        stop_process(proc, grace=5)
+
+
+def test_flower_shows_job_summaries_and_never_the_secrets(fleet, flower):
+    hs = [submit.delay(square, i) for i in (11, 12)]
+    assert [h.get(timeout=60) for h in hs] == [121, 144]
+    with pytest.raises(urllib.error.HTTPError) as denied:
+        get(flower + "api/workers")
+    assert denied.value.code == 401
+
+    deadline = time.monotonic() + 30
+    while True:  # task events reach Flower asynchronously
+        tasks = json.loads(get(flower + "api/tasks", AUTH))
+        mine = {t["args"]: t for t in tasks.values() if t.get("args") in ("square(11)", "square(12)")}
+        if len(mine) == 2 and all(t["state"] == "SUCCESS" for t in mine.values()):
+            break
+        assert time.monotonic() < deadline, tasks
+        time.sleep(0.3)
+    assert {t["kwargs"] for t in mine.values()} == {"cpu"}  # the resources, as kwargsrepr
+    assert {t["worker"].split("@")[0] for t in mine.values()} <= {"w-a", "w-b", "w-c"}
+
+    workers = get(flower + "api/workers?refresh=1", AUTH)
+    assert {"w-a", "w-b", "w-c"} <= {name.split("@")[0] for name in json.loads(workers)}
+    pages = [workers, get(flower + "workers", AUTH), get(flower + "broker", AUTH), get(flower + "tasks", AUTH)]
+    for body in pages:
+        assert fleet.password not in body and fleet.secret not in body
+    assert "redis://:***@127.0.0.1" in pages[2]
+
+
+def test_flower_beyond_loopback_needs_a_password(monkeypatch):
+    monkeypatch.delenv("FLOWER_BASIC_AUTH", raising=False)
+    with pytest.raises(ConfigError, match="basic-auth"):
+        run_flower(address="0.0.0.0")
+
+
+def test_mask_text_hides_secrets_and_url_passwords():
+    text = "Settings(broker_url='redis://:pw123@10.0.0.1:6379/0', secret='s3cr3t-value') redis://u:x@h/0"
+    masked = mask_text(text, ["s3cr3t-value"])
+    assert "pw123" not in masked and "s3cr3t-value" not in masked and ":x@" not in masked
+    assert "redis://:***@10.0.0.1:6379/0" in masked and "redis://u:***@h/0" in masked
+
+
+# --- gpulayer status --watch -------------------------------------------------------------------------
+
+def test_status_watch_refreshes_until_ctrl_c(fleet):
+    code, out = run_in_pty([sys.executable, "-m", "gpulayer", "status", "--watch", "0.3"], client_env(fleet),
+                           until=lambda o: o.count("live workers") >= 2, interrupt=True, timeout=90)
+    assert code == 0, out
+    assert out.count("live workers") >= 2 and "w-a" in out and "europe-west1-b" in out and "Ctrl-C" in out
+    assert fleet.password not in out and fleet.secret not in out
+
+
+# --- progress bars ---------------------------------------------------------------------------------
+
+BATCH_SCRIPT = textwrap.dedent("""
+    import gpulayer
+    from gpulayer import submit, submit_batch
+
+    def nap(i):
+        import time
+        time.sleep(0.02)
+        return i
+
+    gpulayer.init()
+    print("results", sum(submit_batch([submit.s(nap, i) for i in range(30)]).get(timeout=120)))
+""")
+
+
+def test_batch_progress_bar_on_a_terminal_and_nothing_in_a_pipe(fleet, tmp_path):
+    script = tmp_path / "batch.py"
+    script.write_text(BATCH_SCRIPT)
+    code, tty_out = run_in_pty([sys.executable, str(script)], client_env(fleet))
+    assert code == 0, tty_out
+    assert "30/30 jobs" in tty_out and "━" in tty_out and "0 failed" in tty_out and "results 435" in tty_out
+
+    piped = subprocess.run([sys.executable, str(script)], env=client_env(fleet), capture_output=True, text=True,
+                           timeout=120)
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stdout == "results 435\n"
+    assert "jobs" not in piped.stderr and "━" not in piped.stderr
+
+
+def test_train_shows_the_gangs_progress_on_a_terminal(fleet, tmp_path):
+    (tmp_path / "job.py").write_text("import os\nprint('hello from rank', os.environ['RANK'])\n")
+    code, out = run_in_pty([sys.executable, "-m", "gpulayer", "train", "--nodes", "2", "--procs-per-node", "1",
+                            "--workdir", str(tmp_path), "job.py"], client_env(fleet), timeout=180)
+    assert code == 0, out
+    assert "2/2 ranks done" in out and "[rank 0] hello from rank 0" in out and "[rank 1] hello from rank 1" in out
+    assert "done" in out.split("2/2 ranks done")[0].rsplit("gang", 1)[-1]
+
+
+# --- Prometheus metrics ----------------------------------------------------------------------------
+
+def test_metrics_endpoint_reports_workers_slots_and_queues(fleet, tmp_path):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "gpulayer", "metrics", "--port", str(port)], env=client_env(fleet),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        assert wait_for_port(port, proc), proc.stdout.read().decode() if proc.poll() is not None else "no port"
+        text = get(f"http://127.0.0.1:{port}/metrics")
+    finally:
+        stop_process(proc, grace=5)
+        proc.stdout.close()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples.setdefault(s.name, []).append(s)
+    live = {w.id: w for w in gpulayer.app.registry().snapshot()}
+    assert samples["gpulayer_workers_live"][0].value == len(live)
+    slots = {s.labels["worker"]: s for s in samples["gpulayer_worker_slots"]}
+    assert {"w-a", "w-b", "w-c"} <= set(slots)
+    assert slots["w-a"].value == 2 and slots["w-a"].labels["zone"] == "europe-west1-b"
+    assert slots["w-c"].value == 1 and slots["w-c"].labels["region"] == "us-central1"
+    assert {s.labels["worker"] for s in samples["gpulayer_worker_busy_slots"]} >= {"w-a", "w-b", "w-c"}
+    assert {s.labels["worker"] for s in samples["gpulayer_worker_held_slots"]} >= {"w-a", "w-b", "w-c"}
+    assert queues.capability() in {s.labels["queue"] for s in samples["gpulayer_queue_length"]}
+    assert {s.labels["state"] for s in samples["gpulayer_gangs"]} >= {"waiting", "running"}
+    assert fleet.password not in text and fleet.secret not in text
