@@ -66,6 +66,8 @@ class Settings(BaseSettings):
     result_expires: int = Field(default=7 * 86400, gt=0, description="seconds a job's result is kept")
     max_payload_bytes: int = Field(default=64 * 2**20, gt=0, description="largest signed message body")
     connect_timeout: float = Field(default=3.0, gt=0, description="seconds to wait for Redis before giving up")
+    max_deliveries: int = Field(default=3, ge=1, le=100,
+                                description="deliveries of a job whose process or worker dies, before it fails")
     # Set by the loader, not by users: where broker_url came from.
     broker_from_state: bool = Field(default=False, exclude=True)
 

@@ -162,6 +162,10 @@ class GangHandle:
                 out = coordinate.apply((self.id, self.attempt)).get()
             if out["state"] == "running" and "placement" not in out:  # placed by the other coordinator
                 out["placement"] = self.status()["placement"]
+            if out["state"] != "waiting" and queued is not None:
+                # The queued coordinator will find the gang placed and do nothing; stop listening for it.
+                queued.backend.remove_pending_result(queued)
+                queued = None
             if out["state"] == "running":
                 self._placement = GangPlacement.model_validate(out["placement"])
                 self._placed.set()

@@ -60,3 +60,27 @@ def gang_output(gang_id: str) -> str:
 
 def agent_orders(worker_id: str) -> str:
     return f"{NAMESPACE}:agent:{worker_id}"
+
+# Reliability: which worker holds which message, and what happened to each job.
+#   gl:inflight:<worker id>    hash   kombu delivery tag -> job id, while the worker holds the message
+#   gl:job:<id>:lost           string how many deliveries of the job died with their process or worker
+#   gl:job:<id>:history        list   JSON events: {"event": "lost"|"redelivered", "worker", "at"}
+#   gl:janitor                 string lock: one janitor at a time hands back dead workers' messages
+JANITOR_LOCK = f"{NAMESPACE}:janitor"
+
+
+def inflight(worker_id: str) -> str:
+    return f"{NAMESPACE}:inflight:{worker_id}"
+
+
+def job_lost(job_id: str) -> str:
+    return f"{NAMESPACE}:job:{job_id}:lost"
+
+
+def job_history(job_id: str) -> str:
+    return f"{NAMESPACE}:job:{job_id}:history"
+
+
+def job_done(job_id: str) -> str:
+    """Set once when a job's final result is stored; later results of reruns are dropped."""
+    return f"{NAMESPACE}:job:{job_id}:done"

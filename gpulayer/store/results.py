@@ -11,6 +11,8 @@ from celery import states
 from celery.backends.redis import RedisBackend
 
 from ..errors import JobFailed
+from . import keys
+from .registry import load_script
 
 _DIED = ("WorkerLostError",)
 
@@ -27,6 +29,22 @@ def as_job_failed(exc: BaseException, traceback: str | None, job_id: str | None)
 
 
 class ResultBackend(RedisBackend):
+    """Redis results, stored at most once per job, read back with failures as ``JobFailed``."""
+
+    def _set_with_state(self, key, value, state):
+        key = key.decode() if isinstance(key, bytes) else key
+        prefix = self.task_keyprefix
+        prefix = prefix.decode() if isinstance(prefix, bytes) else prefix
+        job_id = key[len(prefix):] if key.startswith(prefix) else key
+        expires = self.failure_expires if state == states.FAILURE and self.failure_expires else self.expires
+        final = "1" if state in states.READY_STATES else "0"
+        return self.ensure(self._store_once, (key, job_id, value, int(expires or 7 * 86400), final))
+
+    def _store_once(self, key, job_id, value, expires, final):
+        if getattr(self, "_store_script", None) is None:
+            self._store_script = load_script(self.client, "store_once")
+        return self._store_script(keys=[key, keys.job_done(job_id)], args=[value, expires, final])
+
     def meta_from_decoded(self, meta):
         meta = super().meta_from_decoded(meta)
         if meta.get("status") in states.EXCEPTION_STATES and isinstance(meta.get("result"), BaseException):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from celery import Task
+from celery.exceptions import Ignore
 from kombu.exceptions import EncodeError
 
 from ..app import RESOURCES_HEADER, SUBMIT, app
@@ -26,6 +27,7 @@ class SubmitTask(Task):
     """Packs the function, routes by ``resources=``, and returns a handle whose errors are ``JobFailed``."""
 
     typing = False
+    Request = "gpulayer.worker.request:JobRequest"
 
     def apply_async(self, args=None, kwargs=None, task_id=None, producer=None, link=None, link_error=None,
                     shadow=None, **options):
@@ -50,9 +52,22 @@ class SubmitTask(Task):
             raise (cause if isinstance(cause, PayloadError) else PayloadError(str(err))) from err
 
 
+def _already_done(task) -> bool:
+    """Was this job's final result stored by an earlier delivery? Record the redelivery either way."""
+    from ..store import keys
+    from ..store.jobs import JobRecords
+
+    client = task.backend.client
+    worker = runtime.current_worker()
+    JobRecords(client).record(task.request.id, "redelivered", worker.id if worker else "?")
+    return bool(client.exists(keys.job_done(task.request.id)))
+
+
 @app.task(bind=True, base=SubmitTask, name=SUBMIT)
 def submit(self, fn, *args, **kwargs):
     """Run ``fn(*args, **kwargs)`` on a worker; see ``gpulayer.submit``."""
+    if (self.request.delivery_info or {}).get("redelivered") and _already_done(self):
+        raise Ignore()  # a rerun of a job whose result is stored: never run twice, never overwrite
     func = fn if callable(fn) else resolve_function(fn)
     spec = self.request.get(RESOURCES_HEADER) or {}
     with runtime.job_scope(self.request.id, int(spec.get("gpus", 0))):

@@ -28,12 +28,14 @@ from ..models import GangSpec
 from ..store import keys
 from ..store.gangs import GangStore
 from ..store.registry import Registry
+from . import runtime
 
 log = logging.getLogger(__name__)
 
 TAIL_LINES = 40
 POLL = 0.01  # seconds between checks of the local ranks and the gang's events
-GRACE = 0.5  # seconds between SIGTERM and SIGKILL
+GRACE = 0.5  # seconds between SIGTERM and SIGKILL when a gang is cancelled or its worker stops
+FAIL_GRACE = 0.1  # the same once the gang has failed: nothing is left to save (torchrun ignores SIGTERM)
 
 
 class Slots:
@@ -74,7 +76,7 @@ class SlotGate(bootsteps.StartStopStep):
     def start(self, c) -> None:
         qos = c.task_consumer.channel.qos
         original = qos.can_consume
-        total = c.app.conf.gpulayer_worker.slots
+        total = runtime.current_worker().slots
 
         def can_consume(self):
             if len(worker_state.reserved_requests) >= total - slots.held:
@@ -89,7 +91,7 @@ class GangAgent(bootsteps.StartStopStep):
 
     def __init__(self, worker, **kwargs):
         super().__init__(worker, **kwargs)
-        self.info = worker.app.conf.gpulayer_worker
+        self.worker_info = runtime.current_worker()
         self.url = worker.app.conf.broker_url
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -97,7 +99,7 @@ class GangAgent(bootsteps.StartStopStep):
 
     def start(self, worker) -> None:
         client = redis.Redis.from_url(self.url)
-        GangStore(client).forget_worker(self.info.id)
+        GangStore(client).forget_worker(self.worker_info.id)
         client.close()
         self._thread = threading.Thread(target=self._loop, name="gpulayer-gang-agent", daemon=True)
         self._thread.start()
@@ -106,14 +108,14 @@ class GangAgent(bootsteps.StartStopStep):
         client = redis.Redis.from_url(self.url, socket_timeout=10)
         while not self._stop.is_set():
             try:
-                item = client.brpop([keys.agent_orders(self.info.id)], timeout=1)
+                item = client.brpop([keys.agent_orders(self.worker_info.id)], timeout=1)
             except redis.RedisError as err:
                 log.warning("gpulayer agent: cannot read orders (%s); retrying", err)
                 self._stop.wait(1)
                 continue
             if item:
                 order = json.loads(item[1])
-                run = GangRun(order, self.info, self.url)
+                run = GangRun(order, self.worker_info, self.url)
                 self.runs[order["gang_id"]] = run
                 threading.Thread(target=run.run, name=f"gang-{order['gang_id'][:8]}", daemon=True).start()
         client.close()
@@ -133,7 +135,7 @@ class GangRun:
         self.order = order
         self.spec = GangSpec.model_validate(order["spec"])
         self.gang_id, self.attempt, self.node = order["gang_id"], order["attempt"], order["node_rank"]
-        self.info = info
+        self.worker_info = info
         self.url = url
         self.client = redis.Redis.from_url(url, socket_timeout=10)
         self.store = GangStore(self.client)
@@ -165,16 +167,16 @@ class GangRun:
         finally:
             events.close()
             self.store.node_report(self.gang_id, self.attempt, self.node, {
-                "worker": self.info.id, "state": outcome, "exit_codes": codes, "stopped_at": stopped_at,
+                "worker": self.worker_info.id, "state": outcome, "exit_codes": codes, "stopped_at": stopped_at,
                 "finished_at": time.time()})
-            self.store.release(self.gang_id, self.attempt, self.info.id, m)
+            self.store.release(self.gang_id, self.attempt, self.worker_info.id, m)
             slots.add(-m)
             self.client.close()
 
     # -- start ------------------------------------------------------------------------------------
     def _wait_for_room(self) -> bool:
         """Ordinary jobs already running keep their slots; start the ranks once they fit beside them."""
-        while ordinary_active() > self.info.slots - slots.held:
+        while ordinary_active() > self.worker_info.slots - slots.held:
             if self._aborted.is_set() or self.store.failures(self.gang_id, self.attempt):
                 return False
             time.sleep(POLL)
@@ -182,7 +184,7 @@ class GangRun:
 
     def _master(self) -> tuple[str, int] | None:
         if self.node == 0:
-            addr = self.info.address
+            addr = self.worker_info.address
             port = free_port(addr)
             self.store.set_master(self.gang_id, self.attempt, addr, port)
             return addr, port
@@ -206,7 +208,7 @@ class GangRun:
         s, m = self.spec, self.spec.procs_per_node
         base = dict(os.environ)
         base.update(GPULAYER_BROKER_URL=self.url, GPULAYER_SECRET=signing.current_secret().decode(),
-                    GPULAYER_WORKER_ID=self.info.id, GPULAYER_WORKER_ADDR=self.info.address,
+                    GPULAYER_WORKER_ID=self.worker_info.id, GPULAYER_WORKER_ADDR=self.worker_info.address,
                     GPULAYER_GANG_ID=self.gang_id, PYTHONUNBUFFERED="1")
         base.pop("OMP_NUM_THREADS", None)  # the worker's per-slot value; ranks get cores / local ranks
         args = [self.gang_id, str(self.attempt)]
@@ -268,11 +270,13 @@ class GangRun:
             if done:
                 return "succeeded", None
             msg = events.get_message(timeout=POLL)
-            if msg and str(msg["data"], "utf-8", "replace") in (f"fail:{self.attempt}", "cancel"):
+            if msg and str(msg["data"], "utf-8", "replace") == f"fail:{self.attempt}":
                 return "stopped", self._stop_all()
+            if msg and str(msg["data"], "utf-8", "replace") == "cancel":
+                return "stopped", self._stop_all(GRACE)
             if self._aborted.is_set():
                 self._report_failure(self.node * self.spec.procs_per_node, "agent", message=self.abort_reason)
-                return "failed", self._stop_all()
+                return "failed", self._stop_all(GRACE)
             if time.monotonic() > next_peer_check:
                 next_peer_check = time.monotonic() + 1.0
                 lost = self._lost_peer()
@@ -289,8 +293,8 @@ class GangRun:
                 return node, worker_id
         return None
 
-    def _stop_all(self) -> float:
-        stop_group([p for _, p in self.procs], grace=GRACE)
+    def _stop_all(self, grace: float = FAIL_GRACE) -> float:
+        stop_group([p for _, p in self.procs], grace=grace)
         return time.time()
 
     def _report_failure(self, rank: int, kind: str, exit_code: int | None = None, worker: str | None = None,
@@ -298,7 +302,7 @@ class GangRun:
         if drained:
             time.sleep(0.05)  # the rank is gone; let its pipes drain so the stderr tail is complete
         self.store.push_failure(self.gang_id, self.attempt, {
-            "rank": rank, "worker": worker or self.info.id, "address": self.info.address,
+            "rank": rank, "worker": worker or self.worker_info.id, "address": self.worker_info.address,
             "host": socket.gethostname(), "kind": kind, "exit_code": exit_code, "message": message,
             "stderr_tail": "\n".join(self.tails.get(rank, ())), "at": time.time()})
 

@@ -9,6 +9,8 @@ from celery import bootsteps
 
 from ..models import WorkerInfo
 from ..store.registry import Registry
+from ..app import settings as app_settings
+from . import runtime
 from .agent import ordinary_active, slots
 
 log = logging.getLogger(__name__)
@@ -21,14 +23,15 @@ class Heartbeat(bootsteps.StartStopStep):
 
     def __init__(self, worker, **kwargs):
         super().__init__(worker, **kwargs)
-        self.info: WorkerInfo = worker.app.conf.gpulayer_worker
-        self.interval: float = worker.app.conf.gpulayer_heartbeat_interval
-        self.registry: Registry = worker.app.conf.gpulayer_registry
+        # Not "info": that would hide the bootstep method Celery calls for `inspect stats`.
+        self.worker_info: WorkerInfo = runtime.current_worker()
+        self.interval: float = app_settings().heartbeat_interval
+        self.registry: Registry = runtime.registry
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def beat(self) -> None:
-        self.registry.heartbeat(self.info.model_copy(update={"busy": ordinary_active(), "held": slots.held}))
+        self.registry.heartbeat(self.worker_info.model_copy(update={"busy": ordinary_active(), "held": slots.held}))
 
     def _run(self) -> None:
         failing = False
@@ -54,6 +57,6 @@ class Heartbeat(bootsteps.StartStopStep):
         if self._thread:
             self._thread.join(timeout=2)
         try:
-            self.registry.remove(self.info.id)
+            self.registry.remove(self.worker_info.id)
         except Exception as err:
-            log.warning("gpulayer: could not deregister %s: %s", self.info.id, err)
+            log.warning("gpulayer: could not deregister %s: %s", self.worker_info.id, err)

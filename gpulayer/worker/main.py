@@ -21,6 +21,7 @@ from . import runtime
 from .detect import default_address, detect_gpus
 from .agent import GangAgent, SlotGate
 from .heartbeat import Heartbeat
+from .janitor import Janitor, hand_back
 
 
 def default_worker_id(gpus: int, zone: str | None, host: str) -> str:
@@ -39,11 +40,23 @@ def is_loopback(url: str) -> bool:
         return False
 
 
-def _check_name_free(registry: Registry, worker_id: str) -> None:
+def _check_name_free(registry: Registry, worker_id: str, host: str) -> None:
     for w in registry.snapshot():
         if w.id == worker_id:
+            if w.hostname == host and not _pid_alive(w.pid):
+                return  # our own previous life on this machine, killed: we take over its name and messages
             raise ConfigError(f"a live worker is already called {worker_id!r} (pid {w.pid} on {w.hostname}, "
                               f"heard from {w.heartbeat_age:.1f}s ago); give this one another --name")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
 
 
 def _preload() -> None:
@@ -89,17 +102,18 @@ def run_worker(*, broker: str | None = None, slots: int | None = None, zone: str
         raise ClusterUnavailable(f"cannot reach the broker at {urlparse(settings.broker_url).hostname}: {err}; "
                                  "check --broker / GPULAYER_BROKER_URL and that Redis is running") from err
     registry = Registry(client, settings.worker_dead_after)
-    _check_name_free(registry, worker_id)
+    _check_name_free(registry, worker_id, host)
+    # Messages a previous life of this worker still held go back to their queues now.
+    hand_back(app, client, worker_id, "the worker restarted", settings.max_deliveries)
 
     info = WorkerInfo(id=worker_id, hostname=host, address=address, zone=zone, region=region,
                       gpus=len(gpu_ids), gpu_names=tuple(gpu_names), slots=slots, pid=os.getpid(),
                       started_at=time.time())
     runtime.install(info, gpu_ids)
-    app.conf.gpulayer_worker = info
-    app.conf.gpulayer_registry = registry
-    app.conf.gpulayer_heartbeat_interval = settings.heartbeat_interval
+    runtime.registry = registry
     app.steps["worker"].add(Heartbeat)
     app.steps["worker"].add(GangAgent)
+    app.steps["worker"].add(Janitor)
     app.steps["consumer"].add(SlotGate)
     # Log each job as its readable summary (never its pickled bytes): "fn=square(12) resources=cpu".
     celery_trace.LOG_RECEIVED = "Job %(id)s received: fn=%(args)s resources=%(kwargs)s"

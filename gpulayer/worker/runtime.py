@@ -17,7 +17,7 @@ from ..models import WorkerInfo
 _worker: WorkerInfo | None = None
 _gpu_owners = None  # multiprocessing.Array of pids, one per GPU; 0 = free
 _gpu_ids: list[int] = []  # physical indices, in the order of _gpu_owners
-_job_id: str | None = None
+registry = None  # the worker's Registry, for its bootsteps (set by worker.main)
 
 
 @dataclass(frozen=True)

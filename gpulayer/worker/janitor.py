@@ -1,0 +1,109 @@
+"""The janitor: a dead worker's messages go back to their queues at once.
+
+Celery on Redis restores a dead consumer's unacknowledged messages only after
+the visibility timeout (kept long here, so a long job is never delivered twice
+while it runs). Every worker runs a janitor; a Redis lock lets one act at a
+time. When a worker misses heartbeats for ``worker_dead_after`` seconds, the
+janitor hands back each message that worker held (recorded by
+``worker/request.py``), counting the delivery as lost; a job lost
+``max_deliveries`` times fails instead, saying why.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import redis
+from billiard.exceptions import WorkerLostError
+from celery import bootsteps
+
+from ..app import settings as app_settings
+from ..store import keys
+from ..store.gangs import GangStore
+from ..store.jobs import JobRecords
+from . import runtime
+
+log = logging.getLogger(__name__)
+INTERVAL = 1.0
+
+
+def dead_workers(client: redis.Redis, dead_after: float) -> list[str]:
+    """Workers whose last heartbeat is older than ``dead_after`` seconds, by Redis's clock."""
+    secs, micros = client.time()
+    cutoff = secs + micros / 1e6 - dead_after
+    return [w.decode() for w in client.zrangebyscore(keys.WORKERS, "-inf", cutoff)]
+
+
+def hand_back(app, client: redis.Redis, worker_id: str, why: str, max_deliveries: int) -> tuple[int, int]:
+    """Requeue every message ``worker_id`` held; fail the jobs lost too often. Returns (requeued, failed)."""
+    records = JobRecords(client)
+    held = records.held_by(worker_id)
+    requeued = failed = 0
+    if held:
+        with app.connection_for_write() as conn:
+            channel = conn.default_channel
+            for tag, job_id in held.items():
+                if client.hexists(channel.unacked_key, tag):  # still unacknowledged: really lost
+                    lost = records.record_loss(job_id, worker_id)
+                    if lost < max_deliveries:
+                        channel.qos.restore_by_tag(tag, leftmost=True)
+                        requeued += 1
+                    else:
+                        client.pipeline().hdel(channel.unacked_key, tag).zrem(channel.unacked_index_key, tag).execute()
+                        app.backend.mark_as_failure(job_id, WorkerLostError(
+                            f"the job's worker died on all {lost} deliveries (limit {max_deliveries}; last on "
+                            f"{worker_id}: {why}), so it was not delivered again"))
+                        failed += 1
+                records.release(worker_id, tag)
+    return requeued, failed
+
+
+def bury(app, client: redis.Redis, worker_id: str, why: str, max_deliveries: int) -> None:
+    """Everything a dead worker leaves: its messages, its registry entry, its slot holds and orders."""
+    requeued, failed = hand_back(app, client, worker_id, why, max_deliveries)
+    pipe = client.pipeline()
+    pipe.zrem(keys.WORKERS, worker_id)
+    pipe.hdel(keys.WORKERS_INFO, worker_id)
+    pipe.execute()
+    GangStore(client).forget_worker(worker_id)
+    log.warning("gpulayer janitor: worker %s is dead (%s); requeued %d message(s), failed %d job(s)",
+                worker_id, why, requeued, failed)
+
+
+class Janitor(bootsteps.StartStopStep):
+    requires = {"celery.worker.components:Pool"}
+
+    def __init__(self, worker, **kwargs):
+        super().__init__(worker, **kwargs)
+        self.app = worker.app
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, worker) -> None:
+        self._thread = threading.Thread(target=self._loop, name="gpulayer-janitor", daemon=True)
+        self._thread.start()
+
+    def stop(self, worker) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=3)
+
+    def _loop(self) -> None:
+        settings = app_settings()
+        me = runtime.current_worker().id
+        client = redis.Redis.from_url(self.app.conf.broker_url, socket_timeout=10)
+        while not self._stop.wait(INTERVAL):
+            try:
+                if not client.set(keys.JANITOR_LOCK, me, nx=True, px=int(INTERVAL * 3000)):
+                    continue
+                try:
+                    for worker_id in dead_workers(client, settings.worker_dead_after):
+                        bury(self.app, client, worker_id,
+                             f"no heartbeat for {settings.worker_dead_after:.0f}s", settings.max_deliveries)
+                finally:
+                    if client.get(keys.JANITOR_LOCK) == me.encode():
+                        client.delete(keys.JANITOR_LOCK)
+            except redis.RedisError as err:
+                log.warning("gpulayer janitor: %s; retrying", err)
+        client.close()
