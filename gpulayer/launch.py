@@ -125,3 +125,32 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
+
+
+def interface_for(address: str, interfaces: dict[str, list[str]] | None = None) -> str | None:
+    """The network interface that holds ``address`` on this machine, or None.
+
+    Gloo and NCCL pick the interface the hostname resolves to, often loopback;
+    the ranks must use the one the worker advertises, or peers on other
+    machines are told to connect to 127.0.0.1.
+    """
+    if interfaces is None:
+        import psutil
+
+        interfaces = {name: [a.address for a in addrs if a.family == socket.AF_INET]
+                      for name, addrs in psutil.net_if_addrs().items()}
+    for name, ips in interfaces.items():
+        if address in ips:
+            return name
+    return None
+
+
+def socket_ifname_env(address: str, env: dict[str, str]) -> dict[str, str]:
+    """``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` for the advertised address, unless the user set them."""
+    name = interface_for(address)
+    out = {}
+    if name:
+        for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+            if var not in env:
+                out[var] = name
+    return out

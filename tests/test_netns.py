@@ -126,3 +126,31 @@ def test_the_lab_leaves_nothing_behind():
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     left += subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
     assert not [n for n in names if n in left]
+
+
+def allreduce_across_machines():
+    import torch
+    import torch.distributed as dist
+
+    gpulayer.init_process_group("gloo")
+    t = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(t)
+    return {"sum": t.item(), "master": os.environ["MASTER_ADDR"], "me": local_addresses()["addresses"],
+            "worker": os.environ["GPULAYER_WORKER_ID"]}
+
+
+@pytest.mark.parametrize("launcher", ["direct", "torchrun"])
+def test_gang_allreduce_across_namespaces(netns_fleet, launcher):
+    lab, fleet = netns_fleet
+    fleet.connect()
+    job = gpulayer.distributed(allreduce_across_machines, nodes=2, procs_per_node=2, launcher=launcher)
+    assert job.placement.addresses == (lab.address(1), lab.address(2)) or \
+        job.placement.addresses == (lab.address(2), lab.address(1))
+    assert job.placement.reason == "placed on 2 workers in region region-1"
+    out = job.get(timeout=240)
+    assert [r["sum"] for r in out] == [6.0] * 4
+    # Rank 0's worker hosts the store at its own namespace address; ranks 2-3 reach it across the bridge.
+    node0_addr = job.placement.addresses[0]
+    assert {r["master"] for r in out} == {node0_addr}
+    assert node0_addr in out[0]["me"] and node0_addr not in out[2]["me"]
+    assert job.placement.addresses[1] in out[2]["me"]

@@ -23,7 +23,8 @@ from celery import bootsteps
 from celery.worker import state as worker_state
 
 from .. import signing
-from ..launch import RankLayout, die_with_parent, free_port, rank_env, stop_group, torchrun_command
+from ..launch import (RankLayout, die_with_parent, free_port, rank_env, socket_ifname_env, stop_group,
+                      torchrun_command)
 from ..models import GangSpec
 from ..store import keys
 from ..store.gangs import GangStore
@@ -211,6 +212,7 @@ class GangRun:
                     GPULAYER_WORKER_ID=self.worker_info.id, GPULAYER_WORKER_ADDR=self.worker_info.address,
                     GPULAYER_GANG_ID=self.gang_id, PYTHONUNBUFFERED="1")
         base.pop("OMP_NUM_THREADS", None)  # the worker's per-slot value; ranks get cores / local ranks
+        base.update(socket_ifname_env(self.worker_info.address, base))
         args = [self.gang_id, str(self.attempt)]
         if s.launcher == "torchrun":
             env = dict(base, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // m)))

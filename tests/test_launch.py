@@ -1,0 +1,38 @@
+"""The direct launcher's environment: what torchrun would set, computed without torchrun."""
+
+from __future__ import annotations
+
+from gpulayer.launch import RankLayout, interface_for, rank_env, torchrun_command
+
+
+def test_rank_env_matches_torchrun_names_and_values():
+    env = rank_env(RankLayout(node_rank=1, local_rank=1, nodes=2, procs_per_node=4), master_addr="10.0.0.5",
+                   master_port=29500, run_id="job1", restart_count=2, max_restarts=3, cpu_count=16, base_env={})
+    assert env == {
+        "RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1",
+        "GROUP_WORLD_SIZE": "2", "ROLE_RANK": "5", "ROLE_WORLD_SIZE": "8", "ROLE_NAME": "default",
+        "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "job1",
+        "TORCHELASTIC_RESTART_COUNT": "2", "TORCHELASTIC_MAX_RESTARTS": "3",
+        "TORCHELASTIC_USE_AGENT_STORE": "False", "OMP_NUM_THREADS": "4"}
+
+
+def test_user_omp_threads_win_and_never_below_one():
+    layout = RankLayout(0, 0, 1, 8)
+    assert rank_env(layout, master_addr="a", master_port=1, run_id="r", base_env={"OMP_NUM_THREADS": "7"},
+                    cpu_count=2)["OMP_NUM_THREADS"] == "7"
+    assert rank_env(layout, master_addr="a", master_port=1, run_id="r", base_env={}, cpu_count=2)[
+        "OMP_NUM_THREADS"] == "1"
+
+
+def test_interface_for_the_advertised_address():
+    ifaces = {"lo": ["127.0.0.1"], "eth0": ["10.0.0.5"], "eth1": []}
+    assert interface_for("10.0.0.5", ifaces) == "eth0"
+    assert interface_for("127.0.0.1", ifaces) == "lo"
+    assert interface_for("10.9.9.9", ifaces) is None
+
+
+def test_torchrun_command_uses_a_static_rendezvous():
+    cmd = torchrun_command(2, 4, 1, "10.0.0.5", 29500, ["-m", "gpulayer.rank", "g", "0"])
+    assert "--nnodes=2" in cmd and "--nproc-per-node=4" in cmd and "--node-rank=1" in cmd
+    assert "--master-addr=10.0.0.5" in cmd and "--master-port=29500" in cmd
+    assert not any(a.startswith("--rdzv-backend") and "c10d" in a for a in cmd)
