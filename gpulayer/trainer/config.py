@@ -59,6 +59,7 @@ class TrainerConfig:
     default_root_dir: str = "."
     prefetch: bool = True
     grad_sync: str = "auto"
+    cluster_resources: Any = None  # num_nodes > 1: gpulayer.Resources (or a dict) every rank's worker must offer
 
     @property
     def multi_process(self) -> bool:
@@ -108,13 +109,14 @@ def _max_time(value: Any) -> float | None:
     raise TrainerConfigError(f"Trainer(max_time={value!r}) must be 'DD:HH:MM:SS', a datetime.timedelta or a dict")
 
 
-def _accelerator(value: Any) -> str:
+def _accelerator(value: Any, here: bool = True) -> str:
+    """``here``: the fit runs on this machine, so its GPUs are checked (not so for a cluster fit)."""
     if value not in ACCELERATORS:
         raise _choices_error("accelerator", value, ACCELERATORS)
     if value == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if value in ("cuda", "gpu"):
-        if not torch.cuda.is_available():
+        if here and not torch.cuda.is_available():
             raise TrainerConfigError(
                 f"Trainer(accelerator={value!r}) but torch sees no CUDA device on this machine; "
                 "use accelerator='cpu' (or 'auto'), or install a CUDA build of torch"
@@ -123,8 +125,17 @@ def _accelerator(value: Any) -> str:
     return "cpu"
 
 
-def _devices(value: Any, accelerator: str) -> tuple[int, list[int] | None]:
+def _devices(value: Any, accelerator: str, here: bool = True) -> tuple[int, list[int] | None]:
     """Count and, for CUDA, explicit device ids. On CPU ``devices=M`` means M processes."""
+    if not here and value in ("auto", -1, "-1"):
+        if "LOCAL_WORLD_SIZE" in os.environ:  # inside a launched rank: its machine's process count
+            return int(os.environ["LOCAL_WORLD_SIZE"]), None
+        if value == "auto" and accelerator == "cpu":
+            return 1, None
+        raise TrainerConfigError(
+            f"Trainer(num_nodes>1, devices={value!r}): the workers' devices cannot be counted from here; "
+            "pass devices=M, the number of processes (GPUs) per machine"
+        )
     if value == "auto":
         return (torch.cuda.device_count(), None) if accelerator == "cuda" else (1, None)
     if isinstance(value, str):
@@ -142,7 +153,7 @@ def _devices(value: Any, accelerator: str) -> tuple[int, list[int] | None]:
         raise TrainerConfigError(f"Trainer(devices={value!r}): use a positive int, -1 (all), a list of GPU ids or 'auto'")
     if value == -1:
         return (torch.cuda.device_count(), None) if accelerator == "cuda" else (os.cpu_count() or 1, None)
-    if accelerator == "cuda" and value > torch.cuda.device_count():
+    if here and accelerator == "cuda" and value > torch.cuda.device_count():
         raise TrainerConfigError(
             f"Trainer(devices={value}) but this machine has {torch.cuda.device_count()} CUDA device(s)"
         )
@@ -166,14 +177,15 @@ def build_config(**kwargs: Any) -> TrainerConfig:
     if precision not in PRECISIONS:
         raise _choices_error("precision", precision, ["32-true", "16-mixed", "bf16-mixed", 32, "32", 16, "bf16"])
     cfg.precision = PRECISIONS[precision]
-    cfg.accelerator = _accelerator(kwargs.get("accelerator", "auto"))
+    cfg.num_nodes = _int_at_least("num_nodes", kwargs.get("num_nodes", 1), 1)
+    here = cfg.num_nodes == 1  # else the fit runs on the cluster's workers: this machine's GPUs do not matter
+    cfg.accelerator = _accelerator(kwargs.get("accelerator", "auto"), here)
     if cfg.precision == "16-mixed" and cfg.accelerator == "cpu":
         raise TrainerConfigError(
             "Trainer(precision='16-mixed') needs CUDA (float16 autocast with a GradScaler); "
             "on CPU use precision='bf16-mixed'"
         )
-    cfg.devices, cfg.device_ids = _devices(kwargs.get("devices", "auto"), cfg.accelerator)
-    cfg.num_nodes = _int_at_least("num_nodes", kwargs.get("num_nodes", 1), 1)
+    cfg.devices, cfg.device_ids = _devices(kwargs.get("devices", "auto"), cfg.accelerator, here)
     strategy = kwargs.get("strategy", "auto")
     if strategy not in STRATEGIES:
         raise _choices_error("strategy", strategy, STRATEGIES)
@@ -262,6 +274,7 @@ def build_config(**kwargs: Any) -> TrainerConfig:
     if grad_sync not in GRAD_SYNC:
         raise _choices_error("grad_sync", grad_sync, GRAD_SYNC)
     cfg.grad_sync = grad_sync
+    cfg.cluster_resources = _cluster_resources(kwargs.get("cluster_resources"), cfg.num_nodes)
 
     if fast_dev_run:  # Lightning: n batches of train and val, no logger, no checkpoints
         n = 1 if fast_dev_run is True else _int_at_least("fast_dev_run", fast_dev_run, 1)
@@ -270,6 +283,21 @@ def build_config(**kwargs: Any) -> TrainerConfig:
         cfg.num_sanity_val_steps, cfg.logger = 0, None
         cfg.callbacks = [c for c in cfg.callbacks if not isinstance(c, ModelCheckpoint)]
     return cfg
+
+
+def _cluster_resources(value: Any, num_nodes: int) -> Any:
+    """A ``gpulayer.Resources`` or dict for the cluster job; checked against the fleet when the fit is submitted."""
+    if value is None:
+        return None
+    if num_nodes == 1:
+        raise TrainerConfigError(
+            "Trainer(cluster_resources=...) applies to fits on the cluster; set num_nodes > 1 or drop it"
+        )
+    if isinstance(value, dict) or type(value).__name__ == "Resources":
+        return value
+    raise TrainerConfigError(
+        f"Trainer(cluster_resources={type(value).__name__}) must be a gpulayer.Resources or a dict of its fields"
+    )
 
 
 def _bool(name: str, value: Any) -> bool:

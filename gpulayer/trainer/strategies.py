@@ -61,6 +61,11 @@ class SingleDeviceStrategy:
     def teardown(self) -> None:
         pass
 
+    def describe(self) -> dict[str, Any]:
+        """What ran: strategy, world, and how gradients were synced (``Trainer.fit_info``)."""
+        return {"strategy": "single_device", "device": str(self.root_device), "world_size": 1, "num_nodes": 1,
+                "grad_sync": None, "backend": None}
+
 
 class _TrainingStep(nn.Module):
     """DDP must see the forward that builds the loss: this one runs ``training_step``."""
@@ -89,6 +94,8 @@ class DDPStrategy(SingleDeviceStrategy):
         self.find_unused_parameters = find_unused_parameters
         self.timeout_s = timeout_s
         self.ddp: nn.parallel.DistributedDataParallel | None = None
+        self.backend: str | None = None
+        self.comm_hook = "flat"  # "two_level" once gradsync installs its hook
         self._owns_group = False
 
     def setup_environment(self) -> None:
@@ -102,6 +109,7 @@ class DDPStrategy(SingleDeviceStrategy):
             dist.init_process_group(backend, timeout=datetime.timedelta(seconds=self.timeout_s),
                                     **({"device_id": self.root_device} if backend == "nccl" else {}))
             self._owns_group = True
+        self.backend = dist.get_backend()
 
     def setup_module(self, module: nn.Module) -> Any:
         module.to(self.root_device)
@@ -110,7 +118,7 @@ class DDPStrategy(SingleDeviceStrategy):
         self.ddp = nn.parallel.DistributedDataParallel(
             _TrainingStep(module), device_ids=device_ids, find_unused_parameters=self.find_unused_parameters
         )
-        gradsync.register(self.ddp, self.grad_sync)
+        self.comm_hook = "two_level" if gradsync.register(self.ddp, self.grad_sync) else "flat"
         self.model = self.ddp
         return self.ddp
 
@@ -138,3 +146,8 @@ class DDPStrategy(SingleDeviceStrategy):
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
             self._owns_group = False
+
+    def describe(self) -> dict[str, Any]:
+        return {"strategy": "ddp", "device": str(self.root_device), "world_size": self.world_size,
+                "num_nodes": int(os.environ.get("GROUP_WORLD_SIZE", "1")), "grad_sync": self.comm_hook,
+                "backend": self.backend}

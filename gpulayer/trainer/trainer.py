@@ -1,9 +1,10 @@
 """``Trainer``: Lightning's arguments and ``fit``, a faster loop underneath.
 
-``fit`` runs in this process (one device) or starts ``devices`` processes on this
-machine (``launcher.py``) that each run ``fit_rank`` and hand rank 0's weights and
-metrics back. ``fit_rank`` works in any process whose torchrun environment is
-set, which is how a cluster job will run a multi-machine fit.
+``fit`` runs in this process (one device), starts ``devices`` processes on this
+machine (``launcher.py``), or, with ``num_nodes > 1``, submits one distributed
+job of ``num_nodes x devices`` ranks to the cluster (``cluster.py``). Each rank
+runs ``fit_rank`` and rank 0 hands its weights and metrics back. ``fit_rank``
+works in any process whose torchrun environment is set.
 """
 
 from __future__ import annotations
@@ -46,19 +47,18 @@ class Trainer:
     ``callbacks``, ``logger``, ``enable_checkpointing``, ``enable_progress_bar``
     (default: on when stdout is a terminal), ``default_root_dir``,
     ``fast_dev_run``. gpulayer adds ``prefetch`` (copy the next batch to the GPU
-    during the current step) and ``grad_sync`` (``"auto"``, ``"two_level"``,
-    ``"flat"``: see ``gradsync.py``).
+    during the current step), ``grad_sync`` (``"auto"``, ``"two_level"``,
+    ``"flat"``: see ``gradsync.py``) and ``cluster_resources`` (a
+    ``gpulayer.Resources`` the workers of a ``num_nodes > 1`` fit must offer).
+
+    ``Trainer(num_nodes=2, devices=4).fit(model)`` runs on the cluster this
+    process is connected to (``gpulayer.init``): each rank builds its data from
+    ``model.train_dataloader()``, a loader factory (``fit(model, make_loader)``)
+    or a datamodule, so datasets never travel; ``fit_info`` says how it ran.
     """
 
     def __init__(self, **kwargs: Any) -> None:
         self._config = build_config(**kwargs)
-        if self._config.num_nodes > 1 and not _in_matching_job(self._config):
-            raise TrainerError(
-                f"Trainer(num_nodes={self._config.num_nodes}) trains on several machines, which needs gpulayer's "
-                "distributed jobs (gpulayer.distributed); that feature is not available in this build yet. "
-                f"Meanwhile train on one machine with Trainer(devices={self._config.devices * self._config.num_nodes}), "
-                "or start the ranks yourself (torchrun / `gpulayer train`) and call Trainer(...).fit in each."
-            )
         self._init_state()
 
     @classmethod
@@ -84,6 +84,7 @@ class Trainer:
         self._hooks: Hooks | None = None
         self._loop: FitLoop | None = None
         self._store = MetricStore()
+        self.fit_info: dict[str, Any] = {}  # strategy, world, grad sync (and job, placement on the cluster)
 
     # -- what callbacks and modules read ----------------------------------------------------
     callbacks = property(lambda self: self._config.callbacks)
@@ -148,10 +149,11 @@ class Trainer:
             raise TrainerConfigError("fit() got both a datamodule and data loaders; pass one or the other")
         cfg = self._config
         if cfg.multi_process and not _in_matching_job(cfg):
-            from gpulayer.trainer import launcher
+            from gpulayer.trainer import cluster, launcher
             if cfg.logger is not None:
                 cfg.logger.version  # fix version_N here so every rank agrees on the directory
-            result = launcher.fit_in_processes(cfg, model, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
+            run = cluster.fit_on_cluster if cfg.num_nodes > 1 else launcher.fit_in_processes
+            result = run(cfg, model, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
             self._take_result(model, result)
             return
         self._fit_here(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
@@ -175,9 +177,11 @@ class Trainer:
         self.lightning_module = module
         module.trainer = self
         module._metric_store = self._store
+        self.fit_info = self.strategy.describe()
         try:
             self._run(module, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
         finally:
+            self.fit_info = self.strategy.describe()  # now with the comm hook DDP got
             module._metric_store = None
             self.strategy.teardown()
 
@@ -259,6 +263,7 @@ class Trainer:
         module.load_state_dict(result["state_dict"])
         self.lightning_module = module
         self.global_step, self.current_epoch = result["global_step"], result["current_epoch"]
+        self.fit_info = dict(result.get("fit_info", {}))
         self._store.load_result(result["callback_metrics"], result["logged_metrics"])
         # by position: the ranks hold copies of these callbacks in the same order (class names of
         # by-value pickled classes may differ, so state_key is not reliable across processes)
@@ -328,4 +333,5 @@ def fit_rank(config: TrainerConfig, module: Module, train_dataloaders: Any = Non
                              for k, v in trainer.callback_metrics.items()},
         "logged_metrics": trainer.logged_metrics,
         "callbacks": [cb.state_dict() for cb in trainer.callbacks],
+        "fit_info": trainer.fit_info,
     }

@@ -42,9 +42,17 @@ def test_lightning_spellings_are_accepted():
     Trainer(accelerator="auto", devices="auto", max_time={"minutes": 5}, enable_model_summary=False, logger=False)
 
 
-def test_several_machines_need_the_distributed_jobs_feature():
-    with pytest.raises(TrainerError, match=r"num_nodes=2.*gpulayer.distributed.*Trainer\(devices=4\)"):
-        Trainer(num_nodes=2, devices=2, accelerator="cpu")
+def test_several_machines_are_configured_for_the_cluster_not_this_machine(monkeypatch):
+    trainer = Trainer(num_nodes=2, devices=2, accelerator="cpu", logger=False)
+    assert (trainer.num_nodes, trainer.num_devices) == (2, 2)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the workers' GPUs count, not ours
+    Trainer(num_nodes=2, devices=4, accelerator="cuda", logger=False)
+    with pytest.raises(TrainerConfigError, match="pass devices=M"):
+        Trainer(num_nodes=2, devices=-1, accelerator="cuda", logger=False)
+    with pytest.raises(TrainerConfigError, match="cluster_resources=.*num_nodes > 1"):
+        Trainer(devices=2, accelerator="cpu", cluster_resources={"zone": "z"}, logger=False)
+    with pytest.raises(TrainerConfigError, match="gpulayer.Resources"):
+        Trainer(num_nodes=2, devices=2, accelerator="cpu", cluster_resources="z", logger=False)
 
 
 def test_callback_arguments_are_checked():

@@ -1,0 +1,147 @@
+"""``Trainer(num_nodes=N, devices=M).fit`` as one distributed job of the cluster.
+
+The caller pickles the config, the module and the *recipes* for the data (the
+module's own ``train_dataloader()``, a loader factory, a datamodule; a small
+DataLoader may travel by value) and submits one gang of N x M ranks with
+``gpulayer.distributed``. Every rank builds its data where it runs, calls
+``fit_rank``, and rank 0 sends back the weights, counters and metrics that the
+caller's model and trainer take. Datasets never pass through Redis.
+
+>>> gpulayer.init()                                                      # doctest: +SKIP
+>>> trainer = Trainer(num_nodes=2, devices=2, accelerator="cpu", max_epochs=3)
+>>> trainer.fit(model, train_dataloaders=lambda: DataLoader(MyDataset(), batch_size=32))
+>>> trainer.fit_info["grad_sync"], trainer.fit_info["placement"]
+('two_level', 'placed on 2 workers in zone europe-west1-b')
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any, Iterator
+
+import cloudpickle
+
+from gpulayer.trainer.config import TrainerConfig
+from gpulayer.trainer.errors import RankFailed, TrainerConfigError, TrainerError
+from gpulayer.trainer.seed import SEED_ENV, SEED_WORKERS_ENV
+
+# A loader passed as an object travels inside the job's payload (through Redis): only small ones.
+MAX_LOADER_BYTES = 4 << 20
+
+_LIBRARY_DIRS = tuple(
+    str(Path(p).resolve()) for p in {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+)
+
+
+def fit_on_cluster(config: TrainerConfig, module: Any, train: Any, val: Any, datamodule: Any,
+                   ckpt_path: str | None) -> dict[str, Any]:
+    """Run the fit as ``num_nodes x devices`` ranks on the connected cluster; rank 0's result."""
+    import gpulayer  # the client layer, only to submit this fit
+    from gpulayer.errors import JobFailed
+
+    with _user_code_by_value():
+        for what, obj in (("train_dataloaders", train), ("val_dataloaders", val), ("datamodule", datamodule)):
+            _check_travels(what, obj, config)
+        try:
+            blob = cloudpickle.dumps((config, module, train, val, datamodule, ckpt_path, _seed_env()))
+        except Exception as err:
+            raise TrainerError(
+                f"the model, callbacks or data recipes could not be pickled for the cluster ({type(err).__name__}: "
+                f"{err}); open files, locks, sockets and generators cannot travel: create them inside "
+                "train_dataloader() or a loader factory"
+            ) from err
+    job = gpulayer.distributed(
+        run_rank, blob, nodes=config.num_nodes, procs_per_node=config.devices, resources=_resources(config),
+        backend="nccl" if config.accelerator == "cuda" else "gloo",
+    )
+    try:
+        results = job.get()
+    except JobFailed as err:
+        rank = getattr(err, "rank", None)
+        if rank is None:
+            raise
+        raise RankFailed(rank, f"{err.message}\n{err.traceback or ''}".rstrip()) from err
+    except KeyboardInterrupt:
+        job.cancel()  # stop every rank everywhere before giving the terminal back
+        raise
+    result = results[0]
+    result["fit_info"] = {**result.get("fit_info", {}), "job_id": job.id, "placement": job.placement.reason,
+                          "workers": list(job.placement.workers)}
+    return result
+
+
+def run_rank(blob: bytes) -> dict[str, Any] | None:
+    """One rank of a cluster fit (runs on a worker, torchrun's environment set): rank 0 returns the result."""
+    from gpulayer.trainer.seed import seed_everything
+    from gpulayer.trainer.trainer import fit_rank
+
+    config, module, train, val, datamodule, ckpt_path, seed_env = cloudpickle.loads(blob)
+    if SEED_ENV in seed_env:  # as the local launcher does: the caller's seed, in every rank
+        seed_everything(int(seed_env[SEED_ENV]), workers=seed_env.get(SEED_WORKERS_ENV) == "1")
+    return fit_rank(config, module, train, val, datamodule, ckpt_path)
+
+
+def _resources(config: TrainerConfig) -> Any:
+    """The user's ``cluster_resources`` plus ``cuda=True`` (a GPU per process) for a CUDA fit."""
+    from gpulayer import Resources
+
+    res = config.cluster_resources
+    res = Resources(**res) if isinstance(res, dict) else (res or Resources())
+    if config.accelerator == "cuda" and not res.cuda:
+        res = Resources(**{**res.model_dump(), "cuda": True, "gpus": max(res.gpus, 1)})
+    return res
+
+
+def _check_travels(what: str, obj: Any, config: TrainerConfig) -> None:
+    """Factories and ``None`` are built in the ranks; a loader object must be small enough to send by value."""
+    if obj is None or (callable(obj) and not hasattr(obj, "__iter__")):
+        return
+    if isinstance(obj, (list, tuple)):
+        for item in obj:
+            _check_travels(what, item, config)
+        return
+    fix = (f"pass a function that builds it (fit(model, {what}=make_loader)) or define "
+           f"{'train' if what.startswith('train') else 'val'}_dataloader() on the module, so each rank builds its "
+           "own data")
+    head = f"Trainer(num_nodes={config.num_nodes}).fit got a {type(obj).__name__} for {what}"
+    try:
+        size = len(cloudpickle.dumps(obj))
+    except Exception as err:
+        raise TrainerConfigError(f"{head} that cannot be pickled ({type(err).__name__}: {err}); {fix}") from err
+    if size > MAX_LOADER_BYTES:
+        raise TrainerConfigError(
+            f"{head} that pickles to {size / 2**20:.1f} MiB (more than {MAX_LOADER_BYTES / 2**20:.0f} MiB would "
+            f"travel through Redis to every rank); {fix}"
+        )
+
+
+def _seed_env() -> dict[str, str]:
+    return {k: os.environ[k] for k in (SEED_ENV, SEED_WORKERS_ENV) if k in os.environ}
+
+
+@contextlib.contextmanager
+def _user_code_by_value() -> Iterator[None]:
+    """Pickle classes and functions of the user's own modules by value while the fit is packed.
+
+    Workers have gpulayer and the libraries, not the user's source tree (a
+    script's modules, a test file); cloudpickle sends ``__main__`` by value on
+    its own, this covers the modules it imports.
+    """
+    already = set(cloudpickle.list_registry_pickle_by_value())
+    added = []
+    for name, mod in list(sys.modules.items()):
+        path = getattr(mod, "__file__", None)
+        if (name == "__main__" or name in already or name.partition(".")[0] == "gpulayer" or not path
+                or not path.endswith(".py") or str(Path(path).resolve()).startswith(_LIBRARY_DIRS)):
+            continue
+        cloudpickle.register_pickle_by_value(mod)
+        added.append(mod)
+    try:
+        yield
+    finally:
+        for mod in added:
+            cloudpickle.unregister_pickle_by_value(mod)
