@@ -47,7 +47,7 @@ def hand_back(app, client: redis.Redis, worker_id: str, why: str, max_deliveries
                 if client.hexists(channel.unacked_key, tag):  # still unacknowledged: really lost
                     lost = records.record_loss(job_id, worker_id)
                     if lost < max_deliveries:
-                        channel.qos.restore_by_tag(tag, leftmost=True)
+                        channel.qos.restore_by_tag(tag)  # to the consuming end: next in line
                         requeued += 1
                     else:
                         client.pipeline().hdel(channel.unacked_key, tag).zrem(channel.unacked_index_key, tag).execute()
@@ -99,6 +99,8 @@ class Janitor(bootsteps.StartStopStep):
                     continue
                 try:
                     for worker_id in dead_workers(client, settings.worker_dead_after):
+                        if worker_id not in dead_workers(client, settings.worker_dead_after):
+                            continue  # it came back (restarted) while we looked at the others
                         bury(self.app, client, worker_id,
                              f"no heartbeat for {settings.worker_dead_after:.0f}s", settings.max_deliveries)
                 finally:

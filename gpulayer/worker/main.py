@@ -10,11 +10,13 @@ import time
 from urllib.parse import urlparse
 
 from celery.app import trace as celery_trace
+from celery.signals import worker_process_init
 
 from .. import queues
 from ..app import app, configure, redis_client
 from ..config import load_settings
 from ..errors import ClusterUnavailable, ConfigError
+from ..launch import die_with_parent
 from ..models import WorkerInfo
 from ..store.registry import Registry
 from . import runtime
@@ -57,6 +59,12 @@ def _pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
+
+
+@worker_process_init.connect
+def _die_with_worker(**_) -> None:
+    """A pool process dies with its worker: an orphan would finish a job the janitor already requeued."""
+    die_with_parent()
 
 
 def _preload() -> None:

@@ -38,7 +38,7 @@ def _worker_id(app) -> str | None:
 class JobRequest(Request):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._tag = (self.delivery_info or {}).get("delivery_tag")
+        self._tag = getattr(self._message, "delivery_tag", None)
         self._held = False
         wid = _worker_id(self.app)
         if wid and self._tag:
