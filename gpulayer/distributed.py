@@ -126,6 +126,7 @@ class GangHandle:
                     return
                 outcome = self._wait_attempt()
                 if outcome == "succeeded":
+                    self._wait_nodes_stopped()  # get() returns once every slot is free again
                     self.store.finish(self.id, GangState.SUCCEEDED, self._placement.reason)
                     return
                 if outcome == "cancelled":

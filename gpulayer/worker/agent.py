@@ -167,11 +167,12 @@ class GangRun:
             stopped_at = self._stop_all()
         finally:
             events.close()
+            # Slots first, then the report: a client that saw every node report finds the slots free.
+            self.store.release(self.gang_id, self.attempt, self.worker_info.id, m)
+            slots.add(-m)
             self.store.node_report(self.gang_id, self.attempt, self.node, {
                 "worker": self.worker_info.id, "state": outcome, "exit_codes": codes, "stopped_at": stopped_at,
                 "finished_at": time.time()})
-            self.store.release(self.gang_id, self.attempt, self.worker_info.id, m)
-            slots.add(-m)
             self.client.close()
 
     # -- start ------------------------------------------------------------------------------------
