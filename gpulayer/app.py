@@ -38,6 +38,11 @@ app.conf.update(
     task_default_queue=queues.DEFAULT,
     task_routes=("gpulayer.app.route_task",),
     broker_connection_retry_on_startup=True,
+    # A result is stored even if Redis restarts meanwhile: retry until it is back.
+    result_backend_always_retry=True,
+    result_backend_max_retries=10_000,
+    result_backend_base_sleep_between_retries_ms=20,
+    result_backend_max_sleep_between_retries_ms=1000,
     # Long, so a long job is never delivered twice while it runs; dead workers'
     # messages are handed back by the janitor, not by this timeout.
     broker_transport_options={"visibility_timeout": 12 * 3600},

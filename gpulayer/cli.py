@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--cuda", choices=("auto", "on", "off"), default="auto")
     w.add_argument("--advertise-addr", default=None, help="address other machines reach this one at")
     w.add_argument("--loglevel", default="INFO")
+    w.add_argument("--insecure", action="store_true", help="allow a broker beyond loopback without a password")
 
     st = sub.add_parser("status", help="live workers, slots and queues")
     st.add_argument("--json", action="store_true", help="machine-readable output")
@@ -99,7 +100,8 @@ def _worker(args) -> int:
     from .worker.main import run_worker
 
     return run_worker(broker=args.broker, slots=args.slots, zone=args.zone, region=args.region, name=args.name,
-                      cuda=args.cuda, advertise_addr=args.advertise_addr, loglevel=args.loglevel)
+                      cuda=args.cuda, advertise_addr=args.advertise_addr, loglevel=args.loglevel,
+                      insecure=args.insecure)
 
 
 def _status(args) -> int:

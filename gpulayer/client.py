@@ -33,6 +33,9 @@ def connect(settings: Settings) -> Settings:
     try:
         client.ping()
     except redis.AuthenticationError as err:
+        if not where.password:
+            raise ClusterUnavailable(f"Redis at {where.hostname}:{where.port} needs a password: put it in the "
+                                     "broker URL, redis://:PASSWORD@host:port/0") from err
         raise ClusterUnavailable(f"Redis at {where.hostname}:{where.port} refused the password in the broker URL: "
                                  f"{err}; check GPULAYER_BROKER_URL") from err
     except redis.ResponseError as err:
@@ -123,7 +126,11 @@ class BatchHandle:
         while pending:
             window = pending[:_WINDOW]
             found = False
-            for i, raw in zip(window, backend.client.mget([keys[i] for i in window])):
+            try:
+                values = backend.client.mget([keys[i] for i in window])
+            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+                values = [None] * len(window)  # Redis is restarting: the results wait for us there
+            for i, raw in zip(window, values):
                 if raw is not None:
                     meta = backend.decode_result(raw)
                     if meta["status"] in states.READY_STATES:

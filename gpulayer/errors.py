@@ -27,6 +27,10 @@ class PayloadRejected(GpulayerError):
     """A message body failed signature verification and was not unpickled."""
 
 
+class JobStopped(GpulayerError):
+    """A job was cancelled or ran over its timeout, and its processes were killed."""
+
+
 class JobFailed(GpulayerError):
     """A job ran and raised, or its process died.
 

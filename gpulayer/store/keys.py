@@ -84,3 +84,7 @@ def job_history(job_id: str) -> str:
 def job_done(job_id: str) -> str:
     """Set once when a job's final result is stored; later results of reruns are dropped."""
     return f"{NAMESPACE}:job:{job_id}:done"
+
+
+# Cancels of ordinary jobs, broadcast to every worker's reaper.
+CANCEL_CHANNEL = f"{NAMESPACE}:cancel"

@@ -22,6 +22,11 @@ def as_job_failed(exc: BaseException, traceback: str | None, job_id: str | None)
         return exc
     type_name = type(exc).__name__
     message = str(exc) or repr(exc)
+    if type_name == "UnpickleableExceptionWrapper":  # the job raised an exception pickle cannot carry
+        type_name = getattr(exc, "exc_cls_name", type_name)
+        message = getattr(exc, "text", None) or " ".join(map(str, getattr(exc, "exc_args", ()))) or message
+    if type_name == "TaskRevokedError":
+        type_name, message = "JobStopped", f"job cancelled before it ran ({message})"
     if type_name in _DIED:
         message = (f"the job's process died: {message.strip()} (it crashed, called os._exit, or was killed, "
                    "e.g. for memory); the worker and its other jobs carry on")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from celery import Task
+from celery.result import AsyncResult
 from celery.exceptions import Ignore
 from kombu.exceptions import EncodeError
 
@@ -11,6 +12,7 @@ from ..errors import PayloadError
 from ..models import Resources
 from ..payload import PickledFunction, pack_function, resolve_function, summarize
 from ..worker import runtime
+from ..worker.reaper import TIMEOUT_HEADER
 
 
 def as_resources(value) -> Resources:
@@ -23,11 +25,46 @@ def as_resources(value) -> Resources:
     raise TypeError(f"resources must be a gpulayer.Resources or a dict, got {type(value).__name__}")
 
 
+class JobHandle(AsyncResult):
+    """A submitted job: ``get()`` (the value, or ``JobFailed``), ``cancel()``, ``history()``."""
+
+    def cancel(self) -> None:
+        """Drop the job if it is still queued, or kill its whole process tree if it runs."""
+        from .. import app as app_mod
+        from ..store import keys
+
+        self.app.control.revoke(self.id)  # queued: every worker drops it on sight
+        client = app_mod.redis_client()
+        try:
+            client.publish(keys.CANCEL_CHANNEL, self.id)  # running: its worker's reaper kills it
+        finally:
+            client.close()
+
+    def history(self) -> list[dict]:
+        """Deliveries that died (``lost``) and reruns (``redelivered``), with their workers."""
+        from .. import app as app_mod
+        from ..store.jobs import JobRecords
+
+        client = app_mod.redis_client()
+        try:
+            return JobRecords(client).history(self.id)
+        finally:
+            client.close()
+
+    @property
+    def attempts(self) -> int:
+        """How many times the job was delivered so far (1 unless a delivery died)."""
+        return 1 + sum(1 for h in self.history() if h["event"] == "lost")
+
+
 class SubmitTask(Task):
     """Packs the function, routes by ``resources=``, and returns a handle whose errors are ``JobFailed``."""
 
     typing = False
     Request = "gpulayer.worker.request:JobRequest"
+
+    def AsyncResult(self, task_id, **kwargs):
+        return JobHandle(task_id, backend=self.backend, task_name=self.name, app=self._get_app(), **kwargs)
 
     def apply_async(self, args=None, kwargs=None, task_id=None, producer=None, link=None, link_error=None,
                     shadow=None, **options):
@@ -37,10 +74,15 @@ class SubmitTask(Task):
         if not args:
             raise PayloadError("submit needs the function to run as its first argument: submit.delay(fn, *args)")
         resources = as_resources(kwargs.pop("resources", None))
+        timeout = kwargs.pop("timeout", None)
         fn = args[0]
         ref = fn if isinstance(fn, PickledFunction) else pack_function(fn)
         headers = dict(options.pop("headers", None) or {})
         headers[RESOURCES_HEADER] = resources.model_dump(exclude_defaults=True)
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+                raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+            headers[TIMEOUT_HEADER] = float(timeout)
         options.setdefault("argsrepr", summarize(fn, args[1:], kwargs))
         options.setdefault("kwargsrepr", resources.describe())
         ensure_connected()

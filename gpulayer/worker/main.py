@@ -24,6 +24,7 @@ from .detect import default_address, detect_gpus
 from .agent import GangAgent, SlotGate
 from .heartbeat import Heartbeat
 from .janitor import Janitor, hand_back
+from .reaper import Reaper
 
 
 def default_worker_id(gpus: int, zone: str | None, host: str) -> str:
@@ -82,13 +83,17 @@ def _preload() -> None:
 
 def run_worker(*, broker: str | None = None, slots: int | None = None, zone: str | None = None,
                region: str | None = None, name: str | None = None, cuda: str = "auto",
-               advertise_addr: str | None = None, loglevel: str = "INFO") -> int:
+               advertise_addr: str | None = None, loglevel: str = "INFO", insecure: bool = False) -> int:
     settings = load_settings(broker_url=broker)
     if not settings.broker_url:
         raise ConfigError("no broker: pass --broker redis://:PASSWORD@HOST:6379/0 or set GPULAYER_BROKER_URL")
     if not settings.secret:
         raise ConfigError("no cluster secret: set GPULAYER_SECRET to the same value on every machine "
                           "(`gpulayer up` writes one to its state file)")
+    if not insecure and not is_loopback(settings.broker_url) and not urlparse(settings.broker_url).password:
+        raise ConfigError(f"the broker {urlparse(settings.broker_url).hostname} is beyond loopback and has no "
+                          "password: anyone who can reach it could queue work; set requirepass on Redis and put "
+                          "the password in the URL, or pass --insecure if the network is yours alone")
     if slots is not None and slots < 1:
         raise ConfigError(f"--slots must be at least 1, not {slots}")
     gpu_ids, gpu_names = detect_gpus(cuda)
@@ -122,6 +127,7 @@ def run_worker(*, broker: str | None = None, slots: int | None = None, zone: str
     app.steps["worker"].add(Heartbeat)
     app.steps["worker"].add(GangAgent)
     app.steps["worker"].add(Janitor)
+    app.steps["worker"].add(Reaper)
     app.steps["consumer"].add(SlotGate)
     # Log each job as its readable summary (never its pickled bytes): "fn=square(12) resources=cpu".
     celery_trace.LOG_RECEIVED = "Job %(id)s received: fn=%(args)s resources=%(kwargs)s"

@@ -17,7 +17,8 @@ from celery.worker.request import Request
 
 from ..app import settings as app_settings
 from ..store.jobs import JobRecords
-from . import runtime
+from ..errors import JobStopped
+from . import reaper, runtime
 
 log = logging.getLogger(__name__)
 _records: JobRecords | None = None
@@ -68,6 +69,10 @@ class JobRequest(Request):
         exc = exc_info.exception
         if isinstance(exc, ExceptionWithTraceback):
             exc = exc.exc
+        why = reaper.stopped.pop(self.id, None)
+        if why is not None:  # cancelled or over its timeout: the reaper killed it on purpose
+            exc_info.exception = JobStopped(f"job {why}")
+            return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
         if isinstance(exc, WorkerLostError) and self.task.acks_late and not self._already_revoked:
             settings = app_settings()
             limit = settings.max_deliveries if settings else 3

@@ -17,7 +17,7 @@ def test_cpu_batches_pass_through_untouched():
     assert device_batches(source, torch.device("cpu"), prefetch=True) is source
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="copy-ahead only activates on CUDA")
+@pytest.mark.cuda  # deselected by default; `pytest -m cuda` on a GPU machine
 def test_cuda_copy_ahead_keeps_order_and_values():
     device = torch.device("cuda", 0)
     out = list(CudaPrefetcher(iter(_batches()), device))

@@ -1,0 +1,148 @@
+"""Soak: many jobs while workers are SIGKILLed at random; count what is lost or run twice.
+
+    python benchmarks/soak.py [--jobs 10000] [--workers 3] [--slots 2] [--kill-every 5]
+
+One Redis and N workers (real processes, loopback, free ports). Every job
+records each start (worker, pid, time) and counts its completions in Redis;
+every few seconds a random worker is SIGKILLed and restarted at once. Prints:
+jobs lost (no result; goal 0), duplicates (completed more than once; goal 0),
+time from a kill to the retry of each job it cut off (median, max), and the
+workers' memory (main process + pool) at start and end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import signal
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from datetime import date
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import gpulayer  # noqa: E402
+from gpulayer import submit, submit_batch  # noqa: E402
+from gpulayer.testing import Fleet  # noqa: E402
+
+RUN = f"soak:{int(time.time())}"
+
+
+def job(i: int, seconds: float, run: str) -> int:
+    import os
+    import time as _t
+
+    r = gpulayer.app.redis_client()
+    me = gpulayer.current_worker()
+    r.rpush(f"{run}:start:{i}", f"{me.id}|{os.getpid()}|{_t.time()}")
+    _t.sleep(seconds)
+    r.incr(f"{run}:done:{i}")
+    return i
+
+
+def rss_mib(proc: psutil.Process) -> float:
+    try:
+        return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)]) / 2**20
+    except psutil.NoSuchProcess:
+        return float("nan")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=10_000)
+    ap.add_argument("--workers", type=int, default=3)
+    ap.add_argument("--slots", type=int, default=2)
+    ap.add_argument("--kill-every", type=float, default=5.0, help="mean seconds between kills")
+    ap.add_argument("--seed", type=int, default=1)
+    a = ap.parse_args()
+    rng = random.Random(a.seed)
+    names = [f"soak-{i + 1}" for i in range(a.workers)]
+    out: list[str] = []
+
+    def say(line: str = "") -> None:
+        print(line, flush=True)
+        out.append(line)
+
+    with tempfile.TemporaryDirectory(prefix="gpulayer-soak-") as tmp, Fleet(Path(tmp)) as fleet:
+        for n in names:
+            fleet.add_worker(n, slots=a.slots, zone="z", wait=False)
+        fleet.wait_workers(names)
+        fleet.connect()
+        mem_start = {n: rss_mib(psutil.Process(fleet.workers[n].pid)) for n in names}
+        first_pids = {n: fleet.workers[n].pid for n in names}
+        t0 = time.time()
+        batch = submit_batch([submit.s(job, i, rng.uniform(0.01, 0.05), RUN) for i in range(a.jobs)])
+        say(f"submitted {a.jobs} jobs in {time.time() - t0:.2f}s to {a.workers} workers x {a.slots} slots")
+
+        kills: list[tuple[str, int, float]] = []
+        done = threading.Event()
+
+        def chaos() -> None:
+            while not done.wait(rng.uniform(0.5, 1.5) * a.kill_every):
+                victim = rng.choice(names)
+                pid = fleet.workers[victim].pid
+                kills.append((victim, pid, time.time()))
+                fleet.kill_worker(victim, signal.SIGKILL)
+                fleet.restart_worker(victim, wait=False)
+
+        killer = threading.Thread(target=chaos, daemon=True)
+        killer.start()
+        try:
+            results = batch.get(timeout=3600, propagate=False)
+        finally:
+            done.set()
+            killer.join()
+        elapsed = time.time() - t0
+        fleet.wait_workers(names)
+        time.sleep(2)
+        mem_end = {n: rss_mib(psutil.Process(fleet.workers[n].pid)) for n in names}
+
+        client = fleet.client()
+        failed = [r for r in results if not isinstance(r, int)]
+        lost = sum(1 for i, r in enumerate(results) if r != i)
+        pipe = client.pipeline()
+        for i in range(a.jobs):
+            pipe.get(f"{RUN}:done:{i}")
+            pipe.lrange(f"{RUN}:start:{i}", 0, -1)
+        raw = pipe.execute()
+        dones = [int(x or 0) for x in raw[0::2]]
+        starts = [[s.decode().split("|") for s in x] for x in raw[1::2]]
+        duplicates = sum(1 for d in dones if d > 1)
+        # For each kill: the jobs running in the killed worker, and when each started again elsewhere.
+        retry_delays = []
+        for victim, pid, at in kills:
+            for st in starts:
+                before = [s for s in st if s[0] == victim and float(s[2]) <= at]
+                after = [float(s[2]) for s in st if float(s[2]) > at]
+                if before and after and len(st) > 1:
+                    retry_delays.append(min(after) - at)
+        client.close()
+
+        say(f"finished in {elapsed:.1f}s ({a.jobs / elapsed:.0f} jobs/s) with {len(kills)} SIGKILLs")
+        say(f"jobs lost (no result):          {lost}  (goal 0)")
+        say(f"jobs failed:                    {len(failed)}")
+        say(f"duplicates (completed > once):  {duplicates}  (goal 0)")
+        if retry_delays:
+            say(f"kill -> retry of a cut-off job: median {statistics.median(retry_delays):.2f}s, "
+                f"max {max(retry_delays):.2f}s over {len(retry_delays)} jobs")
+        else:
+            say("kill -> retry: no job was cut off by a kill")
+        for n in names:
+            note = "" if fleet.workers[n].pid == first_pids[n] else " (restarted: end is its latest life)"
+            say(f"worker {n} memory (main + pool): start {mem_start[n]:.0f} MiB, end {mem_end[n]:.0f} MiB{note}")
+
+    res = Path(__file__).resolve().parent / "results" / f"{date.today()}-{socket.gethostname()}"
+    res.mkdir(parents=True, exist_ok=True)
+    (res / "soak.txt").write_text("\n".join([f"# python benchmarks/soak.py {' '.join(sys.argv[1:])}", *out]) + "\n")
+    return 0 if lost == 0 and duplicates == 0 and not failed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""Cancel and time limits for ordinary jobs: kill the job's whole process tree, record why.
+
+Runs in the worker's main process. A cancel is broadcast on one channel (no
+per-job cost); a job's ``timeout`` travels in its headers. Either way the
+reaper kills the pool process running the job and every process below it, and
+remembers why, so the request records "cancelled" or "timed out" instead of
+delivering the job again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import psutil
+import redis
+from celery import bootsteps
+from celery.worker import state as worker_state
+
+from ..store import keys
+
+log = logging.getLogger(__name__)
+TIMEOUT_HEADER = "gl_timeout"
+POLL = 0.1
+
+# job id -> reason, for the request's on_failure (same process).
+stopped: dict[str, str] = {}
+
+
+def kill_tree(pid: int) -> int:
+    """SIGKILL ``pid`` and all its descendants; returns how many processes were signalled."""
+    try:
+        root = psutil.Process(pid)
+        procs = root.children(recursive=True) + [root]
+    except psutil.NoSuchProcess:
+        return 0
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    return len(procs)
+
+
+class Reaper(bootsteps.StartStopStep):
+    requires = {"celery.worker.components:Pool"}
+
+    def __init__(self, worker, **kwargs):
+        super().__init__(worker, **kwargs)
+        self.url = worker.app.conf.broker_url
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, worker) -> None:
+        self._thread = threading.Thread(target=self._loop, name="gpulayer-reaper", daemon=True)
+        self._thread.start()
+
+    def stop(self, worker) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=3)
+
+    def _loop(self) -> None:
+        client = redis.Redis.from_url(self.url, socket_timeout=10)
+        sub = None
+        cancelled: dict[str, float] = {}  # job id -> when the cancel arrived
+        while not self._stop.is_set():
+            try:
+                if sub is None:
+                    sub = client.pubsub(ignore_subscribe_messages=True)
+                    sub.subscribe(keys.CANCEL_CHANNEL)
+                msg = sub.get_message(timeout=POLL)
+                while msg:
+                    cancelled[msg["data"].decode()] = time.monotonic()
+                    msg = sub.get_message(timeout=0)
+            except redis.RedisError:
+                sub = None
+                self._stop.wait(1)
+                continue
+            now = time.time()
+            for req in list(worker_state.active_requests):
+                reason = None
+                if req.id in cancelled:
+                    reason = "cancelled"
+                else:
+                    limit = (req._request_dict or {}).get(TIMEOUT_HEADER)
+                    if limit and req.time_start and now - req.time_start > float(limit):
+                        reason = f"timed out: ran over its {float(limit):g}s timeout"
+                if reason and req.worker_pid and req.id not in stopped:
+                    stopped[req.id] = reason
+                    n = kill_tree(req.worker_pid)
+                    log.warning("gpulayer: job %s %s; killed its %d process(es)", req.id, reason, n)
+            horizon = time.monotonic() - 600  # a cancel for a job not (yet) here is kept for a while
+            for job_id in [j for j, t in cancelled.items() if t < horizon]:
+                del cancelled[job_id]
+        if sub is not None:
+            sub.close()
+        client.close()

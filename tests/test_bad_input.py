@@ -1,0 +1,118 @@
+"""Every public entry point answers bad input with an error that names the problem (README table)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+import gpulayer
+from gpulayer import (ClusterUnavailable, ConfigError, JobFailed, JobRejected, PayloadError, Resources, distributed,
+                      signing, submit, submit_batch)
+from gpulayer.launch import free_port
+
+
+def square(x):
+    return x * x
+
+
+def test_unpicklable_function(fleet):
+    lock = threading.Lock()
+    with pytest.raises(PayloadError, match="cannot pickle function") as e:
+        submit.delay(lambda: lock.locked())
+    assert "create that object inside the function" in str(e.value)
+
+
+def test_unpicklable_argument(fleet):
+    with pytest.raises(PayloadError, match="cannot pickle the job's payload"):
+        submit.delay(square, threading.Lock())
+
+
+def test_payload_over_the_size_limit(fleet):
+    signing.configure(signing.current_secret(), 4096)
+    try:
+        with pytest.raises(PayloadError, match=r"over the 0 MiB limit|MiB limit"):
+            submit.delay(square, b"x" * 10_000)
+        with pytest.raises(PayloadError, match="GPULAYER_MAX_PAYLOAD_BYTES"):
+            submit_batch([submit.s(square, b"x" * 10_000)])
+    finally:
+        signing.configure(signing.current_secret(), 64 * 2**20)
+
+
+def test_unknown_resources_field(fleet):
+    with pytest.raises(ValueError, match="gpu\n.*Extra inputs are not permitted"):
+        submit.delay(square, 2, resources={"gpu": 1})
+    with pytest.raises(TypeError, match="resources must be"):
+        submit.delay(square, 2, resources="cuda")
+
+
+def test_negative_or_zero_counts(fleet):
+    with pytest.raises(ValueError, match="gpus"):
+        Resources(gpus=-1)
+    with pytest.raises(ValueError, match="procs_per_node"):
+        distributed(square, 1, nodes=1, procs_per_node=0)
+    with pytest.raises(ValueError, match="timeout must be a positive"):
+        submit.delay(square, 1, timeout=0)
+
+
+def test_unknown_zone_or_worker(fleet):
+    with pytest.raises(JobRejected, match="zone 'mars-1a'"):
+        submit.delay(square, 1, resources=Resources(zone="mars-1a"))
+    with pytest.raises(JobRejected, match="no live worker named 'nobody'"):
+        submit.delay(square, 1, resources=Resources(worker_ids=["nobody"]))
+
+
+def test_missing_function_reference(fleet):
+    with pytest.raises(PayloadError, match="package.module:function"):
+        submit.delay("math.sqrt", 4)
+    with pytest.raises(JobFailed, match="cannot load 'math:nope' on this worker"):
+        submit.delay("math:nope", 4).get(timeout=60)
+
+
+@pytest.mark.timeout(30)
+def test_unreachable_redis_fails_fast_not_a_hang(gpulayer_home):
+    port = free_port()  # nothing listens there
+    with pytest.raises(ClusterUnavailable, match=f"cannot reach Redis at 127.0.0.1:{port}"):
+        gpulayer.connect(gpulayer.config.load_settings(broker_url=f"redis://127.0.0.1:{port}/0", secret="s"))
+
+
+def test_wrong_password(fleet, gpulayer_home):
+    bad = fleet.url.replace(fleet.password, "wrong")
+    with pytest.raises(ClusterUnavailable, match="refused the password"):
+        gpulayer.connect(gpulayer.config.load_settings(broker_url=bad, secret="s"))
+    nopw = fleet.url.replace(f":{fleet.password}@", "")
+    with pytest.raises(ClusterUnavailable, match="needs a password"):
+        gpulayer.connect(gpulayer.config.load_settings(broker_url=nopw, secret="s"))
+
+
+def test_missing_secret(gpulayer_home, fleet):
+    with pytest.raises(ConfigError, match="GPULAYER_SECRET"):
+        gpulayer.connect(gpulayer.config.load_settings(broker_url=fleet.url))
+
+
+def unpicklable_result():
+    import threading as _th
+
+    return _th.Lock()
+
+
+class Weird(Exception):
+    def __init__(self, msg):
+        super().__init__(msg)
+        self.lock = threading.Lock()
+
+
+def unpicklable_exception():
+    raise Weird("shard 9 is corrupt")
+
+
+def test_result_that_cannot_be_pickled(fleet):
+    with pytest.raises(JobFailed) as e:
+        submit.delay(unpicklable_result).get(timeout=60)
+    assert "pickle" in str(e.value).lower() and "lock" in str(e.value).lower()
+
+
+def test_exception_that_cannot_be_pickled(fleet):
+    with pytest.raises(JobFailed) as e:
+        submit.delay(unpicklable_exception).get(timeout=60)
+    assert e.value.type_name == "Weird" and "shard 9 is corrupt" in e.value.message
