@@ -177,6 +177,13 @@ def flower(fleet, tmp_path):
 
 
 def test_flower_shows_job_summaries_and_never_the_secrets(fleet, flower):
+    # Flower's event receiver connects after its web server answers: wait until it has heard the
+    # workers' heartbeat events, or it would miss the jobs' "received" events.
+    deadline = time.monotonic() + 30
+    while not any(w.startswith("w-a@") for w in json.loads(get(flower + "api/workers", AUTH))):
+        assert time.monotonic() < deadline, "Flower never heard from the workers"
+        time.sleep(0.3)
+    time.sleep(1.0)
     hs = [submit.delay(square, i) for i in (11, 12)]
     assert [h.get(timeout=60) for h in hs] == [121, 144]
     with pytest.raises(urllib.error.HTTPError) as denied:
@@ -261,7 +268,9 @@ def test_train_shows_the_gangs_progress_on_a_terminal(fleet, tmp_path):
                             "--workdir", str(tmp_path), "job.py"], client_env(fleet), timeout=180)
     assert code == 0, out
     assert "2/2 ranks done" in out and "[rank 0] hello from rank 0" in out and "[rank 1] hello from rank 1" in out
-    assert "done" in out.split("2/2 ranks done")[0].rsplit("gang", 1)[-1]
+    # The last frame: every rank returned and the gang is done (an earlier frame may show 2/2 while
+    # the workers are still freeing their slots).
+    assert "done" in out.rsplit("2/2 ranks done", 1)[0].rsplit("gang", 1)[-1]
 
 
 # --- Prometheus metrics ----------------------------------------------------------------------------
