@@ -47,6 +47,31 @@ def job(i: int, seconds: float, run: str) -> int:
     return i
 
 
+def wait_results(batch, stall: float) -> tuple[list, float]:
+    """Every job's result (None where there is none), once all are in or none arrived for ``stall`` s.
+
+    A lost job never gets a result, so waiting for all of them would never end.
+    """
+    backend = gpulayer.app.app.backend
+    keys = [backend.get_key_for_task(i) for i in batch.ids]
+    results: list = [None] * len(keys)
+    t0 = last_progress = time.time()
+    while True:
+        missing = [i for i, r in enumerate(results) if r is None]
+        for start in range(0, len(missing), 1000):
+            chunk = missing[start:start + 1000]
+            for i, raw in zip(chunk, backend.client.mget([keys[i] for i in chunk])):
+                if raw is not None:
+                    meta = backend.decode_result(raw)
+                    results[i] = meta["result"]
+                    last_progress = time.time()
+        if all(r is not None for r in results):
+            return results, time.time() - t0
+        if time.time() - last_progress > stall:
+            return results, last_progress - t0
+        time.sleep(0.5)
+
+
 def rss_mib(proc: psutil.Process) -> float:
     try:
         return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)]) / 2**20
@@ -61,6 +86,8 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=2)
     ap.add_argument("--kill-every", type=float, default=5.0, help="mean seconds between kills")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--stall", type=float, default=90.0,
+                    help="stop waiting when no result arrived for this long (the rest count as lost)")
     a = ap.parse_args()
     rng = random.Random(a.seed)
     names = [f"soak-{i + 1}" for i in range(a.workers)]
@@ -95,18 +122,17 @@ def main() -> int:
         killer = threading.Thread(target=chaos, daemon=True)
         killer.start()
         try:
-            results = batch.get(timeout=3600, propagate=False)
+            results, elapsed = wait_results(batch, stall=a.stall)
         finally:
             done.set()
             killer.join()
-        elapsed = time.time() - t0
         fleet.wait_workers(names)
         time.sleep(2)
         mem_end = {n: rss_mib(psutil.Process(fleet.workers[n].pid)) for n in names}
 
         client = fleet.client()
-        failed = [r for r in results if not isinstance(r, int)]
-        lost = sum(1 for i, r in enumerate(results) if r != i)
+        failed = [r for r in results if r is not None and not isinstance(r, int)]
+        lost = sum(1 for r in results if r is None)
         pipe = client.pipeline()
         for i in range(a.jobs):
             pipe.get(f"{RUN}:done:{i}")

@@ -19,8 +19,9 @@ class JobRecords:
     def hold(self, worker_id: str, tag: str, job_id: str) -> None:
         self.r.hset(keys.inflight(worker_id), tag, job_id)
 
-    def release(self, worker_id: str, tag: str) -> None:
-        self.r.hdel(keys.inflight(worker_id), tag)
+    def release(self, worker_id: str, *tags: str) -> None:
+        if tags:
+            self.r.hdel(keys.inflight(worker_id), *tags)
 
     def held_by(self, worker_id: str) -> dict[str, str]:
         return {k.decode(): v.decode() for k, v in self.r.hgetall(keys.inflight(worker_id)).items()}

@@ -12,6 +12,7 @@ from ..store.registry import Registry
 from ..app import settings as app_settings
 from . import runtime
 from .agent import ordinary_active, slots
+from .request import flush_released
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +24,7 @@ class Heartbeat(bootsteps.StartStopStep):
 
     def __init__(self, worker, **kwargs):
         super().__init__(worker, **kwargs)
+        self.app = worker.app
         # Not "info": that would hide the bootstep method Celery calls for `inspect stats`.
         self.worker_info: WorkerInfo = runtime.current_worker()
         self.interval: float = app_settings().heartbeat_interval
@@ -31,6 +33,7 @@ class Heartbeat(bootsteps.StartStopStep):
         self._thread: threading.Thread | None = None
 
     def beat(self) -> None:
+        flush_released(self.app)
         self.registry.heartbeat(self.worker_info.model_copy(update={"busy": ordinary_active(), "held": slots.held}))
 
     def _run(self) -> None:

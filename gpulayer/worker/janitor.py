@@ -11,8 +11,10 @@ janitor hands back each message that worker held (recorded by
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
+import time
 
 import redis
 from billiard.exceptions import WorkerLostError
@@ -26,6 +28,7 @@ from . import runtime
 
 log = logging.getLogger(__name__)
 INTERVAL = 1.0
+ORPHAN_SWEEP_EVERY = 10  # janitor rounds between sweeps for orphaned messages
 
 
 def dead_workers(client: redis.Redis, dead_after: float) -> list[str]:
@@ -57,6 +60,41 @@ def hand_back(app, client: redis.Redis, worker_id: str, why: str, max_deliveries
                         failed += 1
                 records.release(worker_id, tag)
     return requeued, failed
+
+
+def sweep_orphans(app, client: redis.Redis, older_than: float, max_deliveries: int) -> int:
+    """Requeue unacknowledged messages no live worker has a record of.
+
+    A worker killed between taking a message and recording it (a window of
+    microseconds) leaves such an orphan; without this sweep it would wait for
+    the visibility timeout. Only messages older than ``older_than`` seconds count.
+    """
+    live = [w.decode() for w in client.zrange(keys.WORKERS, 0, -1)]
+    restored = 0
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        old = client.zrangebyscore(channel.unacked_index_key, "-inf", time.time() - older_than)
+        for raw_tag in old:
+            tag = raw_tag.decode()
+            pipe = client.pipeline()
+            for w in live:
+                pipe.hexists(keys.inflight(w), tag)
+            if any(pipe.execute()):
+                continue
+            payload = client.hget(channel.unacked_key, tag)
+            if payload is None:
+                continue
+            try:
+                job_id = json.loads(payload)[0]["headers"]["id"]
+            except (ValueError, KeyError, IndexError, TypeError):
+                job_id = None
+            if job_id:
+                JobRecords(client).record_loss(job_id, "unknown (orphaned message)")
+            channel.qos.restore_by_tag(tag)
+            restored += 1
+    if restored:
+        log.warning("gpulayer janitor: requeued %d orphaned message(s) no live worker held", restored)
+    return restored
 
 
 def bury(app, client: redis.Redis, worker_id: str, why: str, max_deliveries: int) -> None:
@@ -93,7 +131,10 @@ class Janitor(bootsteps.StartStopStep):
         settings = app_settings()
         me = runtime.current_worker().id
         client = redis.Redis.from_url(self.app.conf.broker_url, socket_timeout=10)
+        orphan_age = max(30.0, 3 * settings.worker_dead_after)
+        rounds = 0
         while not self._stop.wait(INTERVAL):
+            rounds += 1
             try:
                 if not client.set(keys.JANITOR_LOCK, me, nx=True, px=int(INTERVAL * 3000)):
                     continue
@@ -103,6 +144,8 @@ class Janitor(bootsteps.StartStopStep):
                             continue  # it came back (restarted) while we looked at the others
                         bury(self.app, client, worker_id,
                              f"no heartbeat for {settings.worker_dead_after:.0f}s", settings.max_deliveries)
+                    if rounds % ORPHAN_SWEEP_EVERY == 0:
+                        sweep_orphans(self.app, client, orphan_age, settings.max_deliveries)
                 finally:
                     if client.get(keys.JANITOR_LOCK) == me.encode():
                         client.delete(keys.JANITOR_LOCK)

@@ -22,6 +22,19 @@ from . import reaper, runtime
 
 log = logging.getLogger(__name__)
 _records: JobRecords | None = None
+_released: list[str] = []  # delivery tags acknowledged since the last flush
+
+
+def flush_released(app) -> None:
+    """Forget the records of acknowledged messages, in one command (called every heartbeat)."""
+    if not _released:
+        return
+    tags = _released[:]
+    del _released[: len(tags)]
+    try:
+        records(app).release(_worker_id(app), *tags)
+    except redis.RedisError:
+        _released.extend(tags)  # next time
 
 
 def records(app) -> JobRecords:
@@ -50,11 +63,10 @@ class JobRequest(Request):
                 log.warning("gpulayer: could not record message %s of job %s: %s", self._tag, self.id, err)
 
     def _let_go(self) -> None:
+        # Cleared in bulk by the heartbeat (flush_released): a record that outlives its message is
+        # harmless, the janitor checks that a message is still unacknowledged before requeueing it.
         if self._held:
-            try:
-                records(self.app).release(_worker_id(self.app), self._tag)
-            except redis.RedisError as err:
-                log.warning("gpulayer: could not clear message %s of job %s: %s", self._tag, self.id, err)
+            _released.append(self._tag)
             self._held = False
 
     def acknowledge(self):
