@@ -6,7 +6,6 @@ import base64
 import json
 import os
 import pickle
-import threading
 import time
 import uuid
 

@@ -30,6 +30,7 @@ from ..store import keys
 from ..store.gangs import GangStore
 from ..store.registry import Registry
 from . import runtime
+from .loopstep import LoopStep
 
 log = logging.getLogger(__name__)
 
@@ -87,32 +88,29 @@ class SlotGate(bootsteps.StartStopStep):
         qos.can_consume = MethodType(can_consume, qos)
 
 
-class GangAgent(bootsteps.StartStopStep):
-    requires = {"celery.worker.components:Pool"}
+class GangAgent(LoopStep):
+    thread_name = "gpulayer-gang-agent"
 
     def __init__(self, worker, **kwargs):
         super().__init__(worker, **kwargs)
         self.worker_info = runtime.current_worker()
         self.url = worker.app.conf.broker_url
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self.runs: dict[str, GangRun] = {}
 
     def start(self, worker) -> None:
         client = redis.Redis.from_url(self.url)
         GangStore(client).forget_worker(self.worker_info.id)
         client.close()
-        self._thread = threading.Thread(target=self._loop, name="gpulayer-gang-agent", daemon=True)
-        self._thread.start()
+        super().start(worker)
 
-    def _loop(self) -> None:
+    def loop(self) -> None:
         client = redis.Redis.from_url(self.url, socket_timeout=10)
-        while not self._stop.is_set():
+        while not self.stopping.is_set():
             try:
                 item = client.brpop([keys.agent_orders(self.worker_info.id)], timeout=1)
             except redis.RedisError as err:
                 log.warning("gpulayer agent: cannot read orders (%s); retrying", err)
-                self._stop.wait(1)
+                self.stopping.wait(1)
                 continue
             if item:
                 order = json.loads(item[1])
@@ -122,11 +120,9 @@ class GangAgent(bootsteps.StartStopStep):
         client.close()
 
     def stop(self, worker) -> None:
-        self._stop.set()
         for run in list(self.runs.values()):
             run.abort("the worker is shutting down")
-        if self._thread:
-            self._thread.join(timeout=3)
+        super().stop(worker)
 
 
 class GangRun:

@@ -3,42 +3,36 @@
 from __future__ import annotations
 
 import logging
-import threading
 
-from celery import bootsteps
-
+from ..app import settings as app_settings
 from ..models import WorkerInfo
 from ..store.registry import Registry
-from ..app import settings as app_settings
 from . import runtime
 from .agent import ordinary_active, slots
+from .loopstep import LoopStep
 from .request import flush_released
 
 log = logging.getLogger(__name__)
 
 
-class Heartbeat(bootsteps.StartStopStep):
+class Heartbeat(LoopStep):
     """Runs in the worker's main process, beside the consumer."""
 
-    requires = {"celery.worker.components:Pool"}
+    thread_name = "gpulayer-heartbeat"
 
     def __init__(self, worker, **kwargs):
         super().__init__(worker, **kwargs)
-        self.app = worker.app
-        # Not "info": that would hide the bootstep method Celery calls for `inspect stats`.
         self.worker_info: WorkerInfo = runtime.current_worker()
         self.interval: float = app_settings().heartbeat_interval
         self.registry: Registry = runtime.registry
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def beat(self) -> None:
         flush_released(self.app)
         self.registry.heartbeat(self.worker_info.model_copy(update={"busy": ordinary_active(), "held": slots.held}))
 
-    def _run(self) -> None:
+    def loop(self) -> None:
         failing = False
-        while not self._stop.is_set():
+        while not self.stopping.is_set():
             try:
                 self.beat()
                 if failing:
@@ -48,17 +42,14 @@ class Heartbeat(bootsteps.StartStopStep):
                 if not failing:
                     log.warning("gpulayer: heartbeat failed (%s); retrying every %.1fs", err, self.interval)
                 failing = True
-            self._stop.wait(self.interval)
+            self.stopping.wait(self.interval)
 
     def start(self, worker) -> None:
-        self.beat()
-        self._thread = threading.Thread(target=self._run, name="gpulayer-heartbeat", daemon=True)
-        self._thread.start()
+        self.beat()  # registered before the consumer takes its first message
+        super().start(worker)
 
     def stop(self, worker) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=2)
+        super().stop(worker)
         try:
             self.registry.remove(self.worker_info.id)
         except Exception as err:

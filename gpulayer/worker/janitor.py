@@ -13,18 +13,17 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 
 import redis
 from billiard.exceptions import WorkerLostError
-from celery import bootsteps
 
 from ..app import settings as app_settings
 from ..store import keys
 from ..store.gangs import GangStore
 from ..store.jobs import JobRecords
 from . import runtime
+from .loopstep import LoopStep
 
 log = logging.getLogger(__name__)
 INTERVAL = 1.0
@@ -109,31 +108,16 @@ def bury(app, client: redis.Redis, worker_id: str, why: str, max_deliveries: int
                 worker_id, why, requeued, failed)
 
 
-class Janitor(bootsteps.StartStopStep):
-    requires = {"celery.worker.components:Pool"}
+class Janitor(LoopStep):
+    thread_name = "gpulayer-janitor"
 
-    def __init__(self, worker, **kwargs):
-        super().__init__(worker, **kwargs)
-        self.app = worker.app
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self, worker) -> None:
-        self._thread = threading.Thread(target=self._loop, name="gpulayer-janitor", daemon=True)
-        self._thread.start()
-
-    def stop(self, worker) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=3)
-
-    def _loop(self) -> None:
+    def loop(self) -> None:
         settings = app_settings()
         me = runtime.current_worker().id
         client = redis.Redis.from_url(self.app.conf.broker_url, socket_timeout=10)
         orphan_age = max(30.0, 3 * settings.worker_dead_after)
         rounds = 0
-        while not self._stop.wait(INTERVAL):
+        while not self.stopping.wait(INTERVAL):
             rounds += 1
             try:
                 if not client.set(keys.JANITOR_LOCK, me, nx=True, px=int(INTERVAL * 3000)):

@@ -46,20 +46,11 @@ def is_loopback(url: str) -> bool:
 def _check_name_free(registry: Registry, worker_id: str, host: str) -> None:
     for w in registry.snapshot():
         if w.id == worker_id:
-            if w.hostname == host and not _pid_alive(w.pid):
+            if w.hostname == host and not runtime.pid_alive(w.pid):
                 return  # our own previous life on this machine, killed: we take over its name and messages
             raise ConfigError(f"a live worker is already called {worker_id!r} (pid {w.pid} on {w.hostname}, "
                               f"heard from {w.heartbeat_age:.1f}s ago); give this one another --name")
 
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 @worker_process_init.connect

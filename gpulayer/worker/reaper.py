@@ -10,15 +10,14 @@ delivering the job again.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 
 import psutil
 import redis
-from celery import bootsteps
 from celery.worker import state as worker_state
 
 from ..store import keys
+from .loopstep import LoopStep
 
 log = logging.getLogger(__name__)
 TIMEOUT_HEADER = "gl_timeout"
@@ -43,29 +42,14 @@ def kill_tree(pid: int) -> int:
     return len(procs)
 
 
-class Reaper(bootsteps.StartStopStep):
-    requires = {"celery.worker.components:Pool"}
+class Reaper(LoopStep):
+    thread_name = "gpulayer-reaper"
 
-    def __init__(self, worker, **kwargs):
-        super().__init__(worker, **kwargs)
-        self.url = worker.app.conf.broker_url
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self, worker) -> None:
-        self._thread = threading.Thread(target=self._loop, name="gpulayer-reaper", daemon=True)
-        self._thread.start()
-
-    def stop(self, worker) -> None:
-        self._stop.set()
-        if self._thread:
-            self._thread.join(timeout=3)
-
-    def _loop(self) -> None:
-        client = redis.Redis.from_url(self.url, socket_timeout=10)
+    def loop(self) -> None:
+        client = redis.Redis.from_url(self.app.conf.broker_url, socket_timeout=10)
         sub = None
         cancelled: dict[str, float] = {}  # job id -> when the cancel arrived
-        while not self._stop.is_set():
+        while not self.stopping.is_set():
             try:
                 if sub is None:
                     sub = client.pubsub(ignore_subscribe_messages=True)
@@ -76,7 +60,7 @@ class Reaper(bootsteps.StartStopStep):
                     msg = sub.get_message(timeout=0)
             except redis.RedisError:
                 sub = None
-                self._stop.wait(1)
+                self.stopping.wait(1)
                 continue
             now = time.time()
             for req in list(worker_state.active_requests):

@@ -54,7 +54,8 @@ def pick_gpus(owners: list[int], n: int, alive) -> list[int] | None:
     return free[:n] if len(free) >= n else None
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Is ``pid`` a live process on this machine?"""
     try:
         os.kill(pid, 0)
         return True
@@ -73,7 +74,7 @@ def job_scope(job_id: str | None, gpus: int):
     if gpus and _gpu_owners is not None:
         while True:
             with _gpu_owners.get_lock():
-                given = pick_gpus(list(_gpu_owners), gpus, _alive) or []
+                given = pick_gpus(list(_gpu_owners), gpus, pid_alive) or []
                 for i in given:
                     _gpu_owners[i] = os.getpid()
             if given:
