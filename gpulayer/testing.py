@@ -64,6 +64,12 @@ class Fleet:
             self.wait_workers([name])
         return proc
 
+    def add_workers(self, specs: dict[str, dict]) -> None:
+        """Start every worker of ``{name: spec}`` at once, then wait for all of them to register."""
+        for name, spec in specs.items():
+            self.add_worker(name, wait=False, **spec)
+        self.wait_workers(list(specs))
+
     def restart_worker(self, name: str, wait: bool = True) -> subprocess.Popen:
         self.stop_worker(name)
         return self.add_worker(name, wait=wait, **self._specs[name])

@@ -53,9 +53,7 @@ def session_fleet(tmp_path_factory):
     f = Fleet(tmp_path_factory.mktemp("fleet"))
     f.start_redis()
     try:
-        for name, spec in FLEET.items():
-            f.add_worker(name, wait=False, **spec)
-        f.wait_workers(list(FLEET))
+        f.add_workers(FLEET)
         yield f
     finally:
         f.stop()

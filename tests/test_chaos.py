@@ -29,9 +29,7 @@ def work(i: int, seconds: float, run: str):
 
 def test_sigkilled_workers_lose_no_job_and_run_none_twice(fresh_fleet):
     fleet = fresh_fleet
-    for name, spec in WORKERS.items():
-        fleet.add_worker(name, wait=False, **spec)
-    fleet.wait_workers(list(WORKERS))
+    fleet.add_workers(WORKERS)
     fleet.connect()
     run = f"chaos:{time.time()}"
     rng = random.Random(7)

@@ -27,9 +27,7 @@ def gang_fleet(tmp_path_factory):
     f = Fleet(tmp_path_factory.mktemp("gangs"))
     f.start_redis()
     try:
-        for name, spec in GANG_FLEET.items():
-            f.add_worker(name, wait=False, **spec)
-        f.wait_workers(list(GANG_FLEET))
+        f.add_workers(GANG_FLEET)
         yield f
     finally:
         f.stop()
