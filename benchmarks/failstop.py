@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -33,7 +32,8 @@ from pathlib import Path
 
 import psutil
 
-from startup import NODES, PROCS, Report, header, start_fleet, stop_fleet, write_results  # same folder
+from common import unwind_on_signals, write_results  # same folder
+from startup import NODES, PROCS, Report, header, start_fleet, stop_fleet  # same folder
 
 GET_TIMEOUT = 180.0
 FREE_TIMEOUT = 10.0
@@ -152,10 +152,6 @@ def benchmark(args: argparse.Namespace) -> list[str]:
     return out.lines
 
 
-def _terminate(signum, frame):
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=5, help="measured runs; median and max are quoted (default 5)")
@@ -163,8 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error("--runs must be at least 1")
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _terminate)
+    unwind_on_signals()
     lines = benchmark(args)
     suffix = "" if args.launcher == "direct" else f"-{args.launcher}"
     print(f"\nwritten to {write_results(lines, f'failstop{suffix}.txt')}")

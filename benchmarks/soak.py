@@ -15,14 +15,14 @@ from __future__ import annotations
 import argparse
 import random
 import signal
-import socket
 import statistics
 import sys
 import tempfile
 import threading
 import time
-from datetime import date
 from pathlib import Path
+
+from common import write_results  # same folder
 
 import psutil
 
@@ -164,9 +164,7 @@ def main() -> int:
             note = "" if fleet.workers[n].pid == first_pids[n] else " (restarted: end is its latest life)"
             say(f"worker {n} memory (main + pool): start {mem_start[n]:.0f} MiB, end {mem_end[n]:.0f} MiB{note}")
 
-    res = Path(__file__).resolve().parent / "results" / f"{date.today()}-{socket.gethostname()}"
-    res.mkdir(parents=True, exist_ok=True)
-    (res / "soak.txt").write_text("\n".join([f"# python benchmarks/soak.py {' '.join(sys.argv[1:])}", *out]) + "\n")
+    write_results([f"# python benchmarks/soak.py {' '.join(sys.argv[1:])}", *out], "soak.txt")
     return 0 if lost == 0 and duplicates == 0 and not failed else 1
 
 

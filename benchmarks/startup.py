@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import unwind_on_signals, write_results  # same folder
+
 LAUNCHERS = ("direct", "torchrun")
 NODES, PROCS = 2, 2
 GET_TIMEOUT = 180.0
@@ -201,28 +203,13 @@ def benchmark(args: argparse.Namespace) -> list[str]:
     return out.lines
 
 
-def write_results(lines: list[str], name: str) -> Path:
-    folder = Path(__file__).resolve().parent / "results" / f"{dt.date.today().isoformat()}-{socket.gethostname()}"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / name
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def _terminate(signum, frame):
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=5, help="measured runs per launcher; medians are quoted (default 5)")
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error("--runs must be at least 1")
-    # Ctrl-C and SIGTERM unwind through the finally that stops every process by pid
-    # (SIGINT is reset because a shell may start a background job with it ignored).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _terminate)
+    unwind_on_signals()
     lines = benchmark(args)
     print(f"\nwritten to {write_results(lines, 'startup.txt')}")
     return 0

@@ -38,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from common import unwind_on_signals, write_results  # same folder
+
 from celery import Celery
 
 PLAIN_QUEUE = "bench.plain"
@@ -235,18 +237,6 @@ def benchmark(args: argparse.Namespace) -> list[str]:
     return out.lines
 
 
-def write_results(lines: list[str]) -> Path:
-    folder = Path(__file__).resolve().parent / "results" / f"{dt.date.today().isoformat()}-{socket.gethostname()}"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "throughput.txt"
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def _terminate(signum, frame):
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--jobs", type=int, default=2000, help="jobs per side per round (default 2000)")
@@ -266,12 +256,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.jobs < 1 or args.rounds < 1 or args.workers < 1 or args.slots < 1:
         p.error("--jobs, --rounds, --workers and --slots must be at least 1")
-    # Ctrl-C and SIGTERM unwind through the finally blocks that stop every process by pid
-    # (SIGINT is reset because a shell may start a background job with it ignored).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, _terminate)
+    unwind_on_signals()
     lines = benchmark(args)
-    print(f"\nwritten to {write_results(lines)}")
+    print(f"\nwritten to {write_results(lines, 'throughput.txt')}")
     return 0
 
 
