@@ -5,9 +5,12 @@
 One Redis and N workers (real processes, loopback, free ports). Every job
 records each start (worker, pid, time) and counts its completions in Redis;
 every few seconds a random worker is SIGKILLed and restarted at once. Prints:
-jobs lost (no result; goal 0), duplicates (completed more than once; goal 0),
-time from a kill to the retry of each job it cut off (median, max), and the
-workers' memory (main process + pool) at start and end.
+jobs lost (no result; goal 0), duplicates (a job run again after it completed,
+i.e. after its result was stored; goal 0), re-executions (a kill landed between
+a job's last line and its result being stored, so it ran again: delivery is
+at least once, completion at most once), time from a kill to the retry of each
+job it cut off (median, max), and the workers' memory (main process + pool) at
+start and end.
 """
 
 from __future__ import annotations
@@ -35,16 +38,17 @@ from gpulayer.testing import Fleet  # noqa: E402
 RUN = f"soak:{int(time.time())}"
 
 
-def job(i: int, seconds: float, run: str) -> int:
+def job(i: int, seconds: float, run: str) -> tuple[int, str]:
     import os
     import time as _t
 
     r = gpulayer.app.redis_client()
     me = gpulayer.current_worker()
-    r.rpush(f"{run}:start:{i}", f"{me.id}|{os.getpid()}|{_t.time()}")
+    run_id = f"{me.id}|{os.getpid()}|{_t.time()}"
+    r.rpush(f"{run}:start:{i}", run_id)
     _t.sleep(seconds)
-    r.incr(f"{run}:done:{i}")
-    return i
+    r.rpush(f"{run}:done:{i}", run_id)  # this run reached its last line
+    return i, run_id
 
 
 def wait_results(batch, stall: float) -> tuple[list, float]:
@@ -131,16 +135,33 @@ def main() -> int:
         mem_end = {n: rss_mib(psutil.Process(fleet.workers[n].pid)) for n in names}
 
         client = fleet.client()
-        failed = [r for r in results if r is not None and not isinstance(r, int)]
+        failed = [r for r in results if r is not None and not isinstance(r, (list, tuple))]
         lost = sum(1 for r in results if r is None)
         pipe = client.pipeline()
         for i in range(a.jobs):
-            pipe.get(f"{RUN}:done:{i}")
+            pipe.lrange(f"{RUN}:done:{i}", 0, -1)
             pipe.lrange(f"{RUN}:start:{i}", 0, -1)
         raw = pipe.execute()
-        dones = [int(x or 0) for x in raw[0::2]]
+        dones = [[d.decode() for d in x] for x in raw[0::2]]
         starts = [[s.decode().split("|") for s in x] for x in raw[1::2]]
-        duplicates = sum(1 for d in dones if d > 1)
+        # A job whose body finished twice: a duplicate if it was run again after its result was stored (the
+        # stored result is the first run's, or the first run was not cut off by a kill); a re-execution if a
+        # kill of the first run's worker landed after that run finished its body and before the rerun started.
+        duplicates = reexecuted = 0
+        details: list[str] = []
+        for r, done, st in zip(results, dones, starts):
+            if len(done) < 2 or r is None:
+                continue
+            w, _, t0 = done[0].split("|")
+            rerun_at = min(float(x[2]) for x in st if float(x[2]) > float(t0))
+            cut_off = any(v == w and float(t0) <= at <= rerun_at for v, _, at in kills)
+            if r[1] == done[0] or not cut_off:
+                duplicates += 1
+                near = [(v, round(at - float(t0), 3)) for v, _, at in kills if abs(at - float(t0)) < 30]
+                details.append(f"duplicate: runs started {st}, finished {done}, stored result {r[1]}, "
+                               f"kills near the first run (worker, s after its start) {near}")
+            else:
+                reexecuted += 1
         # For each kill: the jobs running in the killed worker, and when each started again elsewhere.
         retry_delays = []
         for victim, pid, at in kills:
@@ -154,7 +175,11 @@ def main() -> int:
         say(f"finished in {elapsed:.1f}s ({a.jobs / elapsed:.0f} jobs/s) with {len(kills)} SIGKILLs")
         say(f"jobs lost (no result):          {lost}  (goal 0)")
         say(f"jobs failed:                    {len(failed)}")
-        say(f"duplicates (completed > once):  {duplicates}  (goal 0)")
+        say(f"duplicates (run after completing): {duplicates}  (goal 0)")
+        say(f"re-executions (cut off between last line and stored result): {reexecuted}  "
+            "(at-least-once; each result stored once)")
+        for line in details:
+            say(line)
         if retry_delays:
             say(f"kill -> retry of a cut-off job: median {statistics.median(retry_delays):.2f}s, "
                 f"max {max(retry_delays):.2f}s over {len(retry_delays)} jobs")

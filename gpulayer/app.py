@@ -75,6 +75,8 @@ def configure(settings: Settings) -> None:
             _drop_connections()
         app.conf.update(
             broker_url=url,
+            # kombu's Redis transport, with takes a SIGKILL cannot lose (gpulayer/broker.py).
+            broker_transport="gpulayer.broker:Transport" if url.startswith("redis://") else None,
             result_backend=f"gpulayer.store.results:ResultBackend+{url}",
             result_expires=settings.result_expires,
             broker_transport_options={**app.conf.broker_transport_options, **timeouts},

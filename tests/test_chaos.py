@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import time
@@ -9,9 +10,11 @@ import time
 import pytest
 
 import gpulayer
-from gpulayer import submit, submit_batch
+from gpulayer import queues, submit, submit_batch
 from gpulayer.app import redis_client
+from gpulayer.store import keys
 from gpulayer.store.jobs import JobRecords
+from gpulayer.store.registry import load_script
 
 WORKERS = {"c1": dict(slots=2, zone="z"), "c2": dict(slots=2, zone="z"), "c3": dict(slots=2, zone="z")}
 
@@ -76,3 +79,31 @@ def test_poison_job_fails_after_bounded_deliveries_and_neighbours_finish(fleet):
     assert "died on all 3 deliveries (limit 3)" in e.value.message
     assert [o.get(timeout=120)[0] for o in others] == list(range(6))
     assert len([x for x in JobRecords(redis_client()).history(h.id) if x["event"] == "lost"]) == 3
+
+
+def test_a_message_taken_but_not_yet_recorded_goes_back_when_its_worker_dies(fresh_fleet):
+    """What a SIGKILL right after take.lua leaves: the message only in the dead worker's taking list."""
+    fleet = fresh_fleet
+    fleet.add_workers({"t1": dict(slots=1), "t2": dict(slots=1)})
+    fleet.connect()
+    client = redis_client()
+    t1, t2 = (keys.life(n, fleet.workers[n].pid) for n in ("t1", "t2"))
+    for name in ("t1", "t2"):  # frozen: neither takes the job by itself
+        os.kill(fleet.workers[name].pid, signal.SIGSTOP)
+    try:
+        h = submit.delay(work, 5, 0.0, f"taken:{time.time()}")
+        assert client.llen(queues.DEFAULT) == 1
+        # t1's take, exactly as its transport does it, and then nothing: t1 dies before recording.
+        taken = load_script(client, "take")(keys=[queues.DEFAULT, keys.taking(t1)])
+        assert taken is not None and client.llen(queues.DEFAULT) == 0 and client.llen(keys.taking(t1)) == 1
+        fleet.kill_worker("t1", signal.SIGKILL)
+    finally:
+        os.kill(fleet.workers["t2"].pid, signal.SIGCONT)
+    i, wid, _, _ = h.get(timeout=60)  # t2's janitor declares t1 dead and puts the message back
+    assert (i, wid) == (5, "t2")
+    assert client.llen(keys.taking(t1)) == 0
+    deadline = time.time() + 10  # t2's record of the message goes with its ack
+    while client.hlen(keys.inflight(t2)) and time.time() < deadline:
+        time.sleep(0.1)
+    assert client.hlen(keys.inflight(t2)) == 0 and client.llen(keys.taking(t2)) == 0
+    client.close()

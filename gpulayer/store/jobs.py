@@ -16,15 +16,24 @@ class JobRecords:
     def __init__(self, client: redis.Redis):
         self.r = client
 
-    def hold(self, worker_id: str, tag: str, job_id: str) -> None:
-        self.r.hset(keys.inflight(worker_id), tag, job_id)
+    def release(self, life: str, *tags: str) -> int:
+        """Drop records; returns how many existed (1 for one tag: this caller took the record, no one else)."""
+        return int(self.r.hdel(keys.inflight(life), *tags)) if tags else 0
 
-    def release(self, worker_id: str, *tags: str) -> None:
-        if tags:
-            self.r.hdel(keys.inflight(worker_id), *tags)
+    def held_by(self, life: str) -> dict[str, str]:
+        """Delivery tag -> job id of every message one worker life holds (``keys.life``)."""
+        return {k.decode(): v.decode() for k, v in self.r.hgetall(keys.inflight(life)).items()}
 
-    def held_by(self, worker_id: str) -> dict[str, str]:
-        return {k.decode(): v.decode() for k, v in self.r.hgetall(keys.inflight(worker_id)).items()}
+    def lives(self, worker_id: str) -> list[str]:
+        """Every life of ``worker_id`` that still has records (inflight or taking)."""
+        found = set()
+        for pattern in keys.lives_of(worker_id):
+            prefix = pattern[: pattern.index(":", len(keys.NAMESPACE) + 1) + 1]  # "gl:inflight:"
+            for key in self.r.scan_iter(match=pattern, count=1000):
+                life = key.decode()[len(prefix):]
+                if life[len(worker_id) + 1:].isdigit():
+                    found.add(life)
+        return sorted(found)
 
     def record_loss(self, job_id: str, worker_id: str) -> int:
         """Count one delivery of ``job_id`` that died on ``worker_id``; returns the count so far."""

@@ -62,15 +62,41 @@ def agent_orders(worker_id: str) -> str:
     return f"{NAMESPACE}:agent:{worker_id}"
 
 # Reliability: which worker holds which message, and what happened to each job.
-#   gl:inflight:<worker id>    hash   kombu delivery tag -> job id, while the worker holds the message
+#   gl:inflight:<life>         hash   kombu delivery tag -> job id, while that worker process holds the message
+#                                     (written with the take, removed with the ack: gpulayer/broker.py);
+#                                     <life> is "<worker id>:<pid>": a restarted worker is a new life, so the
+#                                     janitor burying the old one never touches what the new one holds
 #   gl:job:<id>:lost           string how many deliveries of the job died with their process or worker
 #   gl:job:<id>:history        list   JSON events: {"event": "lost"|"redelivered", "worker", "at"}
 #   gl:janitor                 string lock: one janitor at a time hands back dead workers' messages
 JANITOR_LOCK = f"{NAMESPACE}:janitor"
 
 
-def inflight(worker_id: str) -> str:
-    return f"{NAMESPACE}:inflight:{worker_id}"
+def life(worker_id: str, pid: int) -> str:
+    """One run of a worker: its records are keyed by this, not by the worker's (reusable) name."""
+    return f"{worker_id}:{pid}"
+
+
+def inflight(life: str) -> str:
+    return f"{NAMESPACE}:inflight:{life}"
+
+
+# Taking a message (gpulayer/broker.py): a message is always in a queue, a taking list, or kombu's
+# unacked hash with a delivery record, so a worker killed at any instant loses nothing.
+#   gl:taking:<life>           list   "<queue key>\n<message>" between the take and its record (~1 ms)
+#   gl:bell:<queue key>        list   wake-up tokens pushed with each message (capped); idle workers block on them
+def taking(life: str) -> str:
+    return f"{NAMESPACE}:taking:{life}"
+
+
+def lives_of(worker_id: str) -> tuple[str, str]:
+    """SCAN patterns for every life's inflight and taking keys of ``worker_id`` (glob characters escaped)."""
+    name = "".join("\\" + c if c in "*?[]\\" else c for c in worker_id)
+    return f"{NAMESPACE}:inflight:{name}:*", f"{NAMESPACE}:taking:{name}:*"
+
+
+def bell(queue_key: str) -> str:
+    return f"{NAMESPACE}:bell:{queue_key}"
 
 
 def job_lost(job_id: str) -> str:

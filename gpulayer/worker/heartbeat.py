@@ -10,7 +10,6 @@ from ..store.registry import Registry
 from . import runtime
 from .agent import ordinary_active, slots
 from .loopstep import LoopStep
-from .request import flush_released
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +26,6 @@ class Heartbeat(LoopStep):
         self.registry: Registry = runtime.registry
 
     def beat(self) -> None:
-        flush_released(self.app)
         self.registry.heartbeat(self.worker_info.model_copy(update={"busy": ordinary_active(), "held": slots.held}))
 
     def loop(self) -> None:

@@ -4,9 +4,10 @@ Celery on Redis restores a dead consumer's unacknowledged messages only after
 the visibility timeout (kept long here, so a long job is never delivered twice
 while it runs). Every worker runs a janitor; a Redis lock lets one act at a
 time. When a worker misses heartbeats for ``worker_dead_after`` seconds, the
-janitor hands back each message that worker held (recorded by
-``worker/request.py``), counting the delivery as lost; a job lost
-``max_deliveries`` times fails instead, saying why.
+janitor hands back each message that worker held (recorded as it was taken,
+``gpulayer/broker.py``), counting the delivery as lost (a job lost
+``max_deliveries`` times fails instead, saying why), and each message it was
+in the middle of taking.
 """
 
 from __future__ import annotations
@@ -19,9 +20,11 @@ import redis
 from billiard.exceptions import WorkerLostError
 
 from ..app import settings as app_settings
+from .. import broker
 from ..store import keys
 from ..store.gangs import GangStore
 from ..store.jobs import JobRecords
+from ..store.registry import load_script
 from . import runtime
 from .loopstep import LoopStep
 
@@ -37,15 +40,44 @@ def dead_workers(client: redis.Redis, dead_after: float) -> list[str]:
     return [w.decode() for w in client.zrangebyscore(keys.WORKERS, "-inf", cutoff)]
 
 
-def hand_back(app, client: redis.Redis, worker_id: str, why: str, max_deliveries: int) -> tuple[int, int]:
-    """Requeue every message ``worker_id`` held; fail the jobs lost too often. Returns (requeued, failed)."""
+def _job_id(message: bytes) -> str | None:
+    try:
+        return json.loads(message)["headers"]["id"]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def put_back_takes(client: redis.Redis, life: str) -> int:
+    """Requeue the messages a worker life was taking when it died (popped, not yet recorded). Returns how many.
+
+    Not counted as lost deliveries: the job never reached a process.
+    """
+    script = load_script(client, "put_back")
+    n = 0
+    for entry in client.lrange(keys.taking(life), 0, -1):
+        queue_key, item = broker.split_copy(entry)
+        if script(keys=[keys.taking(life), queue_key], args=[entry, item]):
+            pipe = client.pipeline(transaction=False)
+            broker.ring(pipe, queue_key)
+            pipe.execute()
+            n += 1
+            log.warning("gpulayer janitor: put back job %s that %s was taking when it died", _job_id(item), life)
+    return n
+
+
+def hand_back(app, client: redis.Redis, life: str, why: str, max_deliveries: int) -> tuple[int, int]:
+    """Requeue every message one worker life held; fail the jobs lost too often. Returns (requeued, failed)."""
     records = JobRecords(client)
-    held = records.held_by(worker_id)
-    requeued = failed = 0
+    worker_id = life.rsplit(":", 1)[0]
+    requeued = put_back_takes(client, life)
+    held = records.held_by(life)
+    failed = 0
     if held:
         with app.connection_for_write() as conn:
             channel = conn.default_channel
             for tag, job_id in held.items():
+                if not records.release(life, tag):
+                    continue  # another janitor (or the restarted worker itself) is handing this one back
                 if client.hexists(channel.unacked_key, tag):  # still unacknowledged: really lost
                     lost = records.record_loss(job_id, worker_id)
                     if lost < max_deliveries:
@@ -57,18 +89,40 @@ def hand_back(app, client: redis.Redis, worker_id: str, why: str, max_deliveries
                             f"the job's worker died on all {lost} deliveries (limit {max_deliveries}; last on "
                             f"{worker_id}: {why}), so it was not delivered again"))
                         failed += 1
-                records.release(worker_id, tag)
     return requeued, failed
+
+
+def hand_back_lives(app, client: redis.Redis, worker_id: str, why: str, max_deliveries: int,
+                    keep: str | None = None) -> tuple[int, int]:
+    """Hand back what every life of ``worker_id`` but ``keep`` held (a restarted worker, for its earlier lives)."""
+    requeued = failed = 0
+    for life in JobRecords(client).lives(worker_id):
+        if life != keep:
+            r, f = hand_back(app, client, life, why, max_deliveries)
+            requeued, failed = requeued + r, failed + f
+    return requeued, failed
+
+
+def life_in_registry(client: redis.Redis, worker_id: str) -> str | None:
+    """The life (``keys.life``) the registry last heard from as ``worker_id``."""
+    raw = client.hget(keys.WORKERS_INFO, worker_id)
+    try:
+        return keys.life(worker_id, int(json.loads(raw)["pid"])) if raw else None
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def sweep_orphans(app, client: redis.Redis, older_than: float, max_deliveries: int) -> int:
     """Requeue unacknowledged messages no live worker has a record of.
 
-    A worker killed between taking a message and recording it (a window of
-    microseconds) leaves such an orphan; without this sweep it would wait for
-    the visibility timeout. Only messages older than ``older_than`` seconds count.
+    Workers record each message in the same step as kombu's unacked entry
+    (gpulayer/broker.py), so only a consumer that is not a gpulayer worker (or a
+    record lost with Redis's last writes) leaves such an orphan; without this
+    sweep it would wait for the visibility timeout. Only messages older than
+    ``older_than`` seconds count.
     """
-    live = [w.decode() for w in client.zrange(keys.WORKERS, 0, -1)]
+    live = [life_in_registry(client, w.decode()) for w in client.zrange(keys.WORKERS, 0, -1)]
+    live = [life for life in live if life]
     restored = 0
     with app.connection_for_write() as conn:
         channel = conn.default_channel
@@ -76,8 +130,8 @@ def sweep_orphans(app, client: redis.Redis, older_than: float, max_deliveries: i
         for raw_tag in old:
             tag = raw_tag.decode()
             pipe = client.pipeline()
-            for w in live:
-                pipe.hexists(keys.inflight(w), tag)
+            for life in live:
+                pipe.hexists(keys.inflight(life), tag)
             if any(pipe.execute()):
                 continue
             payload = client.hget(channel.unacked_key, tag)
@@ -96,9 +150,16 @@ def sweep_orphans(app, client: redis.Redis, older_than: float, max_deliveries: i
     return restored
 
 
-def bury(app, client: redis.Redis, worker_id: str, why: str, max_deliveries: int) -> None:
-    """Everything a dead worker leaves: its messages, its registry entry, its slot holds and orders."""
-    requeued, failed = hand_back(app, client, worker_id, why, max_deliveries)
+def bury(app, client: redis.Redis, worker_id: str, life: str | None, why: str, max_deliveries: int) -> None:
+    """Everything a dead worker leaves: its messages, its registry entry, its slot holds and orders.
+
+    ``life`` is the dead life, read before the worker was judged dead: a new life that starts meanwhile
+    under the same name keeps what it takes. Without it (no registry entry), every life is handed back.
+    """
+    if life is not None:
+        requeued, failed = hand_back(app, client, life, why, max_deliveries)
+    else:
+        requeued, failed = hand_back_lives(app, client, worker_id, why, max_deliveries)
     pipe = client.pipeline()
     pipe.zrem(keys.WORKERS, worker_id)
     pipe.hdel(keys.WORKERS_INFO, worker_id)
@@ -124,9 +185,10 @@ class Janitor(LoopStep):
                     continue
                 try:
                     for worker_id in dead_workers(client, settings.worker_dead_after):
+                        life = life_in_registry(client, worker_id)  # before the re-check: see bury()
                         if worker_id not in dead_workers(client, settings.worker_dead_after):
                             continue  # it came back (restarted) while we looked at the others
-                        bury(self.app, client, worker_id,
+                        bury(self.app, client, worker_id, life,
                              f"no heartbeat for {settings.worker_dead_after:.0f}s", settings.max_deliveries)
                     if rounds % ORPHAN_SWEEP_EVERY == 0:
                         sweep_orphans(self.app, client, orphan_age, settings.max_deliveries)

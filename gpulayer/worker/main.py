@@ -13,17 +13,19 @@ from celery.app import trace as celery_trace
 from celery.signals import worker_process_init
 
 from .. import queues
+from ..broker import consume_as
 from ..app import app, configure, redis_client
 from ..config import load_settings
 from ..errors import ClusterUnavailable, ConfigError
 from ..launch import die_with_parent
 from ..models import WorkerInfo
+from ..store import keys
 from ..store.registry import Registry
 from . import runtime
 from .detect import default_address, detect_gpus
 from .agent import GangAgent, SlotGate
 from .heartbeat import Heartbeat
-from .janitor import Janitor, hand_back
+from .janitor import Janitor, hand_back_lives
 from .reaper import Reaper
 
 
@@ -108,12 +110,14 @@ def run_worker(*, broker: str | None = None, slots: int | None = None, zone: str
     registry = Registry(client, settings.worker_dead_after)
     _check_name_free(registry, worker_id, host)
     # Messages a previous life of this worker still held go back to their queues now.
-    hand_back(app, client, worker_id, "the worker restarted", settings.max_deliveries)
+    hand_back_lives(app, client, worker_id, "the worker restarted", settings.max_deliveries,
+                    keep=keys.life(worker_id, os.getpid()))
 
     info = WorkerInfo(id=worker_id, hostname=host, address=address, zone=zone, region=region,
                       gpus=len(gpu_ids), gpu_names=tuple(gpu_names), slots=slots, pid=os.getpid(),
                       started_at=time.time())
     runtime.install(info, gpu_ids)
+    consume_as(worker_id)  # take messages atomically, recorded under this life of the worker
     runtime.registry = registry
     app.steps["worker"].add(Heartbeat)
     app.steps["worker"].add(GangAgent)

@@ -1,9 +1,10 @@
-"""The worker-side request for gpulayer's tasks: who holds which message, and bounded redelivery.
+"""The worker-side request for gpulayer's tasks: bounded redelivery.
 
-Runs in the worker's main process. Each message the worker takes is recorded
-under its id (delivery tag -> job id) until it is acknowledged, so the janitor
-can hand a dead worker's messages back at once. A job whose process dies is
-delivered again, up to ``max_deliveries`` times in all, then fails saying so.
+Runs in the worker's main process. Which worker holds which message is
+recorded by the transport as the message is taken (gpulayer/broker.py), so the
+janitor can hand a dead worker's messages back at once. A job whose process
+dies is delivered again, up to ``max_deliveries`` times in all, then fails
+saying so.
 """
 
 from __future__ import annotations
@@ -22,19 +23,6 @@ from . import reaper, runtime
 
 log = logging.getLogger(__name__)
 _records: JobRecords | None = None
-_released: list[str] = []  # delivery tags acknowledged since the last flush
-
-
-def flush_released(app) -> None:
-    """Forget the records of acknowledged messages, in one command (called every heartbeat)."""
-    if not _released:
-        return
-    tags = _released[:]
-    del _released[: len(tags)]
-    try:
-        records(app).release(_worker_id(app), *tags)
-    except redis.RedisError:
-        _released.extend(tags)  # next time
 
 
 def records(app) -> JobRecords:
@@ -50,33 +38,6 @@ def _worker_id(app) -> str | None:
 
 
 class JobRequest(Request):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._tag = getattr(self._message, "delivery_tag", None)
-        self._held = False
-        wid = _worker_id(self.app)
-        if wid and self._tag:
-            try:
-                records(self.app).hold(wid, self._tag, self.id)
-                self._held = True
-            except redis.RedisError as err:  # the broker is restarting; the visibility timeout still covers it
-                log.warning("gpulayer: could not record message %s of job %s: %s", self._tag, self.id, err)
-
-    def _let_go(self) -> None:
-        # Cleared in bulk by the heartbeat (flush_released): a record that outlives its message is
-        # harmless, the janitor checks that a message is still unacknowledged before requeueing it.
-        if self._held:
-            _released.append(self._tag)
-            self._held = False
-
-    def acknowledge(self):
-        super().acknowledge()
-        self._let_go()
-
-    def reject(self, requeue=False):
-        super().reject(requeue=requeue)
-        self._let_go()
-
     def on_failure(self, exc_info, send_failed_event=True, return_ok=False):
         exc = exc_info.exception
         if isinstance(exc, ExceptionWithTraceback):
