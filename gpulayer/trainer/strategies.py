@@ -95,7 +95,8 @@ class DDPStrategy(SingleDeviceStrategy):
         self.timeout_s = timeout_s
         self.ddp: nn.parallel.DistributedDataParallel | None = None
         self.backend: str | None = None
-        self.comm_hook = "flat"  # "two_level" once gradsync installs its hook
+        self.comm_hook = "flat"  # "shared_memory" or "two_level" once gradsync installs its hook
+        self._sync_state: gradsync.TwoLevelState | None = None
         self._owns_group = False
 
     def setup_environment(self) -> None:
@@ -115,10 +116,13 @@ class DDPStrategy(SingleDeviceStrategy):
         module.to(self.root_device)
         module._device = self.root_device
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
+        # gradients live in DDP's flat buckets: no copy between .grad and the bucket before and after the sync
         self.ddp = nn.parallel.DistributedDataParallel(
-            _TrainingStep(module), device_ids=device_ids, find_unused_parameters=self.find_unused_parameters
+            _TrainingStep(module), device_ids=device_ids, find_unused_parameters=self.find_unused_parameters,
+            gradient_as_bucket_view=True,
         )
-        self.comm_hook = "two_level" if gradsync.register(self.ddp, self.grad_sync) else "flat"
+        self._sync_state = gradsync.register(self.ddp, self.grad_sync, self.timeout_s)
+        self.comm_hook = self._sync_state.name if self._sync_state is not None else "flat"
         self.model = self.ddp
         return self.ddp
 
@@ -143,6 +147,8 @@ class DDPStrategy(SingleDeviceStrategy):
         dist.barrier()
 
     def teardown(self) -> None:
+        if self._sync_state is not None:
+            self._sync_state.close()
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
             self._owns_group = False

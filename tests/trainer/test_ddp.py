@@ -48,8 +48,17 @@ def test_two_processes_match_one_process_on_the_full_batch():
     for a, b in zip(single.parameters(), double.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert t2.global_step == t1.global_step == 8 and t2.current_epoch == 2
+    assert t2.fit_info["grad_sync"] == "shared_memory"  # the default on one machine's CPU processes
     torch.testing.assert_close(torch.as_tensor(t2.callback_metrics["val_loss"]),
                                torch.as_tensor(t1.callback_metrics["val_loss"]), rtol=1e-5, atol=1e-6)
+
+
+def test_gloo_all_reduce_on_request_matches_too():
+    single, _ = _fit(1, 16)
+    double, t2 = _fit(2, 8, grad_sync="flat")
+    for a, b in zip(single.parameters(), double.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert t2.fit_info["grad_sync"] == "flat"
 
 
 class Boom(Linear):
