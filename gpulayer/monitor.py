@@ -101,6 +101,9 @@ def run_flower(*, broker: str | None = None, port: int = 5555, address: str = "1
     if basic_auth and ":" not in basic_auth:
         raise ConfigError("--basic-auth must be user:password")
     settings = init(broker)
+    # Flower names the broker by its URL's scheme to list queues; it takes no jobs, so kombu's own
+    # Redis transport serves it (gpulayer/broker.py only changes how workers take messages).
+    app_mod.app.conf.broker_transport = None
     _install_masking(_secrets_of(settings))
     argv = ["flower", f"--port={port}", f"--address={address}"]
     if basic_auth:

@@ -98,7 +98,6 @@ def run_worker(*, broker: str | None = None, slots: int | None = None, zone: str
     # Slots share the cores: one job's math must not oversubscribe them (OpenMP
     # threads spinning against each other make small ops 10x slower), as torchrun does.
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // slots)))
-    _preload()
 
     configure(settings)
     client = redis_client()
@@ -112,6 +111,7 @@ def run_worker(*, broker: str | None = None, slots: int | None = None, zone: str
     # Messages a previous life of this worker still held go back to their queues now.
     hand_back_lives(app, client, worker_id, "the worker restarted", settings.max_deliveries,
                     keep=keys.life(worker_id, os.getpid()))
+    _preload()  # after the hand-back: a restarted worker's cut-off jobs are not kept waiting for torch
 
     info = WorkerInfo(id=worker_id, hostname=host, address=address, zone=zone, region=region,
                       gpus=len(gpu_ids), gpu_names=tuple(gpu_names), slots=slots, pid=os.getpid(),
