@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gpulayer.trainer import data, gradsync
+from gpulayer.trainer import allocator, data, gradsync
 
 
 class SingleDeviceStrategy:
@@ -35,6 +35,8 @@ class SingleDeviceStrategy:
     def setup_environment(self) -> None:
         if self.root_device.type == "cuda":
             torch.cuda.set_device(self.root_device)
+        else:
+            allocator.keep_freed_memory()  # no page faults for each step's activations (allocator.py)
 
     def setup_module(self, module: nn.Module) -> Any:
         """Move the module; return the callable the loop runs the training step through."""
@@ -59,7 +61,8 @@ class SingleDeviceStrategy:
         pass
 
     def teardown(self) -> None:
-        pass
+        if self.root_device.type == "cpu":
+            allocator.release()
 
     def describe(self) -> dict[str, Any]:
         """What ran: strategy, world, and how gradients were synced (``Trainer.fit_info``)."""
@@ -152,6 +155,7 @@ class DDPStrategy(SingleDeviceStrategy):
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
             self._owns_group = False
+        super().teardown()
 
     def describe(self) -> dict[str, Any]:
         return {"strategy": "ddp", "device": str(self.root_device), "world_size": self.world_size,
