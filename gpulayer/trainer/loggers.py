@@ -74,13 +74,18 @@ class CSVLogger(Logger):
         self.flush_logs_every_n_steps = flush_logs_every_n_steps
         self._rows: list[dict[str, Any]] = []
         self._unsaved = 0
+        self._keys: list[str] = []         # every column seen, in first-seen order
+        self._file_keys: list[str] = []    # the columns of the file on disk
+        self._written = 0                  # rows already in the file
 
     @property
     def metrics_file_path(self) -> str:
         return os.path.join(self.log_dir, self.NAME_METRICS_FILE)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self._rows.append({"step": step, **metrics})
+        row = {"step": step, **metrics}
+        self._rows.append(row)
+        self._keys.extend(k for k in row if k not in self._keys)
         self._unsaved += 1
         if self._unsaved >= self.flush_logs_every_n_steps:
             self.save()
@@ -92,24 +97,27 @@ class CSVLogger(Logger):
                       f, indent=2)
 
     def save(self) -> None:
-        # the column set can grow (a metric first logged at epoch end), so the file is rewritten whole
-        if not self._rows:
+        # new rows are appended; only a new column (a metric first logged at epoch end) rewrites the file
+        if self._written == len(self._rows):
             return
-        os.makedirs(self.log_dir, exist_ok=True)
-        keys: list[str] = []
-        for row in self._rows:
-            keys.extend(k for k in row if k not in keys)
-        tmp = self.metrics_file_path + ".tmp"
-        with open(tmp, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=keys)
-            writer.writeheader()
-            writer.writerows(self._rows)
-        os.replace(tmp, self.metrics_file_path)
+        if self._keys == self._file_keys and os.path.isfile(self.metrics_file_path):
+            with open(self.metrics_file_path, "a", newline="") as f:
+                csv.DictWriter(f, fieldnames=self._keys).writerows(self._rows[self._written:])
+        else:
+            os.makedirs(self.log_dir, exist_ok=True)
+            tmp = self.metrics_file_path + ".tmp"
+            with open(tmp, "w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=self._keys)
+                writer.writeheader()
+                writer.writerows(self._rows)
+            os.replace(tmp, self.metrics_file_path)
+            self._file_keys = list(self._keys)
+        self._written = len(self._rows)
         self._unsaved = 0
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_rows"], state["_unsaved"] = [], 0
+        state["_rows"], state["_unsaved"], state["_keys"], state["_file_keys"], state["_written"] = [], 0, [], [], 0
         return state
 
 
