@@ -58,9 +58,11 @@ class MixedPrecision(Precision):
         self.name = "bf16-mixed" if dtype == torch.bfloat16 else "16-mixed"
         self.scaler = torch.amp.GradScaler(device_type) if dtype == torch.float16 else None
         self._unscaled: set[int] = set()
+        # built once and re-entered every step, as nanoGPT does (the loop never nests it)
+        self._autocast = torch.autocast(device_type, dtype=dtype)
 
     def forward_context(self):
-        return torch.autocast(self.device_type, dtype=self.dtype)
+        return self._autocast
 
     def backward(self, loss: torch.Tensor) -> None:
         if self.scaler is None:
