@@ -14,7 +14,7 @@ import redis
 from celery import Celery
 from kombu import pools as kombu_pools
 
-from . import placement, queues, signing
+from . import broker, placement, queues, signing
 from .config import Settings
 from .errors import ClusterUnavailable, JobRejected
 from .models import Resources
@@ -76,7 +76,7 @@ def configure(settings: Settings) -> None:
         app.conf.update(
             broker_url=url,
             # kombu's Redis transport, with takes a SIGKILL cannot lose (gpulayer/broker.py).
-            broker_transport="gpulayer.broker:Transport" if url.startswith("redis://") else None,
+            broker_transport=broker.NAME if url.startswith("redis://") else None,
             result_backend=f"gpulayer.store.results:ResultBackend+{url}",
             result_expires=settings.result_expires,
             broker_transport_options={**app.conf.broker_transport_options, **timeouts},

@@ -30,6 +30,7 @@ from importlib import resources
 from queue import Empty
 from time import monotonic, time
 
+from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kredis
 from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
@@ -39,6 +40,7 @@ from .store import keys
 
 log = logging.getLogger(__name__)
 
+NAME = "gpulayer"
 BELL_TOKENS = 64  # tokens kept per bell: enough to wake every idle worker of a queue at once
 _LUA = resources.files("gpulayer.store").joinpath("lua")
 TAKE = _LUA.joinpath("take.lua").read_text()
@@ -210,3 +212,8 @@ class Channel(kredis.Channel):
 
 class Transport(kredis.Transport):
     Channel = Channel
+
+
+# Celery's setting ``broker_transport="gpulayer"`` (set by gpulayer.app for redis:// URLs) names this class;
+# logs show the broker as gpulayer://:**@host:port/db.
+TRANSPORT_ALIASES.setdefault(NAME, f"{__name__}:Transport")
