@@ -15,6 +15,7 @@ from gpulayer.app import redis_client
 from gpulayer.store import keys
 from gpulayer.store.jobs import JobRecords
 from gpulayer.store.registry import load_script
+from gpulayer.worker.janitor import bury
 
 WORKERS = {"c1": dict(slots=2, zone="z"), "c2": dict(slots=2, zone="z"), "c3": dict(slots=2, zone="z")}
 
@@ -106,4 +107,26 @@ def test_a_message_taken_but_not_yet_recorded_goes_back_when_its_worker_dies(fre
     while client.hlen(keys.inflight(t2)) and time.time() < deadline:
         time.sleep(0.1)
     assert client.hlen(keys.inflight(t2)) == 0 and client.llen(keys.taking(t2)) == 0
+    client.close()
+
+
+def test_burying_a_dead_life_leaves_the_new_life_of_the_same_worker_alone(fresh_fleet):
+    """A janitor that judged an old life of a worker dead must not hand back what its new life holds."""
+    fleet = fresh_fleet
+    fleet.add_workers({"r1": dict(slots=1), "r2": dict(slots=1)})
+    fleet.connect()
+    client = redis_client()
+    run = f"lives:{time.time()}"
+    h = submit.delay(work, 1, 3.0, run)
+    deadline = time.time() + 30
+    while not client.llen(f"{run}:started:1"):
+        assert time.time() < deadline, "the job never started"
+        time.sleep(0.05)
+    runner = client.lindex(f"{run}:started:1", 0).decode().split(":")[0]
+    life = keys.life(runner, fleet.workers[runner].pid)
+    assert client.hlen(keys.inflight(life)) == 1  # recorded with the take
+    bury(gpulayer.app.app, client, runner, keys.life(runner, 1), "an earlier life stopped heartbeating", 3)
+    assert h.get(timeout=60)[:2] == (1, runner)
+    time.sleep(1.0)  # a message handed back by mistake would have started on the idle worker by now
+    assert client.llen(f"{run}:started:1") == 1, "the running job was handed back and started again"
     client.close()
