@@ -1,8 +1,9 @@
 """Sum tensors across the processes of one machine through shared memory instead of gloo's loopback TCP.
 
 Every process writes its tensor into its own slot of one shared file in
-``/dev/shm``; after a barrier each sums one chunk of all slots into a shared
-result, and after a second barrier each copies the whole result back. The
+``/dev/shm``; after a barrier each sums all slots (small tensors, or two
+processes), or one chunk of them into a shared result that every process copies
+back after a second barrier (big tensors: the summing is shared out). The
 barrier is one byte per peer through named pipes: the ``write``/``read`` system
 calls also order the memory writes before them, and a waiting process sleeps in
 ``read`` instead of spinning on a core its peers need. Every rank gets the same
@@ -21,6 +22,7 @@ import secrets
 import select
 import shutil
 import tempfile
+import time
 from typing import Any, Callable
 
 import torch
@@ -29,6 +31,8 @@ import torch.distributed as dist
 _ALIGN = 64          # slot offsets, so a slot viewed as any dtype is aligned
 _HEADER = _ALIGN     # a token the leader writes, proving the others mapped the same file
 MAX_SLOT_BYTES = 32 << 20  # bigger tensors go through in pieces of this size
+SPIN_S = 200e-6             # how long a barrier polls before it sleeps
+FULL_SUM_BYTES = 4 << 20    # up to this much data in all slots, every rank sums everything (one barrier)
 
 
 def _round_up(n: int) -> int:
@@ -46,6 +50,7 @@ class ShmReducer:
         self._buf, self._fds, self.rank, self.size = buf, fds, rank, size
         self.slot_bytes, self.timeout_s = slot_bytes, timeout_s
         self._early = [0] * size  # barrier bytes already read for a later barrier, per sender
+        self._parity = 0
         self._poll = select.poll()
         self._poll.register(fds[rank], select.POLLIN)
 
@@ -55,7 +60,7 @@ class ShmReducer:
         rank = group_ranks.index(dist.get_rank())
         size = len(group_ranks)
         slot_bytes = _round_up(max(1, min(slot_bytes, MAX_SLOT_BYTES)))
-        nbytes = _HEADER + (size + 1) * slot_bytes
+        nbytes = _HEADER + (2 * size + 1) * slot_bytes
         where = [None]
         if rank == 0:
             try:
@@ -108,12 +113,19 @@ class ShmReducer:
     def _reduce_piece(self, piece: torch.Tensor, between: Callable[[torch.Tensor], None] | None) -> None:
         n, size = piece.numel(), self.size
         nbytes = n * piece.element_size()
-        slots = self._buf[_HEADER:_HEADER + size * self.slot_bytes].view(size, self.slot_bytes)
+        # two sets of slots, used in turn: a fast rank writes the next call's slot while a slow one still reads
+        # this call's (it cannot get two calls ahead: it would have to pass a barrier the slow one has not reached)
+        first = _HEADER + self._parity * size * self.slot_bytes
+        self._parity ^= 1
+        slots = self._buf[first:first + size * self.slot_bytes].view(size, self.slot_bytes)
         slots = slots[:, :nbytes].view(piece.dtype)                       # (size, n)
-        start = _HEADER + size * self.slot_bytes
-        result = self._buf[start:start + nbytes].view(piece.dtype)       # (n,)
         slots[self.rank].copy_(piece)
         self._barrier()
+        if between is None and (size == 2 or size * nbytes <= FULL_SUM_BYTES):
+            torch.sum(slots, dim=0, out=piece)  # small: every rank sums it all, one barrier per call
+            return
+        start = _HEADER + 2 * size * self.slot_bytes
+        result = self._buf[start:start + nbytes].view(piece.dtype)       # (n,)
         lo, hi = self.rank * n // size, (self.rank + 1) * n // size
         if hi > lo:
             torch.sum(slots[:, lo:hi], dim=0, out=result[lo:hi])
@@ -123,8 +135,8 @@ class ShmReducer:
                 between(result)
             self._barrier()
         piece.copy_(result)
-        # the next call overwrites the slots only after its first barrier, which every rank
-        # reaches after copying this result: no third barrier needed
+        # the result is rewritten only after the next call's first barrier, which every rank reaches
+        # after copying this one out
 
     def _barrier(self) -> None:
         me = bytes([self.rank])
@@ -138,12 +150,19 @@ class ShmReducer:
                 got[r] = True
         waiting = got.count(False)
         fd = self._fds[self.rank]
+        spin_until = time.perf_counter() + SPIN_S
         while waiting:
-            if not self._poll.poll(self.timeout_s * 1000):
-                raise TimeoutError(
-                    f"shared-memory gradient sync: rank {self.rank} of this machine waited {self.timeout_s:.0f} s for "
-                    "its peers; one of them died or hangs (grad_sync='flat' uses gloo's all-reduce instead)"
-                )
+            # peers usually arrive within microseconds: poll without sleeping first, because a write that
+            # must wake a sleeping reader costs far more (a context switch on each side) than the wait
+            if not self._poll.poll(0):
+                if time.perf_counter() < spin_until:
+                    os.sched_yield()
+                    continue
+                if not self._poll.poll(self.timeout_s * 1000):
+                    raise TimeoutError(
+                        f"shared-memory gradient sync: rank {self.rank} of this machine waited {self.timeout_s:.0f} s "
+                        "for its peers; one of them died or hangs (grad_sync='flat' uses gloo's all-reduce instead)"
+                    )
             # each sender writes one byte per barrier, in order: its first byte is for this barrier,
             # a second one (it passed this barrier already and reached the next) is kept for later
             for b in os.read(fd, 4096):

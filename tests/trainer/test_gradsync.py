@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from gpulayer.trainer.launcher import run_ranks
@@ -75,11 +76,13 @@ def test_shared_memory_sync_on_one_machine_matches_flat_and_keeps_replicas_ident
             assert torch.equal(a, a0)  # every rank sums in the same order: bit-identical replicas
 
 
-def _many_reduces(n: int) -> list[float]:
+def _many_reduces(n: int, full_sum_bytes: int) -> list[float]:
     import torch.distributed as dist
 
+    from gpulayer.trainer import shmreduce
     from gpulayer.trainer.shmreduce import ShmReducer
 
+    shmreduce.FULL_SUM_BYTES = full_sum_bytes  # 0: always the chunked sum with its second barrier
     dist.init_process_group("gloo")
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
@@ -98,8 +101,9 @@ def _many_reduces(n: int) -> list[float]:
         dist.destroy_process_group()
 
 
-def test_shared_memory_reducer_stays_in_step_over_many_calls():
-    results = run_ranks(_many_reduces, (300,), nodes=1, procs_per_node=3, timeout_s=120)
+@pytest.mark.parametrize("full_sum_bytes", [0, 1 << 20])
+def test_shared_memory_reducer_stays_in_step_over_many_calls(full_sum_bytes):
+    results = run_ranks(_many_reduces, (300, full_sum_bytes), nodes=1, procs_per_node=3, timeout_s=120)
     expected = [float(sum(r + i for r in range(3))) for i in range(300)]
     assert results == [expected] * 3
 
