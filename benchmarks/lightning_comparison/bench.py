@@ -252,6 +252,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="short smoke run: 20 and 60 steps, one process each")
     ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--cases", default=None,
+                    help="run only the cases whose name contains this text (e.g. 'MLP fp32'); "
+                         "results go to lightning_comparison_<text>.txt")
     ap.add_argument("--threads", type=int, default=1,
                     help="OMP_NUM_THREADS per process (default 1: on a shared machine OpenMP barriers spin against "
                          "other load and make multi-threaded timings meaningless; 0 leaves torch's default)")
@@ -276,7 +279,7 @@ def main() -> None:
               f"{repeats} fresh process(es) per point; start-up = process start to first step (median)\n")
     print(header, flush=True)
     raw_lines, rows = [], []
-    for case in cases(args.quick):
+    for case in [c for c in cases(args.quick) if not args.cases or args.cases in c["name"]]:
         walls = {(f, n): [] for f in FRAMEWORKS for n in (short, long)}
         starts = {f: [] for f in FRAMEWORKS}
         for _ in range(repeats):
@@ -310,6 +313,8 @@ def main() -> None:
                                    f"{datetime.date.today().isoformat()}-{socket.gethostname()}")
     os.makedirs(out, exist_ok=True)
     name = "lightning_comparison_quick.txt" if args.quick else "lightning_comparison.txt"
+    if args.cases:
+        name = name.replace(".txt", "_" + "".join(c if c.isalnum() else "-" for c in args.cases).lower() + ".txt")
     with open(os.path.join(out, name), "w") as f:
         f.write(header + "\n" + text + "\n\n# raw measurements\n" + "\n".join(raw_lines) + "\n")
     print(f"\nwritten to {os.path.join(out, name)}")
