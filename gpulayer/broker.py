@@ -49,6 +49,9 @@ PUT_BACK = _LUA.joinpath("put_back.lua").read_text()
 _consumer: str | None = None  # this worker process's life (keys.life), once it consumes
 # Takes whose record failed (Redis went away between the two commands): put back by the next take.
 _unrecorded: list[tuple[bytes, bytes]] = []
+# Check this life's taking list before the next take: at start, and after any failed round trip (a take
+# whose reply was lost leaves its message there, and this worker, alive, is not the janitor's business).
+_sweep_taking = True
 
 
 def consume_as(worker_id: str | None, pid: int | None = None) -> None:
@@ -65,6 +68,28 @@ def copy_of(queue_key: bytes, item: bytes) -> bytes:
 def split_copy(entry: bytes) -> tuple[bytes, bytes]:
     queue_key, _, item = entry.partition(b"\n")
     return queue_key, item
+
+
+def put_back_taking(client, life: str) -> list[bytes]:
+    """Requeue what ``life``'s taking list holds (taken, never recorded); returns the messages put back.
+
+    Only when no take of that life is under way: the janitor's dead workers, a worker's earlier lives, or
+    the consumer itself between takes.
+    """
+    done = []
+    for entry in client.lrange(keys.taking(life), 0, -1):
+        queue_key, item = split_copy(entry)
+        if client.eval(PUT_BACK, 2, keys.taking(life), queue_key, entry, item):
+            pipe = client.pipeline(transaction=False)
+            ring(pipe, queue_key)
+            pipe.execute()
+            done.append(item)
+    return done
+
+
+def _mark_sweep() -> None:
+    global _sweep_taking
+    _sweep_taking = True
 
 
 def ring(pipe, queue_key) -> None:
@@ -97,6 +122,8 @@ class Channel(kredis.Channel):
         self._taking_again = False  # the last take found a message: take again without waiting
         self._poll_command: str | None = None
         self._poll_keys: list[str] = []
+        global _sweep_taking
+        _sweep_taking = True  # a new channel: at start, or after kombu reconnected
 
     # -- publishing: every message rings its queue's bell -----------------------------------
     def _put(self, queue, message, **kwargs):
@@ -137,6 +164,8 @@ class Channel(kredis.Channel):
             return
         if _unrecorded:
             self._put_back_unrecorded()
+        if _sweep_taking:
+            self._put_back_lost_takes()
         self._poll_keys = [self._q_for_pri(q, pri) for pri in self.priority_steps for q in queues]
         self._in_poll = self.client.connection
         self._brpop_sent_at = monotonic()
@@ -146,21 +175,28 @@ class Channel(kredis.Channel):
         else:
             self._poll_command = "BRPOP"
             args = ["BRPOP", *[keys.bell(k) for k in self._poll_keys], timeout or 0]
-        self.client.connection.send_command(*args)
+        try:
+            self.client.connection.send_command(*args)
+        except self.connection_errors:
+            _mark_sweep()
+            raise
 
     def _brpop_read(self, **options):
+        global _sweep_taking
         command, self._poll_command = self._poll_command, None
         if command is None:
             return super()._brpop_read(**options)
         try:
             try:
                 reply = self.client.parse_response(self.client.connection, command, **options)
+                if command == "BRPOP":  # a bell rang, or the wait timed out: take now either way
+                    with self.conn_or_acquire() as client:
+                        reply = client.eval(TAKE, len(self._poll_keys) + 1, *self._poll_keys,
+                                            keys.taking(_consumer))
             except self.connection_errors:
+                _sweep_taking = True  # the take may have happened with its reply lost
                 self.client.connection.disconnect()
                 raise
-            if command == "BRPOP":  # a bell rang, or the wait timed out: take now either way
-                with self.conn_or_acquire() as client:
-                    reply = client.eval(TAKE, len(self._poll_keys) + 1, *self._poll_keys, keys.taking(_consumer))
             self._taking_again = bool(reply)
             if not reply:
                 raise Empty()
@@ -194,6 +230,13 @@ class Channel(kredis.Channel):
             raise
         self._recorded[tag] = True
         return message
+
+    def _put_back_lost_takes(self) -> None:
+        global _sweep_taking
+        with self.conn_or_acquire() as client:
+            for item in put_back_taking(client, _consumer):
+                log.warning("gpulayer: put back a message whose take lost its reply (Redis went away)")
+        _sweep_taking = False
 
     def _put_back_unrecorded(self) -> None:
         with self.conn_or_acquire() as client:

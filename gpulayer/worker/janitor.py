@@ -24,7 +24,6 @@ from .. import broker
 from ..store import keys
 from ..store.gangs import GangStore
 from ..store.jobs import JobRecords
-from ..store.registry import load_script
 from . import runtime
 from .loopstep import LoopStep
 
@@ -48,21 +47,14 @@ def _job_id(message: bytes) -> str | None:
 
 
 def put_back_takes(client: redis.Redis, life: str) -> int:
-    """Requeue the messages a worker life was taking when it died (popped, not yet recorded). Returns how many.
+    """Requeue the messages a dead worker life was taking (popped, not yet recorded). Returns how many.
 
     Not counted as lost deliveries: the job never reached a process.
     """
-    script = load_script(client, "put_back")
-    n = 0
-    for entry in client.lrange(keys.taking(life), 0, -1):
-        queue_key, item = broker.split_copy(entry)
-        if script(keys=[keys.taking(life), queue_key], args=[entry, item]):
-            pipe = client.pipeline(transaction=False)
-            broker.ring(pipe, queue_key)
-            pipe.execute()
-            n += 1
-            log.warning("gpulayer janitor: put back job %s that %s was taking when it died", _job_id(item), life)
-    return n
+    items = broker.put_back_taking(client, life)
+    for item in items:
+        log.warning("gpulayer janitor: put back job %s that %s was taking when it died", _job_id(item), life)
+    return len(items)
 
 
 def hand_back(app, client: redis.Redis, life: str, why: str, max_deliveries: int) -> tuple[int, int]:
