@@ -52,6 +52,7 @@ _unrecorded: list[tuple[bytes, bytes]] = []
 # Check this life's taking list before the next take: at start, and after any failed round trip (a take
 # whose reply was lost leaves its message there, and this worker, alive, is not the janitor's business).
 _sweep_taking = True
+_channels = 0  # channels made in this process: more than one means kombu reconnected
 
 
 def consume_as(worker_id: str | None, pid: int | None = None) -> None:
@@ -122,8 +123,9 @@ class Channel(kredis.Channel):
         self._taking_again = False  # the last take found a message: take again without waiting
         self._poll_command: str | None = None
         self._poll_keys: list[str] = []
-        global _sweep_taking
+        global _sweep_taking, _channels
         _sweep_taking = True  # a new channel: at start, or after kombu reconnected
+        _channels += 1
 
     # -- publishing: every message rings its queue's bell -----------------------------------
     def _put(self, queue, message, **kwargs):
@@ -236,7 +238,25 @@ class Channel(kredis.Channel):
         with self.conn_or_acquire() as client:
             for item in put_back_taking(client, _consumer):
                 log.warning("gpulayer: put back a message whose take lost its reply (Redis went away)")
+            if _channels > 1:
+                self._hand_back_dropped(client)
         _sweep_taking = False
+
+    def _hand_back_dropped(self, client) -> None:
+        """After a reconnect: requeue what this life recorded but the worker no longer holds.
+
+        Celery drops the requests it had taken but not started when its broker connection breaks,
+        counting on the broker to deliver them again (for Redis: after the visibility timeout).
+        """
+        from celery.worker import state  # the worker's own requests; this runs in its consumer
+
+        held = {getattr(getattr(r, "_message", None), "delivery_tag", None)
+                for r in (*state.active_requests, *state.reserved_requests)}
+        for raw in client.hkeys(keys.inflight(_consumer)):
+            tag = bytes_to_str(raw)
+            if tag not in held and client.hdel(keys.inflight(_consumer), tag):
+                self.qos.restore_by_tag(tag, client)
+                log.warning("gpulayer: requeued message %s, dropped by the worker when Redis went away", tag)
 
     def _put_back_unrecorded(self) -> None:
         with self.conn_or_acquire() as client:
