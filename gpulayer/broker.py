@@ -47,8 +47,6 @@ TAKE = _LUA.joinpath("take.lua").read_text()
 PUT_BACK = _LUA.joinpath("put_back.lua").read_text()
 
 _consumer: str | None = None  # this worker process's life (keys.life), once it consumes
-# Takes whose record failed (Redis went away between the two commands): put back by the next take.
-_unrecorded: list[tuple[bytes, bytes]] = []
 # Check this life's taking list before the next take: at start, and after any failed round trip (a take
 # whose reply was lost leaves its message there, and this worker, alive, is not the janitor's business).
 _sweep_taking = True
@@ -164,8 +162,6 @@ class Channel(kredis.Channel):
         queues = self._queue_cycle.consume(len(self.active_queues))
         if not queues:
             return
-        if _unrecorded:
-            self._put_back_unrecorded()
         if _sweep_taking:
             self._put_back_lost_takes()
         self._poll_keys = [self._q_for_pri(q, pri) for pri in self.priority_steps for q in queues]
@@ -184,7 +180,6 @@ class Channel(kredis.Channel):
             raise
 
     def _brpop_read(self, **options):
-        global _sweep_taking
         command, self._poll_command = self._poll_command, None
         if command is None:
             return super()._brpop_read(**options)
@@ -196,7 +191,7 @@ class Channel(kredis.Channel):
                         reply = client.eval(TAKE, len(self._poll_keys) + 1, *self._poll_keys,
                                             keys.taking(_consumer))
             except self.connection_errors:
-                _sweep_taking = True  # the take may have happened with its reply lost
+                _mark_sweep()  # the take may have happened with its reply lost
                 self.client.connection.disconnect()
                 raise
             self._taking_again = bool(reply)
@@ -228,7 +223,7 @@ class Channel(kredis.Channel):
                 pipe.lrem(keys.taking(_consumer), 1, copy_of(queue_key, item))
                 pipe.execute()
         except self.connection_errors:
-            _unrecorded.append((queue_key, item))  # still in our taking list; put back once Redis answers
+            _mark_sweep()  # in our taking list (swept), or recorded after all (handed back after the reconnect)
             raise
         self._recorded[tag] = True
         return message
@@ -257,21 +252,6 @@ class Channel(kredis.Channel):
             if tag not in held and client.hdel(keys.inflight(_consumer), tag):
                 self.qos.restore_by_tag(tag, client)
                 log.warning("gpulayer: requeued message %s, dropped by the worker when Redis went away", tag)
-
-    def _put_back_unrecorded(self) -> None:
-        with self.conn_or_acquire() as client:
-            while _unrecorded:
-                queue_key, item = _unrecorded[0]
-                if client.eval(PUT_BACK, 2, keys.taking(_consumer), queue_key, copy_of(queue_key, item), item):
-                    pipe = client.pipeline(transaction=False)
-                    ring(pipe, queue_key)
-                    pipe.execute()
-                else:  # the record went through after all: hand it back as the janitor would
-                    self.qos.restore_by_tag(loads(bytes_to_str(item))["properties"]["delivery_tag"], client)
-                _unrecorded.pop(0)
-                log.warning("gpulayer: put back a message taken while Redis went away (queue %s)",
-                            bytes_to_str(queue_key))
-
 
 class Transport(kredis.Transport):
     Channel = Channel
