@@ -231,15 +231,22 @@ def measure(case: dict, framework: str, steps: int, timeout_s: float, threads: i
     """(wall seconds from the first step to the end of fit, of the whole process, and to the first step).
 
     The in-process span is what ms/step uses: on a shared machine the import time of a
-    fresh process varies by seconds, which would swamp a 500-step difference.
+    fresh process varies by seconds, which would swamp a 500-step difference. With one
+    thread per process, single-process cases run pinned to one core (as ``taskset`` would).
     """
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(case), framework, str(steps)]
     env = dict(os.environ)
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
+    pin = None
+    if threads == 1 and case.get("devices", 1) == 1 and hasattr(os, "sched_setaffinity"):
+        core = max(os.sched_getaffinity(0))  # one core for every single-process run: no migrations mid-fit
+
+        def pin() -> None:
+            os.sched_setaffinity(0, {core})
     start = time.time()
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=REPO, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=REPO, env=env, preexec_fn=pin)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"{framework} {case['name']} {steps} steps failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -276,7 +283,9 @@ def main() -> None:
               f"load {os.getloadavg()[0]:.1f}\n"
               f"# ms/step = (median wall at {long} - median at {short}) / {long - short}, wall = first step to end of fit "
               f"in the process; "
-              f"{repeats} fresh process(es) per point; start-up = process start to first step (median)\n")
+              f"{repeats} fresh process(es) per point; start-up = process start to first step (median)"
+              + (f"; single-process cases pinned to core {max(os.sched_getaffinity(0))}"
+                 if args.threads == 1 and hasattr(os, "sched_getaffinity") else "") + "\n")
     print(header, flush=True)
     raw_lines, rows = [], []
     for case in [c for c in cases(args.quick) if not args.cases or args.cases in c["name"]]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from gpulayer.trainer import checkpoint, data, optimizers
+from gpulayer.trainer import checkpoint, data, gcfreeze, optimizers
 from gpulayer.trainer.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from gpulayer.trainer.config import TrainerConfig, build_config
 from gpulayer.trainer.errors import TrainerConfigError, TrainerError
@@ -234,7 +234,8 @@ class Trainer:
         self._loop = FitLoop(self, module, step_fn, train, val_loaders, resume)
         self.num_training_batches = self._loop.num_train_batches
         try:
-            self._loop.run()
+            with gcfreeze.frozen():
+                self._loop.run()
         finally:
             if self.logger is not None and self.is_global_zero:
                 self.logger.finalize("success")
