@@ -138,6 +138,7 @@ def run_raw(case: dict, steps: int) -> float:
     if device.type == "cuda":
         torch.cuda.synchronize()
     if ddp:
+        dist.barrier()  # no rank tears gloo down while a peer still uses it (it can abort at exit otherwise)
         dist.destroy_process_group()
     for p in peers:
         if p.wait() != 0:
@@ -288,7 +289,9 @@ def main() -> None:
                  if args.threads == 1 and hasattr(os, "sched_getaffinity") else "") + "\n")
     print(header, flush=True)
     raw_lines, rows = [], []
-    for case in [c for c in cases(args.quick) if not args.cases or args.cases in c["name"]]:
+    todo = [c for c in cases(args.quick) if not args.cases or args.cases in c["name"]]
+    path = _results_path(args)
+    for case in todo:
         walls = {(f, n): [] for f in FRAMEWORKS for n in (short, long)}
         starts = {f: [] for f in FRAMEWORKS}
         for _ in range(repeats):
@@ -306,7 +309,15 @@ def main() -> None:
         rows.append((case["name"], ms, st))
         print(f"{case['name']}: raw {ms['raw']:.3f}  lightning {ms['lightning']:.3f}  gpulayer {ms['gpulayer']:.3f} ms/step",
               flush=True)
+        done = "" if len(rows) == len(todo) else f"# partial: {len(rows)} of {len(todo)} cases measured so far\n"
+        with open(path, "w") as f:  # after every case: a failure later keeps what was measured
+            f.write(header + done + "\n" + _table(rows) + "\n\n# raw measurements\n" + "\n".join(raw_lines) + "\n")
 
+    print("\n" + _table(rows))
+    print(f"\nwritten to {path}")
+
+
+def _table(rows: list) -> str:
     table = [f"{'case':<44}{'raw ms/step':>12}{'lightning':>11}{'gpulayer':>10}{'speedup vs L':>14}"
              f"{'overhead vs raw':>17}"]
     for name, ms, _ in rows:
@@ -316,17 +327,17 @@ def main() -> None:
     table.append(f"{'start-up (process start to first step), s':<44}{'raw':>12}{'lightning':>11}{'gpulayer':>10}")
     for name, _, st in rows:
         table.append(f"{name:<44}{st['raw']:>12.2f}{st['lightning']:>11.2f}{st['gpulayer']:>10.2f}")
-    text = "\n".join(table)
-    print("\n" + text)
+    return "\n".join(table)
+
+
+def _results_path(args: argparse.Namespace) -> str:
     out = args.out or os.path.join(REPO, "benchmarks", "results",
                                    f"{datetime.date.today().isoformat()}-{socket.gethostname()}")
     os.makedirs(out, exist_ok=True)
     name = "lightning_comparison_quick.txt" if args.quick else "lightning_comparison.txt"
     if args.cases:
         name = name.replace(".txt", "_" + "".join(c if c.isalnum() else "-" for c in args.cases).lower() + ".txt")
-    with open(os.path.join(out, name), "w") as f:
-        f.write(header + "\n" + text + "\n\n# raw measurements\n" + "\n".join(raw_lines) + "\n")
-    print(f"\nwritten to {os.path.join(out, name)}")
+    return os.path.join(out, name)
 
 
 if __name__ == "__main__":

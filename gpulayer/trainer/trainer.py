@@ -180,6 +180,9 @@ class Trainer:
         self.fit_info = self.strategy.describe()
         try:
             self._run(module, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
+            # every rank is done with its collectives before any destroys the group: a rank whose
+            # peer tore gloo down under it can abort at exit ("terminate called without an active exception")
+            self.strategy.barrier()
         finally:
             self.fit_info = self.strategy.describe()  # now with the comm hook DDP got
             module._metric_store = None
