@@ -121,8 +121,8 @@ class Channel(kredis.Channel):
         self._taking_again = False  # the last take found a message: take again without waiting
         self._poll_command: str | None = None
         self._poll_keys: list[str] = []
-        global _sweep_taking, _channels
-        _sweep_taking = True  # a new channel: at start, or after kombu reconnected
+        global _channels
+        _mark_sweep()  # a new channel: at start, or after kombu reconnected
         _channels += 1
 
     # -- publishing: every message rings its queue's bell -----------------------------------

@@ -228,6 +228,13 @@ def cases(quick: bool) -> list[dict]:
     return out
 
 
+def pin_core(threads: int) -> int | None:
+    """The core every single-process run is pinned to (no migrations mid-fit); None when not pinning."""
+    if threads != 1 or not hasattr(os, "sched_setaffinity"):
+        return None
+    return max(os.sched_getaffinity(0))
+
+
 def measure(case: dict, framework: str, steps: int, timeout_s: float, threads: int) -> tuple[float, float, float]:
     """(wall seconds from the first step to the end of fit, of the whole process, and to the first step).
 
@@ -239,12 +246,8 @@ def measure(case: dict, framework: str, steps: int, timeout_s: float, threads: i
     env = dict(os.environ)
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
-    pin = None
-    if threads == 1 and case.get("devices", 1) == 1 and hasattr(os, "sched_setaffinity"):
-        core = max(os.sched_getaffinity(0))  # one core for every single-process run: no migrations mid-fit
-
-        def pin() -> None:
-            os.sched_setaffinity(0, {core})
+    core = pin_core(threads) if case.get("devices", 1) == 1 else None
+    pin = None if core is None else (lambda: os.sched_setaffinity(0, {core}))
     start = time.time()
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=REPO, env=env, preexec_fn=pin)
@@ -285,8 +288,8 @@ def main() -> None:
               f"# ms/step = (median wall at {long} - median at {short}) / {long - short}, wall = first step to end of fit "
               f"in the process; "
               f"{repeats} fresh process(es) per point; start-up = process start to first step (median)"
-              + (f"; single-process cases pinned to core {max(os.sched_getaffinity(0))}"
-                 if args.threads == 1 and hasattr(os, "sched_getaffinity") else "") + "\n")
+              + (f"; single-process cases pinned to core {pin_core(args.threads)}"
+                 if pin_core(args.threads) is not None else "") + "\n")
     print(header, flush=True)
     raw_lines, rows = [], []
     todo = [c for c in cases(args.quick) if not args.cases or args.cases in c["name"]]
