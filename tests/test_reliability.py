@@ -87,6 +87,9 @@ def test_forged_unsigned_and_tampered_messages_run_no_code(fleet, tmp_path):
     log = (fleet.workdir / "w-c.log").read_text()
     assert log.count("refused without unpickling it") >= 3
     assert "intruder@elsewhere" in log  # the origin is logged
+    for path in fleet.workdir.glob("*.log"):  # every worker's log and Redis's: no secret, no broker password
+        text = path.read_text(errors="replace")
+        assert fleet.secret not in text and fleet.password not in text, path.name
     client.close()
 
 
