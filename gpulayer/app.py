@@ -47,7 +47,7 @@ app.conf.update(
     # messages are handed back by the janitor, not by this timeout.
     broker_transport_options={"visibility_timeout": 12 * 3600},
     worker_hijack_root_logger=False,
-    # Task events (received/started/succeeded/failed, ~3 small PUBLISHes a job) so Flower and
+    # Task events (received/started/succeeded/failed; worker/events.py paces their flushes) so Flower and
     # `celery events` show jobs from the first one; task-sent stays off: it would add a publish
     # per job to submit_batch's pipelined sends, and task-received carries the same fields.
     worker_send_task_events=True,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+from contextlib import contextmanager
 from importlib import resources
 from queue import Empty
 from time import monotonic, time
@@ -116,6 +117,7 @@ class Channel(kredis.Channel):
     QoS = QoS
 
     def __init__(self, *args, **kwargs):
+        self._pool_client = None  # before kombu's __init__, which may already talk to Redis
         super().__init__(*args, **kwargs)
         self._recorded: dict[str, bool] = {}
         self._taking_again = False  # the last take found a message: take again without waiting
@@ -124,6 +126,18 @@ class Channel(kredis.Channel):
         global _channels
         _mark_sweep()  # a new channel: at start, or after kombu reconnected
         _channels += 1
+
+    @contextmanager
+    def conn_or_acquire(self, client=None):
+        """kombu builds a new redis-py client (~170 response callbacks) for every publish, take and ack;
+        here one client per connection pool serves them all (the pool hands out the connections)."""
+        if client:
+            yield client
+            return
+        pool = self.pool  # kombu drops its pools after a fork: a new pool gets a new client
+        if self._pool_client is None or self._pool_client.connection_pool is not pool:
+            self._pool_client = self._create_client()
+        yield self._pool_client
 
     # -- publishing: every message rings its queue's bell -----------------------------------
     def _put(self, queue, message, **kwargs):

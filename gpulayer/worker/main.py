@@ -24,6 +24,7 @@ from ..store.registry import Registry
 from . import runtime
 from .detect import default_address, detect_gpus
 from .agent import GangAgent, SlotGate
+from .events import EventPacer
 from .heartbeat import Heartbeat
 from .janitor import Janitor, hand_back_lives
 from .reaper import Reaper
@@ -124,6 +125,7 @@ def run_worker(*, broker: str | None = None, slots: int | None = None, zone: str
     app.steps["worker"].add(Janitor)
     app.steps["worker"].add(Reaper)
     app.steps["consumer"].add(SlotGate)
+    app.steps["consumer"].add(EventPacer)
     # Log each job as its readable summary (never its pickled bytes): "fn=square(12) resources=cpu".
     celery_trace.LOG_RECEIVED = "Job %(id)s received: fn=%(args)s resources=%(kwargs)s"
 
