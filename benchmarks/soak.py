@@ -10,7 +10,7 @@ i.e. after its result was stored; goal 0), re-executions (a kill landed between
 a job's last line and its result being stored, so it ran again: delivery is
 at least once, completion at most once), time from a kill to the retry of each
 job it cut off (median, max), and the workers' memory (main process + pool) at
-start and end.
+start and end, and over the longest-lived worker process.
 """
 
 from __future__ import annotations
@@ -123,13 +123,27 @@ def main() -> int:
                 fleet.kill_worker(victim, signal.SIGKILL)
                 fleet.restart_worker(victim, wait=False)
 
+        lives: dict[tuple[str, int], list[tuple[float, float]]] = {}  # (worker, pid) -> [(time, MiB)]
+
+        def sample() -> None:  # every second, each worker's current life (main + pool)
+            while not done.wait(1.0):
+                for n in names:
+                    proc = fleet.workers[n]
+                    if proc.poll() is None:
+                        mib = rss_mib(psutil.Process(proc.pid)) if psutil.pid_exists(proc.pid) else float("nan")
+                        if mib == mib:  # not NaN: the process was there for the whole reading
+                            lives.setdefault((n, proc.pid), []).append((time.time(), mib))
+
         killer = threading.Thread(target=chaos, daemon=True)
+        sampler = threading.Thread(target=sample, daemon=True)
         killer.start()
+        sampler.start()
         try:
             results, elapsed = wait_results(batch, stall=a.stall)
         finally:
             done.set()
             killer.join()
+            sampler.join()
         fleet.wait_workers(names)
         time.sleep(2)
         mem_end = {n: rss_mib(psutil.Process(fleet.workers[n].pid)) for n in names}
@@ -188,6 +202,14 @@ def main() -> int:
         for n in names:
             note = "" if fleet.workers[n].pid == first_pids[n] else " (restarted: end is its latest life)"
             say(f"worker {n} memory (main + pool): start {mem_start[n]:.0f} MiB, end {mem_end[n]:.0f} MiB{note}")
+        if lives:  # kills end most lives within seconds; the longest one shows whether memory grows with jobs
+            (n, pid), series = max(lives.items(), key=lambda kv: kv[1][-1][0] - kv[1][0][0])
+            born = series[0][0]
+            settled = [(t, m) for t, m in series if t - born >= 10]  # start-up (torch import, pool) is over
+            if len(settled) >= 2:
+                say(f"longest worker life sampled: {n} pid {pid}, {series[-1][0] - born:.0f}s; memory "
+                    f"{settled[0][1]:.0f} MiB 10 s in, {max(m for _, m in settled):.0f} MiB at most after, "
+                    f"{settled[-1][1]:.0f} MiB at its last sample")
 
     write_results([f"# python benchmarks/soak.py {' '.join(sys.argv[1:])}", *out], "soak.txt")
     return 0 if lost == 0 and duplicates == 0 and not failed else 1
