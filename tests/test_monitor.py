@@ -62,8 +62,10 @@ def run_in_pty(args, env, *, timeout=120, until=None, interrupt=False) -> tuple[
     """Run ``args`` with stdin/stdout/stderr on a pseudo-terminal; SIGINT it once ``until(output)`` holds."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+    # Ctrl-C as in a terminal: a shell's background job (`cmd &` without job control) starts with SIGINT
+    # ignored, every child inherits that, and Python then never raises KeyboardInterrupt.
     proc = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=slave, env=dict(env, TERM="xterm-256color"),
-                            cwd=REPO)
+                            cwd=REPO, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     os.close(slave)
     buf, sent = b"", False
     deadline = time.monotonic() + timeout
