@@ -178,14 +178,18 @@ def flower(fleet, tmp_path):
         stop_process(proc, grace=5)
 
 
-def test_flower_shows_job_summaries_and_never_the_secrets(fleet, flower):
-    # Flower's event receiver connects after its web server answers: wait until it has heard the
-    # workers' heartbeat events, or it would miss the jobs' "received" events.
+def wait_until_flower_listens(flower: str) -> None:
+    """Flower's event receiver connects after its web server answers: wait until it has heard the
+    workers' heartbeat events, or it would miss the jobs' "received" events."""
     deadline = time.monotonic() + 30
     while not any(w.startswith("w-a@") for w in json.loads(get(flower + "api/workers", AUTH))):
         assert time.monotonic() < deadline, "Flower never heard from the workers"
         time.sleep(0.3)
     time.sleep(1.0)
+
+
+def test_flower_shows_job_summaries_and_never_the_secrets(fleet, flower):
+    wait_until_flower_listens(flower)
     hs = [submit.delay(square, i) for i in (11, 12)]
     assert [h.get(timeout=60) for h in hs] == [121, 144]
     with pytest.raises(urllib.error.HTTPError) as denied:
@@ -209,6 +213,29 @@ def test_flower_shows_job_summaries_and_never_the_secrets(fleet, flower):
     for body in pages:
         assert fleet.password not in body and fleet.secret not in body
     assert "redis://:***@127.0.0.1" in pages[2]
+
+
+def die_on_first_delivery(key):
+    import os as _os
+
+    if gpulayer.app.redis_client().incr(key) == 1:
+        _os._exit(9)  # the job's process dies: the worker delivers the job again
+    return "second delivery"
+
+
+def test_flower_shows_a_rerun_jobs_lost_deliveries_as_retries(fleet, flower):
+    wait_until_flower_listens(flower)
+    h = submit.delay(die_on_first_delivery, f"test:die-once:{time.time()}")
+    assert h.get(timeout=60) == "second delivery"
+    assert h.attempts == 2
+    deadline = time.monotonic() + 30
+    while True:  # Flower keeps the latest task-received event's fields
+        task = json.loads(get(flower + f"api/task/info/{h.id}", AUTH))
+        if task.get("state") == "SUCCESS" and task.get("retries"):
+            break
+        assert time.monotonic() < deadline, task
+        time.sleep(0.3)
+    assert task["retries"] == 1
 
 
 def test_flower_beyond_loopback_needs_a_password(monkeypatch):

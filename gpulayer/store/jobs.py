@@ -44,6 +44,10 @@ class JobRecords:
         pipe.expire(keys.job_history(job_id), KEEP_SECONDS)
         return int(pipe.execute()[0])
 
+    def losses(self, job_id: str) -> int:
+        """How many deliveries of ``job_id`` died so far."""
+        return int(self.r.get(keys.job_lost(job_id)) or 0)
+
     def record(self, job_id: str, event: str, worker_id: str) -> None:
         pipe = self.r.pipeline()
         pipe.rpush(keys.job_history(job_id), json.dumps({"event": event, "worker": worker_id, "at": time.time()}))

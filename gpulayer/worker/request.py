@@ -38,6 +38,15 @@ def _worker_id(app) -> str | None:
 
 
 class JobRequest(Request):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.delivery_info.get("redelivered"):
+            # Celery's "retries" (in the task-received event, so in Flower): the deliveries that died.
+            try:
+                self._request_dict["retries"] = records(self.app).losses(self.id)
+            except redis.RedisError:
+                pass  # only the display suffers
+
     def on_failure(self, exc_info, send_failed_event=True, return_ok=False):
         exc = exc_info.exception
         if isinstance(exc, ExceptionWithTraceback):
