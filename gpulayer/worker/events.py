@@ -28,6 +28,9 @@ class EventPacer(bootsteps.StartStopStep):
         if c.hub is not None:  # Events.start reads it when it builds the dispatcher
             c.on_send_event_buffered = self.on_send_buffered
 
+    def start(self, c) -> None:
+        self.pending = False  # a (re)started consumer: a flush scheduled before a reconnect does not count
+
     def on_send_buffered(self) -> None:
         if not self.pending:
             self.pending = True
