@@ -32,6 +32,19 @@ def test_500_jobs_through_delay_group_and_submit_batch(fleet):
     assert b.get(timeout=120) == [i * i for i in range(500)]
 
 
+def test_jobs_sent_from_several_threads_at_once(fleet):
+    from concurrent.futures import ThreadPoolExecutor
+
+    def send(base):  # each thread its own delays and batches, sharing the process's connections
+        singles = [submit.delay(square, base + i) for i in range(50)]
+        batch = submit_batch([submit.s(square, base + 100 + i) for i in range(50)])
+        return [h.get(timeout=120) for h in singles] + batch.get(timeout=120, progress=False)
+
+    with ThreadPoolExecutor(6) as pool:
+        for base, got in zip(range(0, 6000, 1000), pool.map(send, range(0, 6000, 1000))):
+            assert got == [(base + i) ** 2 for i in range(50)] + [(base + 100 + i) ** 2 for i in range(50)]
+
+
 def test_batch_keeps_submission_order_with_mixed_functions(fleet):
     sigs = [submit.s(square, i) if i % 2 else submit.s(lambda i: -i, i) for i in range(60)]
     assert submit_batch(sigs).get(timeout=60) == [i * i if i % 2 else -i for i in range(60)]
