@@ -76,8 +76,10 @@ def wait_results(batch, stall: float) -> tuple[list, float]:
         time.sleep(0.5)
 
 
-def rss_mib(proc: psutil.Process) -> float:
+def rss_mib(pid: int) -> float:
+    """RSS of a worker (main process + pool) in MiB; NaN if it went away during the reading."""
     try:
+        proc = psutil.Process(pid)
         return sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)]) / 2**20
     except psutil.NoSuchProcess:
         return float("nan")
@@ -106,7 +108,7 @@ def main() -> int:
             fleet.add_worker(n, slots=a.slots, zone="z", wait=False)
         fleet.wait_workers(names)
         fleet.connect()
-        mem_start = {n: rss_mib(psutil.Process(fleet.workers[n].pid)) for n in names}
+        mem_start = {n: rss_mib(fleet.workers[n].pid) for n in names}
         first_pids = {n: fleet.workers[n].pid for n in names}
         t0 = time.time()
         batch = submit_batch([submit.s(job, i, rng.uniform(0.01, 0.05), RUN) for i in range(a.jobs)])
@@ -128,11 +130,10 @@ def main() -> int:
         def sample() -> None:  # every second, each worker's current life (main + pool)
             while not done.wait(1.0):
                 for n in names:
-                    proc = fleet.workers[n]
-                    if proc.poll() is None:
-                        mib = rss_mib(psutil.Process(proc.pid)) if psutil.pid_exists(proc.pid) else float("nan")
-                        if mib == mib:  # not NaN: the process was there for the whole reading
-                            lives.setdefault((n, proc.pid), []).append((time.time(), mib))
+                    pid = fleet.workers[n].pid
+                    mib = rss_mib(pid)
+                    if mib == mib:  # not NaN: the process was there for the whole reading
+                        lives.setdefault((n, pid), []).append((time.time(), mib))
 
         killer = threading.Thread(target=chaos, daemon=True)
         sampler = threading.Thread(target=sample, daemon=True)
@@ -146,7 +147,7 @@ def main() -> int:
             sampler.join()
         fleet.wait_workers(names)
         time.sleep(2)
-        mem_end = {n: rss_mib(psutil.Process(fleet.workers[n].pid)) for n in names}
+        mem_end = {n: rss_mib(fleet.workers[n].pid) for n in names}
 
         client = fleet.client()
         failed = [r for r in results if r is not None and not isinstance(r, (list, tuple))]

@@ -267,6 +267,7 @@ class Channel(kredis.Channel):
                 self.qos.restore_by_tag(tag, client)
                 log.warning("gpulayer: requeued message %s, dropped by the worker when Redis went away", tag)
 
+
 class Transport(kredis.Transport):
     Channel = Channel
 

@@ -281,6 +281,7 @@ def main() -> None:
     repeats = args.repeats or (1 if args.quick else 3)
     import lightning
 
+    core = pin_core(args.threads)
     header = (f"# lightning_comparison  {datetime.datetime.now().isoformat(timespec='seconds')}  host {socket.gethostname()}\n"
               f"# torch {torch.__version__}  lightning {lightning.__version__}  python {platform.python_version()}  "
               f"cpus {os.cpu_count()}  cuda {torch.cuda.is_available()}  OMP_NUM_THREADS {args.threads or 'default'}  "
@@ -288,8 +289,7 @@ def main() -> None:
               f"# ms/step = (median wall at {long} - median at {short}) / {long - short}, wall = first step to end of fit "
               f"in the process; "
               f"{repeats} fresh process(es) per point; start-up = process start to first step (median)"
-              + (f"; single-process cases pinned to core {pin_core(args.threads)}"
-                 if pin_core(args.threads) is not None else "") + "\n")
+              + ("" if core is None else f"; single-process cases pinned to core {core}") + "\n")
     print(header, flush=True)
     raw_lines, rows = [], []
     todo = [c for c in cases(args.quick) if not args.cases or args.cases in c["name"]]
