@@ -23,7 +23,7 @@ from celery.exceptions import TimeoutError as CeleryTimeout
 from . import app as app_mod
 from . import signing
 from .client import ensure_connected
-from .errors import JobFailed, JobRejected
+from .errors import GangFailed, JobFailed, JobRejected
 from .models import GangPlacement, GangSpec, GangState, Resources
 from .payload import function_name, pack_function
 from .placement import check_gang_fits_fleet
@@ -227,6 +227,6 @@ class GangHandle:
         detail = (exc or {}).get("traceback") or ""
         if tail:
             detail += f"\n--- last lines of rank {rank}'s stderr ---\n{tail}"
-        err = JobFailed(type_name, message, detail or None, job_id=self.id)
-        err.rank, err.worker, err.exit_code = rank, first.get("worker"), exit_code
+        err = GangFailed(type_name, message, detail or None, job_id=self.id, worker=first.get("worker"))
+        err.rank, err.exit_code = rank, exit_code
         return err

@@ -1,6 +1,20 @@
-"""One error hierarchy. Each message says what was asked, what was found, and what to do."""
+"""One error hierarchy. Each message says what was asked, what was found, and what to do.
+
+Errors print as one line: a remote job's traceback is kept in ``.traceback``
+and chained as the ``__cause__`` (a ``RemoteTraceback``, as
+``concurrent.futures`` does), so Python's own display shows it above the
+one-line summary, and ``str(err)`` stays short enough for a log line.
+"""
 
 from __future__ import annotations
+
+_MAX_LINE = 500  # characters of a message shown in the one-line str; the full text stays in .message
+
+
+def one_line(text: str, limit: int = _MAX_LINE) -> str:
+    """``text`` with its whitespace (newlines too) collapsed, cut at ``limit`` characters."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
 class GpulayerError(Exception):
@@ -18,6 +32,9 @@ class ClusterUnavailable(GpulayerError, ConnectionError):
 class JobRejected(GpulayerError):
     """No live worker can run the request; refused at submission, never queued."""
 
+    def __str__(self) -> str:
+        return one_line(super().__str__(), limit=2000)
+
 
 class PayloadError(GpulayerError, ValueError):
     """A job's function, arguments or result cannot be serialised or is too large."""
@@ -31,22 +48,53 @@ class JobStopped(GpulayerError):
     """A job was cancelled or ran over its timeout, and its processes were killed."""
 
 
+class RemoteTraceback(Exception):
+    """The traceback of an exception raised on a worker; chained as a ``JobFailed``'s cause."""
+
+    def __init__(self, text: str):
+        self.text = text
+        super().__init__(text)
+
+    def __str__(self) -> str:
+        return '\n"""\n' + self.text.rstrip() + '\n"""'
+
+
 class JobFailed(GpulayerError):
     """A job ran and raised, or its process died.
 
-    Carries the remote exception's type name, message and traceback text.
+    ``str(err)`` is one line: the remote type and message, the job id and the
+    worker it ran on. ``type_name``, ``message``, ``traceback``, ``job_id`` and
+    ``worker`` hold the parts; the traceback is also the ``__cause__``.
     """
 
-    def __init__(self, type_name: str, message: str, traceback: str | None = None, job_id: str | None = None):
+    def __init__(self, type_name: str, message: str, traceback: str | None = None, job_id: str | None = None,
+                 worker: str | None = None):
         self.type_name = type_name
         self.message = message
         self.traceback = traceback
         self.job_id = job_id
-        super().__init__(type_name, message, traceback, job_id)
+        self.worker = worker
+        super().__init__(type_name, message, traceback, job_id, worker)
+        if traceback:
+            self.__cause__ = RemoteTraceback(traceback)  # also suppresses the context, as `raise ... from` does
+
+    def _where(self) -> str:
+        job = f"job {self.job_id}" if self.job_id else "a job"
+        return f"{job} on {self.worker}" if self.worker else job
 
     def __str__(self) -> str:
-        head = f"job {self.job_id} failed: " if self.job_id else "job failed: "
-        text = f"{head}{self.type_name}: {self.message}"
-        if self.traceback:
-            text += "\n--- remote traceback ---\n" + self.traceback.rstrip()
-        return text
+        return f"{self.type_name}: {one_line(self.message)} ({self._where()})"
+
+
+class GangFailed(JobFailed):
+    """A distributed job failed: one rank raised or died, or a worker of the gang was lost.
+
+    ``rank``, ``worker`` and ``exit_code`` name the failed rank; ``traceback``
+    holds its remote traceback and the last lines of its stderr.
+    """
+
+    rank: int | None = None
+    exit_code: int | None = None
+
+    def __str__(self) -> str:
+        return f"distributed job {self.job_id}: {one_line(self.message)}"

@@ -2,7 +2,8 @@
 
 Every path that reads a result (``AsyncResult.get``, group joins, batch
 gathering) goes through ``meta_from_decoded``, so the user always sees one
-error type carrying the remote type name, message and traceback.
+error type carrying the remote type name, message, traceback and the worker
+the job ran on (stored with the failure, see ``_get_result_meta``).
 """
 
 from __future__ import annotations
@@ -15,9 +16,27 @@ from . import keys
 from .registry import load_script
 
 _DIED = ("WorkerLostError",)
+# How the explanations below begin: a message that starts so was explained once already.
+_EXPLAINED = ("the job's process died", "the job's worker died")
 
 
-def as_job_failed(exc: BaseException, traceback: str | None, job_id: str | None) -> JobFailed:
+def process_died(detail: str, deliveries: int | None = None, limit: int | None = None) -> str:
+    """The one explanation of a job whose process died (``WorkerLostError``), built in one place.
+
+    ``detail``: what billiard saw ("Worker exited prematurely: exitcode 7"); ``deliveries``/``limit``:
+    when the worker gave up delivering the job again.
+    """
+    detail = detail.strip().rstrip(".")
+    if deliveries is not None:
+        return (f"the job's process died on all {deliveries} deliveries (limit {limit}; last: {detail}), so it "
+                "was not delivered again: the job itself most likely crashes its process (segfault, os._exit, "
+                "out of memory); the worker and its other jobs carry on")
+    return (f"the job's process died ({detail}): it crashed, called os._exit, or was killed (e.g. for memory); "
+            "the worker and its other jobs carry on")
+
+
+def as_job_failed(exc: BaseException, traceback: str | None, job_id: str | None,
+                  worker: str | None = None) -> JobFailed:
     if isinstance(exc, JobFailed):
         return exc
     type_name = type(exc).__name__
@@ -27,10 +46,9 @@ def as_job_failed(exc: BaseException, traceback: str | None, job_id: str | None)
         message = getattr(exc, "text", None) or " ".join(map(str, getattr(exc, "exc_args", ()))) or message
     if type_name == "TaskRevokedError":
         type_name, message = "JobStopped", f"job cancelled before it ran ({message})"
-    if type_name in _DIED:
-        message = (f"the job's process died: {message.strip()} (it crashed, called os._exit, or was killed, "
-                   "e.g. for memory); the worker and its other jobs carry on")
-    return JobFailed(type_name, message, traceback, job_id)
+    if type_name in _DIED and not message.startswith(_EXPLAINED):
+        message = process_died(message)
+    return JobFailed(type_name, message, traceback, job_id, worker)
 
 
 class ResultBackend(RedisBackend):
@@ -50,8 +68,17 @@ class ResultBackend(RedisBackend):
             self._store_script = load_script(self.client, "store_once")
         return self._store_script(keys=[key, keys.job_done(job_id)], args=[value, expires, final])
 
+    def _get_result_meta(self, result, state, traceback, request, format_date=True, encode=False):
+        meta = super()._get_result_meta(result, state, traceback, request, format_date=format_date, encode=encode)
+        if state in states.EXCEPTION_STATES and "worker" not in meta:
+            host = getattr(request, "hostname", None)  # the Celery node name, "<worker id>@<host>"
+            if host:
+                meta["worker"] = str(host).split("@", 1)[0]
+        return meta
+
     def meta_from_decoded(self, meta):
         meta = super().meta_from_decoded(meta)
         if meta.get("status") in states.EXCEPTION_STATES and isinstance(meta.get("result"), BaseException):
-            meta["result"] = as_job_failed(meta["result"], meta.get("traceback"), meta.get("task_id"))
+            meta["result"] = as_job_failed(meta["result"], meta.get("traceback"), meta.get("task_id"),
+                                           meta.get("worker"))
         return meta

@@ -18,6 +18,7 @@ from celery.worker.request import Request
 
 from ..app import settings as app_settings
 from ..store.jobs import JobRecords
+from ..store.results import process_died
 from ..errors import JobStopped
 from . import reaper, runtime
 
@@ -70,8 +71,5 @@ class JobRequest(Request):
                 task_ready(self)
                 self.reject(requeue=True)
                 return
-            exc_info.exception = WorkerLostError(
-                f"{exc}; the job's process died on all {lost} deliveries (limit {limit}), so it was not "
-                "delivered again: the job itself most likely crashes its process (segfault, os._exit, "
-                "out of memory)")
+            exc_info.exception = WorkerLostError(process_died(str(exc), lost, limit))
         return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
