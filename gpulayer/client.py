@@ -15,6 +15,7 @@ from kombu.exceptions import EncodeError
 from kombu.utils.uuid import uuid
 
 from . import app as app_mod
+from .cancel import cancel_jobs, interrupted
 from .config import Settings, load_settings
 from .errors import ClusterUnavailable, ConfigError, PayloadError
 from .models import Resources
@@ -87,7 +88,8 @@ def ensure_connected() -> None:
 
 
 class BatchHandle:
-    """The jobs of one ``submit_batch``; ``get()`` returns their results in submission order."""
+    """The jobs of one ``submit_batch``: ``get()`` returns their results in submission order, ``cancel()``
+    stops the ones not finished."""
 
     def __init__(self, ids: list[str]):
         self.ids = ids
@@ -104,14 +106,26 @@ class BatchHandle:
         """
         from .progress import batch_progress
 
-        with batch_progress(len(self.ids), progress) as tick:
-            metas = self._gather(timeout, interval, tick)
+        try:
+            with batch_progress(len(self.ids), progress) as tick:
+                metas = self._gather(timeout, interval, tick)
+        except KeyboardInterrupt:
+            raise interrupted(self.ids, "batch.cancel()") from None  # the jobs run on without us
         out = []
         for meta in metas:
             if meta["status"] != states.SUCCESS and propagate:
                 raise meta["result"]
             out.append(meta["result"])
         return out
+
+    def cancel(self) -> int:
+        """Stop every job of the batch that has not finished; returns how many were stopped.
+
+        Queued jobs are dropped, running ones killed with their whole process tree, as
+        ``handle.cancel()`` does, in one revoke broadcast and one pipelined publish for the batch.
+        Their results become ``JobFailed`` (``JobStopped``: cancelled).
+        """
+        return cancel_jobs(self.ids)
 
     def _gather(self, timeout: float | None, interval: float, tick=None) -> list[dict]:
         """Poll the oldest pending results, a window at a time: jobs finish roughly in order, so each

@@ -8,6 +8,8 @@ the job ran on (stored with the failure, see ``_get_result_meta``).
 
 from __future__ import annotations
 
+import sys
+
 from celery import states
 from celery.backends.redis import RedisBackend
 
@@ -75,6 +77,13 @@ class ResultBackend(RedisBackend):
             if host:
                 meta["worker"] = str(host).split("@", 1)[0]
         return meta
+
+    def remove_pending_result(self, result):
+        # AsyncResult.__del__ calls this; at interpreter exit there is nothing left to unsubscribe
+        # from, and reconnecting then prints "Exception ignored in ... sys.meta_path is None".
+        if sys.is_finalizing():
+            return result
+        return super().remove_pending_result(result)
 
     def meta_from_decoded(self, meta):
         meta = super().meta_from_decoded(meta)

@@ -28,17 +28,20 @@ def as_resources(value) -> Resources:
 class JobHandle(AsyncResult):
     """A submitted job: ``get()`` (the value, or ``JobFailed``), ``cancel()``, ``history()``."""
 
+    def get(self, *args, **kwargs):
+        """The job's value, or ``JobFailed``; Ctrl-C says the job still runs and how to stop it."""
+        try:
+            return super().get(*args, **kwargs)
+        except KeyboardInterrupt:
+            from ..cancel import interrupted
+
+            raise interrupted([self.id], "handle.cancel()") from None  # not redis-py's frames: the job runs on
+
     def cancel(self) -> None:
         """Drop the job if it is still queued, or kill its whole process tree if it runs."""
-        from .. import app as app_mod
-        from ..store import keys
+        from ..cancel import cancel_jobs
 
-        self.app.control.revoke(self.id)  # queued: every worker drops it on sight
-        client = app_mod.redis_client()
-        try:
-            client.publish(keys.CANCEL_CHANNEL, self.id)  # running: its worker's reaper kills it
-        finally:
-            client.close()
+        cancel_jobs([self.id], only_unfinished=False)
 
     def history(self) -> list[dict]:
         """Deliveries that died (``lost``) and reruns (``redelivered``), with their workers."""

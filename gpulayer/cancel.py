@@ -1,0 +1,110 @@
+"""Stopping many jobs at once, and what Ctrl-C says about the jobs it leaves behind.
+
+A cancel has two halves, both one round trip however many jobs it names:
+one revoke broadcast (Celery's; every worker drops the queued ones on sight)
+and one pipeline of publishes on the cancel channel (each worker's reaper
+kills the process tree of the ones it runs, worker/reaper.py). Jobs whose
+results are stored are left out, found with one MGET per ``_CHUNK`` ids.
+
+Ctrl-C while waiting on jobs does not stop them: they run on the workers
+whether or not anyone waits. ``interrupted`` builds the ``KeyboardInterrupt``
+that says so in one line and names the call that stops them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from celery import states
+from celery.result import GroupResult
+
+from . import app as app_mod
+from .store import keys
+
+log = logging.getLogger(__name__)
+_CHUNK = 1000  # ids per MGET and per revoke broadcast
+
+
+def unfinished(ids: Sequence[str]) -> list[str]:
+    """The ids among ``ids`` whose final result is not stored yet (queued, running, or never sent)."""
+    backend = app_mod.app.backend
+    left: list[str] = []
+    for start in range(0, len(ids), _CHUNK):
+        chunk = list(ids[start:start + _CHUNK])
+        values = backend.client.mget([backend.get_key_for_task(i) for i in chunk])
+        for job_id, raw in zip(chunk, values):
+            if raw is None or backend.decode_result(raw)["status"] not in states.READY_STATES:
+                left.append(job_id)
+    return left
+
+
+def cancel_jobs(ids: Sequence[str], only_unfinished: bool = True) -> int:
+    """Drop the queued jobs of ``ids`` and kill the process trees of the running ones; returns how many.
+
+    ``only_unfinished``: first leave out the jobs whose results are stored (one MGET per chunk).
+    """
+    targets = unfinished(ids) if only_unfinished else list(ids)
+    if not targets:
+        return 0
+    for start in range(0, len(targets), _CHUNK):  # queued: every worker drops them on sight
+        app_mod.app.control.revoke(targets[start:start + _CHUNK])
+    client = app_mod.redis_client()
+    try:
+        pipe = client.pipeline(transaction=False)
+        for job_id in targets:  # running: their workers' reapers kill them
+            pipe.publish(keys.CANCEL_CHANNEL, job_id)
+        pipe.execute()
+    finally:
+        client.close()
+    return len(targets)
+
+
+def interrupted(ids: Sequence[str], how: str) -> KeyboardInterrupt:
+    """The one-line ``KeyboardInterrupt`` for Ctrl-C while waiting on ``ids``; ``how`` stops them."""
+    try:
+        left = len(unfinished(ids))
+    except Exception:  # Redis gone or the wait cut mid-reply: say what we cannot know
+        left = None
+    total = len(ids)
+    if left == 0:
+        return KeyboardInterrupt(f"stopped waiting; all {total} job(s) had finished" if total > 1 else
+                                 "stopped waiting; the job had finished")
+    if total == 1:
+        state = "is still queued or running" if left else "may still be queued or running"
+        return KeyboardInterrupt(f"stopped waiting; job {ids[0]} {state} on the cluster: stop it with {how}")
+    count = f"{left} of {total} jobs are" if left is not None else f"up to {total} jobs may be"
+    return KeyboardInterrupt(f"stopped waiting; {count} still queued or running on the cluster: "
+                             f"stop them with {how}")
+
+
+class JobGroupResult(GroupResult):
+    """A group's result: Ctrl-C in ``get()`` says what still runs; ``revoke()`` stops queued and running jobs."""
+
+    def get(self, timeout=None, propagate=True, interval=0.5, callback=None, no_ack=True, on_message=None,
+            disable_sync_subtasks=True, on_interval=None):
+        # Celery's ResultSet.get, calling the joins below directly: a Ctrl-C shows no engine frame.
+        join = self.join_native if self.supports_native_join else self.join
+        return join(timeout=timeout, propagate=propagate, interval=interval, callback=callback, no_ack=no_ack,
+                    on_message=on_message, disable_sync_subtasks=disable_sync_subtasks, on_interval=on_interval)
+
+    def join(self, *args, **kwargs):
+        try:
+            return super().join(*args, **kwargs)
+        except KeyboardInterrupt:
+            raise interrupted([r.id for r in self.results], "result.revoke()") from None
+
+    def join_native(self, *args, **kwargs):
+        try:
+            return super().join_native(*args, **kwargs)
+        except KeyboardInterrupt:
+            raise interrupted([r.id for r in self.results], "result.revoke()") from None
+
+    def revoke(self, connection=None, terminate=False, signal=None, wait=False, timeout=None) -> int:
+        """Stop every job of the group that has not finished: queued ones are dropped, running ones
+        killed with their whole process tree (whatever ``terminate`` says). Returns how many."""
+        return cancel_jobs([r.id for r in self.results])
+
+
+# Every group this app makes (group(...).apply_async(), GroupResult.restore) is one of these.
+app_mod.app.GroupResult = app_mod.app.subclass_with_self(JobGroupResult, reverse="GroupResult")
