@@ -8,6 +8,7 @@ same way.
 
 from __future__ import annotations
 
+import difflib
 import threading
 
 import redis
@@ -16,7 +17,7 @@ from kombu import pools as kombu_pools
 
 from . import broker, placement, queues, signing
 from .config import Settings
-from .errors import ClusterUnavailable, JobRejected
+from .errors import ClusterUnavailable, JobRejected, UnsupportedOption
 from .models import Resources
 from .store.registry import CachedSnapshot, Registry
 
@@ -131,8 +132,77 @@ def route_for(resources: Resources) -> placement.Route:
 
 
 def route_task(name, args, kwargs, options, task=None, **kw):
-    """Celery router: gpulayer jobs go where ``placement.route`` says."""
-    if name != SUBMIT or options.get("queue"):
+    """Celery router: gpulayer jobs go where ``placement.route`` says, or to the ``queue=`` they name.
+
+    A named queue must be one that live workers read (and, with ``resources=``, whose readers
+    satisfy them); options the broker cannot honour as given are refused, never dropped.
+    """
+    if name != SUBMIT:
         return None
     spec = (options.get("headers") or {}).get(RESOURCES_HEADER)
-    return {"queue": route_for(Resources(**spec) if spec else Resources()).queue}
+    res = Resources(**spec) if spec else Resources()
+    _check_priority(options.get("priority"))
+    serializer = options.get("serializer")
+    if serializer not in (None, signing.NAME):
+        raise UnsupportedOption(f"serializer={serializer!r}: workers accept only gpulayer's signed serializer "
+                                f"({signing.NAME!r}), so the job would never run; drop serializer=")
+    given = options.get("queue")
+    queue = getattr(given, "name", given) if given is not None else route_for(res).queue
+    if given is not None:
+        check_queue(queue, res)
+    for opt in ("exchange", "routing_key"):  # Celery would publish with these and Redis drop what no queue binds
+        value = options.get(opt)
+        value = getattr(value, "name", value)
+        if value not in (None, "", queue):
+            raise UnsupportedOption(f"{opt}={value!r}: gpulayer sends each job to one queue (here {queue!r}), "
+                                    f"and a different {opt} would bind it to none, losing it; drop {opt}= "
+                                    "(name a queue with queue= if you must)")
+    return None if given is not None else {"queue": queue}
+
+
+def _check_priority(priority) -> None:
+    """Redis keeps a priority as one list per step (kombu's ``priority_steps``), 0 served first."""
+    if priority is None:
+        return
+    from kombu.transport.redis import PRIORITY_STEPS
+
+    steps = list((app.conf.broker_transport_options or {}).get("priority_steps") or PRIORITY_STEPS)
+    if isinstance(priority, bool) or not isinstance(priority, int) or priority not in steps:
+        raise UnsupportedOption(
+            f"priority={priority!r}: the Redis broker keeps priorities {', '.join(map(str, steps))} (lower runs "
+            f"first), and would run any other value as the step below it; pass one of {steps}")
+
+
+def queues_read(workers) -> dict[str, list[str]]:
+    """Every queue the ``workers`` read -> the ids of the workers reading it."""
+    out: dict[str, list[str]] = {}
+    for w in workers:
+        for q in queues.for_worker(w.id, w.gpus, w.zone, w.region):
+            out.setdefault(q, []).append(w.id)
+    return out
+
+
+def check_queue(queue: str, res: Resources) -> None:
+    """Refuse ``queue=`` unless a live worker reads it (and meets ``res``); name the queues that exist."""
+    if _snapshot is None:
+        raise ClusterUnavailable("gpulayer is not connected; call gpulayer.init() first")
+    read = queues_read(_snapshot.get())
+    if queue not in read:  # look again at a fresh snapshot before refusing
+        _snapshot.invalidate()
+        read = queues_read(_snapshot.get())
+    if queue not in read:
+        shared = sorted(q for q in read if not q.startswith(queues.private("")))
+        owners = sorted({w for q, ws in read.items() if q.startswith(queues.private("")) for w in ws})
+        close = difflib.get_close_matches(queue, list(read), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        private = f"; and each worker's own {queues.private('<worker id>')} ({', '.join(owners[:6])}" \
+                  f"{' and more' if len(owners) > 6 else ''})" if owners else ""
+        raise JobRejected(f"no live worker reads queue {queue!r}{hint}, so the job would never run; the queues live "
+                          f"workers read: {', '.join(shared) or 'none'}{private}; drop queue= to let gpulayer "
+                          "route by resources=, or start a worker that reads it")
+    if res != Resources():
+        readers = [w for w in _snapshot.get() if w.id in read[queue]]
+        try:
+            placement.eligible_workers(res, readers)
+        except JobRejected as err:
+            raise JobRejected(f"queue {queue!r} is read by {', '.join(read[queue])}, but {err}") from err

@@ -36,6 +36,10 @@ class JobRejected(GpulayerError):
         return one_line(super().__str__(), limit=2000)
 
 
+class UnsupportedOption(GpulayerError, ValueError):
+    """An ``apply_async`` option gpulayer cannot honour as given; refused rather than dropped."""
+
+
 class PayloadError(GpulayerError, ValueError):
     """A job's function, arguments or result cannot be serialised or is too large."""
 

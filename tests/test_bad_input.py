@@ -116,3 +116,40 @@ def test_exception_that_cannot_be_pickled(fleet):
     with pytest.raises(JobFailed) as e:
         submit.delay(unpicklable_exception).get(timeout=60)
     assert e.value.type_name == "Weird" and "shard 9 is corrupt" in e.value.message
+
+
+def where_am_i():
+    return gpulayer.current_worker().id
+
+
+def test_unknown_queue_is_refused_naming_the_queues_that_exist(fleet):
+    with pytest.raises(JobRejected) as e:
+        submit.apply_async((square, 2), queue="celery")
+    msg = str(e.value)
+    assert "no live worker reads queue 'celery'" in msg and "drop queue=" in msg
+    assert "gl.q.cpu" in msg and "gl.q.cpu.z.europe-west1-b" in msg and "gl.q.cpu.r.us-central1" in msg
+    assert "gl.q.w.<worker id> (w-a, w-b, w-c)" in msg and "\n" not in msg
+    with pytest.raises(JobRejected, match=r"did you mean 'gl.q.cpu.z.us-central1-a'"):
+        submit.apply_async((square, 2), queue="gl.q.cpu.z.us-central1-b")
+
+
+def test_a_queue_live_workers_read_is_honoured(fleet):
+    from gpulayer import queues
+
+    assert submit.apply_async((where_am_i,), queue=queues.capability(zone="us-central1-a")).get(timeout=60) == "w-c"
+    assert submit.apply_async((where_am_i,), queue=queues.private("w-b")).get(timeout=60) == "w-b"
+    with pytest.raises(JobRejected, match=r"queue 'gl.q.w.w-c' is read by w-c, but .*zone 'europe-west1-b'"):
+        submit.apply_async((where_am_i,), {"resources": Resources(zone="europe-west1-b")}, queue=queues.private("w-c"))
+
+
+def test_options_the_broker_cannot_honour_are_refused(fleet):
+    from gpulayer.errors import UnsupportedOption
+
+    assert submit.apply_async((square, 4), priority=9).get(timeout=60) == 16  # a step Redis keeps: honoured
+    for bad in (5, 42, "high"):
+        with pytest.raises(UnsupportedOption, match=r"priorities 0, 3, 6, 9 \(lower runs first\)"):
+            submit.apply_async((square, 4), priority=bad)
+    with pytest.raises(UnsupportedOption, match="signed serializer"):
+        submit.apply_async((square, 4), serializer="json")
+    with pytest.raises(UnsupportedOption, match="routing_key='elsewhere'"):
+        submit.apply_async((square, 4), routing_key="elsewhere")
