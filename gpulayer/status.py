@@ -5,10 +5,10 @@ from __future__ import annotations
 from urllib.parse import urlparse
 
 from . import app as app_mod
-from . import queues
 from .client import connect
 from .config import load_settings
 from .errors import ClusterUnavailable, ConfigError
+from .store import keys
 from .store.gangs import GangStore
 
 
@@ -36,12 +36,9 @@ def collect() -> dict:
     """Live workers and queue lengths, as plain data (what ``--json`` prints)."""
     _connect()
     workers = app_mod.registry().snapshot()
-    names = sorted({q for w in workers for q in queues.for_worker(w.id, w.gpus, w.zone, w.region)})
+    read = app_mod.queues_read(workers)
     client = app_mod.redis_client()
-    pipe = client.pipeline(transaction=False)
-    for q in names:
-        pipe.llen(q)
-    lengths = dict(zip(names, pipe.execute()))
+    lengths = queue_lengths(client, read)
     gangs = GangStore(client).active()
     held = GangStore(client).held()
     client.close()
@@ -54,6 +51,7 @@ def collect() -> dict:
             for w in workers
         ],
         "queues": lengths,
+        "unread_queues": sorted(q for q, n in lengths.items() if n and q not in read),
         "gangs": [
             {"id": g["gang_id"], "name": g.get("spec", {}).get("name"), "state": g["state"], "reason": g["reason"],
              "nodes": g.get("spec", {}).get("nodes"), "procs_per_node": g.get("spec", {}).get("procs_per_node"),
@@ -61,6 +59,33 @@ def collect() -> dict:
             for g in gangs
         ],
     }
+
+
+# Lists in Redis that are not queues: gpulayer's own keys, and Celery's result backend (chord parts).
+_NOT_QUEUES = (f"{keys.NAMESPACE}:", "celery-task", "chord-unlock", "_kombu.")
+
+
+def queue_lengths(client, read) -> dict[str, int]:
+    """Messages waiting per queue: every queue live workers read, and every other queue holding messages.
+
+    A queue is a Redis list (kombu's, one more list per priority step, ``<queue>\\x06\\x16<step>``);
+    finding the ones nobody reads costs one SCAN over the keyspace, in large steps.
+    """
+    sep = "\x06\x16"
+    found = set()
+    for raw in client.scan_iter(count=10_000, _type="list"):
+        name = raw.decode(errors="replace")
+        if not name.startswith(_NOT_QUEUES):
+            found.add(name)
+    names = sorted(set(read) | {n.split(sep, 1)[0] for n in found})
+    lists = [(q, q) for q in names] + [(n.split(sep, 1)[0], n) for n in sorted(found) if sep in n]
+    pipe = client.pipeline(transaction=False)
+    for _, key in lists:
+        pipe.llen(key)
+    lengths = dict.fromkeys(names, 0)
+    for (q, _), n in zip(lists, pipe.execute()):
+        lengths[q] += int(n)
+    return {q: n for q, n in lengths.items() if q in read or n}
 
 
 def renderables(report: dict) -> list:
@@ -81,8 +106,10 @@ def renderables(report: dict) -> list:
     q = Table(title="queues")
     q.add_column("queue")
     q.add_column("waiting", justify="right")
+    q.add_column("")
+    unread = set(report.get("unread_queues", ()))
     for name, n in sorted(report["queues"].items()):
-        q.add_row(name, str(n))
+        q.add_row(name, str(n), Text("nobody reads this queue", style="red") if name in unread else "")
     out.append(q)
     if report["gangs"]:
         g = Table(title="distributed jobs")
