@@ -104,9 +104,9 @@ class BatchHandle:
         ``progress``: draw a bar (done, failed, rate, ETA); by default only for more than 8 jobs
         and only when stdout is a terminal.
         """
-        from .progress import batch_progress
-
         try:
+            from .progress import batch_progress
+
             with batch_progress(len(self.ids), progress) as tick:
                 metas = self._gather(timeout, interval, tick)
         except KeyboardInterrupt:

@@ -107,6 +107,8 @@ def test_one_rank_fails_every_rank_everywhere_stops(gangs):
     assert err.rank == 3 and err.type_name == "ValueError"
     assert "rank 3 on " in err.message and "bad shard" in err.message and job.placement.workers[1] in err.message
     assert "rank3_raises" in err.traceback and "ValueError: rank three has a bad shard" in err.traceback
+    assert str(err).startswith(f"distributed job {job.id}: rank 3 on ") and "\n" not in str(err)
+    assert "rank3_raises" in str(err.__cause__)  # Python's display shows the remote traceback as the cause
     pids = [int(p) for p in redis_client().smembers(f"test:pids:{job.id}")]
     assert len(pids) == 4
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]

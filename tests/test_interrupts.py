@@ -34,7 +34,7 @@ SCRIPTS = {
 def script_for(fleet, case: str, key: str) -> str:
     send, wait, _, _ = SCRIPTS[case]
     return textwrap.dedent(f"""
-        import json
+        import json, sys, threading, time
         import gpulayer
         from gpulayer import group, submit, submit_batch
 
@@ -44,9 +44,22 @@ def script_for(fleet, case: str, key: str) -> str:
             gpulayer.app.redis_client().sadd(key, child.pid)
             child.wait()
 
+        def say_when_waiting(main=threading.main_thread().ident):
+            # Test scaffolding: the SIGINT must come while get() waits, not before it is called.
+            while True:
+                frame, names = sys._current_frames().get(main), set()
+                while frame is not None:
+                    names.add(frame.f_code.co_name)
+                    frame = frame.f_back
+                if names & {{"_gather", "wait_for_pending", "iter_native"}}:
+                    print("WAITING", flush=True)
+                    return
+                time.sleep(0.01)
+
         KEY = {key!r}
         gpulayer.init({fleet.url!r}, secret={fleet.secret!r})
-    """) + send + "\nprint('IDS', json.dumps(ids), flush=True)\n" + wait + "\n"
+    """) + send + "\nprint('IDS', json.dumps(ids), flush=True)\n" + \
+        "threading.Thread(target=say_when_waiting, daemon=True).start()\n" + wait + "\n"
 
 
 def wait_until(cond, timeout: float, what: str, every: float = 0.1):
@@ -89,6 +102,7 @@ def test_ctrl_c_says_what_still_runs_and_cancel_stops_it(fleet, tmp_path, case):
         ids = json.loads(line[4:])
         _, _, total, how = SCRIPTS[case]
         assert len(ids) == total
+        assert proc.stdout.readline().strip() == "WAITING"
         busy = min(total, 3)  # jobs running (each with its child) while the script waits in get()
         wait_until(lambda: client.scard(key) >= busy, 60, f"{busy} jobs to start")
         proc.send_signal(signal.SIGINT)
