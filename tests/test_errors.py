@@ -55,7 +55,7 @@ def test_a_dead_process_is_explained_once():
         msg = as_job_failed(exc, None, "j").message
         assert msg.count("the job's process died") == 1 and msg.count("carry on") == 1, msg
         assert "exitcode 7" in msg
-    assert "died on all 3 deliveries (limit 3" in as_job_failed(WorkerLostError(final), None, "j").message
+    assert "died on all 3 deliveries (limit 3)" in as_job_failed(WorkerLostError(final), None, "j").message
 
 
 def test_remote_failure_reads_as_one_line_naming_the_job_and_worker(fleet):

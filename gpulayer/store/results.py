@@ -30,8 +30,8 @@ def process_died(detail: str, deliveries: int | None = None, limit: int | None =
     """
     detail = detail.strip().rstrip(".")
     if deliveries is not None:
-        return (f"the job's process died on all {deliveries} deliveries (limit {limit}; last: {detail}), so it "
-                "was not delivered again: the job itself most likely crashes its process (segfault, os._exit, "
+        return (f"the job's process died on all {deliveries} deliveries (limit {limit}), so it was not delivered "
+                f"again (last: {detail}): the job itself most likely crashes its process (segfault, os._exit, "
                 "out of memory); the worker and its other jobs carry on")
     return (f"the job's process died ({detail}): it crashed, called os._exit, or was killed (e.g. for memory); "
             "the worker and its other jobs carry on")
