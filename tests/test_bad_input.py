@@ -153,3 +153,10 @@ def test_options_the_broker_cannot_honour_are_refused(fleet):
         submit.apply_async((square, 4), serializer="json")
     with pytest.raises(UnsupportedOption, match="routing_key='elsewhere'"):
         submit.apply_async((square, 4), routing_key="elsewhere")
+
+
+def test_celery_timing_options_are_honoured(fleet):
+    assert submit.apply_async((square, 3), countdown=1.0).get(timeout=60) == 9
+    with pytest.raises(JobFailed, match="cancelled before it ran"):  # expired while queued: never runs
+        submit.apply_async((square, 3), expires=0.001, queue=gpulayer.queues.private("w-c"),
+                           countdown=0.5).get(timeout=60)
