@@ -102,3 +102,15 @@ def test_python_shows_the_remote_traceback_as_the_cause(fleet, tmp_path):
     last = local.rstrip().splitlines()[-1]
     assert last.startswith("gpulayer.errors.JobFailed: RuntimeError: the shard is corrupt (job "), err
     assert "Exception ignored" not in err, err
+
+
+def test_the_backend_methods_overridden_keep_celerys_signatures():
+    """store/results.py overrides these Celery methods; notice when upstream changes them."""
+    import inspect
+
+    from celery.backends.asynchronous import AsyncBackendMixin
+    from celery.backends.base import Backend
+
+    assert list(inspect.signature(Backend._get_result_meta).parameters) == [
+        "self", "result", "state", "traceback", "request", "format_date", "encode"]
+    assert list(inspect.signature(AsyncBackendMixin.remove_pending_result).parameters) == ["self", "result"]
