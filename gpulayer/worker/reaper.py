@@ -31,7 +31,9 @@ def kill_tree(pid: int) -> int:
     """SIGKILL ``pid`` and all its descendants; returns how many processes were signalled."""
     try:
         root = psutil.Process(pid)
-        procs = root.children(recursive=True) + [root]
+        # The job's own process first: killed after its children, it could see them exit, return, and
+        # store a success for a job that was cancelled (seen under load with a job waiting on a child).
+        procs = [root] + root.children(recursive=True)
     except psutil.NoSuchProcess:
         return 0
     for p in procs:
