@@ -83,7 +83,10 @@ class ResultBackend(RedisBackend):
         # from, and reconnecting then prints "Exception ignored in ... sys.meta_path is None".
         if sys.is_finalizing():
             return result
-        return super().remove_pending_result(result)
+        try:
+            return super().remove_pending_result(result)
+        except Exception:  # Redis is gone (a test's or script's cluster stopped): the subscription went with it
+            return result
 
     def meta_from_decoded(self, meta):
         meta = super().meta_from_decoded(meta)
