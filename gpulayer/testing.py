@@ -23,14 +23,21 @@ from .store.registry import Registry
 
 class Fleet:
     def __init__(self, workdir: Path, *, secret: str = "fleet-secret", password: str | None = "fleet-pw",
-                 appendonly: bool = False, bind: str = "127.0.0.1", host: str = "127.0.0.1"):
-        """``bind``: Redis's listen addresses (space-separated); ``host``: the address workers use."""
+                 appendonly: bool = False, bind: str = "127.0.0.1", host: str = "127.0.0.1",
+                 redis_directives: list[tuple[str, ...]] | None = None):
+        """``bind``: Redis's listen addresses (space-separated); ``host``: the address workers use;
+        ``redis_directives``: more redis.conf lines (``local.start_redis``), e.g. TLS settings.
+
+        Redis reads its password from a 0600 config file and workers get the URL and the secret by
+        environment (``local``), so neither shows on any command line.
+        """
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.secret = secret
         self.password = password
         self.appendonly = appendonly
         self.bind = bind
+        self.redis_directives = list(redis_directives or [])
         self.port = free_port()
         auth = f":{password}@" if password else ""
         self.url = f"redis://{auth}{host}:{self.port}/0"
@@ -42,7 +49,7 @@ class Fleet:
     def start_redis(self) -> None:
         self.redis_proc = local.start_redis(self.workdir / "redis", port=self.port, password=self.password,
                                             appendonly=self.appendonly, log_file=self.workdir / "redis.log",
-                                            bind=self.bind)
+                                            bind=self.bind, directives=self.redis_directives)
         local.wait_for_redis(self.url, self.redis_proc)
 
     def stop_redis(self) -> None:
