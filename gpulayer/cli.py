@@ -90,6 +90,11 @@ def _up(args) -> int:
     cluster, started = up(args.workers, args.slots, flower=args.flower, zones=args.zone, regions=args.region)
     url = cluster.broker_url if args.show_secrets else mask_url(cluster.broker_url)
     print(("started" if started else "already running") + f": broker {url}")
+    from .config import STATE_FILE_NAME, read_state
+
+    places = (read_state(cluster.home / STATE_FILE_NAME) or {}).get("places") or {}
+    if places:
+        print("workers: " + ", ".join(f"{n} ({p['zone']}, {p['region']})" for n, p in places.items()))
     if cluster.flower_url:
         print(f"Flower: {cluster.flower_url}")
     elif args.flower is not None:
