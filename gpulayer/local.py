@@ -467,7 +467,8 @@ def start_for_process(workers: int | None = None, slots: int | None = None, zone
                       regions: list[str] | None = None) -> LocalCluster:
     """An embedded cluster that lives as long as the calling process (``gpulayer.init()``).
 
-    At the process's exit it is stopped at once (``_kill_now``), not gracefully: nothing in it is kept.
+    At the process's exit it is stopped at once (``_kill_now``: the supervisor and everything below it),
+    not gracefully: nothing in it is kept.
     """
     workers, slots = default_shape(workers, slots)
     home = Path(tempfile.mkdtemp(prefix="gpulayer-"))
@@ -475,7 +476,9 @@ def start_for_process(workers: int | None = None, slots: int | None = None, zone
                                 regions=regions)
 
     def _stop():
-        cluster.stop()
+        # The supervisor would do the same on SIGTERM, but only after waking up; killing its whole tree
+        # from here saves that, and the script's exit waits for nothing that needs to end gracefully.
+        _kill_now([cluster.supervisor])
         shutil.rmtree(home, ignore_errors=True)
 
     atexit.register(_stop)
