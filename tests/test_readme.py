@@ -8,6 +8,8 @@ HTML comment on the line just above its opening fence says otherwise:
   (they run with ``--cuda off``); skipped with REASON.
 - ``<!-- continues: WHAT -->``: a python block that builds on the previous python block (its classes,
   its imports); the two run as one script.
+- ``<!-- file: NAME -->``: a file the blocks after it use (a script for ``gpulayer train``): written as
+  NAME into the scratch directory before any block runs; its own case only compiles it.
 
 Python blocks run as scripts in a subprocess; bash blocks under ``bash -euo pipefail``, with this
 interpreter's ``bin`` first on ``PATH``. Both run in a scratch directory with ``GPULAYER_HOME`` pointing
@@ -32,7 +34,7 @@ from .test_local import wait_gone
 README = Path(__file__).resolve().parent.parent / "README.md"
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
 MARKER = re.compile(r"^<!--\s*([\w-]+)\s*:\s*(.*?)\s*-->\s*$")
-KNOWN_MARKERS = {"not-run", "needs-gpu", "continues"}
+KNOWN_MARKERS = {"not-run", "needs-gpu", "continues", "file"}
 BLOCK_TIMEOUT_S = 900
 
 
@@ -77,7 +79,7 @@ def readme_blocks(text: str | None = None) -> list[Block]:
         marker = MARKER.match(above.strip())
         if marker:
             block.marker, block.reason = marker.group(1), marker.group(2)
-        if block.lang == "python":
+        if block.lang == "python" and block.marker != "file":  # a file is no script to continue
             block.previous, last_python = last_python, block
         blocks.append(block)
     return blocks
@@ -94,6 +96,7 @@ def test_the_readme_blocks_are_found_and_their_markers_are_known():
         assert b.marker is None or b.marker in KNOWN_MARKERS, f"{b.name}: unknown marker {b.marker!r}"
         assert b.marker is None or b.reason, f"{b.name}: a {b.marker} marker needs its reason"
         assert b.marker != "continues" or (b.lang == "python" and b.previous), f"{b.name}: continues nothing"
+        assert b.marker != "file" or re.fullmatch(r"[\w.-]+", b.reason), f"{b.name}: file needs a plain name"
 
 
 def test_the_block_parser_reads_markers_sections_and_continuations():
@@ -111,6 +114,9 @@ class ReadmeCluster:
     def __init__(self, root: Path):
         self.home, self.workdir = root / "home", root / "work"
         self.workdir.mkdir(parents=True)
+        for block in BLOCKS:
+            if block.marker == "file":
+                (self.workdir / block.reason).write_text(block.code)
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
         self.env.update(GPULAYER_HOME=str(self.home), PYTHONUNBUFFERED="1",
                         PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
@@ -154,6 +160,10 @@ def test_readme_block_runs(block: Block, readme_cluster: ReadmeCluster):
         pytest.skip(f"README line {block.line}: {block.reason}")
     if block.marker == "needs-gpu":
         pytest.skip(f"README line {block.line}: needs a GPU worker ({block.reason})")
+    if block.marker == "file":
+        compile(block.code, block.reason, "exec")  # written by the fixture; used by the blocks after it
+        assert (readme_cluster.workdir / block.reason).read_text() == block.code
+        return
     readme_cluster.ensure_up()
     path = readme_cluster.workdir / f"{block.name}.{'py' if block.lang == 'python' else 'sh'}"
     path.write_text(block.script())
