@@ -12,6 +12,7 @@ import os
 import stat
 import subprocess
 import sys
+from pathlib import Path
 from urllib.parse import urlparse
 
 import psutil
@@ -74,6 +75,9 @@ def test_up_with_flower_shows_no_secret_on_any_command_line(gpulayer_home):
         assert {state["redis_pid"], state["flower_pid"], *state["worker_pids"].values()} <= set(lines)
         assert len(lines) >= 6, lines  # supervisor, redis, flower, 2 workers, their pool processes
         assert_hidden(lines, password, secret)
+        # And no process at all on this machine (the password and secret are this cluster's own).
+        assert_hidden({int(d.name): cmdline(int(d.name)) for d in Path("/proc").iterdir() if d.name.isdigit()},
+                      password, secret)
 
         # Asked for, `up` shows the URL whole.
         shown = run_cli("up", "--show-secrets", env=env)
