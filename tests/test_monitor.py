@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import fcntl
+import importlib
 import json
 import os
 import pty
@@ -186,6 +187,55 @@ def wait_until_flower_listens(flower: str) -> None:
         assert time.monotonic() < deadline, "Flower never heard from the workers"
         time.sleep(0.3)
     time.sleep(1.0)
+
+
+def test_flower_serves_its_static_files_whole(fleet, flower):
+    """Each file Flower ships comes back byte for byte, under a Content-Length that counts it (Tornado
+    sends a file in 64 KiB chunks; a transform that rewrote the length from the first chunk cut
+    jquery to 65,536 of its 89,795 bytes, and every script on every page failed)."""
+    static = Path(importlib.import_module("flower").__file__).parent / "static"
+    files = sorted(p for p in static.rglob("*") if p.is_file())
+    assert sum(p.stat().st_size > 65536 for p in files) >= 3  # several span more than one chunk
+    headers = {"Authorization": "Basic " + base64.b64encode(AUTH.encode()).decode()}
+    for path in files:
+        rel = path.relative_to(static).as_posix()
+        with urllib.request.urlopen(urllib.request.Request(flower + "static/" + rel, headers=headers),
+                                    timeout=30) as r:
+            length, body = r.headers.get("Content-Length"), r.read()
+        expected = path.read_bytes()
+        assert (len(body), length) == (len(expected), str(len(expected))), rel
+        assert body == expected, rel
+
+
+def test_masking_holds_a_chunked_answer_whole_and_leaves_static_and_binary_alone():
+    from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
+
+    from gpulayer.monitor import MASK, _masking_transform
+
+    transform = _masking_transform(["s3cr3t-value"], "/static/")
+
+    def answer(uri: str, ctype: str, chunks: list[bytes]) -> tuple[HTTPHeaders, bytes]:
+        t = transform(HTTPServerRequest(start_line=RequestStartLine("GET", uri, "HTTP/1.1"),
+                                         headers=HTTPHeaders({"Host": "127.0.0.1"})))
+        headers = HTTPHeaders({"Content-Type": ctype, "Content-Length": str(sum(map(len, chunks)))})
+        _, headers, out = t.transform_first_chunk(200, headers, chunks[0], len(chunks) == 1)
+        for i, chunk in enumerate(chunks[1:], 2):
+            out += t.transform_chunk(chunk, i == len(chunks))
+        return headers, out
+
+    # One chunk (how Flower writes a page or an API answer): masked, Content-Length counts the result.
+    headers, body = answer("/api/tasks", "application/json", [b'{"s": "s3cr3t-value", "u": "redis://:pw@h/0"}'])
+    assert body == b'{"s": "***", "u": "redis://:***@h/0"}' and headers["Content-Length"] == str(len(body))
+    # Several chunks, a secret and a URL split across them: held to the end, masked whole, sent chunked.
+    headers, body = answer("/tasks", "text/html; charset=UTF-8", [b"<p>s3cr", b"3t-value redis://:p", b"w@h/0</p>"])
+    assert body == f"<p>{MASK} redis://:{MASK}@h/0</p>".encode() and "Content-Length" not in headers
+    # A static file keeps its bytes and its length, chunk by chunk; so does a binary answer.
+    js = [b"x" * 65536, b"var s3cr3t-value;"]
+    headers, body = answer("/static/js/jquery-3.6.4.min.js", "text/javascript", js)
+    assert body == b"".join(js) and headers["Content-Length"] == str(len(body))
+    png = [b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 300, b"s3cr3t-value"]
+    headers, body = answer("/favicon.png", "image/png", png)
+    assert body == b"".join(png) and headers["Content-Length"] == str(len(body))
 
 
 def test_flower_shows_job_summaries_and_never_the_secrets(fleet, flower):
