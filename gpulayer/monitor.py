@@ -50,6 +50,10 @@ def _secrets_of(settings) -> list[str]:
     return sorted({s for s in out if len(s) >= 4}, key=len, reverse=True)
 
 
+# The Tasks page shows each job's summary (args: ``square(7)``) and its resources (kwargs: ``cpu``);
+# Flower's default columns hide both.
+TASKS_COLUMNS = "name,uuid,state,args,kwargs,result,received,runtime,worker"
+
 # Content types a page or an API answer has; anything else (images, fonts, archives) passes untouched.
 _TEXT_TYPES = ("text/", "application/json", "application/javascript", "application/xml", "application/xhtml+xml")
 
@@ -133,6 +137,8 @@ def run_flower(*, broker: str | None = None, port: int = 5555, address: str = "1
     app_mod.app.conf.broker_transport = None
     _install_masking(_secrets_of(settings))
     argv = ["flower", f"--port={port}", f"--address={address}"]
+    if "FLOWER_TASKS_COLUMNS" not in os.environ:  # an operator's choice wins (argv would override it)
+        argv.append(f"--tasks_columns={TASKS_COLUMNS}")
     if basic_auth:
         os.environ["FLOWER_BASIC_AUTH"] = basic_auth  # not in argv, where `ps` would show it
     app_mod.app.start(argv)
