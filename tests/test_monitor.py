@@ -9,7 +9,6 @@ import json
 import os
 import pty
 import select
-import shutil
 import signal
 import struct
 import subprocess
