@@ -14,12 +14,13 @@ a worker and go to a queue no gpulayer worker reads.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from typing import Any
 
 from celery.canvas import Signature, group
 
+from .app import SUBMIT
 from .errors import PayloadError
 from .payload import FunctionRef, check_function, pack_function, resolve_function, summarize
 
@@ -51,6 +52,23 @@ def function_and_args(sig: Signature) -> tuple[Any, tuple]:
     if not sig.args:
         raise PayloadError(f"signature {sig!r} names no function to run; build it with submit.s(fn, *args)")
     return sig.args[0], tuple(sig.args[1:])
+
+
+def later_signatures(*items: Any) -> Iterator[Signature]:
+    """Every ``submit`` signature a message will apply later (its chain, links, chord body), flattened."""
+    for item in items:
+        if item is None:
+            continue
+        if isinstance(item, (list, tuple)):
+            yield from later_signatures(*item)
+        elif isinstance(item, dict):
+            sig = item if isinstance(item, Signature) else Signature.from_dict(item)
+            if sig.get("subtask_type") in ("group", "chain"):
+                yield from later_signatures(list(sig.tasks))
+            elif sig.get("subtask_type") == "chord":
+                yield from later_signatures(list(sig.tasks), sig.body)
+            elif sig.task == SUBMIT:
+                yield sig
 
 
 # -- map / starmap / chunks: run on a worker as one submit job each ---------------------------------

@@ -168,3 +168,23 @@ def test_unsupported_forms_say_so_at_once(fleet):
         submit.map(3, [1])
     with pytest.raises(ValueError, match="chunk size"):
         submit.chunks(add, [(1, 2)], 0)
+
+
+def test_a_later_step_no_worker_can_run_is_refused_at_once(fleet):
+    from gpulayer import JobRejected
+
+    cuda = Resources(cuda=True)
+    with pytest.raises(JobRejected, match="CUDA"):
+        chain(submit.s(add, 1, 2), submit.s(double), submit.s(double, resources=cuda)).apply_async()
+    with pytest.raises(JobRejected, match="CUDA"):
+        chord([submit.s(double, i) for i in range(3)], submit.s(total, resources=cuda)).apply_async()
+    with pytest.raises(JobRejected, match="CUDA"):
+        submit.s(add, 1, 2).apply_async(link=submit.s(double, resources=cuda))
+
+
+def test_chain_through_a_group_and_a_failing_chord_header(fleet):
+    c = chain(submit.s(add, 1, 2), group(submit.s(add, 1), submit.s(add, 2)), submit.s(total))
+    assert c.apply_async().get(timeout=120) == 4 + 5
+    h = chord([submit.s(double, 1), submit.s(boom, 2)], submit.s(total)).apply_async()
+    with pytest.raises(JobFailed, match="boom 2"):
+        h.get(timeout=120)

@@ -7,6 +7,7 @@ from celery.result import AsyncResult
 from celery.exceptions import Ignore
 from kombu.exceptions import EncodeError
 
+from .. import app as app_mod
 from .. import canvas
 from ..app import RESOURCES_HEADER, SUBMIT, app
 from ..errors import PayloadError
@@ -118,6 +119,9 @@ class SubmitTask(Task):
         options.setdefault("argsrepr", summarize(fn, args, kwargs))
         options.setdefault("kwargsrepr", resources.describe())
         ensure_connected()
+        # A later step no live worker can run is refused now, not by the worker that would send it.
+        for later in canvas.later_signatures(options.get("chain"), options.get("chord"), link, link_error):
+            app_mod.route_for(as_resources(later.kwargs.get("resources")))
         try:
             return super().apply_async((ref, *args), kwargs, task_id=task_id, producer=producer, link=link,
                                        link_error=link_error, shadow=shadow, headers=headers, **options)
