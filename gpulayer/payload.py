@@ -142,7 +142,7 @@ def summarize(fn: Callable | FunctionRef, args: tuple = (), kwargs: dict | None 
 _LIBRARY_DIRS = tuple(
     str(Path(p).resolve()) for p in {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
 )
-_by_value: set[str] = set()
+_by_value: set[str] = set()  # modules already looked at (registered by value or not)
 
 
 def _pickle_user_module_by_value(fn: Callable) -> None:
@@ -156,9 +156,11 @@ def _pickle_user_module_by_value(fn: Callable) -> None:
     if not mod_name or mod_name in _by_value or mod_name == "__main__" or mod_name.startswith("gpulayer"):
         return
     module = sys.modules.get(mod_name)
+    if module is None:
+        return
+    _by_value.add(mod_name)  # looked at once: every submit.s(fn, ...) passes here
     path = getattr(module, "__file__", None)
-    if module is None or path is None:
+    if path is None:
         return
     if not str(Path(path).resolve()).startswith(_LIBRARY_DIRS):
         cloudpickle.register_pickle_by_value(module)
-        _by_value.add(mod_name)
