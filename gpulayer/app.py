@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 
 import redis
-from celery import Celery
+from celery import Celery, signals
 from kombu import pools as kombu_pools
 
 from . import broker, placement, queues, signing
@@ -84,6 +84,10 @@ def configure(settings: Settings) -> None:
             redis_socket_timeout=30.0,
         )
         signing.configure(settings.secret_bytes(), settings.max_payload_bytes)
+        # Celery's own entry points (celery.result.AsyncResult(id), GroupResult.restore, signatures
+        # built without an app) use the current/default app: make that this one.
+        app.set_default()
+        app.set_current()
         _settings = settings
         _snapshot = CachedSnapshot(Registry(redis_client(settings), settings.worker_dead_after),
                                    settings.registry_cache_seconds)
@@ -136,3 +140,39 @@ def route_task(name, args, kwargs, options, task=None, **kw):
         return None
     spec = (options.get("headers") or {}).get(RESOURCES_HEADER)
     return {"queue": route_for(Resources(**spec) if spec else Resources()).queue}
+
+
+def _configure_for_celery_command() -> None:
+    """``celery -A gpulayer.app inspect|events|...``: the cluster from GPULAYER_* or ``gpulayer up``'s state file.
+
+    An operator's ``celery`` command imports this module and nothing else; without the
+    cluster's broker and secret it could neither connect nor read the signed replies.
+    """
+    import os
+    import sys
+
+    from .config import load_settings
+
+    prog = sys.argv[0] if sys.argv else ""
+    if os.path.basename(prog) not in ("celery", "celery.exe") and not prog.endswith(os.path.join("celery", "__main__.py")):
+        return
+    settings = load_settings()
+    if not settings.broker_url or not settings.secret:
+        raise SystemExit("gpulayer: no cluster to talk to: set GPULAYER_BROKER_URL and GPULAYER_SECRET to the "
+                         "cluster's Redis URL and secret, or start one with `gpulayer up` (its state file "
+                         "names both)")
+    configure(settings)
+
+
+@signals.celeryd_init.connect
+def _refuse_plain_celery_worker(**_) -> None:
+    """``celery -A gpulayer.app worker`` lacks the slots, heartbeat, janitor and atomic takes; refuse it."""
+    from .worker import runtime
+
+    if runtime.current_worker() is None:  # `gpulayer worker` installs its identity before starting Celery's
+        raise SystemExit("gpulayer's workers start with `gpulayer worker` (it registers the worker's "
+                         "capabilities, slots and heartbeat): run `gpulayer worker --broker URL [--zone Z]` "
+                         "instead of `celery -A gpulayer.app worker`")
+
+
+_configure_for_celery_command()

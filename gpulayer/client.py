@@ -15,6 +15,7 @@ from kombu.exceptions import EncodeError
 from kombu.utils.uuid import uuid
 
 from . import app as app_mod
+from .canvas import function_and_args
 from .config import Settings, load_settings
 from .errors import ClusterUnavailable, ConfigError, PayloadError
 from .models import Resources
@@ -177,7 +178,7 @@ def submit_batch(signatures: Iterable[Signature], resources: Resources | dict | 
         for sig in signatures:
             if getattr(sig, "task", None) != submit.name:
                 raise TypeError(f"submit_batch takes submit.s(...) signatures, got {sig!r}")
-            fn, *args = sig.args
+            fn, args = function_and_args(sig)
             kwargs = dict(sig.kwargs)
             if "resources" in kwargs:
                 raise ValueError("give resources= to submit_batch, not to each signature: a batch routes once")

@@ -40,7 +40,9 @@ class ResultBackend(RedisBackend):
         key = key.decode() if isinstance(key, bytes) else key
         prefix = self.task_keyprefix
         prefix = prefix.decode() if isinstance(prefix, bytes) else prefix
-        job_id = key[len(prefix):] if key.startswith(prefix) else key
+        if not key.startswith(prefix):  # a saved group (GroupResult.save, a chord's nested header): no job
+            return super()._set_with_state(key, value, state)
+        job_id = key[len(prefix):]
         expires = self.failure_expires if state == states.FAILURE and self.failure_expires else self.expires
         final = "1" if state in states.READY_STATES else "0"
         return self.ensure(self._store_once, (key, job_id, value, int(expires or 7 * 86400), final))

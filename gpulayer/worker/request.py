@@ -47,6 +47,18 @@ class JobRequest(Request):
             except redis.RedisError:
                 pass  # only the display suffers
 
+    def info(self, safe=False):
+        """What ``inspect active/reserved/query_task`` report: the job's readable summary, never its pickle.
+
+        Celery sends the raw args unless asked for ``safe``; for a gpulayer job they are the
+        packed function (cloudpickle bytes) and the user's data, so always the summaries
+        (``argsrepr`` "train(0.1, epochs=3)", ``kwargsrepr`` the resources), as Flower shows them.
+        """
+        info = super().info(safe=True)
+        info["args"] = self._argsrepr
+        info["kwargs"] = self._kwargsrepr
+        return info
+
     def on_failure(self, exc_info, send_failed_event=True, return_ok=False):
         exc = exc_info.exception
         if isinstance(exc, ExceptionWithTraceback):
