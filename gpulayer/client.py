@@ -20,6 +20,7 @@ from .errors import ClusterUnavailable, ConfigError, PayloadError
 from .models import Resources
 from .payload import PickledFunction, pack_function, summarize
 from .tasks.submit import as_resources, submit
+from .store.connection import connect_redis
 
 _init_lock = threading.RLock()
 _local = None  # the process-scoped embedded cluster init() started, if any
@@ -27,8 +28,8 @@ _local = None  # the process-scoped embedded cluster init() started, if any
 
 def connect(settings: Settings) -> Settings:
     """Point this process at the cluster ``settings`` names; fail fast if Redis is unreachable."""
-    client = redis.Redis.from_url(settings.broker_url, socket_connect_timeout=settings.connect_timeout,
-                                  socket_timeout=settings.connect_timeout)
+    client = connect_redis(settings.broker_url, socket_connect_timeout=settings.connect_timeout,
+                           socket_timeout=settings.connect_timeout)
     where = urlparse(settings.broker_url)
     try:
         client.ping()

@@ -30,6 +30,7 @@ import redis
 from .config import STATE_FILE_NAME, home_dir, read_state
 from .errors import ClusterUnavailable, ConfigError
 from .launch import free_port
+from .store.connection import connect_redis
 
 _PR_SET_PDEATHSIG = 1
 
@@ -58,12 +59,19 @@ def _die_with_parent() -> None:
 
 
 def start_redis(data_dir: Path, *, port: int, password: str | None, appendonly: bool = True,
-                log_file: Path | None = None, bind: str = "127.0.0.1", tie_to_parent: bool = False) -> subprocess.Popen:
-    """Start ``redis-server`` in the foreground as our child (loopback only by default)."""
+                log_file: Path | None = None, bind: str = "127.0.0.1", tie_to_parent: bool = False,
+                tls: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start ``redis-server`` in the foreground as our child (loopback only by default).
+
+    ``tls``: redis-server's TLS directives (``{"tls-cert-file": ..., "tls-key-file": ...}``); Redis then
+    speaks TLS only, on ``port``.
+    """
     data_dir.mkdir(parents=True, exist_ok=True)
     args = [find_redis_server(), "--bind", *bind.split(), "--port", str(port), "--dir", str(data_dir),
             "--appendonly", "yes" if appendonly else "no", "--save", "", "--daemonize", "no",
             "--protected-mode", "yes"]
+    if tls:  # the later --port 0 wins: no plain TCP at all
+        args += ["--port", "0", "--tls-port", str(port), *(a for k, v in tls.items() for a in (f"--{k}", str(v)))]
     if password:
         args += ["--requirepass", password]
     out = open(log_file, "ab") if log_file else subprocess.DEVNULL
@@ -76,7 +84,7 @@ def start_redis(data_dir: Path, *, port: int, password: str | None, appendonly: 
 
 
 def wait_for_redis(url: str, proc: subprocess.Popen | None = None, timeout: float = 15.0) -> None:
-    client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
+    client = connect_redis(url, socket_connect_timeout=1, socket_timeout=1)
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -293,7 +301,7 @@ def _spawn_supervisor(home: Path, workers: int, slots: int, parent: int | None, 
 def _wait_workers(cluster: LocalCluster, count: int, deadline: float) -> None:
     from .store.registry import Registry
 
-    client = redis.Redis.from_url(cluster.broker_url)
+    client = connect_redis(cluster.broker_url)
     try:
         registry = Registry(client)
         while len(registry.snapshot()) < count:

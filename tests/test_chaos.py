@@ -32,12 +32,16 @@ def work(i: int, seconds: float, run: str):
 
 
 def test_sigkilled_workers_lose_no_job_and_run_none_twice(fresh_fleet):
-    fleet = fresh_fleet
+    kill_each_worker_mid_run(fresh_fleet)
+
+
+def kill_each_worker_mid_run(fleet, n: int = 600) -> None:
+    """The chaos case on ``fleet`` (Redis started, no workers): SIGKILL each worker of ``WORKERS`` in turn
+    while ``n`` jobs run, restart it, and check every job completes exactly once, soon after the kill."""
     fleet.add_workers(WORKERS)
     fleet.connect()
     run = f"chaos:{time.time()}"
     rng = random.Random(7)
-    n = 600
     batch = submit_batch([submit.s(work, i, rng.uniform(0.05, 0.5), run) for i in range(n)])
 
     kills = []  # (worker, main pid, time of the kill)
