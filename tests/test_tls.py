@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 import ssl
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -65,21 +66,25 @@ def tls_fleet(tmp_path, tls_files):
 
 # -- the URL and the transport: no Redis needed ---------------------------------------------------
 
-def test_rediss_selects_gpulayers_transport_with_the_urls_tls_options(tls_files):
+def test_rediss_selects_gpulayers_transport_with_the_urls_tls_options(tls_files, gpulayer_home):
     url = with_tls("rediss://:pw@127.0.0.1:6380/0", **tls_files.client_options())
     assert broker.transport_for(url) == broker.NAME == broker.transport_for("redis://127.0.0.1:6379/0")
     opts = tls_options(url)
     assert opts == {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_ca_certs": str(tls_files.ca),
                     "ssl_certfile": str(tls_files.client_cert), "ssl_keyfile": str(tls_files.client_key)}
-    conn = app.connection_for_write(url, transport=broker.transport_for(url), ssl=opts)
-    try:
-        assert conn.transport_cls == broker.NAME and isinstance(conn.transport, broker.Transport)
-        assert conn.ssl == opts
-    finally:
-        conn.release()
+    # What configure() makes of it, in a process of its own (configure points this process's app elsewhere).
+    probe = (
+        "import sys, gpulayer.app as a, gpulayer.broker as b\n"
+        "from gpulayer.config import load_settings\n"
+        "a.configure(load_settings(broker_url=sys.argv[1], secret='s'))\n"
+        "c = a.app.connection_for_write()\n"
+        "print(a.app.conf.broker_transport, type(c.transport) is b.Transport, c.ssl == a.app.conf.broker_use_ssl,\n"
+        "      a.app.conf.redis_backend_use_ssl == c.ssl, a.app.backend.connparams['connection_class'].__name__)\n")
+    out = subprocess.run([sys.executable, "-c", probe, url], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["gpulayer", "True", "True", "True", "SSLConnection"], out.stderr[-2000:]
 
 
-def test_rediss_checks_the_certificate_unless_told_otherwise(tls_files, monkeypatch):
+def test_rediss_checks_the_certificate_unless_told_otherwise(tls_files, gpulayer_home, monkeypatch):
     s = load_settings(broker_url="rediss://:pw@redis.internal:6380/0")
     assert s.broker_url == "rediss://:pw@redis.internal:6380/0?ssl_cert_reqs=required"
     assert with_tls("rediss://h:6380/0?ssl_cert_reqs=CERT_NONE") == "rediss://h:6380/0?ssl_cert_reqs=none"
@@ -92,19 +97,20 @@ def test_rediss_checks_the_certificate_unless_told_otherwise(tls_files, monkeypa
 @pytest.mark.parametrize("url, env, message", [
     ("unix:///run/redis.sock", {}, "not a Redis URL gpulayer can use"),
     ("redis+socket:///run/redis.sock", {}, "not a Redis URL gpulayer can use"),
-    ("sentinel://h:26379", {}, "not a Redis URL gpulayer can use"),
+    ("sentinel://:pw@h:26379", {}, "not a Redis URL gpulayer can use"),
     ("redis://h:6379/0?ssl_cert_reqs=required", {}, "the broker URL is redis:// \\(no TLS\\)"),
     ("redis://h:6379/0", {"GPULAYER_SSL_CA_CERTS": "/etc/hostname"}, "use rediss://"),
-    ("rediss://h:6380/0?ssl_cert_reqs=maybe", {}, "not one of required, optional, none"),
+    ("rediss://:pw@h:6380/0?ssl_cert_reqs=maybe", {}, "not one of required, optional, none"),
     ("rediss://h:6380/0?ssl_ca_certs=/no/such/ca.pem", {}, "is not a file"),
     ("rediss://h:6380/0?ssl_cert_reqs=none", {"GPULAYER_SSL_CERT_REQS": "required"}, "set it in one place"),
 ])
-def test_what_gpulayer_cannot_make_safe_is_refused_with_the_way_out(url, env, message, monkeypatch):
+def test_what_gpulayer_cannot_make_safe_is_refused_with_the_way_out(url, env, message, gpulayer_home,
+                                                                   monkeypatch):
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     with pytest.raises(ConfigError, match=message) as e:
         load_settings(broker_url=url)
-    assert "pw" not in str(e.value)
+    assert "pw" not in str(e.value), "the message never shows the broker's password"
     with pytest.raises(ConfigError, match="no transport with SIGKILL-safe takes"):
         broker.transport_for("unix:///run/redis.sock")
 

@@ -16,6 +16,6 @@ from ..config import with_tls
 def connect_redis(url: str, **kwargs) -> redis.Redis:
     """A redis-py client for ``url`` (``redis://`` or ``rediss://``); ``kwargs`` go to ``redis.Redis``.
 
-    >>> connect_redis("rediss://:pw@redis:6380/0?ssl_ca_certs=/etc/gpulayer/ca.pem", socket_timeout=10)
+    For example ``connect_redis("rediss://:pw@redis:6380/0?ssl_ca_certs=/etc/gpulayer/ca.pem", socket_timeout=10)``.
     """
     return redis.Redis.from_url(with_tls(url), **kwargs)
