@@ -40,6 +40,7 @@ from kombu.utils.json import dumps, loads
 
 from .errors import ConfigError
 from .store import keys
+from .store.connection import TLSConnection
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,7 @@ class QoS(kredis.QoS):
 
 class Channel(kredis.Channel):
     QoS = QoS
+    connection_class_ssl = TLSConnection  # rediss://: one TLS context per process (store/connection.py)
 
     def __init__(self, *args, **kwargs):
         self._pool_client = None  # before kombu's __init__, which may already talk to Redis

@@ -19,8 +19,8 @@ from .config import Settings, load_settings
 from .errors import ClusterUnavailable, ConfigError, PayloadError
 from .models import Resources
 from .payload import PickledFunction, pack_function, summarize
-from .tasks.submit import as_resources, submit
 from .store.connection import connect_redis
+from .tasks.submit import as_resources, submit
 
 _init_lock = threading.RLock()
 _local = None  # the process-scoped embedded cluster init() started, if any

@@ -58,14 +58,18 @@ class Fleet:
         auth = f":{password}@" if password else ""
         self.url = f"redis://{auth}{host}:{self.port}/0"
         self.redis_proc: subprocess.Popen | None = None
+        self.tls: TlsFiles | None = None
         self.workers: dict[str, subprocess.Popen] = {}
         self._specs: dict[str, dict] = {}
 
     # -- Redis ----------------------------------------------------------------------------------
     def start_redis(self, tls: TlsFiles | None = None) -> None:
-        """``tls``: Redis speaks TLS only, and ``url`` becomes ``rediss://`` with the CA (and client certificate)."""
-        if tls is not None:
+        """``tls``: Redis speaks TLS only, and ``url`` becomes ``rediss://`` with the CA (and client certificate);
+        a restart of the same fleet's Redis keeps it."""
+        if tls is not None and self.tls is None:
             self.url = with_tls(self.url.replace("redis://", "rediss://", 1), **tls.client_options())
+            self.tls = tls
+        tls = self.tls
         self.redis_proc = local.start_redis(self.workdir / "redis", port=self.port, password=self.password,
                                             appendonly=self.appendonly, log_file=self.workdir / "redis.log",
                                             bind=self.bind, tls=tls.redis_directives() if tls else None)

@@ -7,6 +7,8 @@ a rank, the result backend, a pub/sub channel, the client) would fail the test.
 
 from __future__ import annotations
 
+import inspect
+import os
 import shutil
 import ssl
 import subprocess
@@ -22,7 +24,8 @@ from gpulayer import broker, distributed, submit
 from gpulayer.app import app
 from gpulayer.config import load_settings, tls_options, with_tls
 from gpulayer.errors import ConfigError, JobFailed
-from gpulayer.store.connection import connect_redis
+from gpulayer.store import connection
+from gpulayer.store.connection import TLSConnection, connect_redis
 from gpulayer.testing import Fleet, TlsFiles
 
 from .test_chaos import kill_each_worker_mid_run
@@ -81,7 +84,7 @@ def test_rediss_selects_gpulayers_transport_with_the_urls_tls_options(tls_files,
         "print(a.app.conf.broker_transport, type(c.transport) is b.Transport, c.ssl == a.app.conf.broker_use_ssl,\n"
         "      a.app.conf.redis_backend_use_ssl == c.ssl, a.app.backend.connparams['connection_class'].__name__)\n")
     out = subprocess.run([sys.executable, "-c", probe, url], capture_output=True, text=True, timeout=120)
-    assert out.stdout.split() == ["gpulayer", "True", "True", "True", "SSLConnection"], out.stderr[-2000:]
+    assert out.stdout.split() == ["gpulayer", "True", "True", "True", "TLSConnection"], out.stderr[-2000:]
 
 
 def test_rediss_checks_the_certificate_unless_told_otherwise(tls_files, gpulayer_home, monkeypatch):
@@ -149,7 +152,8 @@ def test_a_tls_fleet_serves_jobs_groups_gangs_and_cancels(tls_fleet, tls_files):
     with app.connection_for_write() as conn:
         assert isinstance(conn.transport, broker.Transport)
         conn.ensure_connection(max_retries=1)
-        assert issubclass(conn.default_channel.client.connection_pool.connection_class, redis.SSLConnection)
+        assert issubclass(conn.default_channel.client.connection_pool.connection_class, TLSConnection)
+    assert app.backend.client.connection_pool.connection_class is TLSConnection
 
     assert submit.delay(echo_over_tls, 1, resources=gpulayer.Resources(zone="z2")).get(timeout=60) == (1, "s2", True)
     g = gpulayer.group(submit.s(echo_over_tls, i) for i in range(6)).apply_async()
@@ -172,6 +176,20 @@ def test_a_tls_fleet_serves_jobs_groups_gangs_and_cancels(tls_fleet, tls_files):
     assert sorted(r[0] for r in job.get(timeout=120)) == [0, 1]
     assert {w for _, w in job.get(timeout=5)} == {"s1", "s2"}
     client.close()
+
+
+def test_tls_connections_share_one_context_until_a_certificate_changes(tls_fleet, tls_files):
+    """redis-py builds an SSLContext, loading the system's CA bundle, per connection; TLSConnection, per process."""
+    assert list(inspect.signature(redis.SSLConnection._wrap_socket_with_ssl).parameters) == ["self", "sock"], \
+        "redis-py changed the method TLSConnection overrides (written for redis-py 8.1)"
+    connection._contexts.clear()
+    clients = [connect_redis(tls_fleet.url) for _ in range(3)]
+    assert all(c.ping() for c in clients) and len(connection._contexts) == 1
+    st = tls_files.client_cert.stat()
+    os.utime(tls_files.client_cert, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # a rotated certificate
+    assert connect_redis(tls_fleet.url).ping() and len(connection._contexts) == 2
+    for c in clients:
+        c.close()
 
 
 def test_sigkilled_workers_lose_no_job_and_run_none_twice_over_tls(tls_fleet):
