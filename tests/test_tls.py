@@ -8,6 +8,7 @@ a rank, the result backend, a pub/sub channel, the client) would fail the test.
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import shutil
 import ssl
@@ -173,6 +174,13 @@ def test_a_tls_fleet_serves_jobs_groups_gangs_and_cancels(tls_fleet, tls_files):
     h.cancel()
     with pytest.raises(JobFailed, match="cancelled"):
         h.get(timeout=60)
+    # An operator's way: the plain rediss:// URL, the TLS options as GPULAYER_SSL_* settings.
+    env = dict(os.environ, GPULAYER_BROKER_URL=fleet.url.split("?")[0], GPULAYER_SECRET=fleet.secret,
+               **{f"GPULAYER_{k.upper()}": v for k, v in tls_files.client_options().items()})
+    out = subprocess.run([sys.executable, "-m", "gpulayer", "status", "--json"], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert {w["id"] for w in json.loads(out.stdout)["workers"]} == {"s1", "s2"}
     job = distributed(gang_rank, nodes=2, procs_per_node=1)
     assert sorted(r[0] for r in job.get(timeout=120)) == [0, 1]
     assert {w for _, w in job.get(timeout=5)} == {"s1", "s2"}
