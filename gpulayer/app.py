@@ -15,9 +15,10 @@ from celery import Celery, signals
 from kombu import pools as kombu_pools
 
 from . import broker, placement, queues, signing
-from .config import Settings
+from .config import Settings, tls_options
 from .errors import ClusterUnavailable, JobRejected
 from .models import Resources
+from .store.connection import connect_redis
 from .store.registry import CachedSnapshot, Registry
 
 SUBMIT = "gpulayer.submit"
@@ -75,8 +76,11 @@ def configure(settings: Settings) -> None:
             _drop_connections()
         app.conf.update(
             broker_url=url,
-            # kombu's Redis transport, with takes a SIGKILL cannot lose (gpulayer/broker.py).
-            broker_transport=broker.NAME if url.startswith("redis://") else None,
+            # kombu's Redis transport, with takes a SIGKILL cannot lose (gpulayer/broker.py), for
+            # redis:// and rediss:// alike; the URL's TLS options, as kombu and Celery's backend take them.
+            broker_transport=broker.transport_for(url),
+            broker_use_ssl=tls_options(url) or False,
+            redis_backend_use_ssl=tls_options(url) or None,
             result_backend=f"gpulayer.store.results:ResultBackend+{url}",
             result_expires=settings.result_expires,
             broker_transport_options={**app.conf.broker_transport_options, **timeouts},
@@ -114,7 +118,7 @@ def redis_client(s: Settings | None = None) -> redis.Redis:
     s = s or _settings
     if s is None or not s.broker_url:
         raise ClusterUnavailable("gpulayer is not connected; call gpulayer.init() first")
-    return redis.Redis.from_url(s.broker_url, socket_connect_timeout=s.connect_timeout, socket_timeout=30.0)
+    return connect_redis(s.broker_url, socket_connect_timeout=s.connect_timeout, socket_timeout=30.0)
 
 
 def registry() -> Registry:

@@ -20,6 +20,7 @@ from .config import Settings, load_settings
 from .errors import ClusterUnavailable, ConfigError, PayloadError
 from .models import Resources
 from .payload import PickledFunction, pack_function, summarize
+from .store.connection import connect_redis
 from .tasks.submit import as_resources, submit
 
 _init_lock = threading.RLock()
@@ -28,8 +29,8 @@ _local = None  # the process-scoped embedded cluster init() started, if any
 
 def connect(settings: Settings) -> Settings:
     """Point this process at the cluster ``settings`` names; fail fast if Redis is unreachable."""
-    client = redis.Redis.from_url(settings.broker_url, socket_connect_timeout=settings.connect_timeout,
-                                  socket_timeout=settings.connect_timeout)
+    client = connect_redis(settings.broker_url, socket_connect_timeout=settings.connect_timeout,
+                           socket_timeout=settings.connect_timeout)
     where = urlparse(settings.broker_url)
     try:
         client.ping()

@@ -35,6 +35,7 @@ import redis
 from .config import STATE_FILE_NAME, home_dir, read_state
 from .errors import ClusterUnavailable, ConfigError
 from .launch import free_port
+from .store.connection import connect_redis
 
 _PR_SET_PDEATHSIG = 1
 
@@ -81,18 +82,22 @@ def write_redis_conf(path: Path, directives: list[tuple[str, ...]]) -> Path:
 
 def start_redis(data_dir: Path, *, port: int, password: str | None, appendonly: bool = True,
                 log_file: Path | None = None, bind: str = "127.0.0.1", tie_to_parent: bool = False,
-                directives: list[tuple[str, ...]] | None = None) -> subprocess.Popen:
+                directives: list[tuple[str, ...]] | None = None,
+                tls: dict[str, str] | None = None) -> subprocess.Popen:
     """Start ``redis-server`` in the foreground as our child (loopback only by default).
 
     Every setting, the password (``requirepass``) above all, goes into
     ``data_dir/redis.conf`` (mode 0600), never onto the command line, where any
     local user would read it in ``ps``. ``directives``: more ``(name, value, ...)``
-    lines for that file (TLS, for example).
+    lines for that file. ``tls``: redis-server's TLS directives (``{"tls-cert-file": ..., "tls-key-file": ...}``);
+    Redis then speaks TLS only, on ``port``.
     """
     data_dir.mkdir(parents=True, exist_ok=True)
     conf: list[tuple[str, ...]] = [("bind", *bind.split()), ("port", str(port)), ("dir", str(data_dir)),
                                    ("appendonly", "yes" if appendonly else "no"), ("save", ""),
                                    ("daemonize", "no"), ("protected-mode", "yes")]
+    if tls:  # the later `port 0` wins: no plain TCP at all
+        conf += [("port", "0"), ("tls-port", str(port)), *((k, str(v)) for k, v in tls.items())]
     if password:
         conf.append(("requirepass", password))
     conf += directives or []
@@ -107,7 +112,7 @@ def start_redis(data_dir: Path, *, port: int, password: str | None, appendonly: 
 
 
 def wait_for_redis(url: str, proc: subprocess.Popen | None = None, timeout: float = 15.0) -> None:
-    client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
+    client = connect_redis(url, socket_connect_timeout=1, socket_timeout=1)
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -406,7 +411,7 @@ def _spawn_supervisor(home: Path, workers: int, slots: int, parent: int | None, 
 def _wait_workers(cluster: LocalCluster, count: int, deadline: float) -> None:
     from .store.registry import Registry
 
-    client = redis.Redis.from_url(cluster.broker_url)
+    client = connect_redis(cluster.broker_url)
     try:
         registry = Registry(client)
         while len(registry.snapshot()) < count:

@@ -7,11 +7,13 @@ error type carrying the remote type name, message and traceback.
 
 from __future__ import annotations
 
+import redis
 from celery import states
 from celery.backends.redis import RedisBackend
 
 from ..errors import JobFailed
 from . import keys
+from .connection import TLSConnection
 from .registry import load_script
 
 _DIED = ("WorkerLostError",)
@@ -35,6 +37,14 @@ def as_job_failed(exc: BaseException, traceback: str | None, job_id: str | None)
 
 class ResultBackend(RedisBackend):
     """Redis results, stored at most once per job, read back with failures as ``JobFailed``."""
+
+    connection_class_ssl = TLSConnection
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # For a rediss:// URL Celery picks redis-py's SSLConnection itself; use the one every gpulayer client uses.
+        if self.connparams.get("connection_class") is redis.SSLConnection:
+            self.connparams["connection_class"] = TLSConnection
 
     def _set_with_state(self, key, value, state):
         key = key.decode() if isinstance(key, bytes) else key

@@ -18,6 +18,7 @@ from celery.worker.request import Request
 
 from ..app import settings as app_settings
 from ..store.jobs import JobRecords
+from ..store.connection import connect_redis
 from ..errors import JobStopped
 from . import reaper, runtime
 
@@ -28,7 +29,7 @@ _records: JobRecords | None = None
 def records(app) -> JobRecords:
     global _records
     if _records is None:
-        _records = JobRecords(redis.Redis.from_url(app.conf.broker_url, socket_timeout=10))
+        _records = JobRecords(connect_redis(app.conf.broker_url, socket_timeout=10))
     return _records
 
 
