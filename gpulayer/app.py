@@ -12,13 +12,14 @@ import difflib
 import threading
 
 import redis
-from celery import Celery
+from celery import Celery, signals
 from kombu import pools as kombu_pools
 
 from . import broker, placement, queues, signing
-from .config import Settings
+from .config import Settings, tls_options
 from .errors import ClusterUnavailable, JobRejected, UnsupportedOption
 from .models import Resources
+from .store.connection import connect_redis
 from .store.registry import CachedSnapshot, Registry
 
 SUBMIT = "gpulayer.submit"
@@ -76,8 +77,11 @@ def configure(settings: Settings) -> None:
             _drop_connections()
         app.conf.update(
             broker_url=url,
-            # kombu's Redis transport, with takes a SIGKILL cannot lose (gpulayer/broker.py).
-            broker_transport=broker.NAME if url.startswith("redis://") else None,
+            # kombu's Redis transport, with takes a SIGKILL cannot lose (gpulayer/broker.py), for
+            # redis:// and rediss:// alike; the URL's TLS options, as kombu and Celery's backend take them.
+            broker_transport=broker.transport_for(url),
+            broker_use_ssl=tls_options(url) or False,
+            redis_backend_use_ssl=tls_options(url) or None,
             result_backend=f"gpulayer.store.results:ResultBackend+{url}",
             result_expires=settings.result_expires,
             broker_transport_options={**app.conf.broker_transport_options, **timeouts},
@@ -85,6 +89,10 @@ def configure(settings: Settings) -> None:
             redis_socket_timeout=30.0,
         )
         signing.configure(settings.secret_bytes(), settings.max_payload_bytes)
+        # Celery's own entry points (celery.result.AsyncResult(id), GroupResult.restore, signatures
+        # built without an app) use the current/default app: make that this one.
+        app.set_default()
+        app.set_current()
         _settings = settings
         _snapshot = CachedSnapshot(Registry(redis_client(settings), settings.worker_dead_after),
                                    settings.registry_cache_seconds)
@@ -111,7 +119,7 @@ def redis_client(s: Settings | None = None) -> redis.Redis:
     s = s or _settings
     if s is None or not s.broker_url:
         raise ClusterUnavailable("gpulayer is not connected; call gpulayer.init() first")
-    return redis.Redis.from_url(s.broker_url, socket_connect_timeout=s.connect_timeout, socket_timeout=30.0)
+    return connect_redis(s.broker_url, socket_connect_timeout=s.connect_timeout, socket_timeout=30.0)
 
 
 def registry() -> Registry:
@@ -206,3 +214,39 @@ def check_queue(queue: str, res: Resources) -> None:
             placement.eligible_workers(res, readers)
         except JobRejected as err:
             raise JobRejected(f"queue {queue!r} is read by {', '.join(read[queue])}, but {err}") from err
+
+
+def _configure_for_celery_command() -> None:
+    """``celery -A gpulayer.app inspect|events|...``: the cluster from GPULAYER_* or ``gpulayer up``'s state file.
+
+    An operator's ``celery`` command imports this module and nothing else; without the
+    cluster's broker and secret it could neither connect nor read the signed replies.
+    """
+    import os
+    import sys
+
+    from .config import load_settings
+
+    prog = sys.argv[0] if sys.argv else ""
+    if os.path.basename(prog) not in ("celery", "celery.exe") and not prog.endswith(os.path.join("celery", "__main__.py")):
+        return
+    settings = load_settings()
+    if not settings.broker_url or not settings.secret:
+        raise SystemExit("gpulayer: no cluster to talk to: set GPULAYER_BROKER_URL and GPULAYER_SECRET to the "
+                         "cluster's Redis URL and secret, or start one with `gpulayer up` (its state file "
+                         "names both)")
+    configure(settings)
+
+
+@signals.celeryd_init.connect
+def _refuse_plain_celery_worker(**_) -> None:
+    """``celery -A gpulayer.app worker`` lacks the slots, heartbeat, janitor and atomic takes; refuse it."""
+    from .worker import runtime
+
+    if runtime.current_worker() is None:  # `gpulayer worker` installs its identity before starting Celery's
+        raise SystemExit("gpulayer's workers start with `gpulayer worker` (it registers the worker's "
+                         "capabilities, slots and heartbeat): run `gpulayer worker --broker URL [--zone Z]` "
+                         "instead of `celery -A gpulayer.app worker`")
+
+
+_configure_for_celery_command()

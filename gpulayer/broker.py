@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from importlib import resources
 from queue import Empty
 from time import monotonic, time
+from urllib.parse import urlsplit
 
 from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kredis
@@ -37,7 +38,9 @@ from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
 
+from .errors import ConfigError
 from .store import keys
+from .store.connection import TLSConnection
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +118,7 @@ class QoS(kredis.QoS):
 
 class Channel(kredis.Channel):
     QoS = QoS
+    connection_class_ssl = TLSConnection  # rediss://: one TLS context per process (store/connection.py)
 
     def __init__(self, *args, **kwargs):
         self._pool_client = None  # before kombu's __init__, which may already talk to Redis
@@ -272,6 +276,19 @@ class Transport(kredis.Transport):
     Channel = Channel
 
 
-# Celery's setting ``broker_transport="gpulayer"`` (set by gpulayer.app for redis:// URLs) names this class;
-# logs show the broker as gpulayer://:**@host:port/db.
+SCHEMES = ("redis", "rediss")  # TCP and TLS: kombu's Redis channel, and so these takes, serve both
+
+
+def transport_for(url: str) -> str:
+    """This transport's name for a broker URL it serves; a clear error for any other, never kombu's transport
+    instead (whose takes a SIGKILL can lose)."""
+    scheme = urlsplit(url).scheme
+    if scheme not in SCHEMES:
+        raise ConfigError(f"the broker URL's scheme {scheme}:// has no transport with SIGKILL-safe takes; "
+                          "use redis://host:port/db, or rediss://host:port/db for TLS")
+    return NAME
+
+
+# Celery's setting ``broker_transport="gpulayer"`` (set by gpulayer.app for redis:// and rediss:// URLs) names
+# this class; logs show the broker as gpulayer://:**@host:port/db.
 TRANSPORT_ALIASES.setdefault(NAME, f"{__name__}:Transport")

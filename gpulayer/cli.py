@@ -18,6 +18,14 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--slots", type=int, default=None, help="job slots per worker (default: cores / workers, >= 2)")
     up.add_argument("--flower", type=int, nargs="?", const=0, default=None, metavar="PORT",
                     help="also run Flower on 127.0.0.1 (on PORT, default a free port)")
+    up.add_argument("--zone", action="append", default=None, metavar="ZONE",
+                    help="zone of the next local worker; repeat per worker, taken in turn "
+                         "(default: europe-west1-b, europe-west1-c, europe-west1-d)")
+    up.add_argument("--region", action="append", default=None, metavar="REGION",
+                    help="region of the next local worker, likewise (default: the zone's, europe-west1-b -> "
+                         "europe-west1)")
+    up.add_argument("--show-secrets", action="store_true",
+                    help="print the broker URL with its password (default: masked; the state file has it)")
 
     sub.add_parser("down", help="stop what `gpulayer up` started")
 
@@ -77,9 +85,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def _up(args) -> int:
     from .local import up
+    from .status import mask_url
 
-    cluster, started = up(args.workers, args.slots, flower=args.flower)
-    print(("started" if started else "already running") + f": broker {cluster.broker_url}")
+    cluster, started = up(args.workers, args.slots, flower=args.flower, zones=args.zone, regions=args.region)
+    url = cluster.broker_url if args.show_secrets else mask_url(cluster.broker_url)
+    print(("started" if started else "already running") + f": broker {url}")
+    from .config import STATE_FILE_NAME, read_state
+
+    places = (read_state(cluster.home / STATE_FILE_NAME) or {}).get("places") or {}
+    if places:
+        print("workers: " + ", ".join(f"{n} ({p['zone']}, {p['region']})" for n, p in places.items()))
     if cluster.flower_url:
         print(f"Flower: {cluster.flower_url}")
     elif args.flower is not None:

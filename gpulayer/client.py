@@ -16,10 +16,12 @@ from kombu.utils.uuid import uuid
 
 from . import app as app_mod
 from .cancel import cancel_jobs, interrupted
+from .canvas import function_and_args
 from .config import Settings, load_settings
 from .errors import ClusterUnavailable, ConfigError, PayloadError
 from .models import Resources
 from .payload import PickledFunction, pack_function, summarize
+from .store.connection import connect_redis
 from .tasks.submit import as_resources, submit
 
 _init_lock = threading.RLock()
@@ -28,8 +30,8 @@ _local = None  # the process-scoped embedded cluster init() started, if any
 
 def connect(settings: Settings) -> Settings:
     """Point this process at the cluster ``settings`` names; fail fast if Redis is unreachable."""
-    client = redis.Redis.from_url(settings.broker_url, socket_connect_timeout=settings.connect_timeout,
-                                  socket_timeout=settings.connect_timeout)
+    client = connect_redis(settings.broker_url, socket_connect_timeout=settings.connect_timeout,
+                           socket_timeout=settings.connect_timeout)
     where = urlparse(settings.broker_url)
     try:
         client.ping()
@@ -191,7 +193,7 @@ def submit_batch(signatures: Iterable[Signature], resources: Resources | dict | 
         for sig in signatures:
             if getattr(sig, "task", None) != submit.name:
                 raise TypeError(f"submit_batch takes submit.s(...) signatures, got {sig!r}")
-            fn, *args = sig.args
+            fn, args = function_and_args(sig)
             kwargs = dict(sig.kwargs)
             if "resources" in kwargs:
                 raise ValueError("give resources= to submit_batch, not to each signature: a batch routes once")

@@ -15,16 +15,21 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import tomllib
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from .errors import ConfigError
 
 STATE_FILE_NAME = "cluster.json"
+# TLS options of a rediss:// broker, named as redis-py, kombu and Celery name them (URL query or GPULAYER_SSL_*).
+TLS_OPTIONS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+_CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
 
 
 def home_dir() -> Path:
@@ -57,7 +62,8 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="GPULAYER_", frozen=True, extra="forbid")
 
-    broker_url: str | None = Field(default=None, description="redis://[:password@]host:port/db of the cluster's Redis")
+    broker_url: str | None = Field(default=None, description="redis://[:password@]host:port/db of the cluster's Redis "
+                                                            "(rediss://... for TLS)")
     secret: SecretStr | None = Field(default=None, description="cluster secret that signs every message")
     heartbeat_interval: float = Field(default=1.0, gt=0, description="seconds between worker heartbeats")
     worker_dead_after: float = Field(default=5.0, gt=0, description="seconds of silence before a worker is dead")
@@ -68,15 +74,23 @@ class Settings(BaseSettings):
     connect_timeout: float = Field(default=3.0, gt=0, description="seconds to wait for Redis before giving up")
     max_deliveries: int = Field(default=3, ge=1, le=100,
                                 description="deliveries of a job whose process or worker dies, before it fails")
+    ssl_cert_reqs: str | None = Field(default=None, description="rediss:// only: check Redis's certificate: "
+                                                                "required (default), optional or none")
+    ssl_ca_certs: str | None = Field(default=None, description="rediss:// only: CA file that signed Redis's "
+                                                               "certificate (default: the system's CAs)")
+    ssl_certfile: str | None = Field(default=None, description="rediss:// only: client certificate, for a Redis "
+                                                               "with tls-auth-clients")
+    ssl_keyfile: str | None = Field(default=None, description="rediss:// only: the client certificate's key")
     # Set by the loader, not by users: where broker_url came from.
     broker_from_state: bool = Field(default=False, exclude=True)
 
-    @field_validator("broker_url")
+    @model_validator(mode="before")
     @classmethod
-    def _redis_url(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError(f"{v!r} is not a Redis URL; expected redis://[:password@]host:port/db")
-        return v
+    def _tls_in_url(cls, data: Any) -> Any:
+        """The broker URL carries its TLS options, so every process and client that gets the URL gets them."""
+        if isinstance(data, dict) and data.get("broker_url"):
+            data = {**data, "broker_url": with_tls(data["broker_url"], **{k: data.get(k) for k in TLS_OPTIONS})}
+        return data
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
@@ -109,6 +123,9 @@ def load_settings(**overrides: Any) -> Settings:
     try:
         settings = Settings(**overrides)
     except ValidationError as err:
+        for e in err.errors():  # a ConfigError from a validator already says it all
+            if isinstance((e.get("ctx") or {}).get("error"), ConfigError):
+                raise e["ctx"]["error"] from None
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in err.errors())
         raise ConfigError(f"invalid gpulayer settings: {problems} (see config/gpulayer.example.toml)") from err
     if settings.broker_url is None:
@@ -116,6 +133,57 @@ def load_settings(**overrides: Any) -> Settings:
         if state and state.get("broker_url"):
             # The state file names a whole cluster: its URL and its secret go together.
             secret = settings.secret or (SecretStr(state["secret"]) if state.get("secret") else None)
-            settings = settings.model_copy(update={"broker_url": state["broker_url"], "secret": secret,
-                                                   "broker_from_state": True})
+            url = with_tls(state["broker_url"], **{k: getattr(settings, k) for k in TLS_OPTIONS})
+            settings = settings.model_copy(update={"broker_url": url, "secret": secret, "broker_from_state": True})
     return settings
+
+
+def with_tls(url: str, **options: str | None) -> str:
+    """``url`` with the TLS ``options`` (``ssl_ca_certs=...``) folded into its query, checked and normalised.
+
+    ``redis://`` takes none; ``rediss://`` checks Redis's certificate unless told otherwise
+    (``ssl_cert_reqs=required``, where kombu alone would default to not checking it). Other schemes are
+    refused: gpulayer's transport, with the take a SIGKILL cannot lose, speaks Redis over TCP or TLS only.
+
+    >>> with_tls("rediss://:pw@redis:6380/0", ssl_ca_certs=None)
+    'rediss://:pw@redis:6380/0?ssl_cert_reqs=required'
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss"):
+        raise ConfigError(f"the broker URL ({parts.scheme or 'no scheme'}://...) is not a Redis URL gpulayer can use: "
+                          "its transport takes messages from Redis over TCP or TLS only (no unix sockets, no "
+                          "sentinel); use redis://[:password@]host:port/db, or rediss://... for TLS")
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    given = {k: v for k, v in options.items() if v}  # empty: not set (the example config's way to say so)
+    if unknown := set(given) - set(TLS_OPTIONS):
+        raise ConfigError(f"unknown TLS options {sorted(unknown)}; gpulayer takes {', '.join(TLS_OPTIONS)}")
+    if parts.scheme == "redis":
+        tls = sorted({k for k in (*query, *given) if k in TLS_OPTIONS})
+        if tls:
+            raise ConfigError(f"TLS options ({', '.join(tls)}) are set but the broker URL is redis:// (no TLS); "
+                              "use rediss://host:port/db to connect with TLS, or drop them")
+        return url
+    for key, value in given.items():
+        if query.get(key, value) != value:
+            raise ConfigError(f"{key} is {query[key]!r} in the broker URL but {value!r} in the settings "
+                              f"(GPULAYER_{key.upper()} or the config file); set it in one place")
+        query[key] = value
+    reqs = query.setdefault("ssl_cert_reqs", "required")
+    query["ssl_cert_reqs"] = reqs.lower().removeprefix("cert_")  # CERT_REQUIRED, as Celery spells it, too
+    if query["ssl_cert_reqs"] not in _CERT_REQS:
+        raise ConfigError(f"ssl_cert_reqs={reqs!r} is not one of {', '.join(_CERT_REQS)}")
+    for key in ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile"):
+        if key in query and not os.path.isfile(query[key]):
+            raise ConfigError(f"{key}={query[key]} is not a file; give the path of the PEM file on this machine")
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+def tls_options(url: str) -> dict[str, Any]:
+    """The TLS options of a URL ``with_tls`` made, as kombu's ``broker_use_ssl`` and Celery's
+    ``redis_backend_use_ssl`` take them; empty for ``redis://``."""
+    parts = urlsplit(url)
+    if parts.scheme != "rediss":
+        return {}
+    options: dict[str, Any] = {k: v for k, v in parse_qsl(parts.query) if k in TLS_OPTIONS}
+    options["ssl_cert_reqs"] = _CERT_REQS[options.get("ssl_cert_reqs", "required")]
+    return options

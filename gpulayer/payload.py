@@ -34,17 +34,32 @@ class PickledFunction(NamedTuple):
 FunctionRef = str | PickledFunction
 
 
-def pack_function(fn: Callable | str) -> FunctionRef:
-    """Turn ``fn`` into what travels: ``"pkg.mod:fn"`` as is, any callable pickled by value."""
+def check_function(fn: Any, form: str = "submit") -> None:
+    """Refuse what cannot be a job's function, naming the call (``form``) that was given it.
+
+    Also marks the user's own modules to travel by value, so a signature that keeps
+    the raw function (a chain step inside a message) pickles like a packed one.
+    """
+    if isinstance(fn, PickledFunction):
+        return
     if isinstance(fn, str):
         mod, sep, attr = fn.partition(":")
         if not sep or not mod or not attr:
             raise PayloadError(f"function reference {fn!r} is not of the form 'package.module:function'")
-        return fn
+        return
     if not callable(fn):
-        raise PayloadError(f"submit needs a callable or a 'pkg.mod:fn' string as its first argument, "
+        raise PayloadError(f"{form} needs a callable or a 'pkg.mod:fn' string as its first argument, "
                            f"got {type(fn).__name__} {_short(fn)}")
     _pickle_user_module_by_value(fn)
+
+
+def pack_function(fn: Callable | str) -> FunctionRef:
+    """Turn ``fn`` into what travels: ``"pkg.mod:fn"`` as is, any callable pickled by value."""
+    if isinstance(fn, PickledFunction):
+        return fn
+    check_function(fn)
+    if isinstance(fn, str):
+        return fn
     try:
         blob = cloudpickle.dumps(fn)
     except Exception as err:
@@ -102,6 +117,8 @@ _repr.maxlevel = 2
 
 
 def _short(value: Any) -> str:
+    if isinstance(value, PickledFunction):
+        return value.name  # a function travelling by value: its name, never its bytes
     shape = getattr(value, "shape", None)
     if shape is not None and hasattr(value, "dtype"):
         return f"{type(value).__name__}{list(shape)}:{value.dtype}"
@@ -125,7 +142,7 @@ def summarize(fn: Callable | FunctionRef, args: tuple = (), kwargs: dict | None 
 _LIBRARY_DIRS = tuple(
     str(Path(p).resolve()) for p in {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
 )
-_by_value: set[str] = set()
+_by_value: set[str] = set()  # modules already looked at (registered by value or not)
 
 
 def _pickle_user_module_by_value(fn: Callable) -> None:
@@ -139,9 +156,11 @@ def _pickle_user_module_by_value(fn: Callable) -> None:
     if not mod_name or mod_name in _by_value or mod_name == "__main__" or mod_name.startswith("gpulayer"):
         return
     module = sys.modules.get(mod_name)
+    if module is None:
+        return
+    _by_value.add(mod_name)  # looked at once: every submit.s(fn, ...) passes here
     path = getattr(module, "__file__", None)
-    if module is None or path is None:
+    if path is None:
         return
     if not str(Path(path).resolve()).startswith(_LIBRARY_DIRS):
         cloudpickle.register_pickle_by_value(module)
-        _by_value.add(mod_name)

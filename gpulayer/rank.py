@@ -12,8 +12,6 @@ import sys
 import time
 import traceback
 
-import redis
-
 
 def main(argv: list[str]) -> int:
     gang_id, attempt = argv[0], int(argv[1])
@@ -22,12 +20,13 @@ def main(argv: list[str]) -> int:
     from . import signing
     from .config import load_settings
     from .payload import resolve_function
+    from .store.connection import connect_redis
     from .store.gangs import GangStore
 
     # The rank can use gpulayer itself (submit jobs, read the registry) like any client.
     app_mod.configure(load_settings(broker_url=os.environ["GPULAYER_BROKER_URL"],
                                     secret=os.environ["GPULAYER_SECRET"]))
-    client = redis.Redis.from_url(os.environ["GPULAYER_BROKER_URL"], socket_connect_timeout=5)
+    client = connect_redis(os.environ["GPULAYER_BROKER_URL"], socket_connect_timeout=5)
     store = GangStore(client)
     try:
         fn_ref, args, kwargs = signing.loads(store.payload(gang_id))

@@ -12,37 +12,75 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import redis
 
 from . import local
+from .config import with_tls
 from .launch import free_port
+from .store.connection import connect_redis
 from .store.registry import Registry
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files for a Redis that speaks TLS: the CA, Redis's certificate, and optionally a client certificate
+    (then Redis refuses clients without one, so every connection must carry the client options)."""
+
+    ca: Path
+    server_cert: Path
+    server_key: Path
+    client_cert: Path | None = None
+    client_key: Path | None = None
+
+    def redis_directives(self) -> dict[str, str]:
+        return {"tls-cert-file": str(self.server_cert), "tls-key-file": str(self.server_key),
+                "tls-ca-cert-file": str(self.ca), "tls-auth-clients": "yes" if self.client_cert else "no"}
+
+    def client_options(self) -> dict[str, str | None]:
+        return {"ssl_ca_certs": str(self.ca), "ssl_certfile": self.client_cert and str(self.client_cert),
+                "ssl_keyfile": self.client_key and str(self.client_key)}
 
 
 class Fleet:
     def __init__(self, workdir: Path, *, secret: str = "fleet-secret", password: str | None = "fleet-pw",
-                 appendonly: bool = False, bind: str = "127.0.0.1", host: str = "127.0.0.1"):
-        """``bind``: Redis's listen addresses (space-separated); ``host``: the address workers use."""
+                 appendonly: bool = False, bind: str = "127.0.0.1", host: str = "127.0.0.1",
+                 redis_directives: list[tuple[str, ...]] | None = None):
+        """``bind``: Redis's listen addresses (space-separated); ``host``: the address workers use;
+        ``redis_directives``: more redis.conf lines (``local.start_redis``), e.g. TLS settings.
+
+        Redis reads its password from a 0600 config file and workers get the URL and the secret by
+        environment (``local``), so neither shows on any command line.
+        """
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.secret = secret
         self.password = password
         self.appendonly = appendonly
         self.bind = bind
+        self.redis_directives = list(redis_directives or [])
         self.port = free_port()
         auth = f":{password}@" if password else ""
         self.url = f"redis://{auth}{host}:{self.port}/0"
         self.redis_proc: subprocess.Popen | None = None
+        self.tls: TlsFiles | None = None
         self.workers: dict[str, subprocess.Popen] = {}
         self._specs: dict[str, dict] = {}
 
     # -- Redis ----------------------------------------------------------------------------------
-    def start_redis(self) -> None:
+    def start_redis(self, tls: TlsFiles | None = None) -> None:
+        """``tls``: Redis speaks TLS only, and ``url`` becomes ``rediss://`` with the CA (and client certificate);
+        a restart of the same fleet's Redis keeps it."""
+        if tls is not None and self.tls is None:
+            self.url = with_tls(self.url.replace("redis://", "rediss://", 1), **tls.client_options())
+            self.tls = tls
+        tls = self.tls
         self.redis_proc = local.start_redis(self.workdir / "redis", port=self.port, password=self.password,
                                             appendonly=self.appendonly, log_file=self.workdir / "redis.log",
-                                            bind=self.bind)
+                                            bind=self.bind, directives=self.redis_directives,
+                                            tls=tls.redis_directives() if tls else None)
         local.wait_for_redis(self.url, self.redis_proc)
 
     def stop_redis(self) -> None:
@@ -51,7 +89,7 @@ class Fleet:
             self.redis_proc = None
 
     def client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.url)
+        return connect_redis(self.url)
 
     # -- workers --------------------------------------------------------------------------------
     def add_worker(self, name: str, *, slots: int = 1, zone: str | None = None, region: str | None = None,

@@ -14,7 +14,7 @@ from gpulayer import queues, submit, submit_batch
 from gpulayer.app import redis_client
 from gpulayer.store import keys
 from gpulayer.store.jobs import JobRecords
-from gpulayer.store.registry import load_script
+from gpulayer.store.registry import Registry, load_script
 from gpulayer.worker.janitor import bury
 
 WORKERS = {"c1": dict(slots=2, zone="z"), "c2": dict(slots=2, zone="z"), "c3": dict(slots=2, zone="z")}
@@ -32,12 +32,20 @@ def work(i: int, seconds: float, run: str):
 
 
 def test_sigkilled_workers_lose_no_job_and_run_none_twice(fresh_fleet):
-    fleet = fresh_fleet
+    kill_each_worker_mid_run(fresh_fleet)
+
+
+def kill_each_worker_mid_run(fleet, n: int = 600, *, wait_restarted: bool = False) -> None:
+    """The chaos case on ``fleet`` (Redis started, no workers): SIGKILL each worker of ``WORKERS`` in turn
+    while ``n`` jobs run, restart it, and check every job completes exactly once, soon after the kill.
+
+    ``wait_restarted``: the next kill waits until the restarted worker is back, so two live workers always
+    remain to hand back and rerun what a kill cut off (where a busy machine makes restarts slow).
+    """
     fleet.add_workers(WORKERS)
     fleet.connect()
     run = f"chaos:{time.time()}"
     rng = random.Random(7)
-    n = 600
     batch = submit_batch([submit.s(work, i, rng.uniform(0.05, 0.5), run) for i in range(n)])
 
     kills = []  # (worker, main pid, time of the kill)
@@ -47,6 +55,8 @@ def test_sigkilled_workers_lose_no_job_and_run_none_twice(fresh_fleet):
         kills.append((victim, proc.pid, time.time()))
         fleet.kill_worker(victim, signal.SIGKILL)
         fleet.restart_worker(victim, wait=False)
+        if wait_restarted:
+            wait_for_life(fleet, victim)
     results = batch.get(timeout=600, propagate=True)  # none failed, or this raises
 
     assert [r[0] for r in results] == list(range(n)), "every job has exactly one result, in order"
@@ -64,6 +74,21 @@ def test_sigkilled_workers_lose_no_job_and_run_none_twice(fresh_fleet):
                 assert any(h["event"] == "lost" for h in history), history
     assert cut >= 3, f"the kills cut off only {cut} running jobs; the test did not exercise recovery"
     client.close()
+
+
+def wait_for_life(fleet, name: str, timeout: float = 120.0) -> None:
+    """Until the worker ``name`` heartbeats from its current process (its last life stays live for a few
+    seconds after a SIGKILL, so the name alone says nothing)."""
+    pid = fleet.workers[name].pid
+    client = fleet.client()
+    deadline = time.monotonic() + timeout
+    try:
+        while not any(w.id == name and w.pid == pid for w in Registry(client).snapshot()):
+            assert fleet.workers[name].poll() is None, f"worker {name} exited with {fleet.workers[name].returncode}"
+            assert time.monotonic() < deadline, f"worker {name} (pid {pid}) did not register in {timeout}s"
+            time.sleep(0.05)
+    finally:
+        client.close()
 
 
 def test_poison_job_fails_after_bounded_deliveries_and_neighbours_finish(fleet):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -46,10 +47,24 @@ def test_topology(services):
 
 
 def test_redis_has_a_password_and_append_only_persistence(services):
-    cmd = services["redis"]["command"]
-    assert "--requirepass" in cmd and "${REDIS_PASSWORD" in cmd[cmd.index("--requirepass") + 1]
-    assert cmd[cmd.index("--appendonly") + 1] == "yes"
-    assert any(v.endswith(":/data") for v in services["redis"]["volumes"])
+    redis = services["redis"]
+    assert redis["environment"]["REDIS_PASSWORD"].startswith("${REDIS_PASSWORD:?")
+    script = " ".join(redis["command"])
+    assert "requirepass" in script and "$$REDIS_PASSWORD" in script  # expanded by the container's shell
+    assert "--appendonly yes" in script
+    assert any(v.endswith(":/data") for v in redis["volumes"])
+
+
+def test_redis_reads_its_password_from_a_file_not_its_command_line(services):
+    """``$$`` reaches the container's shell as ``$``: the password lands in a 0600 file redis-server reads."""
+    shell, flag, script = services["redis"]["command"]
+    assert (shell, flag) == ("sh", "-c")
+    assert "--requirepass" not in script and "${REDIS_PASSWORD" not in script  # compose would expand those
+    assert "umask 077" in script
+    conf = re.search(r"> (\S+) ", script).group(1)
+    server = script[script.index("redis-server"):].split()
+    assert server[1] == conf, "redis-server's command line names the file, never the password"
+    assert "exec docker-entrypoint.sh redis-server" in script  # the image's entrypoint drops to the redis user
 
 
 def test_workers_and_flower_get_secret_and_password_from_the_environment(services):
@@ -65,3 +80,32 @@ def test_workers_and_flower_get_secret_and_password_from_the_environment(service
 
 def parse_flower(services):
     return build_parser().parse_args(services["flower"]["command"][1:])
+
+
+def _default(value: str) -> str:
+    """What compose makes of ``${VAR:-default}`` with VAR unset (and of a plain value: itself)."""
+    m = re.fullmatch(r"\$\{\w+:-(.*)\}", value)
+    return m.group(1) if m else value
+
+
+def test_the_gpu_worker_is_built_with_a_cuda_torch_and_the_cpu_ones_without(services):
+    dockerfile = (COMPOSE.parent / "Dockerfile").read_text()
+    assert "ARG TORCH_INDEX_URL" in dockerfile and "--index-url ${TORCH_INDEX_URL}" in dockerfile
+    assert "ARG TORCH_SPEC" in dockerfile and '"${TORCH_SPEC}"' in dockerfile
+    images = {}
+    for name, svc in services.items():
+        if svc.get("command", [""])[0] != "gpulayer":
+            continue
+        args = svc["build"]["args"]
+        index = _default(args["TORCH_INDEX_URL"])
+        assert index.startswith("https://download.pytorch.org/whl/"), (name, index)
+        assert args["TORCH_SPEC"].startswith("torch"), name
+        cuda = "--cuda" in svc["command"] and svc["command"][svc["command"].index("--cuda") + 1] == "on"
+        if cuda:
+            assert re.search(r"/whl/cu\d{3}$", index), f"{name} runs --cuda on but installs torch from {index}"
+        else:
+            assert index.endswith("/whl/cpu"), f"{name} needs no CUDA but installs torch from {index}"
+        images.setdefault(svc["image"], set()).add(index)
+    # One image per torch build: a CUDA image never overwrites the CPU one under the same tag.
+    assert all(len(indexes) == 1 for indexes in images.values()), images
+    assert any(re.search(r"/whl/cu\d{3}$", i) for indexes in images.values() for i in indexes)

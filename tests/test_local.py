@@ -36,7 +36,7 @@ def test_up_status_down(gpulayer_home):
         state_file = gpulayer_home / "cluster.json"
         assert stat.S_IMODE(state_file.stat().st_mode) == 0o600
         state = json.loads(state_file.read_text())
-        assert state["broker_url"] in out.stdout
+        assert state["broker_url"].split("@")[1] in out.stdout  # masked: see test_secrets.py
         assert state["broker_url"].startswith("redis://:") and "@127.0.0.1:" in state["broker_url"]
         assert (gpulayer_home / "redis" / "appendonlydir").exists() or \
             any(p.name.startswith("appendonly") for p in (gpulayer_home / "redis").iterdir())
@@ -114,3 +114,63 @@ def test_init_without_any_cluster_outlives_a_killed_parent_by_at_most_a_moment(g
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_local_workers_take_places_in_turn_with_the_readme_zones_by_default():
+    from gpulayer.local import region_of, worker_places
+
+    assert worker_places(2) == [("europe-west1-b", "europe-west1"), ("europe-west1-c", "europe-west1")]
+    assert [z for z, _ in worker_places(4)] == ["europe-west1-b", "europe-west1-c", "europe-west1-d",
+                                                "europe-west1-b"]
+    assert worker_places(2, ["europe-west4-a"]) == [("europe-west4-a", "europe-west4")] * 2
+    assert worker_places(3, ["a-1", "us-central1-f"], ["lab"]) == [("a-1", "lab"), ("us-central1-f", "lab"),
+                                                                  ("a-1", "lab")]
+    assert (region_of("europe-west4-a"), region_of("lab"), region_of("rack-12")) == ("europe-west4", "lab", "rack-12")
+
+
+def test_up_puts_its_workers_where_zone_and_region_say(gpulayer_home):
+    env = dict(os.environ)
+    out = run_cli("up", "--workers", "2", "--slots", "1", "--zone", "europe-west4-a", "--zone", "us-central1-a",
+                  "--region", "eu", "--region", "us", env=env)
+    pids = []
+    try:
+        assert out.returncode == 0, out.stderr
+        state = json.loads((gpulayer_home / "cluster.json").read_text())
+        pids = [state["supervisor_pid"], state["redis_pid"], *state["worker_pids"].values()]
+        client = redis.Redis.from_url(state["broker_url"])
+        places = {w.id: (w.zone, w.region) for w in Registry(client).snapshot()}
+        client.close()
+        assert places == {"local-1": ("europe-west4-a", "eu"), "local-2": ("us-central1-a", "us")}
+    finally:
+        run_cli("down", env=env)
+    wait_gone(pids)
+
+
+def test_a_script_with_an_embedded_cluster_leaves_nothing_running_once_it_has_exited(gpulayer_home, tmp_path):
+    """At exit the process-scoped cluster is stopped at once, and the script waits for it to be gone."""
+    script = tmp_path / "short.py"
+    script.write_text(textwrap.dedent("""
+        import json, os, psutil
+        import gpulayer
+        from gpulayer import submit
+        from gpulayer.app import registry
+
+        gpulayer.init()
+        assert submit.delay(abs, -2).get(timeout=120) == 2
+        tree = [p.pid for p in psutil.Process().children(recursive=True)]
+        print(json.dumps({"tree": tree, "my_pgid": os.getpgid(0),
+                          "pgids": sorted({os.getpgid(p) for p in tree}),
+                          "places": {w.id: [w.zone, w.region] for w in registry().snapshot()}}))
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180,
+                         env=dict(os.environ))
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    alive = [p for p in result["tree"] if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"still running after the script exited: {alive}"
+    assert "Exception ignored" not in out.stderr and "Traceback" not in out.stderr, out.stderr
+    # The script's Ctrl-C is its own: the cluster runs in another process group, so it is still there
+    # for the script to cancel its jobs.
+    assert result["my_pgid"] not in result["pgids"]
+    assert result["places"] == {"local-1": ["europe-west1-b", "europe-west1"],
+                                "local-2": ["europe-west1-c", "europe-west1"]}

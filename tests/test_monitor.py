@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import base64
 import fcntl
+import importlib
 import json
 import os
 import pty
 import select
-import shutil
 import signal
 import struct
 import subprocess
@@ -29,6 +29,8 @@ from gpulayer.errors import ConfigError
 from gpulayer.launch import free_port
 from gpulayer.local import stop_process, wait_for_port
 from gpulayer.monitor import mask_text, run_flower
+
+from .browser import Chromium, chromium_executable
 
 REPO = Path(__file__).resolve().parents[1]
 IN_CI = bool(os.environ.get("CI"))
@@ -95,25 +97,6 @@ def run_in_pty(args, env, *, timeout=120, until=None, interrupt=False) -> tuple[
 
 # --- Flower ----------------------------------------------------------------------------------------
 
-def chromium(*args, profile: Path, timeout: float = 90) -> subprocess.CompletedProcess:
-    """Headless Chromium in a session of its own, stopped by its process group when done (it forks helpers)."""
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    _need(exe is not None, "no chromium on PATH (apt-get install -y chromium)")
-    proc = subprocess.Popen([exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                             "--disable-component-update", "--disable-sync", "--no-first-run",
-                             "--disable-dev-shm-usage", f"--user-data-dir={profile}", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # its helpers, if any outlived it
-        except ProcessLookupError:
-            pass
-        proc.wait()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-
 def wait_gone(pids, timeout=30):
     deadline = time.monotonic() + timeout
     while any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
@@ -121,41 +104,106 @@ def wait_gone(pids, timeout=30):
         time.sleep(0.1)
 
 
-def test_up_flower_lists_the_workers_in_a_browser(gpulayer_home, tmp_path):
+def output_dir() -> Path:
+    out = REPO / "test-output"
+    out.mkdir(exist_ok=True)
+    return out
+
+
+def wait_until(probe, timeout: float, what: str):
+    """``probe()``'s first truthy value, polled until ``timeout`` seconds have passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        assert time.monotonic() < deadline, what
+        time.sleep(0.3)
+
+
+JOB_SCRIPT = textwrap.dedent("""
+    import json
+    import gpulayer
+    from gpulayer import submit
+
+    def square(x):
+        return x * x
+
+    gpulayer.init()
+    h = submit.delay(square, 7)
+    print(json.dumps({"id": h.id, "value": h.get(timeout=60)}))
+""")
+
+TASKS_ROWS = "Array.from(document.querySelectorAll('#tasks-table tbody tr')).map(r => r.textContent).join('\\n')"
+
+
+def test_up_flower_works_in_a_browser(gpulayer_home, tmp_path):
+    """Dashboard, Tasks page and a task's page in headless Chromium: every script loads and runs (no
+    console error), the dashboard refreshes itself, and the Tasks table, filled by JavaScript from
+    Flower's API, lists the job's summary."""
+    _need(chromium_executable() is not None, "no chromium on PATH (apt-get install -y chromium)")
     env = dict(os.environ)
     up = subprocess.run([sys.executable, "-m", "gpulayer", "up", "--workers", "2", "--slots", "1", "--flower"],
                         capture_output=True, text=True, timeout=120, env=env)
     state = json.loads((gpulayer_home / "cluster.json").read_text()) if (gpulayer_home / "cluster.json").exists() else {}
+    pids = []
     try:
         assert up.returncode == 0, up.stderr
         url = state["flower_url"]
         assert url and url.startswith("http://127.0.0.1:") and f"Flower: {url}" in up.stdout
         assert psutil.pid_exists(state["flower_pid"])
-        workers_page = url + "workers"
+        pids = [state["supervisor_pid"], state["redis_pid"], state["flower_pid"], *state["worker_pids"].values()]
 
-        # The workers page fills in from the workers' event heartbeats: look until both are there.
-        deadline = time.monotonic() + 60
-        while True:
-            dom = chromium("--virtual-time-budget=5000", "--dump-dom", workers_page, profile=tmp_path / "chrome")
-            if dom.returncode == 0 and "local-1@" in dom.stdout and "local-2@" in dom.stdout:
-                break
-            assert time.monotonic() < deadline, f"Flower's workers page never listed local-1 and local-2:\n" \
-                                                f"{dom.stdout[-3000:]}\n{dom.stderr[-1000:]}"
-            time.sleep(1)
-        assert "<table" in dom.stdout and "workers-table" in dom.stdout
-        shot = tmp_path / "flower-workers.png"
-        pic = chromium(f"--screenshot={shot}", "--window-size=1280,900", "--virtual-time-budget=5000", workers_page,
-                       profile=tmp_path / "chrome")
-        assert pic.returncode == 0 and shot.stat().st_size > 10_000, pic.stderr[-1000:]
-        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        (REPO / "test-output").mkdir(exist_ok=True)
-        shutil.copy(shot, REPO / "test-output" / "flower-workers.png")
+        script = tmp_path / "job.py"
+        script.write_text(JOB_SCRIPT)
+        job_env = dict(env, GPULAYER_BROKER_URL=state["broker_url"], GPULAYER_SECRET=state["secret"])
+        out = output_dir()
+        with Chromium(tmp_path / "chrome") as browser:
+            # The dashboard: its script fills the workers table from Flower and says when it last did.
+            # Flower lists a worker there once its event receiver heard the worker's events, so it
+            # will also hear the job's.
+            browser.load(url)
+            browser.wait_for("(document.getElementById('workers-refresh-status') || {}).textContent"
+                             "?.startsWith('Updated') && ['local-1@', 'local-2@'].every(w => "
+                             "document.querySelector('#workers-table tbody').innerText.includes(w))",
+                             timeout=60, what="the dashboard listing local-1 and local-2, refreshed by its script")
+            assert browser.evaluate("jQuery.fn.dataTable.isDataTable('#workers-table')")
+            browser.screenshot(out / "flower-workers.png")
+            assert not browser.errors, browser.errors
+
+            run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                                 env=job_env)
+            assert run.returncode == 0, run.stderr
+            job = json.loads(run.stdout.strip().splitlines()[-1])
+            assert job["value"] == 49
+
+            # The Tasks page: an empty table in its HTML, filled by DataTables from /tasks/datatable
+            # (task events reach Flower asynchronously: reload until the job's row says SUCCESS).
+            def job_row():
+                browser.load(url + "tasks")
+                rows = browser.wait_for(f"(() => {{ const t = {TASKS_ROWS}; return t.includes('No tasks') || "
+                                        f"t.includes({json.dumps(job['id'])}) ? t : ''; }})()", timeout=30,
+                                        what="the Tasks table filled in")
+                return next((r for r in rows.splitlines() if job["id"] in r and "SUCCESS" in r), None)
+            row = wait_until(job_row, 30, f"the Tasks table never listed {job['id']} as done")
+            assert "square(7)" in row and "local-" in row and "cpu" in row, row  # summary, worker, resources
+            assert "PickledFunction" not in row and "\\x80" not in row
+            browser.screenshot(out / "flower-tasks.png")
+            assert not browser.errors, browser.errors
+
+            # The job's own page.
+            browser.load(url + f"task/{job['id']}")
+            text = browser.wait_for(f"document.body.innerText.includes({json.dumps(job['id'])}) && "
+                                    "document.body.innerText", what="the task's page")
+            assert "square(7)" in text and "SUCCESS" in text and "49" in text
+            assert not browser.errors, browser.errors
+        for shot in ("flower-workers.png", "flower-tasks.png"):
+            assert (out / shot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (out / shot).stat().st_size > 10_000
 
         password = state["broker_url"].split(":")[2].split("@")[0]
-        for page in ("workers", "broker", "tasks"):
+        for page in ("", "workers", "broker", "tasks", f"task/{job['id']}"):
             body = get(url + page)
             assert password not in body and state["secret"] not in body, page
-        pids = [state["supervisor_pid"], state["redis_pid"], state["flower_pid"], *state["worker_pids"].values()]
     finally:
         down = subprocess.run([sys.executable, "-m", "gpulayer", "down"], capture_output=True, text=True,
                               timeout=60, env=env)
@@ -186,6 +234,55 @@ def wait_until_flower_listens(flower: str) -> None:
         assert time.monotonic() < deadline, "Flower never heard from the workers"
         time.sleep(0.3)
     time.sleep(1.0)
+
+
+def test_flower_serves_its_static_files_whole(fleet, flower):
+    """Each file Flower ships comes back byte for byte, under a Content-Length that counts it (Tornado
+    sends a file in 64 KiB chunks; a transform that rewrote the length from the first chunk cut
+    jquery to 65,536 of its 89,795 bytes, and every script on every page failed)."""
+    static = Path(importlib.import_module("flower").__file__).parent / "static"
+    files = sorted(p for p in static.rglob("*") if p.is_file())
+    assert sum(p.stat().st_size > 65536 for p in files) >= 3  # several span more than one chunk
+    headers = {"Authorization": "Basic " + base64.b64encode(AUTH.encode()).decode()}
+    for path in files:
+        rel = path.relative_to(static).as_posix()
+        with urllib.request.urlopen(urllib.request.Request(flower + "static/" + rel, headers=headers),
+                                    timeout=30) as r:
+            length, body = r.headers.get("Content-Length"), r.read()
+        expected = path.read_bytes()
+        assert (len(body), length) == (len(expected), str(len(expected))), rel
+        assert body == expected, rel
+
+
+def test_masking_holds_a_chunked_answer_whole_and_leaves_static_and_binary_alone():
+    from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
+
+    from gpulayer.monitor import MASK, _masking_transform
+
+    transform = _masking_transform(["s3cr3t-value"], "/static/")
+
+    def answer(uri: str, ctype: str, chunks: list[bytes]) -> tuple[HTTPHeaders, bytes]:
+        t = transform(HTTPServerRequest(start_line=RequestStartLine("GET", uri, "HTTP/1.1"),
+                                         headers=HTTPHeaders({"Host": "127.0.0.1"})))
+        headers = HTTPHeaders({"Content-Type": ctype, "Content-Length": str(sum(map(len, chunks)))})
+        _, headers, out = t.transform_first_chunk(200, headers, chunks[0], len(chunks) == 1)
+        for i, chunk in enumerate(chunks[1:], 2):
+            out += t.transform_chunk(chunk, i == len(chunks))
+        return headers, out
+
+    # One chunk (how Flower writes a page or an API answer): masked, Content-Length counts the result.
+    headers, body = answer("/api/tasks", "application/json", [b'{"s": "s3cr3t-value", "u": "redis://:pw@h/0"}'])
+    assert body == b'{"s": "***", "u": "redis://:***@h/0"}' and headers["Content-Length"] == str(len(body))
+    # Several chunks, a secret and a URL split across them: held to the end, masked whole, sent chunked.
+    headers, body = answer("/tasks", "text/html; charset=UTF-8", [b"<p>s3cr", b"3t-value redis://:p", b"w@h/0</p>"])
+    assert body == f"<p>{MASK} redis://:{MASK}@h/0</p>".encode() and "Content-Length" not in headers
+    # A static file keeps its bytes and its length, chunk by chunk; so does a binary answer.
+    js = [b"x" * 65536, b"var s3cr3t-value;"]
+    headers, body = answer("/static/js/jquery-3.6.4.min.js", "text/javascript", js)
+    assert body == b"".join(js) and headers["Content-Length"] == str(len(body))
+    png = [b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 300, b"s3cr3t-value"]
+    headers, body = answer("/favicon.png", "image/png", png)
+    assert body == b"".join(png) and headers["Content-Length"] == str(len(body))
 
 
 def test_flower_shows_job_summaries_and_never_the_secrets(fleet, flower):

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import sys
 
+import redis
 from celery import states
 from celery.backends.redis import RedisBackend
 
 from ..errors import JobFailed
 from . import keys
+from .connection import TLSConnection
 from .registry import load_script
 
 _DIED = ("WorkerLostError",)
@@ -56,11 +58,21 @@ def as_job_failed(exc: BaseException, traceback: str | None, job_id: str | None,
 class ResultBackend(RedisBackend):
     """Redis results, stored at most once per job, read back with failures as ``JobFailed``."""
 
+    connection_class_ssl = TLSConnection
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # For a rediss:// URL Celery picks redis-py's SSLConnection itself; use the one every gpulayer client uses.
+        if self.connparams.get("connection_class") is redis.SSLConnection:
+            self.connparams["connection_class"] = TLSConnection
+
     def _set_with_state(self, key, value, state):
         key = key.decode() if isinstance(key, bytes) else key
         prefix = self.task_keyprefix
         prefix = prefix.decode() if isinstance(prefix, bytes) else prefix
-        job_id = key[len(prefix):] if key.startswith(prefix) else key
+        if not key.startswith(prefix):  # a saved group (GroupResult.save, a chord's nested header): no job
+            return super()._set_with_state(key, value, state)
+        job_id = key[len(prefix):]
         expires = self.failure_expires if state == states.FAILURE and self.failure_expires else self.expires
         final = "1" if state in states.READY_STATES else "0"
         return self.ensure(self._store_once, (key, job_id, value, int(expires or 7 * 86400), final))

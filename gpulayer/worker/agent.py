@@ -27,6 +27,7 @@ from ..launch import (RankLayout, die_with_parent, free_port, rank_env, socket_i
                       torchrun_command)
 from ..models import GangSpec
 from ..store import keys
+from ..store.connection import connect_redis
 from ..store.gangs import GangStore
 from ..store.registry import Registry
 from . import runtime
@@ -98,13 +99,13 @@ class GangAgent(LoopStep):
         self.runs: dict[str, GangRun] = {}
 
     def start(self, worker) -> None:
-        client = redis.Redis.from_url(self.url)
+        client = connect_redis(self.url)
         GangStore(client).forget_worker(self.worker_info.id)
         client.close()
         super().start(worker)
 
     def loop(self) -> None:
-        client = redis.Redis.from_url(self.url, socket_timeout=10)
+        client = connect_redis(self.url, socket_timeout=10)
         while not self.stopping.is_set():
             try:
                 item = client.brpop([keys.agent_orders(self.worker_info.id)], timeout=1)
@@ -134,7 +135,7 @@ class GangRun:
         self.gang_id, self.attempt, self.node = order["gang_id"], order["attempt"], order["node_rank"]
         self.worker_info = info
         self.url = url
-        self.client = redis.Redis.from_url(url, socket_timeout=10)
+        self.client = connect_redis(url, socket_timeout=10)
         self.store = GangStore(self.client)
         self.procs: list[tuple[int, subprocess.Popen]] = []  # (first global rank it runs, process)
         self.tails: dict[int, collections.deque] = {}

@@ -22,6 +22,7 @@ from billiard.exceptions import WorkerLostError
 from ..app import settings as app_settings
 from .. import broker
 from ..store import keys
+from ..store.connection import connect_redis
 from ..store.gangs import GangStore
 from ..store.jobs import JobRecords
 from . import runtime
@@ -167,7 +168,7 @@ class Janitor(LoopStep):
     def loop(self) -> None:
         settings = app_settings()
         me = runtime.current_worker().id
-        client = redis.Redis.from_url(self.app.conf.broker_url, socket_timeout=10)
+        client = connect_redis(self.app.conf.broker_url, socket_timeout=10)
         orphan_age = max(30.0, 3 * settings.worker_dead_after)
         rounds = 0
         while not self.stopping.wait(INTERVAL):

@@ -17,6 +17,7 @@ import redis
 from celery.worker import state as worker_state
 
 from ..store import keys
+from ..store.connection import connect_redis
 from .loopstep import LoopStep
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ class Reaper(LoopStep):
     thread_name = "gpulayer-reaper"
 
     def loop(self) -> None:
-        client = redis.Redis.from_url(self.app.conf.broker_url, socket_timeout=10)
+        client = connect_redis(self.app.conf.broker_url, socket_timeout=10)
         sub = None
         cancelled: dict[str, float] = {}  # job id -> when the cancel arrived
         while not self.stopping.is_set():

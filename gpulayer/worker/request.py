@@ -19,6 +19,7 @@ from celery.worker.request import Request
 from ..app import settings as app_settings
 from ..store.jobs import JobRecords
 from ..store.results import process_died
+from ..store.connection import connect_redis
 from ..errors import JobStopped
 from . import reaper, runtime
 
@@ -29,7 +30,7 @@ _records: JobRecords | None = None
 def records(app) -> JobRecords:
     global _records
     if _records is None:
-        _records = JobRecords(redis.Redis.from_url(app.conf.broker_url, socket_timeout=10))
+        _records = JobRecords(connect_redis(app.conf.broker_url, socket_timeout=10))
     return _records
 
 
@@ -47,6 +48,18 @@ class JobRequest(Request):
                 self._request_dict["retries"] = records(self.app).losses(self.id)
             except redis.RedisError:
                 pass  # only the display suffers
+
+    def info(self, safe=False):
+        """What ``inspect active/reserved/query_task`` report: the job's readable summary, never its pickle.
+
+        Celery sends the raw args unless asked for ``safe``; for a gpulayer job they are the
+        packed function (cloudpickle bytes) and the user's data, so always the summaries
+        (``argsrepr`` "train(0.1, epochs=3)", ``kwargsrepr`` the resources), as Flower shows them.
+        """
+        info = super().info(safe=True)
+        info["args"] = self._argsrepr
+        info["kwargs"] = self._kwargsrepr
+        return info
 
     def on_failure(self, exc_info, send_failed_event=True, return_ok=False):
         exc = exc_info.exception
