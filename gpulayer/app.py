@@ -17,7 +17,7 @@ from kombu import pools as kombu_pools
 
 from . import broker, placement, queues, signing
 from .config import Settings, tls_options
-from .errors import ClusterUnavailable, JobRejected, UnsupportedOption
+from .errors import ClusterUnavailable, JobRejected, PayloadError, UnsupportedOption
 from .models import Resources
 from .store.connection import connect_redis
 from .store.registry import CachedSnapshot, Registry
@@ -139,12 +139,23 @@ def route_for(resources: Resources) -> placement.Route:
         return placement.route(resources, _snapshot.get())
 
 
+# Celery's builtin map forms (celery.canvas.xmap / xstarmap / chunks) and the submit methods that replace them.
+_CELERY_MAP_FORMS = {"celery.map": "xmap", "celery.starmap": "xstarmap", "celery.chunks": "chunks"}
+
+
 def route_task(name, args, kwargs, options, task=None, **kw):
     """Celery router: gpulayer jobs go where ``placement.route`` says, or to the ``queue=`` they name.
 
     A named queue must be one that live workers read (and, with ``resources=``, whose readers
     satisfy them); options the broker cannot honour as given are refused, never dropped.
     """
+    # Celery routes its map forms by the inner task's name (route_name): look at the task being sent.
+    builtin = getattr(task, "name", name)
+    if builtin in _CELERY_MAP_FORMS:
+        raise PayloadError(f"Celery's {_CELERY_MAP_FORMS[builtin]}(submit.s(fn), ...) would call submit inside one worker "
+                           "process, outside gpulayer's routing and slots, so gpulayer does not send it; use "
+                           "submit.map(fn, items), submit.starmap(fn, items) or submit.chunks(fn, items, n), which "
+                           "run as gpulayer jobs")
     if name != SUBMIT:
         return None
     spec = (options.get("headers") or {}).get(RESOURCES_HEADER)

@@ -168,6 +168,13 @@ def test_unsupported_forms_say_so_at_once(fleet):
         submit.map(3, [1])
     with pytest.raises(ValueError, match="chunk size"):
         submit.chunks(add, [(1, 2)], 0)
+    # Celery's own map forms would call submit inside a worker, outside routing: refused, with the way out
+    from celery.canvas import chunks, xmap, xstarmap
+
+    for form in (xmap(submit.s(double), [1, 2]), xstarmap(submit.s(add), [(1, 2)]),
+                 chunks(submit.s(add), [(1, 2), (3, 4)], 1)):
+        with pytest.raises(PayloadError, match=r"use submit.map\(fn, items\), submit.starmap"):
+            form.apply_async()
 
 
 def test_a_later_step_no_worker_can_run_is_refused_at_once(fleet):
