@@ -1,20 +1,43 @@
-"""The worker registry: heartbeats in, snapshots of live workers out."""
+"""The worker registry: heartbeats in, snapshots of live workers out.
+
+The registry keeps a version (``keys.WORKERS_VERSION``). A heartbeat bumps it
+only for what a reader must see again: a new or changed worker record, a
+worker back from the dead, or new busy/held counts, each tracked apart
+(``keys.WORKERS_CHANGED``, ``keys.WORKERS_LOAD_CHANGED``). So a reader pays
+the full read once (``Registry.snapshot``) and then refreshes with what changed
+since its version (``FleetView``, behind ``CachedSnapshot``): a changed busy
+count costs three short strings, not a worker's whole record. Who is alive is
+judged by Redis's clock in both.
+"""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 from importlib import resources as _res
 
 import redis
+from pydantic import TypeAdapter
 
 from ..models import WorkerInfo
 from . import keys
+
+_RECORDS = TypeAdapter(list[WorkerInfo])
+_DYNAMIC = {"busy", "held", "heartbeat_age"}  # what a worker's static record leaves out
+_BEAT_CHUNK = 500  # workers per heartbeat script call (an emulator beats thousands at once)
+_BEAT_KEYS = [keys.WORKERS, keys.WORKERS_INFO, keys.WORKERS_STATIC, keys.WORKERS_LOAD, keys.WORKERS_VERSION,
+              keys.WORKERS_CHANGED, keys.WORKERS_LOAD_CHANGED]
 
 
 def load_script(client: redis.Redis, name: str):
     """A registered Lua script from ``store/lua/<name>.lua``."""
     return client.register_script(_res.files(__package__).joinpath("lua", f"{name}.lua").read_text())
+
+
+def static_record(info: WorkerInfo) -> str:
+    """What a worker advertises that rarely changes: its record without busy, held and heartbeat age."""
+    return info.model_dump_json(exclude=_DYNAMIC)
 
 
 class Registry:
@@ -25,44 +48,187 @@ class Registry:
         self.dead_after = dead_after
         self._beat = load_script(client, "heartbeat")
         self._snap = load_script(client, "snapshot")
+        self._changes = load_script(client, "snapshot_changes")
 
     def heartbeat(self, info: WorkerInfo) -> None:
-        self._beat(keys=[keys.WORKERS, keys.WORKERS_INFO], args=[info.id, info.model_dump_json()])
+        self.heartbeat_many([info])
+
+    def heartbeat_many(self, infos: Iterable[WorkerInfo], static: dict[str, str] | None = None) -> None:
+        """Heartbeat many workers in a few script calls (one per 500), pipelined.
+
+        ``static`` maps worker ids to their ``static_record`` when the caller keeps
+        them (an emulator beating 10,000 workers need not re-serialise each one).
+        """
+        calls, args = [], [self.dead_after]
+        for info in infos:
+            record = static.get(info.id) if static else None
+            args += [info.id, record or static_record(info), info.busy, info.held]
+            if len(args) > 4 * _BEAT_CHUNK:
+                calls.append(args)
+                args = [self.dead_after]
+        if len(args) > 1:
+            calls.append(args)
+        if len(calls) == 1:
+            self._beat(keys=_BEAT_KEYS, args=calls[0])
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for a in calls:
+            self._beat(keys=_BEAT_KEYS, args=a, client=pipe)
+        pipe.execute()
 
     def remove(self, worker_id: str) -> None:
         pipe = self.client.pipeline()
         pipe.zrem(keys.WORKERS, worker_id)
         pipe.hdel(keys.WORKERS_INFO, worker_id)
+        pipe.hdel(keys.WORKERS_STATIC, worker_id)
+        pipe.hdel(keys.WORKERS_LOAD, worker_id)
+        pipe.zrem(keys.WORKERS_CHANGED, worker_id)
+        pipe.zrem(keys.WORKERS_LOAD_CHANGED, worker_id)
         pipe.execute()
 
     def snapshot(self) -> tuple[WorkerInfo, ...]:
         """Every live worker, sorted by id, each with its heartbeat age."""
-        raw = self._snap(keys=[keys.WORKERS, keys.WORKERS_INFO], args=[self.dead_after])
-        now = float(raw[0])
-        workers = []
-        for score, info in zip(raw[1::2], raw[2::2]):
-            w = WorkerInfo.model_validate_json(info)
-            workers.append(w.model_copy(update={"heartbeat_age": max(0.0, now - float(score))}))
-        return tuple(sorted(workers, key=lambda w: w.id))
+        return self.read()[1]
+
+    def read(self) -> tuple[int, tuple[WorkerInfo, ...]]:
+        """The full read: the registry's version and every live worker, sorted by id."""
+        _, version, blob = self._snap(keys=[keys.WORKERS, keys.WORKERS_INFO, keys.WORKERS_STATIC,
+                                            keys.WORKERS_LOAD, keys.WORKERS_VERSION], args=[self.dead_after])
+        return int(version), tuple(sorted(_RECORDS.validate_json(blob), key=_by_id))
+
+    def changes(self, since: int) -> Changes:
+        """What changed after version ``since`` (see ``snapshot_changes.lua``)."""
+        _, version, blob, loads, dead, live = self._changes(
+            keys=[keys.WORKERS, keys.WORKERS_STATIC, keys.WORKERS_LOAD, keys.WORKERS_VERSION,
+                  keys.WORKERS_CHANGED, keys.WORKERS_LOAD_CHANGED], args=[self.dead_after, since])
+        records = _RECORDS.validate_json(blob) if len(blob) > 2 else []
+        it = iter(loads)
+        load = {wid.decode(): (int(busy), int(held)) for wid, busy, held in zip(it, it, it)}
+        return Changes(int(version), records, load, {d.decode() for d in dead}, int(live))
+
+    def live_ids(self) -> set[str]:
+        """The ids of every live worker (by Redis's clock), nothing else."""
+        now = self.client.time()
+        cutoff = now[0] + now[1] / 1e6 - self.dead_after
+        return {w.decode() for w in self.client.zrangebyscore(keys.WORKERS, cutoff, "+inf")}
+
+
+def _by_id(w: WorkerInfo) -> str:
+    return w.id
+
+
+class Changes:
+    """One incremental read: new version, changed records, changed (busy, held), dead ids, live count."""
+
+    __slots__ = ("version", "records", "load", "dead", "live")
+
+    def __init__(self, version: int, records: list[WorkerInfo], load: dict[str, tuple[int, int]],
+                 dead: set[str], live: int):
+        self.version, self.records, self.load, self.dead, self.live = version, records, load, dead, live
+
+
+def _with_load(w: WorkerInfo, busy: int, held: int) -> WorkerInfo:
+    """``w`` with new busy/held counts: ``model_copy(update=...)`` without its per-call overhead.
+
+    A refresh may carry thousands of these; the values are ints from our own Lua script.
+    """
+    out = WorkerInfo.__new__(WorkerInfo)
+    fields = dict(w.__dict__)
+    fields["busy"], fields["held"] = busy, held
+    object.__setattr__(out, "__dict__", fields)
+    object.__setattr__(out, "__pydantic_fields_set__", w.__pydantic_fields_set__ | {"busy", "held"})
+    object.__setattr__(out, "__pydantic_extra__", None)
+    object.__setattr__(out, "__pydantic_private__", None)
+    return out
+
+
+class FleetView:
+    """A client's copy of the live fleet, kept current by incremental reads.
+
+    ``refresh()`` pays the full read once, then reads only what changed after
+    the version it holds. It returns the same tuple object while nothing
+    changed, so the placement index built for it is reused. Heartbeat ages are
+    those of each record's last read (``Registry.snapshot()`` has exact ones).
+    """
+
+    def __init__(self, registry: Registry):
+        self.registry = registry
+        self.version: int | None = None
+        self.full_reads = 0
+        self._known: dict[str, WorkerInfo] = {}
+        self._order: list[str] = []  # sorted ids of _known
+        self._dead: set[str] = set()
+        self._value: tuple[WorkerInfo, ...] = ()
+
+    def refresh(self) -> tuple[WorkerInfo, ...]:
+        if self.version is None:
+            return self._full()
+        ch = self.registry.changes(self.version)
+        joined = False
+        for w in ch.records:
+            joined = joined or w.id not in self._known
+            self._known[w.id] = w
+        if joined:
+            self._order = sorted(self._known)
+        for wid, (busy, held) in ch.load.items():
+            w = self._known.get(wid)
+            if w is not None and (w.busy, w.held) != (busy, held):
+                self._known[wid] = _with_load(w, busy, held)
+        changed = bool(ch.records or ch.load) or ch.dead != self._dead
+        self._dead, self.version = ch.dead, ch.version
+        if changed:
+            self._value = tuple(self._known[i] for i in self._order if i not in self._dead)
+        if len(self._value) != ch.live:
+            self._resync()
+        return self._value
+
+    def _full(self) -> tuple[WorkerInfo, ...]:
+        self.version, self._value = self.registry.read()
+        self.full_reads += 1
+        self._known = {w.id: w for w in self._value}
+        self._order = [w.id for w in self._value]
+        self._dead = set()
+        return self._value
+
+    def _resync(self) -> None:
+        """Workers left without a version bump (buried by the janitor): drop them, or read everything."""
+        live = self.registry.live_ids()
+        if not live <= self._known.keys():
+            self._full()
+            return
+        for wid in [w for w in self._known if w not in live]:
+            del self._known[wid]
+        self._order = sorted(self._known)
+        self._value = tuple(self._known[i] for i in self._order if i not in self._dead)
 
 
 class CachedSnapshot:
-    """A registry snapshot reused for ``ttl`` seconds (the router's view of the fleet)."""
+    """A registry snapshot reused for ``ttl`` seconds (the router's view of the fleet).
+
+    Each refresh after the first reads only what changed (``FleetView``).
+    """
 
     def __init__(self, registry: Registry, ttl: float = 1.0):
         self.registry = registry
         self.ttl = ttl
         self._at = float("-inf")
-        self._value: tuple[WorkerInfo, ...] = ()
+        self._view = FleetView(registry)
         self._lock = threading.Lock()
 
     def get(self) -> tuple[WorkerInfo, ...]:
         with self._lock:
             if time.monotonic() - self._at > self.ttl:
-                self._value = self.registry.snapshot()
+                self._view.refresh()
                 self._at = time.monotonic()
-            return self._value
+            return self._view._value
 
     def invalidate(self) -> None:
+        """Refresh (incrementally) on the next ``get``."""
         with self._lock:
             self._at = float("-inf")
+
+    def reset(self) -> None:
+        """Forget everything: the next ``get`` pays a full read."""
+        with self._lock:
+            self._at = float("-inf")
+            self._view = FleetView(self.registry)
