@@ -8,13 +8,14 @@ clock: tested in microseconds. Each snapshot is indexed once
 from __future__ import annotations
 
 import difflib
+import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from . import queues
 from .errors import JobRejected
 from .models import GangPlacement, GangSpec, Resources, WorkerInfo
-from .placement_index import GangTable, SnapshotIndex, index_for, procs_capacity, request_key
+from .placement_index import GangTable, SnapshotIndex, group_plan, index_for, procs_capacity, request_key
 
 _MAX_LISTED = 6
 
@@ -50,9 +51,15 @@ def route(res: Resources, workers: Sequence[WorkerInfo]) -> Route:
     key = request_key(res)
     r = index.routes.get(key)
     if r is None:
-        pool = index.eligible(key) or _refuse(res, workers)
+        try:
+            pool = index.eligible(key) or _refuse(res, workers)
+        except JobRejected as err:  # the same request on the same snapshot gets the same answer, at once
+            index.routes[key] = str(err)
+            raise
         r = index.routes[key] = Route(queues.capability(res.gpus, zone=res.zone, region=res.region),
                                       tuple(w.id for w in pool))
+    if isinstance(r, str):
+        raise JobRejected(r)
     return r
 
 
@@ -163,9 +170,16 @@ def _gang_candidates(spec: GangSpec, workers: Sequence[WorkerInfo]) -> list[Work
 def _gang_table(spec: GangSpec, workers: Sequence[WorkerInfo], index: SnapshotIndex) -> GangTable:
     """The indexed candidates of an unpinned gang; ``JobRejected`` (from the full scan) if too few."""
     res = spec.resources
-    table = index.gang_table(res, spec.procs_per_node) if index.eligible(request_key(res)) else None
+    memo = (request_key(res), spec.nodes, spec.procs_per_node)
+    if memo in index.refusals:
+        raise JobRejected(index.refusals[memo])
+    table = index.gang_table(res, spec.procs_per_node) if index.eligible(memo[0]) else None
     if table is None or len(table.able) < spec.nodes:
-        _gang_candidates(spec, workers)  # raises with the reason
+        try:
+            _gang_candidates(spec, workers)  # raises with the reason
+        except JobRejected as err:
+            index.refusals[memo] = str(err)
+            raise
         raise AssertionError("the snapshot index and the full scan disagree on a gang's candidates")
     return table
 
@@ -204,31 +218,27 @@ def place_gang(spec: GangSpec, workers: Sequence[WorkerInfo], held: dict[str, in
 
     table = _gang_table(spec, workers, index_for(workers))
     fitting = table.base_fits
-    touched: dict[str, set[str]] = {"zone": set(), "region": set()}
+    # The hosts the ledger holds slots on, per zone and region (and "all" for the whole table).
+    touched: dict[str, dict[str | None, set[str]]] = {"zone": {}, "region": {}, "all": {}}
     for wid, h in held.items():
         for w in table.able_by_id.get(wid, ()) if h else ():
             base = min(w.slots - w.busy, procs_capacity(w, res))
             fitting += (free(w) >= m) - (base >= m)
-            touched["zone"].add(w.zone)
-            touched["region"].add(w.region)
+            touched["zone"].setdefault(w.zone, set()).add(w.hostname)
+            touched["region"].setdefault(w.region, set()).add(w.hostname)
+            touched["all"].setdefault("", set()).add(w.hostname)
     if fitting < n:
         raise GangWaiting(_waiting(n, m, table.able, free))
     for level in ("zone", "region"):
         options = []
         for name, group in table.groups[level].items():
-            if name in touched[level]:
-                option = _best_in(group, n, m, free)
-            else:  # the ledger holds nothing here: the pick is the snapshot's, remembered
-                memo = (level, name, n)
-                if memo not in table.options:
-                    table.options[memo] = _best_in(group, n, m, free)
-                option = table.options[memo]
+            option = _best_in(table, level, name, group, n, m, res, free, touched[level].get(name))
             if option is not None:
                 options.append((option[0], name, option[1]))
         if options:
             _, name, chosen = min(options, key=lambda o: (o[0], o[1]))
             return _placement(chosen, f"placed on {n} worker{'s' if n > 1 else ''} in {level} {name}")
-    chosen = _pick([w for w in table.able if free(w) >= m], n)
+    _, chosen = _best_in(table, "all", "", table.able, n, m, res, free, touched["all"].get(""))
     regions = sorted({w.region or "no region" for w in chosen})
     return _placement(chosen, f"placed across regions {', '.join(regions)} (no single zone or region had "
                               f"{n} workers with {m} free slots)")
@@ -239,13 +249,41 @@ def _waiting(n: int, m: int, able: list[WorkerInfo], free) -> str:
     return f"waiting for {n} workers with {m} free slots each; free now: {now}"
 
 
-def _best_in(group: list[WorkerInfo], n: int, m: int, free) -> tuple[tuple[int, int], list[WorkerInfo]] | None:
-    """The cost and the pick of ``n`` workers with ``m`` free slots in one zone or region; None if too few."""
-    fits = [w for w in group if free(w) >= m]
-    if len(fits) < n:
-        return None
-    chosen = _pick(fits, n)
-    return _cost(chosen, free), chosen
+def _best_in(table: GangTable, level: str, name: str, group: list[WorkerInfo], n: int, m: int, res: Resources,
+             free, touched_hosts: set[str] | None) -> tuple[tuple[int, int], list[WorkerInfo]] | None:
+    """The cost and the pick of ``n`` workers with ``m`` free slots in one group; None if too few.
+
+    The same pick as ``_pick`` over the group's fitting workers, walked from the
+    group's plan: only the hosts the ledger touches are looked at again, and the
+    walk stops at the ``n``-th worker. Untouched groups answer from memory.
+    """
+    if not touched_hosts and (level, name, n) in table.options:
+        return table.options[(level, name, n)]
+    plan = table.plans.get((level, name))
+    if plan is None:
+        plan = table.plans[(level, name)] = group_plan(
+            group, lambda w: min(w.slots - w.busy, procs_capacity(w, res)) >= m)
+    count, again = plan.count, []
+    for host in touched_hosts or ():
+        ws = sorted((w for w in plan.members[host] if free(w) >= m), key=lambda w: (-w.free, w.id))
+        count += len(ws) - plan.base.get(host, 0)
+        if ws:
+            again.append(((-len(ws), ws[0].id), host, ws))
+    if count < n:
+        option = None
+    else:
+        again.sort(key=lambda e: e[0])
+        rest = (e for e in plan.hosts if e[1] not in touched_hosts) if touched_hosts else iter(plan.hosts)
+        out: list[WorkerInfo] = []
+        for _, _, ws in heapq.merge(rest, again, key=lambda e: e[0]):
+            out.extend(ws[: n - len(out)])
+            if len(out) == n:
+                break
+        chosen = sorted(out, key=lambda w: w.id)
+        option = (_cost(chosen, free), chosen)
+    if not touched_hosts:
+        table.options[(level, name, n)] = option
+    return option
 
 
 def _pick(group: list[WorkerInfo], n: int) -> list[WorkerInfo]:

@@ -51,6 +51,37 @@ class GangTable:
     base_fits: int
     groups: dict[str, dict[str, list[WorkerInfo]]]
     options: dict[tuple[str, str, int], tuple | None] = field(default_factory=dict)
+    plans: dict[tuple[str, str], GroupPlan] = field(default_factory=dict)
+
+
+@dataclass
+class GroupPlan:
+    """One zone's or region's able workers, grouped by host the way a gang pick walks them.
+
+    ``hosts``: the hosts with room for a node before the slot ledger, each as
+    ``(sort key, hostname, workers)`` with workers most free first, sorted by
+    more fitting workers first, then by the id of the host's first worker;
+    ``count``: how many workers those hosts hold; ``members``: every able
+    worker of the group per host, to look at a host again when the ledger
+    holds slots on it.
+    """
+
+    hosts: list[tuple[tuple[int, str], str, list[WorkerInfo]]]
+    base: dict[str, int]
+    count: int
+    members: dict[str, list[WorkerInfo]]
+
+
+def group_plan(group: list[WorkerInfo], base_fit) -> GroupPlan:
+    members: dict[str, list[WorkerInfo]] = {}
+    by_host: dict[str, list[WorkerInfo]] = {}
+    for w in group:
+        members.setdefault(w.hostname, []).append(w)
+    for w in sorted((w for w in group if base_fit(w)), key=lambda w: (-w.free, w.id)):
+        by_host.setdefault(w.hostname, []).append(w)
+    hosts = sorted((((-len(ws), ws[0].id), h, ws) for h, ws in by_host.items()), key=lambda e: e[0])
+    return GroupPlan(hosts, {h: len(ws) for h, ws in by_host.items()}, sum(len(ws) for ws in by_host.values()),
+                     members)
 
 
 class SnapshotIndex:
@@ -73,7 +104,8 @@ class SnapshotIndex:
         # _levels[i]: every worker with at least _gpu_levels[i] GPUs, in snapshot order.
         self._gpu_levels = sorted(gpu_counts)
         self._levels = [[w for w in self.workers if w.gpus >= g] for g in self._gpu_levels]
-        self.routes: dict[Key, object] = {}  # placement.Route per request key
+        self.routes: dict[Key, object] = {}  # placement.Route, or the refusal's message, per request key
+        self.refusals: dict[tuple, str] = {}  # why a gang can never fit, per (request key, nodes, procs)
         self._eligible: dict[Key, tuple[WorkerInfo, ...]] = {}
         self._gangs: dict[tuple[Key, int], GangTable] = {}
         # The memo dicts are filled without a lock: two threads may compute one entry twice, never wrongly.
