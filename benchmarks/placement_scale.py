@@ -156,7 +156,7 @@ def bench_placement(t: Table, n: int, repeat: int) -> None:
                   timed(lambda: outcome(lambda: reference.place_gang(spec, fleet, ledger)), reps_ref), got)
 
             def cold():
-                fresh = tuple(fleet)  # a new snapshot object: nothing cached for it
+                fresh = tuple(list(fleet))  # a new snapshot object: nothing cached for it
                 outcome(lambda: placement.place_gang(spec, fresh, ledger))
             t.row(f"{label} cold", n, timed(cold, max(3, reps_ref // 2)), None, got)
     clear_cache()

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from . import queues
 from .errors import JobRejected
 from .models import GangPlacement, GangSpec, Resources, WorkerInfo
-from .placement_index import GangTable, SnapshotIndex, group_plan, index_for, procs_capacity, request_key
+from .placement_index import GangTable, GroupPlan, SnapshotIndex, group_plan, index_for, procs_capacity, request_key
 
 _MAX_LISTED = 6
 
@@ -229,16 +229,17 @@ def place_gang(spec: GangSpec, workers: Sequence[WorkerInfo], held: dict[str, in
             touched["all"].setdefault("", set()).add(w.hostname)
     if fitting < n:
         raise GangWaiting(_waiting(n, m, table.able, free))
+    shrinking = all(h >= 0 for h in held.values())  # the ledger only takes slots (always, outside tests)
     for level in ("zone", "region"):
         options = []
         for name, group in table.groups[level].items():
-            option = _best_in(table, level, name, group, n, m, res, free, touched[level].get(name))
+            option = _best_in(table, level, name, group, n, m, res, free, touched[level].get(name), shrinking)
             if option is not None:
                 options.append((option[0], name, option[1]))
         if options:
             _, name, chosen = min(options, key=lambda o: (o[0], o[1]))
             return _placement(chosen, f"placed on {n} worker{'s' if n > 1 else ''} in {level} {name}")
-    _, chosen = _best_in(table, "all", "", table.able, n, m, res, free, touched["all"].get(""))
+    chosen = _best_in(table, "all", "", table.able, n, m, res, free, touched["all"].get(""), shrinking)[1]
     regions = sorted({w.region or "no region" for w in chosen})
     return _placement(chosen, f"placed across regions {', '.join(regions)} (no single zone or region had "
                               f"{n} workers with {m} free slots)")
@@ -250,19 +251,34 @@ def _waiting(n: int, m: int, able: list[WorkerInfo], free) -> str:
 
 
 def _best_in(table: GangTable, level: str, name: str, group: list[WorkerInfo], n: int, m: int, res: Resources,
-             free, touched_hosts: set[str] | None) -> tuple[tuple[int, int], list[WorkerInfo]] | None:
+             free, touched_hosts: set[str] | None, shrinking: bool):
     """The cost and the pick of ``n`` workers with ``m`` free slots in one group; None if too few.
 
     The same pick as ``_pick`` over the group's fitting workers, walked from the
-    group's plan: only the hosts the ledger touches are looked at again, and the
-    walk stops at the ``n``-th worker. Untouched groups answer from memory.
+    group's plan and stopped at the ``n``-th worker. The pick without the ledger
+    is remembered; it stands while the ledger only takes slots (``shrinking``)
+    on hosts the walk never reached, since those hosts can only fall further back.
     """
-    if not touched_hosts and (level, name, n) in table.options:
-        return table.options[(level, name, n)]
     plan = table.plans.get((level, name))
     if plan is None:
         plan = table.plans[(level, name)] = group_plan(
             group, lambda w: min(w.slots - w.busy, procs_capacity(w, res)) >= m)
+    memo = (level, name, n)
+    base = table.options.get(memo, _UNSEEN)
+    if base is _UNSEEN:
+        base = table.options[memo] = _walk(plan, n, m, lambda w: min(w.slots - w.busy, procs_capacity(w, res)), None)
+    if not touched_hosts:
+        return base
+    if shrinking and (base is None or all(plan.pos.get(h, len(plan.hosts)) > base[2] for h in touched_hosts)):
+        return base
+    return _walk(plan, n, m, free, touched_hosts)
+
+
+_UNSEEN = object()
+
+
+def _walk(plan: GroupPlan, n: int, m: int, free, touched_hosts: set[str] | None):
+    """Take ``n`` workers host by host, touched hosts re-read; ``(cost, chosen, last host index)`` or None."""
     count, again = plan.count, []
     for host in touched_hosts or ():
         ws = sorted((w for w in plan.members[host] if free(w) >= m), key=lambda w: (-w.free, w.id))
@@ -270,20 +286,17 @@ def _best_in(table: GangTable, level: str, name: str, group: list[WorkerInfo], n
         if ws:
             again.append(((-len(ws), ws[0].id), host, ws))
     if count < n:
-        option = None
-    else:
-        again.sort(key=lambda e: e[0])
-        rest = (e for e in plan.hosts if e[1] not in touched_hosts) if touched_hosts else iter(plan.hosts)
-        out: list[WorkerInfo] = []
-        for _, _, ws in heapq.merge(rest, again, key=lambda e: e[0]):
-            out.extend(ws[: n - len(out)])
-            if len(out) == n:
-                break
-        chosen = sorted(out, key=lambda w: w.id)
-        option = (_cost(chosen, free), chosen)
-    if not touched_hosts:
-        table.options[(level, name, n)] = option
-    return option
+        return None
+    again.sort(key=lambda e: e[0])
+    rest = (e for e in plan.hosts if e[1] not in touched_hosts) if touched_hosts else iter(plan.hosts)
+    out: list[WorkerInfo] = []
+    last = -1
+    for last, (_, _, ws) in enumerate(heapq.merge(rest, again, key=lambda e: e[0])):
+        out.extend(ws[: n - len(out)])
+        if len(out) == n:
+            break
+    chosen = sorted(out, key=lambda w: w.id)
+    return _cost(chosen, free), chosen, last
 
 
 def _pick(group: list[WorkerInfo], n: int) -> list[WorkerInfo]:

@@ -70,6 +70,7 @@ class GroupPlan:
     base: dict[str, int]
     count: int
     members: dict[str, list[WorkerInfo]]
+    pos: dict[str, int]  # hostname -> index in hosts
 
 
 def group_plan(group: list[WorkerInfo], base_fit) -> GroupPlan:
@@ -81,7 +82,7 @@ def group_plan(group: list[WorkerInfo], base_fit) -> GroupPlan:
         by_host.setdefault(w.hostname, []).append(w)
     hosts = sorted((((-len(ws), ws[0].id), h, ws) for h, ws in by_host.items()), key=lambda e: e[0])
     return GroupPlan(hosts, {h: len(ws) for h, ws in by_host.items()}, sum(len(ws) for ws in by_host.values()),
-                     members)
+                     members, {e[1]: i for i, e in enumerate(hosts)})
 
 
 class SnapshotIndex:
