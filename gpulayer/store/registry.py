@@ -59,14 +59,15 @@ class Registry:
         ``static`` maps worker ids to their ``static_record`` when the caller keeps
         them (an emulator beating 10,000 workers need not re-serialise each one).
         """
-        calls, args = [], [self.dead_after]
-        for info in infos:
-            record = static.get(info.id) if static else None
-            args += [info.id, record or static_record(info), info.busy, info.held]
-            if len(args) > 4 * _BEAT_CHUNK:
-                calls.append(args)
-                args = [self.dead_after]
-        if len(args) > 1:
+        self.beat([(w.id, (static or {}).get(w.id) or static_record(w), w.busy, w.held) for w in infos])
+
+    def beat(self, rows: list[tuple[str, str, int, int]]) -> None:
+        """Heartbeat ``(worker id, static record, busy, held)`` rows, 500 per script call, one pipeline."""
+        calls = []
+        for i in range(0, len(rows), _BEAT_CHUNK):
+            args: list = [self.dead_after]
+            for row in rows[i:i + _BEAT_CHUNK]:
+                args.extend(row)
             calls.append(args)
         if len(calls) == 1:
             self._beat(keys=_BEAT_KEYS, args=calls[0])
@@ -77,13 +78,16 @@ class Registry:
         pipe.execute()
 
     def remove(self, worker_id: str) -> None:
+        self.remove_many([worker_id])
+
+    def remove_many(self, worker_ids: Iterable[str]) -> None:
+        """Take workers out of the registry, every record of theirs."""
         pipe = self.client.pipeline()
-        pipe.zrem(keys.WORKERS, worker_id)
-        pipe.hdel(keys.WORKERS_INFO, worker_id)
-        pipe.hdel(keys.WORKERS_STATIC, worker_id)
-        pipe.hdel(keys.WORKERS_LOAD, worker_id)
-        pipe.zrem(keys.WORKERS_CHANGED, worker_id)
-        pipe.zrem(keys.WORKERS_LOAD_CHANGED, worker_id)
+        for wid in worker_ids:
+            for key in (keys.WORKERS, keys.WORKERS_CHANGED, keys.WORKERS_LOAD_CHANGED):
+                pipe.zrem(key, wid)
+            for key in (keys.WORKERS_INFO, keys.WORKERS_STATIC, keys.WORKERS_LOAD):
+                pipe.hdel(key, wid)
         pipe.execute()
 
     def snapshot(self) -> tuple[WorkerInfo, ...]:
