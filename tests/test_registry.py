@@ -149,3 +149,14 @@ def test_cached_snapshot_refreshes_incrementally_after_its_ttl(registry):
     assert cache._view.full_reads == 1
     cache.reset()
     assert len(cache.get()) == 4 and cache._view.full_reads == 1  # a new view: its first read
+
+
+def test_current_is_exact_on_membership_and_load_and_reads_incrementally(registry):
+    registry.heartbeat_many([info(i) for i in range(20)])
+    assert [w.id for w in registry.current()] == [f"w{i:03d}" for i in range(20)]
+    registry.heartbeat_many([info(3, busy=4), info(77)])
+    registry.remove("w005")
+    now = registry.current()
+    assert {w.id for w in now} == {f"w{i:03d}" for i in range(20) if i != 5} | {"w077"}
+    assert next(w for w in now if w.id == "w003").busy == 4
+    assert registry._current.full_reads == 1

@@ -49,6 +49,8 @@ class Registry:
         self._beat = load_script(client, "heartbeat")
         self._snap = load_script(client, "snapshot")
         self._changes = load_script(client, "snapshot_changes")
+        self._current: FleetView | None = None
+        self._current_lock = threading.Lock()
 
     def heartbeat(self, info: WorkerInfo) -> None:
         self.heartbeat_many([info])
@@ -91,8 +93,20 @@ class Registry:
         pipe.execute()
 
     def snapshot(self) -> tuple[WorkerInfo, ...]:
-        """Every live worker, sorted by id, each with its heartbeat age."""
+        """Every live worker, sorted by id, each with its heartbeat age (the full read)."""
         return self.read()[1]
+
+    def current(self) -> tuple[WorkerInfo, ...]:
+        """Every live worker now, as ``snapshot()``, read incrementally after the first call.
+
+        Membership and busy/held counts are exact as of the call; heartbeat ages are
+        those of each record's last read. What a coordinator or a liveness check
+        wants at 10,000 workers: it costs what changed, not the fleet.
+        """
+        with self._current_lock:
+            if self._current is None:
+                self._current = FleetView(self)
+            return self._current.refresh()
 
     def read(self) -> tuple[int, tuple[WorkerInfo, ...]]:
         """The full read: the registry's version and every live worker, sorted by id."""
