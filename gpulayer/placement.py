@@ -261,8 +261,7 @@ def _best_in(table: GangTable, level: str, name: str, group: list[WorkerInfo], n
     """
     plan = table.plans.get((level, name))
     if plan is None:
-        plan = table.plans[(level, name)] = group_plan(
-            group, lambda w: min(w.slots - w.busy, procs_capacity(w, res)) >= m)
+        plan = table.plans[(level, name)] = group_plan(group, m, res.gpus if res.cuda else 0)
     memo = (level, name, n)
     base = table.options.get(memo, _UNSEEN)
     if base is _UNSEEN:

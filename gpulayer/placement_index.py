@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -41,17 +41,27 @@ class GangTable:
     """The workers able to hold one node of a gang needing ``m`` processes of one request.
 
     ``base_fits`` counts the able workers with room for a node before the slot
-    ledger; ``groups`` holds the able workers per zone and
-    per region, in snapshot order; ``options`` remembers each group's best pick
-    for ``n`` nodes while the ledger does not touch the group.
+    ledger; ``groups`` holds the able workers per zone and per region, in
+    snapshot order; ``options`` remembers each group's best pick for ``n`` nodes
+    without the ledger, ``plans`` each group's hosts in pick order.
     """
 
     able: list[WorkerInfo]
-    able_by_id: dict[str, list[WorkerInfo]]
     base_fits: int
     groups: dict[str, dict[str, list[WorkerInfo]]]
     options: dict[tuple[str, str, int], tuple | None] = field(default_factory=dict)
     plans: dict[tuple[str, str], GroupPlan] = field(default_factory=dict)
+    _by_id: dict[str, list[WorkerInfo]] | None = None
+
+    @property
+    def able_by_id(self) -> dict[str, list[WorkerInfo]]:
+        """The able workers by id (built when a ledger first names one)."""
+        if self._by_id is None:
+            by_id = defaultdict(list)
+            for w in self.able:
+                by_id[w.id].append(w)
+            self._by_id = dict(by_id)
+        return self._by_id
 
 
 @dataclass
@@ -62,27 +72,49 @@ class GroupPlan:
     ``(sort key, hostname, workers)`` with workers most free first, sorted by
     more fitting workers first, then by the id of the host's first worker;
     ``count``: how many workers those hosts hold; ``members``: every able
-    worker of the group per host, to look at a host again when the ledger
-    holds slots on it.
+    worker of the group per host (built when the ledger first touches the
+    group), to look at a host again when the ledger holds slots on it.
     """
 
+    group: list[WorkerInfo]
     hosts: list[tuple[tuple[int, str], str, list[WorkerInfo]]]
     base: dict[str, int]
     count: int
-    members: dict[str, list[WorkerInfo]]
     pos: dict[str, int]  # hostname -> index in hosts
+    _members: dict[str, list[WorkerInfo]] | None = None
+
+    @property
+    def members(self) -> dict[str, list[WorkerInfo]]:
+        if self._members is None:
+            members = defaultdict(list)
+            for w in self.group:
+                members[w.hostname].append(w)
+            self._members = dict(members)
+        return self._members
 
 
-def group_plan(group: list[WorkerInfo], base_fit) -> GroupPlan:
-    members: dict[str, list[WorkerInfo]] = {}
-    by_host: dict[str, list[WorkerInfo]] = {}
-    for w in group:
-        members.setdefault(w.hostname, []).append(w)
-    for w in sorted((w for w in group if base_fit(w)), key=lambda w: (-w.free, w.id)):
-        by_host.setdefault(w.hostname, []).append(w)
-    hosts = sorted((((-len(ws), ws[0].id), h, ws) for h, ws in by_host.items()), key=lambda e: e[0])
-    return GroupPlan(hosts, {h: len(ws) for h, ws in by_host.items()}, sum(len(ws) for ws in by_host.values()),
-                     members, {e[1]: i for i, e in enumerate(hosts)})
+def _most_free_first(w: WorkerInfo) -> tuple[int, str]:
+    return -w.free, w.id
+
+
+def _id(w: WorkerInfo) -> str:
+    return w.id
+
+
+def group_plan(group: list[WorkerInfo], m: int, gpus: int) -> GroupPlan:
+    """The plan of ``group`` for nodes of ``m`` processes needing ``gpus`` GPUs each (0: CPU)."""
+    fitting = [w for w in group if min(w.slots - w.busy, min(w.slots, w.gpus // gpus) if gpus else w.slots) >= m]
+    if len({w.hostname for w in fitting}) == len(fitting):
+        # One fitting worker per host (the usual fleet): hosts sort by (-1, id), i.e. by worker id.
+        hosts = [((-1, w.id), w.hostname, [w]) for w in sorted(fitting, key=_id)]
+        base = {w.hostname: 1 for w in fitting}
+    else:
+        by_host = defaultdict(list)
+        for w in sorted(fitting, key=_most_free_first):
+            by_host[w.hostname].append(w)
+        hosts = sorted((((-len(ws), ws[0].id), h, ws) for h, ws in by_host.items()), key=lambda e: e[0])
+        base = {h: len(ws) for h, ws in by_host.items()}
+    return GroupPlan(group, hosts, base, len(fitting), {e[1]: i for i, e in enumerate(hosts)})
 
 
 class SnapshotIndex:
@@ -90,18 +122,16 @@ class SnapshotIndex:
 
     def __init__(self, workers: Sequence[WorkerInfo]):
         self.workers: tuple[WorkerInfo, ...] = tuple(workers)
-        self.by_id: dict[str, WorkerInfo] = {}
-        self.by_zone: dict[str, list[WorkerInfo]] = {}
-        self.by_region: dict[str, list[WorkerInfo]] = {}
-        gpu_counts: set[int] = set()
+        self.by_id: dict[str, WorkerInfo] = {w.id: w for w in self.workers}
+        by_zone, by_region = defaultdict(list), defaultdict(list)
         for w in self.workers:
-            self.by_id[w.id] = w
-            if w.zone is not None:
-                self.by_zone.setdefault(w.zone, []).append(w)
-            if w.region is not None:
-                self.by_region.setdefault(w.region, []).append(w)
-            if w.gpus > 0:
-                gpu_counts.add(w.gpus)
+            by_zone[w.zone].append(w)
+            by_region[w.region].append(w)
+        by_zone.pop(None, None)
+        by_region.pop(None, None)
+        self.by_zone: dict[str, list[WorkerInfo]] = dict(by_zone)
+        self.by_region: dict[str, list[WorkerInfo]] = dict(by_region)
+        gpu_counts = {w.gpus for w in self.workers if w.gpus > 0}
         # _levels[i]: every worker with at least _gpu_levels[i] GPUs, in snapshot order.
         self._gpu_levels = sorted(gpu_counts)
         self._levels = [[w for w in self.workers if w.gpus >= g] for g in self._gpu_levels]
@@ -139,21 +169,21 @@ class SnapshotIndex:
         k = (request_key(res), m)
         table = self._gangs.get(k)
         if table is None:
-            able, by_id, fits = [], {}, 0
-            zones: dict[str, list[WorkerInfo]] = {}
-            regions: dict[str, list[WorkerInfo]] = {}
+            g = res.gpus if res.cuda else 0
+            able, fits = [], 0
+            zones, regions = defaultdict(list), defaultdict(list)
             for w in self.eligible(k[0]):
-                cap = procs_capacity(w, res)
+                cap = min(w.slots, w.gpus // g) if g else w.slots  # procs_capacity, inlined: 10,000 calls
                 if cap < m:
                     continue
                 able.append(w)
-                by_id.setdefault(w.id, []).append(w)
                 fits += min(w.slots - w.busy, cap) >= m
-                if w.zone:
-                    zones.setdefault(w.zone, []).append(w)
-                if w.region:
-                    regions.setdefault(w.region, []).append(w)
-            table = self._gangs[k] = GangTable(able, by_id, fits, {"zone": zones, "region": regions})
+                zones[w.zone].append(w)
+                regions[w.region].append(w)
+            for groups in (zones, regions):  # groups are named: workers without a zone or region join none
+                groups.pop(None, None)
+                groups.pop("", None)
+            table = self._gangs[k] = GangTable(able, fits, {"zone": dict(zones), "region": dict(regions)})
         return table
 
 
