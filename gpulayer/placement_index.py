@@ -118,31 +118,62 @@ def group_plan(group: list[WorkerInfo], m: int, gpus: int) -> GroupPlan:
 
 
 class SnapshotIndex:
-    """Live workers grouped by id, zone, region and GPU count, built in one pass."""
+    """Live workers grouped by id, zone, region and GPU count, built in one pass when first needed.
 
-    def __init__(self, workers: Sequence[WorkerInfo]):
+    ``inherit``: the index of an earlier snapshot with the same ``layout`` (same
+    workers, same records; only busy/held counts moved). Its routes and refusals
+    depend on nothing else, so they carry over and a route stays a lookup across
+    the client's once-a-second refreshes.
+    """
+
+    def __init__(self, workers: Sequence[WorkerInfo], inherit: SnapshotIndex | None = None):
         self.workers: tuple[WorkerInfo, ...] = tuple(workers)
-        self.by_id: dict[str, WorkerInfo] = {w.id: w for w in self.workers}
+        self._built = False
+        # placement.Route, or the refusal's message, per request key; why a gang can never fit, per
+        # (request key, nodes, procs). The memo dicts are filled without a lock: two threads may
+        # compute one entry twice, never wrongly.
+        self.routes: dict[Key, object] = dict(inherit.routes) if inherit else {}
+        self.refusals: dict[tuple, str] = dict(inherit.refusals) if inherit else {}
+        self._eligible: dict[Key, tuple[WorkerInfo, ...]] = {}
+        self._gangs: dict[tuple[Key, int], GangTable] = {}
+
+    def _build(self) -> None:
+        self._by_id = {w.id: w for w in self.workers}
         by_zone, by_region = defaultdict(list), defaultdict(list)
         for w in self.workers:
             by_zone[w.zone].append(w)
             by_region[w.region].append(w)
         by_zone.pop(None, None)
         by_region.pop(None, None)
-        self.by_zone: dict[str, list[WorkerInfo]] = dict(by_zone)
-        self.by_region: dict[str, list[WorkerInfo]] = dict(by_region)
-        gpu_counts = {w.gpus for w in self.workers if w.gpus > 0}
+        self._by_zone: dict[str, list[WorkerInfo]] = dict(by_zone)
+        self._by_region: dict[str, list[WorkerInfo]] = dict(by_region)
         # _levels[i]: every worker with at least _gpu_levels[i] GPUs, in snapshot order.
-        self._gpu_levels = sorted(gpu_counts)
+        self._gpu_levels = sorted({w.gpus for w in self.workers if w.gpus > 0})
         self._levels = [[w for w in self.workers if w.gpus >= g] for g in self._gpu_levels]
-        self.routes: dict[Key, object] = {}  # placement.Route, or the refusal's message, per request key
-        self.refusals: dict[tuple, str] = {}  # why a gang can never fit, per (request key, nodes, procs)
-        self._eligible: dict[Key, tuple[WorkerInfo, ...]] = {}
-        self._gangs: dict[tuple[Key, int], GangTable] = {}
-        # The memo dicts are filled without a lock: two threads may compute one entry twice, never wrongly.
+        self._built = True
+
+    @property
+    def by_id(self) -> dict[str, WorkerInfo]:
+        if not self._built:
+            self._build()
+        return self._by_id
+
+    @property
+    def by_zone(self) -> dict[str, list[WorkerInfo]]:
+        if not self._built:
+            self._build()
+        return self._by_zone
+
+    @property
+    def by_region(self) -> dict[str, list[WorkerInfo]]:
+        if not self._built:
+            self._build()
+        return self._by_region
 
     def with_gpus(self, gpus: int) -> list[WorkerInfo]:
         """Every worker with at least ``gpus`` GPUs, in snapshot order."""
+        if not self._built:
+            self._build()
         i = bisect.bisect_left(self._gpu_levels, gpus)
         return self._levels[i] if i < len(self._levels) else []
 
@@ -188,6 +219,7 @@ class SnapshotIndex:
 
 
 _cache: OrderedDict[int, tuple[Sequence[WorkerInfo], SnapshotIndex]] = OrderedDict()
+_layouts: dict[object, SnapshotIndex] = {}  # the latest index per snapshot layout
 _cache_lock = threading.Lock()
 
 
@@ -198,17 +230,23 @@ def index_for(workers: Sequence[WorkerInfo]) -> SnapshotIndex:
     reused while its entry lives.
     """
     key = id(workers)
+    layout = getattr(workers, "layout", None)  # registry.Snapshot: same layout, same workers and records
     with _cache_lock:
         hit = _cache.get(key)
         if hit is not None and hit[0] is workers and _unchanged(workers, hit[1]):
             _cache.move_to_end(key)
             return hit[1]
-    index = SnapshotIndex(workers)
+        inherit = _layouts.get(layout) if layout is not None else None
+    index = SnapshotIndex(workers, inherit)
     with _cache_lock:
         _cache[key] = (workers, index)
         _cache.move_to_end(key)
         while len(_cache) > _CACHED_SNAPSHOTS:
             _cache.popitem(last=False)
+        if layout is not None:
+            _layouts[layout] = index
+            while len(_layouts) > _CACHED_SNAPSHOTS:
+                _layouts.pop(next(iter(_layouts)))
     return index
 
 
@@ -223,3 +261,4 @@ def clear_cache() -> None:
     """Forget every cached index (tests, and tools that want the memory back)."""
     with _cache_lock:
         _cache.clear()
+        _layouts.clear()

@@ -360,3 +360,23 @@ def test_index_is_built_once_per_snapshot_and_rebuilt_for_a_changed_list():
     as_list.append(WorkerInfo(id="extra", hostname="x", address="a", slots=1))
     assert index_for(as_list) is not first
     assert "extra" in placement.route(Resources(), as_list).eligible
+
+
+def test_a_snapshot_with_the_same_layout_inherits_routes_and_refusals():
+    from gpulayer.store.registry import _snapshot
+
+    clear_cache()
+    fleet = _synthetic(40)
+    a = _snapshot(fleet, layout=12345)
+    r = placement.route(Resources(zone="z03"), a)
+    with pytest.raises(JobRejected):
+        placement.route(Resources(zone="z99"), a)
+    busier = _snapshot((w.model_copy(update={"busy": 8}) for w in fleet), layout=12345)
+    assert index_for(busier).routes == index_for(a).routes
+    assert placement.route(Resources(zone="z03"), busier) is r
+    with pytest.raises(JobRejected, match="z99"):
+        placement.route(Resources(zone="z99"), busier)
+    # What depends on busy slots is computed afresh: no gang fits on the busier snapshot.
+    with pytest.raises(GangWaiting):
+        placement.place_gang(gang(1, 1), busier, {})
+    assert placement.place_gang(gang(1, 1), a, {}).workers

@@ -160,3 +160,23 @@ def test_current_is_exact_on_membership_and_load_and_reads_incrementally(registr
     assert {w.id for w in now} == {f"w{i:03d}" for i in range(20) if i != 5} | {"w077"}
     assert next(w for w in now if w.id == "w003").busy == 4
     assert registry._current.full_reads == 1
+
+
+def test_a_load_change_keeps_the_snapshot_layout_and_a_new_worker_changes_it(registry):
+    registry.heartbeat_many([info(i) for i in range(5)])
+    view = FleetView(registry)
+    first = view.refresh()
+    registry.heartbeat(info(1, busy=3))
+    second = view.refresh()
+    assert second is not first and second.layout == first.layout and isinstance(second, tuple)
+    registry.heartbeat(info(9))
+    assert view.refresh().layout != first.layout
+
+
+def test_cached_snapshot_refreshes_in_the_background_after_the_first_read(registry):
+    registry.heartbeat_many([info(i) for i in range(3)])
+    cache = CachedSnapshot(registry, ttl=0.0)
+    assert len(cache.get()) == 3  # the first read happens before get returns
+    registry.heartbeat(info(8))
+    wait_until(lambda: len(cache.get()) == 4, what="the background refresh to bring w008")
+    assert cache._view.full_reads == 1

@@ -12,6 +12,9 @@ judged by Redis's clock in both.
 
 from __future__ import annotations
 
+import itertools
+import logging
+import os
 import threading
 import time
 from collections.abc import Iterable
@@ -22,6 +25,8 @@ from pydantic import TypeAdapter
 
 from ..models import WorkerInfo
 from . import keys
+
+log = logging.getLogger(__name__)
 
 _RECORDS = TypeAdapter(list[WorkerInfo])
 _DYNAMIC = {"busy", "held", "heartbeat_age"}  # what a worker's static record leaves out
@@ -145,6 +150,25 @@ class Changes:
         self.version, self.records, self.load, self.dead, self.live = version, records, load, dead, live
 
 
+class Snapshot(tuple):
+    """A tuple of live ``WorkerInfo``, sorted by id, that also carries its ``layout``.
+
+    Two snapshots with the same layout hold the same workers with the same records;
+    only busy/held counts may differ (what placement may carry over between them).
+    """
+
+    layout: int
+
+
+_layout_ids = itertools.count(1)
+
+
+def _snapshot(workers, layout: int) -> Snapshot:
+    out = Snapshot(workers)
+    out.layout = layout
+    return out
+
+
 def _with_load(w: WorkerInfo, busy: int, held: int) -> WorkerInfo:
     """``w`` with new busy/held counts: ``model_copy(update=...)`` without its per-call overhead.
 
@@ -192,16 +216,20 @@ class FleetView:
             w = self._known.get(wid)
             if w is not None and (w.busy, w.held) != (busy, held):
                 self._known[wid] = _with_load(w, busy, held)
-        changed = bool(ch.records or ch.load) or ch.dead != self._dead
+        relaid = bool(ch.records) or ch.dead != self._dead
+        if relaid:
+            self._layout = next(_layout_ids)
         self._dead, self.version = ch.dead, ch.version
-        if changed:
-            self._value = tuple(self._known[i] for i in self._order if i not in self._dead)
+        if relaid or ch.load:
+            self._value = _snapshot((self._known[i] for i in self._order if i not in self._dead), self._layout)
         if len(self._value) != ch.live:
             self._resync()
         return self._value
 
     def _full(self) -> tuple[WorkerInfo, ...]:
-        self.version, self._value = self.registry.read()
+        self.version, workers = self.registry.read()
+        self._layout = next(_layout_ids)
+        self._value = _snapshot(workers, self._layout)
         self.full_reads += 1
         self._known = {w.id: w for w in self._value}
         self._order = [w.id for w in self._value]
@@ -217,36 +245,70 @@ class FleetView:
         for wid in [w for w in self._known if w not in live]:
             del self._known[wid]
         self._order = sorted(self._known)
-        self._value = tuple(self._known[i] for i in self._order if i not in self._dead)
+        self._layout = next(_layout_ids)
+        self._value = _snapshot((self._known[i] for i in self._order if i not in self._dead), self._layout)
 
 
 class CachedSnapshot:
     """A registry snapshot reused for ``ttl`` seconds (the router's view of the fleet).
 
-    Each refresh after the first reads only what changed (``FleetView``).
+    Each refresh after the first reads only what changed (``FleetView``), and runs
+    in the background: a caller past the ttl gets the current snapshot at once
+    while a thread fetches the next, so no submit waits for a refresh. The first
+    ``get`` and the first after ``invalidate()`` refresh before they return.
     """
 
     def __init__(self, registry: Registry, ttl: float = 1.0):
         self.registry = registry
         self.ttl = ttl
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        self._pid = os.getpid()
         self._at = float("-inf")
-        self._view = FleetView(registry)
-        self._lock = threading.Lock()
+        self._view = FleetView(self.registry)
+        self._lock = threading.Lock()  # guards _at and _refreshing
+        self._refresh_lock = threading.Lock()  # one refresh of the view at a time
+        self._refreshing = False
+        self._forced = True
 
     def get(self) -> tuple[WorkerInfo, ...]:
+        if self._pid != os.getpid():  # forked: locks and connections belong to the parent
+            self._reset_state()
         with self._lock:
-            if time.monotonic() - self._at > self.ttl:
+            if time.monotonic() - self._at <= self.ttl:
+                return self._view._value
+            forced = self._forced
+            if not forced and not self._refreshing:
+                self._refreshing = True
+                threading.Thread(target=self._refresh, name="gpulayer-registry-refresh", daemon=True).start()
+        if forced:
+            self._refresh()
+        return self._view._value
+
+    def _refresh(self) -> None:
+        try:
+            with self._refresh_lock:
                 self._view.refresh()
-                self._at = time.monotonic()
-            return self._view._value
+            with self._lock:
+                self._at, self._forced = time.monotonic(), False
+        except Exception as err:  # Redis away: keep the last view; the next get tries again
+            log.warning("gpulayer: registry refresh failed (%s); routing with the last snapshot", err)
+            with self._lock:
+                self._forced = self._view.version is None
+        finally:
+            with self._lock:
+                self._refreshing = False
 
     def invalidate(self) -> None:
-        """Refresh (incrementally) on the next ``get``."""
+        """Refresh (incrementally) before the next ``get`` returns."""
         with self._lock:
             self._at = float("-inf")
+            self._forced = True
 
     def reset(self) -> None:
         """Forget everything: the next ``get`` pays a full read."""
         with self._lock:
             self._at = float("-inf")
+            self._forced = True
             self._view = FleetView(self.registry)
