@@ -175,8 +175,9 @@ def test_a_load_change_keeps_the_snapshot_layout_and_a_new_worker_changes_it(reg
 
 def test_cached_snapshot_refreshes_in_the_background_after_the_first_read(registry):
     registry.heartbeat_many([info(i) for i in range(3)])
-    cache = CachedSnapshot(registry, ttl=0.0)
+    cache = CachedSnapshot(registry, ttl=2.0)
     assert len(cache.get()) == 3  # the first read happens before get returns
     registry.heartbeat(info(8))
     wait_until(lambda: len(cache.get()) == 4, what="the background refresh to bring w008")
     assert cache._view.full_reads == 1
+    assert cache.get() is cache._view._value

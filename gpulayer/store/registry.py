@@ -252,10 +252,11 @@ class FleetView:
 class CachedSnapshot:
     """A registry snapshot reused for ``ttl`` seconds (the router's view of the fleet).
 
-    Each refresh after the first reads only what changed (``FleetView``), and runs
-    in the background: a caller past the ttl gets the current snapshot at once
-    while a thread fetches the next, so no submit waits for a refresh. The first
-    ``get`` and the first after ``invalidate()`` refresh before they return.
+    Each refresh after the first reads only what changed (``FleetView``). A caller
+    past half the ttl gets the current snapshot at once while a thread fetches the
+    next, so a client that submits steadily never waits for a refresh; a snapshot
+    older than the ttl, or one ``invalidate()`` dropped, is refreshed before
+    ``get`` returns.
     """
 
     def __init__(self, registry: Registry, ttl: float = 1.0):
@@ -276,26 +277,26 @@ class CachedSnapshot:
         if self._pid != os.getpid():  # forked: locks and connections belong to the parent
             self._reset_state()
         with self._lock:
-            if time.monotonic() - self._at <= self.ttl:
+            age = time.monotonic() - self._at
+            if age <= self.ttl and not self._forced:
+                if age > self.ttl / 2 and not self._refreshing:  # an active caller never waits for a refresh
+                    self._refreshing = True
+                    threading.Thread(target=self._refresh_behind, name="gpulayer-registry-refresh", daemon=True).start()
                 return self._view._value
-            forced = self._forced
-            if not forced and not self._refreshing:
-                self._refreshing = True
-                threading.Thread(target=self._refresh, name="gpulayer-registry-refresh", daemon=True).start()
-        if forced:
-            self._refresh()
+        self._refresh()  # older than the ttl (an idle caller), or invalidated: never route on that
         return self._view._value
 
     def _refresh(self) -> None:
+        with self._refresh_lock:
+            self._view.refresh()
+        with self._lock:
+            self._at, self._forced = time.monotonic(), False
+
+    def _refresh_behind(self) -> None:
         try:
-            with self._refresh_lock:
-                self._view.refresh()
-            with self._lock:
-                self._at, self._forced = time.monotonic(), False
-        except Exception as err:  # Redis away: keep the last view; the next get tries again
-            log.warning("gpulayer: registry refresh failed (%s); routing with the last snapshot", err)
-            with self._lock:
-                self._forced = self._view.version is None
+            self._refresh()
+        except Exception as err:  # Redis away: keep the last view; a get past the ttl tries (and raises) itself
+            log.warning("gpulayer: background registry refresh failed (%s)", err)
         finally:
             with self._lock:
                 self._refreshing = False
