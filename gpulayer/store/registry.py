@@ -201,6 +201,8 @@ class FleetView:
         self._order: list[str] = []  # sorted ids of _known
         self._dead: set[str] = set()
         self._value: tuple[WorkerInfo, ...] = ()
+        self._pos: dict[str, int] = {}  # worker id -> index in _value
+        self._layout = 0
 
     def refresh(self) -> tuple[WorkerInfo, ...]:
         if self.version is None:
@@ -212,28 +214,40 @@ class FleetView:
             self._known[w.id] = w
         if joined:
             self._order = sorted(self._known)
+        loaded = []
         for wid, (busy, held) in ch.load.items():
             w = self._known.get(wid)
             if w is not None and (w.busy, w.held) != (busy, held):
                 self._known[wid] = _with_load(w, busy, held)
+                loaded.append(wid)
         relaid = bool(ch.records) or ch.dead != self._dead
-        if relaid:
-            self._layout = next(_layout_ids)
         self._dead, self.version = ch.dead, ch.version
-        if relaid or ch.load:
-            self._value = _snapshot((self._known[i] for i in self._order if i not in self._dead), self._layout)
+        if relaid:
+            self._lay_out()
+        elif loaded:  # same workers in the same places: patch the changed ones into a copy
+            value = list(self._value)
+            for wid in loaded:
+                i = self._pos.get(wid)
+                if i is not None:
+                    value[i] = self._known[wid]
+            self._value = _snapshot(value, self._layout)
         if len(self._value) != ch.live:
             self._resync()
         return self._value
 
+    def _lay_out(self) -> None:
+        """A new snapshot of the known live workers, in id order, with a new layout."""
+        self._layout = next(_layout_ids)
+        self._value = _snapshot((self._known[i] for i in self._order if i not in self._dead), self._layout)
+        self._pos = {w.id: i for i, w in enumerate(self._value)}
+
     def _full(self) -> tuple[WorkerInfo, ...]:
         self.version, workers = self.registry.read()
-        self._layout = next(_layout_ids)
-        self._value = _snapshot(workers, self._layout)
         self.full_reads += 1
-        self._known = {w.id: w for w in self._value}
-        self._order = [w.id for w in self._value]
+        self._known = {w.id: w for w in workers}
+        self._order = [w.id for w in workers]
         self._dead = set()
+        self._lay_out()
         return self._value
 
     def _resync(self) -> None:
@@ -245,8 +259,7 @@ class FleetView:
         for wid in [w for w in self._known if w not in live]:
             del self._known[wid]
         self._order = sorted(self._known)
-        self._layout = next(_layout_ids)
-        self._value = _snapshot((self._known[i] for i in self._order if i not in self._dead), self._layout)
+        self._lay_out()
 
 
 class CachedSnapshot:
