@@ -11,6 +11,7 @@ every fifth worker with 8 GPUs), heartbeating once per second. Then, measured:
 - ``gang reservations``: the coordinator's step from this process, back to back for 3 s:
   read the slot ledger, place a 2 x 2 gang from the incrementally refreshed snapshot, reserve it
   with ``reserve.lua`` (the slots go back after each, untimed); per second of that work, p50/p99;
+- ``ping``: a Redis PING round trip from the same process, the floor under the latencies;
 - ``status``: the wall time of ``gpulayer status --json`` (a new process; full registry read);
 - ``connections``: Redis clients per emulator process, and per real worker (one real worker
   started into the same cluster, counted by ``CLIENT LIST`` before and after);
@@ -82,6 +83,17 @@ def submit_latencies(count: int, deadline: float) -> list[float]:
     return out
 
 
+def ping_latencies(client, count: int) -> list[float]:
+    """The floor under every figure here: one Redis round trip from this process, on this machine now."""
+    out = []
+    for _ in range(count):
+        t = time.perf_counter()
+        client.ping()
+        out.append((time.perf_counter() - t) * 1e3)
+        time.sleep(0.01)
+    return out
+
+
 def gang_reservations(client, seconds: float = 3.0) -> tuple[int, float, list[float]]:
     """Reservations back to back: (how many, seconds spent placing and reserving, ms per reservation).
 
@@ -146,6 +158,8 @@ def run_size(n: int, args, out) -> None:
             line(f"  redis cpu, with {args.submits / args.steady:.0f} submits/s        {during * 100:6.1f} % of one core")
             line(f"  submit.delay latency                p50 {statistics.median(lat):.2f} ms  p99 {pct(lat, 0.99):.2f} ms "
                  f"({len(lat)} calls)")
+            ping = ping_latencies(client, 300)
+            line(f"  redis PING (the floor)              p50 {statistics.median(ping):.2f} ms  p99 {pct(ping, 0.99):.2f} ms")
             count, secs, glat = gang_reservations(client)
             line(f"  gang reservations (2 x 2)           {count / secs:7.0f} /s  p50 {statistics.median(glat):.2f} ms  "
                  f"p99 {pct(glat, 0.99):.2f} ms (ledger read + place + reserve.lua; {count} in all)")
