@@ -125,8 +125,10 @@ class Registry:
             keys=[keys.WORKERS, keys.WORKERS_STATIC, keys.WORKERS_LOAD, keys.WORKERS_VERSION,
                   keys.WORKERS_CHANGED, keys.WORKERS_LOAD_CHANGED], args=[self.dead_after, since])
         records = _RECORDS.validate_json(blob) if len(blob) > 2 else []
-        it = iter(loads)
-        load = {wid.decode(): (int(busy), int(held)) for wid, busy, held in zip(it, it, it)}
+        load = {}
+        for row in loads.decode().split("\n") if loads else ():
+            wid, busy, held = row.rsplit(" ", 2)  # ids may hold spaces; the counts never do
+            load[wid] = (int(busy), int(held))
         return Changes(int(version), records, load, {d.decode() for d in dead}, int(live))
 
     def live_ids(self) -> set[str]:
@@ -220,16 +222,18 @@ class FleetView:
             if w is not None and (w.busy, w.held) != (busy, held):
                 self._known[wid] = _with_load(w, busy, held)
                 loaded.append(wid)
-        relaid = bool(ch.records) or ch.dead != self._dead
+        moved = joined or ch.dead != self._dead  # workers came, went or died: lay the snapshot out anew
         self._dead, self.version = ch.dead, ch.version
-        if relaid:
+        if moved:
             self._lay_out()
-        elif loaded:  # same workers in the same places: patch the changed ones into a copy
+        elif ch.records or loaded:  # same workers in the same places: patch the changed ones into a copy
             value = list(self._value)
-            for wid in loaded:
+            for wid in itertools.chain((w.id for w in ch.records), loaded):
                 i = self._pos.get(wid)
                 if i is not None:
                     value[i] = self._known[wid]
+            if ch.records:  # new records: placement must not carry anything over
+                self._layout = next(_layout_ids)
             self._value = _snapshot(value, self._layout)
         if len(self._value) != ch.live:
             self._resync()

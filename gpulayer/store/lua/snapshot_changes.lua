@@ -3,7 +3,8 @@
 -- within ARGV[1] seconds, and how many are live. Costs what changed, not the fleet.
 -- KEYS[1] workers zset, KEYS[2] static hash, KEYS[3] load hash, KEYS[4] version,
 -- KEYS[5] changed zset, KEYS[6] load-changed zset
--- Returns {now, version, json array of changed records, {id, busy, held, ...}, {dead id, ...}, live count}.
+-- Returns {now, version, json array of changed records, "id busy held" lines, {dead id, ...}, live count}
+-- (two strings rather than thousands of replies: the client parses them in one pass each).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local cutoff = now - tonumber(ARGV[1])
@@ -26,14 +27,11 @@ if version ~= ARGV[2] then
     if not seen[id] then
       local load = redis.call('HGET', KEYS[3], id)
       if load then
-        local busy, held = string.match(load, '^(%S+) (%S+)$')
-        loads[#loads + 1] = id
-        loads[#loads + 1] = busy
-        loads[#loads + 1] = held
+        loads[#loads + 1] = id .. ' ' .. load
       end
     end
   end
 end
 local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. cutoff)
 local live = redis.call('ZCOUNT', KEYS[1], cutoff, '+inf')
-return {tostring(now), version, '[' .. table.concat(records, ',') .. ']', loads, dead, live}
+return {tostring(now), version, '[' .. table.concat(records, ',') .. ']', table.concat(loads, '\n'), dead, live}
