@@ -24,7 +24,6 @@ every fifth worker with 8 GPUs), heartbeating once per second. Then, measured:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -39,7 +38,6 @@ from common import unwind_on_signals, write_results  # same folder
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import gpulayer  # noqa: E402
 from gpulayer import Resources, submit, submit_batch  # noqa: E402
 from gpulayer.emulator import EmulatedFleet  # noqa: E402
 from gpulayer.emulator.jobs import REF  # noqa: E402
