@@ -261,3 +261,122 @@ def test_gang_placement_is_all_or_nothing_and_never_oversubscribes(fleet, nodes,
     for wid in p.workers:
         w = by_id[wid]
         assert w.slots - w.busy - held.get(wid, 0) >= procs
+
+
+# --- the snapshot index agrees with the reference implementation on every input ----------------
+
+from gpulayer import placement  # noqa: E402
+from gpulayer.placement_index import clear_cache, index_for  # noqa: E402
+
+from . import placement_reference as reference  # noqa: E402
+
+HOSTS = ["h1", "h2", "h3"]
+
+
+@st.composite
+def rich_fleets(draw):
+    """Fleets with shared hosts, workers without zones, gang holds in the heartbeat, and busy slots."""
+    n = draw(st.integers(min_value=0, max_value=14))
+    out = []
+    for i in range(n):
+        zone = draw(st.sampled_from(ZONES + [None]))
+        region = draw(st.sampled_from([REGIONS.get(zone), REGIONS.get(zone), None, "r3"]))
+        slots = draw(st.integers(1, 8))
+        out.append(WorkerInfo(id=f"w{i}", hostname=draw(st.sampled_from(HOSTS + [f"w{i}"])), address=f"10.0.0.{i}",
+                              zone=zone, region=region, gpus=draw(st.sampled_from([0, 0, 1, 2, 4, 8])), slots=slots,
+                              busy=draw(st.integers(0, slots)), held=draw(st.integers(0, 2))))
+    return tuple(out)
+
+
+def _outcome(fn, *args):
+    """What a call returns, or the type and message of what it raises."""
+    try:
+        return "ok", fn(*args)
+    except (JobRejected, GangWaiting, reference.GangWaiting) as err:
+        kind = "waiting" if isinstance(err, (GangWaiting, reference.GangWaiting)) else "rejected"
+        return kind, str(err)
+
+
+def _same_route(a, b) -> bool:
+    return a[0] == b[0] and (a[1] == b[1] if a[0] != "ok" else (a[1].queue, a[1].eligible) == (b[1].queue, b[1].eligible))
+
+
+@settings(max_examples=500, deadline=None)
+@given(rich_fleets(), st.lists(requests(), min_size=1, max_size=4), st.booleans())
+def test_indexed_routing_matches_the_reference(fleet, reqs, as_list):
+    snapshot = list(fleet) if as_list else fleet
+    for res in reqs + reqs:  # the second pass answers from the index's memo
+        assert _same_route(_outcome(placement.route, res, snapshot), _outcome(reference.route, res, snapshot))
+        got, want = _outcome(placement.eligible_workers, res, snapshot), _outcome(reference.eligible_workers, res, snapshot)
+        assert got == want
+
+
+helds = st.dictionaries(st.sampled_from([f"w{i}" for i in range(16)]), st.integers(-1, 6), max_size=5)
+
+
+@st.composite
+def gang_specs(draw):
+    res = draw(st.one_of(st.just(Resources()), requests()))
+    return GangSpec(gang_id="g", nodes=draw(st.integers(1, 5)), procs_per_node=draw(st.integers(1, 6)), resources=res)
+
+
+@settings(max_examples=800, deadline=None)
+@given(rich_fleets(), st.lists(st.tuples(gang_specs(), helds), min_size=1, max_size=4))
+def test_indexed_gang_placement_matches_the_reference(fleet, calls):
+    # Several placements on one snapshot object, with different ledgers, exercise the remembered picks.
+    for spec, held in calls + calls[::-1]:
+        assert _outcome(placement.place_gang, spec, fleet, held) == _outcome(reference.place_gang, spec, fleet, held)
+        assert (_outcome(placement.check_gang_fits_fleet, spec, fleet)
+                == _outcome(reference.check_gang_fits_fleet, spec, fleet))
+
+
+def _synthetic(n: int) -> tuple[WorkerInfo, ...]:
+    out = []
+    for i in range(n):
+        z = i % 30
+        out.append(WorkerInfo(id=f"w{i:05d}", hostname=f"h{i // 2:05d}", address="10.0.0.1", zone=f"z{z:02d}",
+                              region=f"r{z // 3}", gpus=8 if i % 5 == 0 else 0, slots=8, busy=(i * 7) % 9 % 8))
+    return tuple(out)
+
+
+def test_indexed_placement_matches_the_reference_on_a_large_fleet():
+    fleet = _synthetic(3000)
+    held = {f"w{i:05d}": 4 for i in range(0, 3000, 37)}
+    for spec in (gang(2, 2), gang(16, 4), gang(64, 8), gang(16, 4, cuda=True), gang(8, 8, zone="z03"),
+                 gang(300, 8), gang(2, 2, region="r1"), gang(16, 2, gpus=2)):
+        for h in ({}, held):
+            assert _outcome(placement.place_gang, spec, fleet, h) == _outcome(reference.place_gang, spec, fleet, h)
+    for res in (Resources(), Resources(cuda=True), Resources(gpus=8, zone="z05"), Resources(region="r2"),
+                Resources(worker_ids=["w00001", "w00005"]), Resources(gpus=9), Resources(zone="z99")):
+        assert _same_route(_outcome(placement.route, res, fleet), _outcome(reference.route, res, fleet))
+
+
+def test_index_is_built_once_per_snapshot_and_rebuilt_for_a_changed_list():
+    clear_cache()
+    fleet = _synthetic(50)
+    assert index_for(fleet) is index_for(fleet)
+    as_list = list(fleet)
+    first = index_for(as_list)
+    as_list.append(WorkerInfo(id="extra", hostname="x", address="a", slots=1))
+    assert index_for(as_list) is not first
+    assert "extra" in placement.route(Resources(), as_list).eligible
+
+
+def test_a_snapshot_with_the_same_layout_inherits_routes_and_refusals():
+    from gpulayer.store.registry import _snapshot
+
+    clear_cache()
+    fleet = _synthetic(40)
+    a = _snapshot(fleet, layout=12345)
+    r = placement.route(Resources(zone="z03"), a)
+    with pytest.raises(JobRejected):
+        placement.route(Resources(zone="z99"), a)
+    busier = _snapshot((w.model_copy(update={"busy": 8}) for w in fleet), layout=12345)
+    assert index_for(busier).routes == index_for(a).routes
+    assert placement.route(Resources(zone="z03"), busier) is r
+    with pytest.raises(JobRejected, match="z99"):
+        placement.route(Resources(zone="z99"), busier)
+    # What depends on busy slots is computed afresh: no gang fits on the busier snapshot.
+    with pytest.raises(GangWaiting):
+        placement.place_gang(gang(1, 1), busier, {})
+    assert placement.place_gang(gang(1, 1), a, {}).workers

@@ -3,7 +3,13 @@
 Key schema (``gl`` is ``NAMESPACE``):
 
     gl:workers                 zset   worker id -> last heartbeat (Redis server time, seconds)
-    gl:workers:info            hash   worker id -> WorkerInfo JSON
+    gl:workers:info            hash   worker id -> WorkerInfo JSON (busy and held as of its last heartbeat)
+    gl:workers:static          hash   worker id -> WorkerInfo JSON without busy, held, heartbeat_age
+    gl:workers:load            hash   worker id -> "<busy> <held>"
+    gl:workers:version         string counter, bumped by every change a snapshot reader must see
+    gl:workers:changed         zset   worker id -> version of its last static change (registration,
+                                      new capabilities, coming back after it was dead)
+    gl:workers:load:changed    zset   worker id -> version of its last busy/held change
     gl.q.<...>                 list   kombu queues; names built in ``gpulayer/queues.py``
     celery-task-meta-<job id>  string job results, owned by Celery's Redis result backend
     _kombu.binding.<exchange>  set    kombu's exchange bindings, owned by kombu
@@ -17,6 +23,13 @@ NAMESPACE = "gl"
 
 WORKERS = f"{NAMESPACE}:workers"
 WORKERS_INFO = f"{NAMESPACE}:workers:info"
+# The versioned registry (gpulayer/store/registry.py): a reader that knows version v reads only
+# the workers whose record or load changed after v, not the whole fleet.
+WORKERS_STATIC = f"{NAMESPACE}:workers:static"
+WORKERS_LOAD = f"{NAMESPACE}:workers:load"
+WORKERS_VERSION = f"{NAMESPACE}:workers:version"
+WORKERS_CHANGED = f"{NAMESPACE}:workers:changed"
+WORKERS_LOAD_CHANGED = f"{NAMESPACE}:workers:load:changed"
 
 # Slot ledger: how many slots gangs hold on each worker (reserved or running).
 #   gl:slots:held              hash   worker id -> slots held by gangs

@@ -1,0 +1,209 @@
+"""The control plane under an emulated fleet: 1,000, 5,000 and 10,000 workers on one Redis.
+
+For each size, one run starts a Redis on a free loopback port and ``--processes`` emulator
+processes (``gpulayer.emulator``) carrying the fleet (8 slots each, 30 zones in 10 regions,
+every fifth worker with 8 GPUs), heartbeating once per second. Then, measured:
+
+- ``redis cpu``: Redis's own CPU (``INFO cpu``, user + sys) per second of wall time over
+  ``--steady`` seconds of steady state (heartbeats only), and again while jobs flow;
+- ``submit``: the latency of ``submit.delay`` (publish; the router's cached snapshot refreshes
+  incrementally once a second) for ``--submits`` calls paced over the steady window, p50/p99;
+- ``gang reservations``: the coordinator's step from this process, back to back for 3 s:
+  read the slot ledger, place a 2 x 2 gang from the incrementally refreshed snapshot, reserve it
+  with ``reserve.lua`` (the slots go back after each, untimed); per second of that work, p50/p99;
+- ``ping``: a Redis PING round trip from the same process, the floor under the latencies;
+- ``status``: the wall time of ``gpulayer status --json`` (a new process; full registry read);
+- ``connections``: Redis clients per emulator process, and per real worker (one real worker
+  started into the same cluster, counted by ``CLIENT LIST`` before and after);
+- ``jobs``: ``--jobs`` emulated jobs (``submit_batch`` of ``emulated(0, i)``) end to end, every
+  result checked.
+
+    python benchmarks/fleet_scale.py [--sizes 1000,5000,10000] [--processes 4] [--jobs 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import unwind_on_signals, write_results  # same folder
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from gpulayer import Resources, submit, submit_batch  # noqa: E402
+from gpulayer.emulator import EmulatedFleet  # noqa: E402
+from gpulayer.emulator.jobs import REF  # noqa: E402
+from gpulayer.models import GangSpec  # noqa: E402
+from gpulayer.placement import GangWaiting, place_gang  # noqa: E402
+from gpulayer.store.gangs import GangStore  # noqa: E402
+from gpulayer.store.registry import FleetView, Registry  # noqa: E402
+from gpulayer.testing import Fleet  # noqa: E402
+
+GOALS = "Redis < 25% of one core in steady state, submit p99 <= 5 ms, gang reservations >= 1,000/s (at 10,000 workers)"
+
+
+def pct(ms: list[float], q: float) -> float:
+    ms = sorted(ms)
+    return ms[min(len(ms) - 1, int(len(ms) * q))] if ms else float("nan")
+
+
+def redis_cpu(client) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def cpu_share(client, seconds: float, during=None) -> float:
+    """Redis's CPU seconds per wall second over ``seconds`` (running ``during(deadline)`` meanwhile)."""
+    c0, t0 = redis_cpu(client), time.monotonic()
+    if during:
+        during(t0 + seconds)
+    else:
+        time.sleep(seconds)
+    return (redis_cpu(client) - c0) / (time.monotonic() - t0)
+
+
+def submit_latencies(count: int, deadline: float) -> list[float]:
+    out = []
+    gap = max(0.0, (deadline - time.monotonic()) / max(1, count))
+    for i in range(count):
+        t = time.perf_counter()
+        submit.delay(REF, 0.0, i)
+        out.append((time.perf_counter() - t) * 1e3)
+        time.sleep(gap)
+    return out
+
+
+def ping_latencies(client, count: int) -> list[float]:
+    """The floor under every figure here: one Redis round trip from this process, on this machine now."""
+    out = []
+    for _ in range(count):
+        t = time.perf_counter()
+        client.ping()
+        out.append((time.perf_counter() - t) * 1e3)
+        time.sleep(0.01)
+    return out
+
+
+def gang_reservations(client, seconds: float = 3.0) -> tuple[int, float, list[float]]:
+    """Reservations back to back: (how many, seconds spent placing and reserving, ms per reservation).
+
+    Each one reads the slot ledger, places from the coordinator's view (refreshed
+    incrementally once a second) and reserves with reserve.lua; its slots are given
+    back right after, outside the timed part, so the ledger stays as it was.
+    """
+    store = GangStore(client)
+    view = FleetView(Registry(client))
+    spec = GangSpec(gang_id="bench", nodes=2, procs_per_node=2)
+    lat: list[float] = []
+    last_refresh = time.monotonic()
+    snapshot = view.refresh()
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        t = time.perf_counter()
+        if time.monotonic() - last_refresh > 1.0:  # the coordinator's view, refreshed once a second
+            snapshot, last_refresh = view.refresh(), time.monotonic()
+        gid = f"bench-{len(lat)}"
+        try:
+            p = place_gang(spec.model_copy(update={"gang_id": gid}), snapshot, store.held())
+        except GangWaiting:
+            continue
+        outcome, _, _ = store.reserve(gid, 0, p, 2)
+        lat.append((time.perf_counter() - t) * 1e3)
+        if outcome == "ok":
+            for w in p.workers:
+                store.release(gid, 0, w, 2)
+            client.delete(f"gl:gang:{gid}", f"gl:gang:{gid}:0:released")
+    return len(lat), sum(lat) / 1e3, lat
+
+
+def status_time(url: str, secret: str) -> float:
+    env = dict(os.environ, GPULAYER_BROKER_URL=url, GPULAYER_SECRET=secret, PYTHONPATH=str(ROOT))
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "gpulayer", "status", "--json"], env=env, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+    return time.perf_counter() - t
+
+
+def run_size(n: int, args, out) -> None:
+    def line(s=""):
+        print(s, flush=True)
+        out.append(s)
+
+    with tempfile.TemporaryDirectory() as tmp, Fleet(Path(tmp)) as redis_fleet:
+        client = redis_fleet.client()
+        fleet = EmulatedFleet(redis_fleet.url, redis_fleet.secret, workers=n, processes=args.processes,
+                              log_dir=Path(tmp) / "emu")
+        with fleet:
+            t0 = time.monotonic()
+            fleet.wait_registered(timeout=600)
+            line(f"\n{n} emulated workers in {len(fleet.procs)} emulator processes (registered in "
+                 f"{time.monotonic() - t0:.1f} s; load average {os.getloadavg()[0]:.1f})")
+            redis_fleet.connect()
+            submit.delay(REF, 0.0, 0).get(timeout=120)  # warm: routes, connections
+            time.sleep(2)  # let the registration burst settle
+            steady = cpu_share(client, args.steady)
+            lat: list[float] = []
+            during = cpu_share(client, args.steady, lambda d: lat.extend(submit_latencies(args.submits, d)))
+            line(f"  redis cpu, heartbeats only          {steady * 100:6.1f} % of one core")
+            line(f"  redis cpu, with {args.submits / args.steady:.0f} submits/s        {during * 100:6.1f} % of one core")
+            line(f"  submit.delay latency                p50 {statistics.median(lat):.2f} ms  p99 {pct(lat, 0.99):.2f} ms "
+                 f"({len(lat)} calls)")
+            ping = ping_latencies(client, 300)
+            line(f"  redis PING (the floor)              p50 {statistics.median(ping):.2f} ms  p99 {pct(ping, 0.99):.2f} ms")
+            count, secs, glat = gang_reservations(client)
+            line(f"  gang reservations (2 x 2)           {count / secs:7.0f} /s  p50 {statistics.median(glat):.2f} ms  "
+                 f"p99 {pct(glat, 0.99):.2f} ms (ledger read + place + reserve.lua; {count} in all)")
+            line(f"  gpulayer status --json              {status_time(redis_fleet.url, redis_fleet.secret):.2f} s")
+            clients = len(client.client_list())
+            line(f"  redis connections                   {clients} in all: {clients / len(fleet.procs):.1f} per emulator "
+                 f"process ({n / len(fleet.procs):.0f} workers each)")
+            if args.real_worker:
+                before = len(client.client_list())
+                redis_fleet.add_worker("real-1", slots=1, zone="emu-zone-00", region="emu-region-0")
+                time.sleep(3)
+                after = len(client.client_list())
+                line(f"  connections of one real worker      {after - before} (slots=1; real and emulated share the cluster)")
+                redis_fleet.stop_worker("real-1")
+            t = time.perf_counter()
+            hs = submit_batch([submit.s(REF, 0.0, i) for i in range(args.jobs)], resources=Resources())
+            published = time.perf_counter() - t
+            got = hs.get(timeout=900)
+            total = time.perf_counter() - t
+            assert got == list(range(args.jobs)), "an emulated job's result is missing or wrong"
+            line(f"  {args.jobs} emulated jobs end to end      {total:.1f} s ({args.jobs / total:.0f} jobs/s; published in "
+                 f"{published:.1f} s); every result present")
+        client.close()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="1000,5000,10000")
+    p.add_argument("--processes", type=int, default=4)
+    p.add_argument("--steady", type=float, default=10.0, help="seconds per CPU window")
+    p.add_argument("--submits", type=int, default=500)
+    p.add_argument("--jobs", type=int, default=20000)
+    p.add_argument("--real-worker", action="store_true", help="also start one real worker and count its connections")
+    args = p.parse_args()
+    unwind_on_signals()
+    out: list[str] = []
+    head = (f"fleet_scale.py  {time.strftime('%Y-%m-%d %H:%M:%S')}  python {platform.python_version()}  "
+            f"{os.cpu_count()} CPUs  load average {os.getloadavg()[0]:.1f}")
+    print(head)
+    out.append(head)
+    for n in [int(s) for s in args.sizes.split(",")]:
+        run_size(n, args, out)
+    out.append(f"\ngoals: {GOALS}")
+    print(out[-1])
+    print("wrote", write_results(out, "fleet_scale.txt"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""The versioned registry against a real Redis: full reads once, then only what changed."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from gpulayer.models import WorkerInfo
+from gpulayer.store import keys
+from gpulayer.store.registry import CachedSnapshot, FleetView, Registry
+
+
+def info(i: int, **kw) -> WorkerInfo:
+    base = dict(id=f"w{i:03d}", hostname=f"h{i}", address="127.0.0.1", zone=f"z{i % 3}", region=f"r{i % 2}",
+                gpus=8 if i % 5 == 0 else 0, slots=8, pid=1000 + i)
+    return WorkerInfo(**{**base, **kw})
+
+
+def wait_until(cond, timeout=10.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def registry(fresh_fleet):
+    client = fresh_fleet.client()
+    yield Registry(client, dead_after=5.0)
+    client.close()
+
+
+def test_batched_heartbeats_register_every_worker_with_its_load(registry):
+    fleet = [info(i, busy=i % 8, held=i % 2) for i in range(1200)]  # more than one script call
+    registry.heartbeat_many(fleet)
+    snap = registry.snapshot()
+    assert [w.id for w in snap] == sorted(w.id for w in fleet)
+    by_id = {w.id: w for w in snap}
+    for w in fleet:
+        got = by_id[w.id]
+        assert got.model_dump(exclude={"heartbeat_age"}) == w.model_dump(exclude={"heartbeat_age"})
+        assert 0.0 <= got.heartbeat_age < 5.0
+    # The full record other readers use (reserve.lua, the janitor) stays current too.
+    raw = registry.client.hget(keys.WORKERS_INFO, "w007")
+    assert WorkerInfo.model_validate_json(raw).busy == 7
+
+
+def test_heartbeat_times_come_from_redis_clock(registry):
+    registry.heartbeat(info(1))
+    sec, usec = registry.client.time()
+    score = registry.client.zscore(keys.WORKERS, "w001")
+    assert abs(score - (sec + usec / 1e6)) < 2.0
+
+
+def test_unchanged_heartbeats_do_not_bump_the_version_and_refresh_returns_the_same_tuple(registry):
+    fleet = [info(i) for i in range(50)]
+    registry.heartbeat_many(fleet)
+    view = FleetView(registry)
+    first = view.refresh()
+    version = view.version
+    registry.heartbeat_many(fleet)
+    assert view.refresh() is first
+    assert view.version == version and view.full_reads == 1
+
+
+def test_a_busy_count_change_is_read_as_load_only(registry):
+    fleet = [info(i) for i in range(50)]
+    registry.heartbeat_many(fleet)
+    view = FleetView(registry)
+    view.refresh()
+    since = view.version
+    registry.heartbeat_many([fleet[3].model_copy(update={"busy": 5, "held": 2})])
+    ch = registry.changes(since)
+    assert ch.records == [] and ch.load == {"w003": (5, 2)}
+    snap = view.refresh()
+    w3 = next(w for w in snap if w.id == "w003")
+    assert (w3.busy, w3.held, w3.free) == (5, 2, 1)
+    assert w3 == fleet[3].model_copy(update={"busy": 5, "held": 2, "heartbeat_age": w3.heartbeat_age})
+    assert view.full_reads == 1 and len(snap) == 50
+
+
+def test_new_and_changed_workers_arrive_incrementally(registry):
+    registry.heartbeat_many([info(i) for i in range(10)])
+    view = FleetView(registry)
+    view.refresh()
+    registry.heartbeat_many([info(42), info(2, zone="elsewhere")])
+    snap = view.refresh()
+    assert [w.id for w in snap] == sorted([f"w{i:03d}" for i in range(10)] + ["w042"])
+    assert next(w for w in snap if w.id == "w002").zone == "elsewhere"
+    assert view.full_reads == 1
+    assert [w.model_dump(exclude={"heartbeat_age"}) for w in view.refresh()] == \
+           [w.model_dump(exclude={"heartbeat_age"}) for w in registry.snapshot()]
+
+
+def test_dead_workers_leave_and_come_back(fresh_fleet):
+    client = fresh_fleet.client()
+    try:
+        reg = Registry(client, dead_after=0.5)
+        fleet = [info(i) for i in range(5)]
+        reg.heartbeat_many(fleet)
+        view = FleetView(reg)
+        assert len(view.refresh()) == 5
+
+        def beat_all_but_one():
+            reg.heartbeat_many(fleet[1:])
+            return [w.id for w in view.refresh()] == [w.id for w in fleet[1:]]
+        wait_until(beat_all_but_one, what="w000 to drop out")
+        reg.heartbeat_many(fleet)
+        assert [w.id for w in view.refresh()] == [w.id for w in fleet]
+        assert view.full_reads == 1
+    finally:
+        client.close()
+
+
+def test_a_worker_buried_without_a_version_bump_is_dropped(registry):
+    registry.heartbeat_many([info(i) for i in range(6)])
+    view = FleetView(registry)
+    view.refresh()
+    # What the janitor does to a dead worker: remove it from the zset and the full-record hash only.
+    registry.client.zrem(keys.WORKERS, "w004")
+    registry.client.hdel(keys.WORKERS_INFO, "w004")
+    assert "w004" not in {w.id for w in view.refresh()}
+    assert view.full_reads == 1
+    registry.remove("w005")
+    assert "w005" not in {w.id for w in view.refresh()}
+    assert registry.client.hget(keys.WORKERS_STATIC, "w005") is None
+
+
+def test_a_worker_of_an_older_gpulayer_still_shows_in_the_full_read(registry):
+    registry.heartbeat(info(1))
+    old = info(9, busy=1)
+    sec, usec = registry.client.time()
+    registry.client.zadd(keys.WORKERS, {old.id: sec + usec / 1e6})
+    registry.client.hset(keys.WORKERS_INFO, old.id, old.model_dump_json())
+    assert [w.id for w in registry.snapshot()] == ["w001", "w009"]
+    assert [w.id for w in FleetView(registry).refresh()] == ["w001", "w009"]
+
+
+def test_cached_snapshot_refreshes_incrementally_after_its_ttl(registry):
+    registry.heartbeat_many([info(i) for i in range(3)])
+    cache = CachedSnapshot(registry, ttl=60.0)
+    first = cache.get()
+    registry.heartbeat(info(7))
+    assert cache.get() is first  # within the ttl
+    cache.invalidate()
+    assert [w.id for w in cache.get()] == ["w000", "w001", "w002", "w007"]
+    assert cache._view.full_reads == 1
+    cache.reset()
+    assert len(cache.get()) == 4 and cache._view.full_reads == 1  # a new view: its first read
+
+
+def test_current_is_exact_on_membership_and_load_and_reads_incrementally(registry):
+    registry.heartbeat_many([info(i) for i in range(20)])
+    assert [w.id for w in registry.current()] == [f"w{i:03d}" for i in range(20)]
+    registry.heartbeat_many([info(3, busy=4), info(77)])
+    registry.remove("w005")
+    now = registry.current()
+    assert {w.id for w in now} == {f"w{i:03d}" for i in range(20) if i != 5} | {"w077"}
+    assert next(w for w in now if w.id == "w003").busy == 4
+    assert registry._current.full_reads == 1
+
+
+def test_a_load_change_keeps_the_snapshot_layout_and_a_new_worker_changes_it(registry):
+    registry.heartbeat_many([info(i) for i in range(5)])
+    view = FleetView(registry)
+    first = view.refresh()
+    registry.heartbeat(info(1, busy=3))
+    second = view.refresh()
+    assert second is not first and second.layout == first.layout and isinstance(second, tuple)
+    registry.heartbeat(info(9))
+    assert view.refresh().layout != first.layout
+
+
+def test_cached_snapshot_refreshes_in_the_background_after_the_first_read(registry):
+    registry.heartbeat_many([info(i) for i in range(3)])
+    cache = CachedSnapshot(registry, ttl=2.0)
+    assert len(cache.get()) == 3  # the first read happens before get returns
+    registry.heartbeat(info(8))
+    wait_until(lambda: len(cache.get()) == 4, what="the background refresh to bring w008")
+    assert cache._view.full_reads == 1
+    assert cache.get() is cache._view._value
