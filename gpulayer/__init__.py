@@ -11,15 +11,15 @@ from celery import group
 
 from .client import BatchHandle, connect, init, submit_batch, wait_for_workers
 from .distributed import GangHandle, distributed, init_process_group
-from .errors import (ClusterUnavailable, ConfigError, GpulayerError, JobFailed, JobRejected, PayloadError,
-                     PayloadRejected)
+from .errors import (ClusterUnavailable, ConfigError, GangFailed, GpulayerError, JobFailed, JobRejected,
+                     JobStopped, PayloadError, PayloadRejected, UnsupportedOption)
 from .models import Resources, WorkerInfo
 from .tasks.submit import submit
 from .worker.runtime import current_job, current_worker
 
 __all__ = [
     "BatchHandle", "ClusterUnavailable", "GangHandle", "distributed", "init_process_group", "ConfigError", "GpulayerError", "JobFailed", "JobRejected",
-    "PayloadError", "PayloadRejected", "Resources", "WorkerInfo", "connect", "current_job", "current_worker",
+    "PayloadError", "PayloadRejected", "UnsupportedOption", "GangFailed", "JobStopped", "Resources", "WorkerInfo", "connect", "current_job", "current_worker",
     "group", "init", "submit", "submit_batch", "wait_for_workers",
 ]
 __version__ = "0.1.0"
