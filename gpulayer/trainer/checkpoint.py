@@ -33,6 +33,7 @@ def dump(trainer, weights_only: bool = False) -> dict[str, Any]:
             "epoch": trainer.current_epoch,
             "batches_done": loop.batches_done if loop is not None else 0,
             "epoch_done": loop.epoch_done if loop is not None else True,
+            "batches_stepped": trainer._batches_stepped,
         },
     }
     if not weights_only:
@@ -86,6 +87,7 @@ def restore(trainer, ckpt: dict[str, Any]) -> dict[str, Any]:
             cb.load_state_dict(saved_callbacks[cb.state_key])
     trainer._store.import_acc("train", ckpt.get("train_metric_acc", {}))
     trainer.global_step = ckpt["global_step"]
+    trainer._batches_stepped = ckpt.get("loops", {}).get("batches_stepped", ckpt["global_step"])
     loops = ckpt.get("loops", {"epoch": ckpt.get("epoch", 0), "batches_done": 0, "epoch_done": True})
     return {"epoch": loops["epoch"], "batches_done": loops["batches_done"], "epoch_done": loops["epoch_done"],
             "rng": ckpt.get("rng"), "epoch_rng": ckpt.get("epoch_rng")}

@@ -37,6 +37,11 @@ class TrainerConfig:
     max_time: float | None = None  # seconds
     limit_train_batches: int | float = 1.0
     limit_val_batches: int | float = 1.0
+    limit_test_batches: int | float = 1.0
+    limit_predict_batches: int | float = 1.0
+    inference_mode: bool = True
+    use_distributed_sampler: bool = True
+    enable_model_summary: bool = True
     precision: str = "32-true"
     accelerator: str = "cpu"
     devices: int = 1
@@ -163,13 +168,12 @@ def _devices(value: Any, accelerator: str, here: bool = True) -> tuple[int, list
 def build_config(**kwargs: Any) -> TrainerConfig:
     """Validate Trainer keyword arguments; unknown names get a did-you-mean error."""
     known = set(TrainerConfig.__dataclass_fields__) - {"device_ids"}
-    known |= {"enable_model_summary", "fast_dev_run"}
+    known |= {"fast_dev_run"}
     for name in kwargs:
         if name not in known:
             close = difflib.get_close_matches(name, sorted(known), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise TrainerConfigError(f"Trainer got an unknown argument {name!r}{hint} (accepted: {', '.join(sorted(known))})")
-    kwargs.pop("enable_model_summary", None)  # accepted for Lightning compatibility; gpulayer prints no summary
     fast_dev_run = kwargs.pop("fast_dev_run", False)
 
     cfg = TrainerConfig()
@@ -204,6 +208,12 @@ def build_config(**kwargs: Any) -> TrainerConfig:
     cfg.max_time = _max_time(kwargs.get("max_time"))
     cfg.limit_train_batches = _limit("limit_train_batches", kwargs.get("limit_train_batches", 1.0))
     cfg.limit_val_batches = _limit("limit_val_batches", kwargs.get("limit_val_batches", 1.0))
+    cfg.limit_test_batches = _limit("limit_test_batches", kwargs.get("limit_test_batches", 1.0))
+    cfg.limit_predict_batches = _limit("limit_predict_batches", kwargs.get("limit_predict_batches", 1.0))
+    cfg.inference_mode = _bool("inference_mode", kwargs.get("inference_mode", True))
+    cfg.use_distributed_sampler = _bool("use_distributed_sampler", kwargs.get("use_distributed_sampler", True))
+    summary = kwargs.get("enable_model_summary")
+    cfg.enable_model_summary = True if summary is None else _bool("enable_model_summary", summary)
 
     cfg.deterministic = kwargs.get("deterministic", False)
     if cfg.deterministic not in (True, False, "warn", None):
@@ -269,6 +279,12 @@ def build_config(**kwargs: Any) -> TrainerConfig:
     cfg.logger = logger
     progress = kwargs.get("enable_progress_bar")
     cfg.enable_progress_bar = _bool("enable_progress_bar", progress) if progress is not None else sys.stdout.isatty()
+    from gpulayer.trainer.callbacks import TQDMProgressBar
+    bars = [c for c in cfg.callbacks if isinstance(c, TQDMProgressBar)]
+    if bars and progress is False:
+        raise TrainerConfigError("Trainer was configured with `enable_progress_bar=False` but found `TQDMProgressBar` in callbacks list; drop one of them")
+    if bars:
+        cfg.enable_progress_bar = bars[0].refresh_rate > 0
     cfg.prefetch = _bool("prefetch", kwargs.get("prefetch", True))
     grad_sync = kwargs.get("grad_sync", "auto")
     if grad_sync not in GRAD_SYNC:
@@ -279,7 +295,7 @@ def build_config(**kwargs: Any) -> TrainerConfig:
     if fast_dev_run:  # Lightning: n batches of train and val, no logger, no checkpoints
         n = 1 if fast_dev_run is True else _int_at_least("fast_dev_run", fast_dev_run, 1)
         cfg.max_epochs, cfg.max_steps = 1, n
-        cfg.limit_train_batches = cfg.limit_val_batches = n
+        cfg.limit_train_batches = cfg.limit_val_batches = cfg.limit_test_batches = cfg.limit_predict_batches = n
         cfg.num_sanity_val_steps, cfg.logger = 0, None
         cfg.callbacks = [c for c in cfg.callbacks if not isinstance(c, ModelCheckpoint)]
     return cfg
