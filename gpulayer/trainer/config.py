@@ -42,6 +42,7 @@ class TrainerConfig:
     inference_mode: bool = True
     use_distributed_sampler: bool = True
     enable_model_summary: bool = True
+    fast_dev_run: int | bool = False
     precision: str = "32-true"
     accelerator: str = "cpu"
     devices: int = 1
@@ -294,6 +295,7 @@ def build_config(**kwargs: Any) -> TrainerConfig:
 
     if fast_dev_run:  # Lightning: n batches of train and val, no logger, no checkpoints
         n = 1 if fast_dev_run is True else _int_at_least("fast_dev_run", fast_dev_run, 1)
+        cfg.fast_dev_run = n
         cfg.max_epochs, cfg.max_steps = 1, n
         cfg.limit_train_batches = cfg.limit_val_batches = cfg.limit_test_batches = cfg.limit_predict_batches = n
         cfg.num_sanity_val_steps, cfg.logger = 0, None

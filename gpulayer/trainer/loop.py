@@ -224,6 +224,11 @@ class FitLoop:
         store.context = store.TRAIN_STEP
 
     # -- validation ---------------------------------------------------------------------------
+    def is_last_batch(self, batch_idx: int) -> bool:
+        return batch_idx + 1 >= self.num_train_batches
+
     def run_validation(self, sanity: bool = False) -> None:
+        if not sanity:
+            self.trainer._val_has_run = True
         EvalLoop(self.trainer, self.module, "validate", self.val_loaders, sanity=sanity).run()
         self.store.context = self.store.TRAIN_STEP

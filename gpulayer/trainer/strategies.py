@@ -63,6 +63,12 @@ class SingleDeviceStrategy:
     def any(self, flag: bool) -> bool:
         return flag
 
+    def all(self, flag: bool) -> bool:
+        return flag
+
+    def broadcast_flag(self, flag: bool) -> bool:
+        return flag
+
     def barrier(self) -> None:
         pass
 
@@ -150,6 +156,17 @@ class DDPStrategy(SingleDeviceStrategy):
     def any(self, flag: bool) -> bool:
         t = torch.tensor(1.0 if flag else 0.0, device=self.root_device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    def all(self, flag: bool) -> bool:
+        t = torch.tensor(1.0 if flag else 0.0, device=self.root_device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return bool(t.item())
+
+    def broadcast_flag(self, flag: bool) -> bool:
+        """Global rank 0's ``flag`` on every rank."""
+        t = torch.tensor(1.0 if flag else 0.0, device=self.root_device)
+        dist.broadcast(t, src=0)
         return bool(t.item())
 
     def barrier(self) -> None:

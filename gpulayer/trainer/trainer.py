@@ -81,6 +81,9 @@ class Trainer:
         self.datamodule: Any = None
         self.state_stage: str | None = None  # "fit", "validate", "test", "predict" while one runs
         self._batches_stepped = 0  # Lightning's _batches_that_stepped: the logger's step
+        self._val_has_run = False  # a (non-sanity) validation ran in this fit
+        self.num_val_batches: list[float] = []
+        self.ckpt_path: str | None = None
         self.lr_scheduler_configs: list[optimizers.SchedulerConfig] = []
         self.strategy: SingleDeviceStrategy | None = None
         self.lightning_module: Module | None = None
@@ -106,6 +109,7 @@ class Trainer:
     precision = property(lambda self: self._config.precision)
     num_nodes = property(lambda self: self._config.num_nodes)
     num_devices = property(lambda self: self._config.devices)
+    fast_dev_run = property(lambda self: self._config.fast_dev_run)
     model = property(lambda self: self.lightning_module)
     global_rank = property(lambda self: self.strategy.global_rank if self.strategy else 0)
     local_rank = property(lambda self: self.strategy.local_rank if self.strategy else 0)
@@ -306,6 +310,9 @@ class Trainer:
             self.global_step += 1
         return out
 
+    def _val_due_this_epoch(self) -> bool:
+        return self._loop is not None and self._loop._val_due() and sum(self.num_val_batches) > 0
+
     training = property(lambda self: self.state_stage == "fit")
     validating = property(lambda self: self.state_stage == "validate")
     testing = property(lambda self: self.state_stage == "test")
@@ -400,6 +407,8 @@ class Trainer:
         self.has_val_loader = bool(val_loaders) and type(module).validation_step is not Module.validation_step
         if not self.has_val_loader:
             val_loaders = []
+        self.num_val_batches = [data.num_batches(v, cfg.limit_val_batches) for v in val_loaders]
+        self.ckpt_path = ckpt_path
         if not module.automatic_optimization and cfg.gradient_clip_val:
             raise TrainerConfigError(
                 "Automatic gradient clipping is not supported for manual optimization. Remove "
