@@ -9,6 +9,7 @@ continue dropout and friends with the same numbers).
 
 from __future__ import annotations
 
+import io
 import os
 from typing import Any
 
@@ -51,8 +52,11 @@ def dump(trainer, weights_only: bool = False) -> dict[str, Any]:
 def save(ckpt: dict[str, Any], path: str) -> None:
     """Write atomically: a crash mid-write never leaves a truncated checkpoint under ``path``."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    buf = io.BytesIO()  # serialise first, as Lightning's checkpoint IO does, then write the bytes in one go
+    torch.save(ckpt, buf)
     tmp = f"{path}.tmp{os.getpid()}"
-    torch.save(ckpt, tmp)
+    with open(tmp, "wb") as f:
+        f.write(buf.getbuffer())
     os.replace(tmp, path)
 
 

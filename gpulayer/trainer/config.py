@@ -35,6 +35,8 @@ class TrainerConfig:
     max_epochs: int = 1000
     max_steps: int = -1
     max_time: float | None = None  # seconds
+    min_epochs: int | None = None
+    min_steps: int | None = None
     limit_train_batches: int | float = 1.0
     limit_val_batches: int | float = 1.0
     limit_test_batches: int | float = 1.0
@@ -86,7 +88,9 @@ def _int_at_least(name: str, value: Any, low: int, *, allow_none: bool = False) 
 
 
 def _limit(name: str, value: Any) -> int | float:
-    """An int count of batches, or a float fraction in [0, 1] (Lightning's meaning)."""
+    """An int count of batches, or a float fraction in [0, 1] (Lightning's meaning); None means all."""
+    if value is None:
+        return 1.0
     if isinstance(value, bool):
         raise TrainerConfigError(f"Trainer({name}={value!r}) must be an int (batches) or a float in [0.0, 1.0] (fraction)")
     if isinstance(value, int) and value >= 0:
@@ -169,7 +173,7 @@ def _devices(value: Any, accelerator: str, here: bool = True) -> tuple[int, list
 def build_config(**kwargs: Any) -> TrainerConfig:
     """Validate Trainer keyword arguments; unknown names get a did-you-mean error."""
     known = set(TrainerConfig.__dataclass_fields__) - {"device_ids"}
-    known |= {"fast_dev_run"}
+    known |= {"fast_dev_run", "overfit_batches"}
     for name in kwargs:
         if name not in known:
             close = difflib.get_close_matches(name, sorted(known), n=1)
@@ -207,6 +211,12 @@ def build_config(**kwargs: Any) -> TrainerConfig:
         raise TrainerConfigError(f"Trainer(max_epochs={max_epochs!r}) must be -1 (no limit) or an integer >= 0")
     cfg.max_epochs = max_epochs
     cfg.max_time = _max_time(kwargs.get("max_time"))
+    cfg.min_epochs = _int_at_least("min_epochs", kwargs.get("min_epochs"), 0, allow_none=True)
+    cfg.min_steps = _int_at_least("min_steps", kwargs.get("min_steps"), 0, allow_none=True)
+    if kwargs.get("overfit_batches", 0) not in (0, 0.0):
+        raise TrainerConfigError(
+            f"Trainer(overfit_batches={kwargs['overfit_batches']!r}) is not supported; use limit_train_batches=N with a "
+            "loader without shuffling (and limit_val_batches=N) to train on the same few batches")
     cfg.limit_train_batches = _limit("limit_train_batches", kwargs.get("limit_train_batches", 1.0))
     cfg.limit_val_batches = _limit("limit_val_batches", kwargs.get("limit_val_batches", 1.0))
     cfg.limit_test_batches = _limit("limit_test_batches", kwargs.get("limit_test_batches", 1.0))
@@ -258,7 +268,9 @@ def build_config(**kwargs: Any) -> TrainerConfig:
     cfg.callbacks = list(callbacks)
     cfg.enable_checkpointing = _bool("enable_checkpointing", kwargs.get("enable_checkpointing", True))
     if not cfg.enable_checkpointing and any(isinstance(c, ModelCheckpoint) for c in cfg.callbacks):
-        raise TrainerConfigError("Trainer(enable_checkpointing=False) but callbacks contain a ModelCheckpoint; drop one of them")
+        raise TrainerConfigError(
+            "Trainer was configured with `enable_checkpointing=False` but found `ModelCheckpoint` in callbacks list; "
+            "drop one of them")
     if cfg.enable_checkpointing and not any(isinstance(c, ModelCheckpoint) for c in cfg.callbacks):
         cfg.callbacks.append(ModelCheckpoint())
 

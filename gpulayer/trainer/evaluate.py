@@ -10,6 +10,7 @@ reduced (what ``callback_metrics`` shows from here on), ``on_<stage>_end``.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -59,6 +60,7 @@ class EvalLoop:
         hooks.call(f"on_{p}_epoch_start")
         multi = len(self.loaders) > 1
         step = getattr(module, self.step_name)
+        with_idx = _takes_batch_idx(step)
         predictions: list[list] = []
         grad_off = torch.inference_mode if t._config.inference_mode else torch.no_grad
         with grad_off():
@@ -70,15 +72,14 @@ class EvalLoop:
                     continue
                 store.dl_suffix = dataloader_suffix(dl_idx) if multi else ""
                 extra = (dl_idx,) if multi else ()
-                if self.stage == "predict":
-                    data.set_epoch(loader, 0)
+                data.set_epoch(loader, t.current_epoch)
                 for i, batch in enumerate(device_batches(iter(loader), t.strategy.root_device, t._config.prefetch)):
                     if i >= n:
                         break
                     store.batch = batch
                     hooks.call(f"on_{p}_batch_start", batch, i, *extra)
                     with t._precision.forward_context():
-                        out = step(batch, i, *extra)
+                        out = step(batch, i, *extra) if with_idx else step(batch, *extra)
                     if self.stage == "predict" and self.return_predictions:
                         preds.append(out)
                     hooks.call(f"on_{p}_batch_end", out, batch, i, *extra)
@@ -135,13 +136,32 @@ def print_results(results: list[dict[str, float]], stage: str) -> None:
     print(line)
 
 
+def defines(module: Any, name: str) -> bool:
+    """The module overrides hook ``name`` (a class override, or an instance attribute that is not None)."""
+    from gpulayer.trainer.module import Module
+    if name in vars(module):
+        return vars(module)[name] is not None
+    return getattr(type(module), name, None) is not getattr(Module, name, None)
+
+
+def _takes_batch_idx(fn: Any) -> bool:
+    """Lightning calls ``step(batch)`` when the step has no ``batch_idx`` parameter."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return True
+    if "batch_idx" in params or any(p.kind == p.VAR_POSITIONAL for p in params.values()):
+        return True
+    return len(params) >= 2
+
+
 def check_step(stage: str, module: Any) -> None:
     """Lightning's check before a stage runs: the module defines the step it needs."""
     from gpulayer.trainer.errors import TrainerConfigError
     from gpulayer.trainer.module import Module
 
     _, step_name, _, _ = STAGES[stage]
-    overridden = getattr(type(module), step_name, None) is not getattr(Module, step_name)
+    overridden = defines(module, step_name)
     if stage == "predict":
         if module.predict_step is None:
             raise TrainerConfigError("`predict_step` cannot be None to run `Trainer.predict`")

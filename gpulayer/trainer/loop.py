@@ -71,9 +71,15 @@ class FitLoop:
                 t.current_epoch += 1
             else:
                 break  # max_steps, max_time or should_stop ended the epoch early
-            if t.should_stop:
+            if t.should_stop and self._can_stop_early(t.current_epoch):
                 break
         self.hooks.call("on_train_end")
+
+    def _can_stop_early(self, epochs_done: int) -> bool:
+        """``should_stop`` is honoured once ``min_epochs`` and ``min_steps`` are met (Lightning's rule)."""
+        cfg = self.cfg
+        return (not cfg.min_epochs or epochs_done >= cfg.min_epochs) and \
+            (not cfg.min_steps or self.trainer.global_step >= cfg.min_steps)
 
     def _fit_done(self) -> bool:
         t, cfg = self.trainer, self.cfg
@@ -159,7 +165,8 @@ class FitLoop:
             if val_every and (batch_idx + 1) % val_every == 0 and batch_idx + 1 != total:
                 self.run_validation()
                 store.context = store.TRAIN_STEP
-            if stepping and (max_steps != -1 and t.global_step >= max_steps or t.should_stop
+            if stepping and (max_steps != -1 and t.global_step >= max_steps
+                             or t.should_stop and self._can_stop_early(t.current_epoch)
                              or self.deadline is not None and time.monotonic() >= self.deadline):
                 stopped_early = self.batches_done < total
                 break
@@ -230,5 +237,9 @@ class FitLoop:
     def run_validation(self, sanity: bool = False) -> None:
         if not sanity:
             self.trainer._val_has_run = True
-        EvalLoop(self.trainer, self.module, "validate", self.val_loaders, sanity=sanity).run()
+            EvalLoop(self.trainer, self.module, "validate", self.val_loaders).run()
+        else:  # as Lightning: the sanity check leaves the random state as it found it (same shuffles, same dropout)
+            rng = capture_rng()
+            EvalLoop(self.trainer, self.module, "validate", self.val_loaders, sanity=True).run()
+            restore_rng(rng)
         self.store.context = self.store.TRAIN_STEP

@@ -145,11 +145,10 @@ def _manual(schedulers: list) -> list[SchedulerConfig]:
 def parse(result: Any, module: Any = None) -> tuple[list[torch.optim.Optimizer], list[SchedulerConfig]]:
     """(optimizers, scheduler configs) from ``configure_optimizers()``'s return value, validated as Lightning does."""
     automatic = module is None or module.automatic_optimization
-    if result is None:
-        raise TrainerConfigError(
-            "`LightningModule.configure_optimizers` returned `None`; return an optimizer, "
-            "e.g. torch.optim.SGD(self.parameters(), lr=0.1)"
-        )
+    if result is None:  # Lightning runs such a fit with an optimizer that does nothing
+        warnings.warn("`LightningModule.configure_optimizers` returned `None`, this fit will run with no optimizer",
+                      UserWarning, stacklevel=3)
+        result = _MockOptimizer()
     opts, scheds, monitor = _split(result)
     configs = _automatic(scheds, monitor) if automatic else _manual(scheds)
     if module is not None and "optimizer_idx" in inspect.signature(module.training_step).parameters:
@@ -166,7 +165,44 @@ def parse(result: Any, module: Any = None) -> tuple[list[torch.optim.Optimizer],
         if not (hasattr(c.scheduler, "state_dict") and hasattr(c.scheduler, "load_state_dict")):
             raise TypeError(f"The provided lr scheduler `{type(c.scheduler).__name__}` is invalid."
                             " It should have `state_dict` and `load_state_dict` methods defined.")
+        if automatic and not isinstance(c.scheduler, (torch.optim.lr_scheduler.LRScheduler,
+                                                      torch.optim.lr_scheduler.ReduceLROnPlateau)) \
+                and module is not None and type(module).lr_scheduler_step is _base_lr_scheduler_step():
+            raise TrainerConfigError(
+                f"The provided lr scheduler `{type(c.scheduler).__name__}` doesn't follow PyTorch's LRScheduler API. You "
+                "should override the `LightningModule.lr_scheduler_step` hook with your own logic if you are using a "
+                "custom LR scheduler.")
         if not any(c.optimizer is o for o in opts):
             raise TrainerConfigError(
                 "Some schedulers are attached with an optimizer that wasn't returned from `configure_optimizers`.")
     return opts, configs
+
+
+def _base_lr_scheduler_step() -> Any:
+    from gpulayer.trainer.module import Module
+    return Module.lr_scheduler_step
+
+
+class _MockOptimizer(torch.optim.Optimizer):
+    """Stands in when ``configure_optimizers`` returns None: steps and saves nothing (Lightning's)."""
+
+    def __init__(self) -> None:
+        super().__init__([torch.zeros(1)], {})
+
+    def add_param_group(self, param_group: dict) -> None:
+        pass
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def step(self, closure: Any = None) -> Any:
+        return closure() if closure is not None else None
+
+    def zero_grad(self, set_to_none: bool | None = True) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return "No Optimizer"

@@ -381,6 +381,16 @@ class Trainer:
         hooks.call("setup", stage)
         return hooks
 
+    def _on_exception(self, err: BaseException) -> None:
+        """Lightning's ``on_exception`` hooks (callbacks, module, datamodule) before the error propagates."""
+        for cb in self.callbacks:
+            if type(cb).on_exception is not Callback.on_exception:
+                cb.on_exception(self, self.lightning_module, err)
+        if hasattr(self.lightning_module, "on_exception"):
+            self.lightning_module.on_exception(err)
+        if self.datamodule is not None and hasattr(self.datamodule, "on_exception"):
+            self.datamodule.on_exception(err)
+
     def _teardown_stage(self, stage: str) -> None:
         if self.datamodule is not None and hasattr(self.datamodule, "teardown"):
             self.datamodule.teardown(stage)
@@ -399,12 +409,13 @@ class Trainer:
             )
         if isinstance(train, (list, tuple)):
             raise TrainerConfigError("fit() takes one training loader; combine several into one dataset or loader")
-        val = data.resolve(val) if val is not None else module.val_dataloader()
+        val = data.resolve(val) if val is not None else (module.val_dataloader() if callable(module.val_dataloader)
+                                                           else None)
         val_loaders = [self._prepare_loader(v, "eval") for v in data.as_list(val)]
         train = self._prepare_loader(train, "train")
         for loader in [train, *val_loaders]:
             data.seed_workers(loader)
-        self.has_val_loader = bool(val_loaders) and type(module).validation_step is not Module.validation_step
+        self.has_val_loader = bool(val_loaders) and evaluate.defines(module, "validation_step")
         if not self.has_val_loader:
             val_loaders = []
         self.num_val_batches = [data.num_batches(v, cfg.limit_val_batches) for v in val_loaders]
@@ -435,6 +446,9 @@ class Trainer:
         try:
             with gcfreeze.frozen():
                 self._loop.run()
+        except BaseException as err:
+            self._on_exception(err)
+            raise
         finally:
             self.state_stage = None
             if self.logger is not None and self.is_global_zero:
@@ -492,10 +506,13 @@ class Trainer:
             metrics = self.callback_metrics
             if cfg.monitor not in metrics:
                 if not cfg.strict:
+                    warnings.warn(f"ReduceLROnPlateau conditioned on metric {cfg.monitor} which is not available but "
+                                  "strict is set to `False`. Skipping learning rate update.", RuntimeWarning, stacklevel=2)
                     return
-                raise TrainerError(
-                    f"the ReduceLROnPlateau scheduler monitors {cfg.monitor!r}, which was not logged "
-                    f"(available: {sorted(metrics)}); log it with self.log({cfg.monitor!r}, value)"
+                raise TrainerConfigError(
+                    f"ReduceLROnPlateau conditioned on metric {cfg.monitor} which is not available. Available metrics "
+                    f"are: {list(metrics)}. Condition can be set using `monitor` key in lr scheduler dict "
+                    f"(log it with self.log({cfg.monitor!r}, value))"
                 )
             metric = float(metrics[cfg.monitor])
         self.lightning_module.lr_scheduler_step(cfg.scheduler, metric)

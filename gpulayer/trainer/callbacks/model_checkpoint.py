@@ -79,7 +79,7 @@ class ModelCheckpoint(Callback):
         self.best_model_path = ""
         self.last_model_path = ""
         self._last_checkpoint_saved = ""
-        if dirpath is not None:
+        if dirpath:
             dirpath = os.path.realpath(os.path.expanduser(os.fspath(dirpath)))
         self.dirpath: str | None = dirpath
         self.filename = filename

@@ -72,3 +72,24 @@ class LightningOptimizer:
 
     def __getattr__(self, item: str) -> Any:
         return getattr(self._optimizer, item)
+
+
+# Lightning's private helpers of the same module, which its own tests call directly
+def _init_optimizers_and_lr_schedulers(model: Any) -> tuple[list, list]:
+    from gpulayer.trainer.optimizers import parse
+    return parse(model.configure_optimizers(), model)
+
+
+def _configure_optimizers(optim_conf: Any) -> tuple[list, list, str | None]:
+    from gpulayer.trainer.optimizers import _split
+    return _split(optim_conf)
+
+
+def _configure_schedulers_automatic_opt(schedulers: list, monitor: str | None) -> list:
+    from gpulayer.trainer.optimizers import _automatic
+    return _automatic(schedulers, monitor)
+
+
+def _configure_schedulers_manual_opt(schedulers: list) -> list:
+    from gpulayer.trainer.optimizers import _manual
+    return _manual(schedulers)
