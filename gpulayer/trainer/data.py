@@ -78,7 +78,7 @@ class UnrepeatedDistributedSampler(DistributedSampler):
 def distributed(loader: Any, num_replicas: int, rank: int, mode: str = "train") -> Any:
     """The same loader, each rank reading its 1/num_replicas share, as Lightning rebuilds it.
 
-    ``mode``: ``"train"`` (shuffled per epoch when the loader shuffles, ``set_epoch``
+    ``mode``: ``"train"`` (always shuffled per epoch, as Lightning does, ``set_epoch``
     each epoch), ``"eval"`` (validate/test: in order, padded like Lightning's) or
     ``"predict"`` (every sample on exactly one rank).
     """
@@ -92,7 +92,9 @@ def distributed(loader: Any, num_replicas: int, rank: int, mode: str = "train") 
             "split across processes; give it a DistributedSampler yourself, pass Trainer(use_distributed_sampler=False), "
             "or use devices=1"
         )
-    shuffle = isinstance(loader.sampler, RandomSampler)
+    # Lightning shuffles every training loader it shards (per epoch, seeded by the global seed), even one built
+    # without shuffle=True; evaluation loaders keep their own order
+    shuffle = mode == "train" or isinstance(loader.sampler, RandomSampler)
     seed = int(os.environ.get(SEED_ENV, 0))
     if mode == "predict":
         sampler: Any = UnrepeatedDistributedSampler(loader.dataset, num_replicas, rank, shuffle=shuffle, seed=seed)

@@ -138,3 +138,44 @@ def test_demo_transformer_gives_lightnings_weights(tmp_path):
             model, DataLoader(SyntheticText(), batch_size=4))
         models.append(model)
     _assert_identical(*models)
+
+
+LIGHTNING_DDP_SCRIPT = """
+import sys, torch
+import lightning.pytorch as pl
+from lightning.pytorch.demos.boring_classes import BoringModel
+pl.seed_everything(11)
+model = BoringModel()
+trainer = pl.Trainer(max_epochs=2, limit_train_batches=8, limit_val_batches=2, strategy="ddp", devices=2, accelerator="cpu",
+                     logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+                     default_root_dir=sys.argv[2])
+trainer.fit(model)
+if trainer.is_global_zero:
+    torch.save(model.state_dict(), sys.argv[1])
+"""
+
+
+@needs_lightning
+def test_boring_model_on_two_devices_matches_lightnings_ddp(tmp_path):
+    """devices=2: the same DistributedSampler shards, per-rank seeds and averaged gradients as Lightning's DDP.
+
+    Lightning's ``strategy="ddp"`` re-runs the script for its other ranks, so it runs as a script here.
+    """
+    import subprocess
+    import sys
+
+    import gpulayer.trainer as gl
+    from gpulayer.trainer.demos.boring_classes import BoringModel
+    script = tmp_path / "lightning_ddp.py"
+    script.write_text(LIGHTNING_DDP_SCRIPT)
+    out = tmp_path / "lightning_weights.pt"
+    proc = subprocess.run([sys.executable, str(script), str(out), str(tmp_path / "pl")], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    gl.seed_everything(11)
+    model = BoringModel()
+    gl.Trainer(max_epochs=2, limit_train_batches=8, limit_val_batches=2, strategy="ddp", enable_checkpointing=False,
+               default_root_dir=tmp_path / "gl", **dict(QUIET, devices=2)).fit(model)
+    theirs = torch.load(out, weights_only=True)
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, theirs[k])
