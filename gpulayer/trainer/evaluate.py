@@ -141,7 +141,8 @@ def defines(module: Any, name: str) -> bool:
     from gpulayer.trainer.module import Module
     if name in vars(module):
         return vars(module)[name] is not None
-    return getattr(type(module), name, None) is not getattr(Module, name, None)
+    impl = getattr(type(module), name, None)
+    return impl is not None and impl is not getattr(Module, name, None)
 
 
 def _takes_batch_idx(fn: Any) -> bool:
