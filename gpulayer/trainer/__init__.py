@@ -3,18 +3,24 @@
 >>> from gpulayer.trainer import Trainer, Module
 >>> trainer = Trainer(max_epochs=2, precision="bf16-mixed")      # doctest: +SKIP
 >>> trainer.fit(Net(), train_loader)                              # doctest: +SKIP
+
+Lightning code ports by changing ``lightning.pytorch`` to ``gpulayer.trainer`` in
+its imports: ``LightningModule``, ``LightningDataModule``, ``callbacks``, ``loggers``,
+``utilities``, ``core.optimizer``, ``demos.boring_classes`` and ``cli`` live at
+Lightning's paths under this package.
 """
 
 from gpulayer.trainer.callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from gpulayer.trainer.config import TrainerConfig
-from gpulayer.trainer.errors import RankFailed, TrainerConfigError, TrainerError
+from gpulayer.trainer.datamodule import LightningDataModule
+from gpulayer.trainer.errors import MisconfigurationException, RankFailed, TrainerConfigError, TrainerError
 from gpulayer.trainer.loggers import CSVLogger, Logger, TensorBoardLogger
 from gpulayer.trainer.module import LightningModule, Module
 from gpulayer.trainer.seed import seed_everything
 from gpulayer.trainer.trainer import Trainer, fit_rank
 
 __all__ = [
-    "Callback", "CSVLogger", "EarlyStopping", "LearningRateMonitor", "LightningModule", "Logger", "ModelCheckpoint",
-    "Module", "RankFailed", "TensorBoardLogger", "Trainer", "TrainerConfig", "TrainerConfigError", "TrainerError",
-    "fit_rank", "seed_everything",
+    "Callback", "CSVLogger", "EarlyStopping", "LearningRateMonitor", "LightningDataModule", "LightningModule", "Logger",
+    "MisconfigurationException", "ModelCheckpoint", "Module", "RankFailed", "TensorBoardLogger", "Trainer",
+    "TrainerConfig", "TrainerConfigError", "TrainerError", "fit_rank", "seed_everything",
 ]

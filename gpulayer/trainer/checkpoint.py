@@ -9,6 +9,7 @@ continue dropout and friends with the same numbers).
 
 from __future__ import annotations
 
+import io
 import os
 from typing import Any
 
@@ -33,6 +34,7 @@ def dump(trainer, weights_only: bool = False) -> dict[str, Any]:
             "epoch": trainer.current_epoch,
             "batches_done": loop.batches_done if loop is not None else 0,
             "epoch_done": loop.epoch_done if loop is not None else True,
+            "batches_stepped": trainer._batches_stepped,
         },
     }
     if not weights_only:
@@ -50,8 +52,11 @@ def dump(trainer, weights_only: bool = False) -> dict[str, Any]:
 def save(ckpt: dict[str, Any], path: str) -> None:
     """Write atomically: a crash mid-write never leaves a truncated checkpoint under ``path``."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    buf = io.BytesIO()  # serialise first, as Lightning's checkpoint IO does, then write the bytes in one go
+    torch.save(ckpt, buf)
     tmp = f"{path}.tmp{os.getpid()}"
-    torch.save(ckpt, tmp)
+    with open(tmp, "wb") as f:
+        f.write(buf.getbuffer())
     os.replace(tmp, path)
 
 
@@ -86,6 +91,7 @@ def restore(trainer, ckpt: dict[str, Any]) -> dict[str, Any]:
             cb.load_state_dict(saved_callbacks[cb.state_key])
     trainer._store.import_acc("train", ckpt.get("train_metric_acc", {}))
     trainer.global_step = ckpt["global_step"]
+    trainer._batches_stepped = ckpt.get("loops", {}).get("batches_stepped", ckpt["global_step"])
     loops = ckpt.get("loops", {"epoch": ckpt.get("epoch", 0), "batches_done": 0, "epoch_done": True})
     return {"epoch": loops["epoch"], "batches_done": loops["batches_done"], "epoch_done": loops["epoch_done"],
             "rng": ckpt.get("rng"), "epoch_rng": ckpt.get("epoch_rng")}

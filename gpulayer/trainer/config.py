@@ -35,8 +35,16 @@ class TrainerConfig:
     max_epochs: int = 1000
     max_steps: int = -1
     max_time: float | None = None  # seconds
+    min_epochs: int | None = None
+    min_steps: int | None = None
     limit_train_batches: int | float = 1.0
     limit_val_batches: int | float = 1.0
+    limit_test_batches: int | float = 1.0
+    limit_predict_batches: int | float = 1.0
+    inference_mode: bool = True
+    use_distributed_sampler: bool = True
+    enable_model_summary: bool = True
+    fast_dev_run: int | bool = False
     precision: str = "32-true"
     accelerator: str = "cpu"
     devices: int = 1
@@ -80,7 +88,9 @@ def _int_at_least(name: str, value: Any, low: int, *, allow_none: bool = False) 
 
 
 def _limit(name: str, value: Any) -> int | float:
-    """An int count of batches, or a float fraction in [0, 1] (Lightning's meaning)."""
+    """An int count of batches, or a float fraction in [0, 1] (Lightning's meaning); None means all."""
+    if value is None:
+        return 1.0
     if isinstance(value, bool):
         raise TrainerConfigError(f"Trainer({name}={value!r}) must be an int (batches) or a float in [0.0, 1.0] (fraction)")
     if isinstance(value, int) and value >= 0:
@@ -163,13 +173,12 @@ def _devices(value: Any, accelerator: str, here: bool = True) -> tuple[int, list
 def build_config(**kwargs: Any) -> TrainerConfig:
     """Validate Trainer keyword arguments; unknown names get a did-you-mean error."""
     known = set(TrainerConfig.__dataclass_fields__) - {"device_ids"}
-    known |= {"enable_model_summary", "fast_dev_run"}
+    known |= {"fast_dev_run", "overfit_batches"}
     for name in kwargs:
         if name not in known:
             close = difflib.get_close_matches(name, sorted(known), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise TrainerConfigError(f"Trainer got an unknown argument {name!r}{hint} (accepted: {', '.join(sorted(known))})")
-    kwargs.pop("enable_model_summary", None)  # accepted for Lightning compatibility; gpulayer prints no summary
     fast_dev_run = kwargs.pop("fast_dev_run", False)
 
     cfg = TrainerConfig()
@@ -202,8 +211,20 @@ def build_config(**kwargs: Any) -> TrainerConfig:
         raise TrainerConfigError(f"Trainer(max_epochs={max_epochs!r}) must be -1 (no limit) or an integer >= 0")
     cfg.max_epochs = max_epochs
     cfg.max_time = _max_time(kwargs.get("max_time"))
+    cfg.min_epochs = _int_at_least("min_epochs", kwargs.get("min_epochs"), 0, allow_none=True)
+    cfg.min_steps = _int_at_least("min_steps", kwargs.get("min_steps"), 0, allow_none=True)
+    if kwargs.get("overfit_batches", 0) not in (0, 0.0):
+        raise TrainerConfigError(
+            f"Trainer(overfit_batches={kwargs['overfit_batches']!r}) is not supported; use limit_train_batches=N with a "
+            "loader without shuffling (and limit_val_batches=N) to train on the same few batches")
     cfg.limit_train_batches = _limit("limit_train_batches", kwargs.get("limit_train_batches", 1.0))
     cfg.limit_val_batches = _limit("limit_val_batches", kwargs.get("limit_val_batches", 1.0))
+    cfg.limit_test_batches = _limit("limit_test_batches", kwargs.get("limit_test_batches", 1.0))
+    cfg.limit_predict_batches = _limit("limit_predict_batches", kwargs.get("limit_predict_batches", 1.0))
+    cfg.inference_mode = _bool("inference_mode", kwargs.get("inference_mode", True))
+    cfg.use_distributed_sampler = _bool("use_distributed_sampler", kwargs.get("use_distributed_sampler", True))
+    summary = kwargs.get("enable_model_summary")
+    cfg.enable_model_summary = True if summary is None else _bool("enable_model_summary", summary)
 
     cfg.deterministic = kwargs.get("deterministic", False)
     if cfg.deterministic not in (True, False, "warn", None):
@@ -247,7 +268,9 @@ def build_config(**kwargs: Any) -> TrainerConfig:
     cfg.callbacks = list(callbacks)
     cfg.enable_checkpointing = _bool("enable_checkpointing", kwargs.get("enable_checkpointing", True))
     if not cfg.enable_checkpointing and any(isinstance(c, ModelCheckpoint) for c in cfg.callbacks):
-        raise TrainerConfigError("Trainer(enable_checkpointing=False) but callbacks contain a ModelCheckpoint; drop one of them")
+        raise TrainerConfigError(
+            "Trainer was configured with `enable_checkpointing=False` but found `ModelCheckpoint` in callbacks list; "
+            "drop one of them")
     if cfg.enable_checkpointing and not any(isinstance(c, ModelCheckpoint) for c in cfg.callbacks):
         cfg.callbacks.append(ModelCheckpoint())
 
@@ -269,6 +292,12 @@ def build_config(**kwargs: Any) -> TrainerConfig:
     cfg.logger = logger
     progress = kwargs.get("enable_progress_bar")
     cfg.enable_progress_bar = _bool("enable_progress_bar", progress) if progress is not None else sys.stdout.isatty()
+    from gpulayer.trainer.callbacks import TQDMProgressBar
+    bars = [c for c in cfg.callbacks if isinstance(c, TQDMProgressBar)]
+    if bars and progress is False:
+        raise TrainerConfigError("Trainer was configured with `enable_progress_bar=False` but found `TQDMProgressBar` in callbacks list; drop one of them")
+    if bars:
+        cfg.enable_progress_bar = bars[0].refresh_rate > 0
     cfg.prefetch = _bool("prefetch", kwargs.get("prefetch", True))
     grad_sync = kwargs.get("grad_sync", "auto")
     if grad_sync not in GRAD_SYNC:
@@ -278,8 +307,9 @@ def build_config(**kwargs: Any) -> TrainerConfig:
 
     if fast_dev_run:  # Lightning: n batches of train and val, no logger, no checkpoints
         n = 1 if fast_dev_run is True else _int_at_least("fast_dev_run", fast_dev_run, 1)
+        cfg.fast_dev_run = n
         cfg.max_epochs, cfg.max_steps = 1, n
-        cfg.limit_train_batches = cfg.limit_val_batches = n
+        cfg.limit_train_batches = cfg.limit_val_batches = cfg.limit_test_batches = cfg.limit_predict_batches = n
         cfg.num_sanity_val_steps, cfg.logger = 0, None
         cfg.callbacks = [c for c in cfg.callbacks if not isinstance(c, ModelCheckpoint)]
     return cfg

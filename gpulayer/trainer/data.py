@@ -6,6 +6,7 @@ import math
 import os
 from typing import Any, Iterable
 
+import torch
 from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, RandomSampler
 
 from gpulayer.trainer.errors import TrainerConfigError
@@ -56,8 +57,31 @@ def seed_workers(loader: Any) -> None:
         loader.worker_init_fn = worker_init_fn
 
 
-def distributed(loader: Any, num_replicas: int, rank: int) -> Any:
-    """The same loader, each rank reading its 1/num_replicas share (Lightning inserts the sampler too)."""
+class UnrepeatedDistributedSampler(DistributedSampler):
+    """Each sample on exactly one rank, no padding (Lightning's sampler for ``predict``)."""
+
+    def __init__(self, dataset: Any, num_replicas: int, rank: int, shuffle: bool = False, seed: int = 0):
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
+        self.num_samples = len(range(rank, len(dataset), num_replicas))
+        self.total_size = len(dataset)
+
+    def __iter__(self):
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(len(self.dataset), generator=g).tolist()
+        else:
+            order = list(range(len(self.dataset)))
+        return iter(order[self.rank:self.total_size:self.num_replicas])
+
+
+def distributed(loader: Any, num_replicas: int, rank: int, mode: str = "train") -> Any:
+    """The same loader, each rank reading its 1/num_replicas share, as Lightning rebuilds it.
+
+    ``mode``: ``"train"`` (always shuffled per epoch, as Lightning does, ``set_epoch``
+    each epoch), ``"eval"`` (validate/test: in order, padded like Lightning's) or
+    ``"predict"`` (every sample on exactly one rank).
+    """
     if not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
         return loader  # an iterable that shards itself
     if isinstance(loader.sampler, DistributedSampler):
@@ -65,12 +89,17 @@ def distributed(loader: Any, num_replicas: int, rank: int) -> Any:
     if loader.batch_sampler is not None and type(loader.batch_sampler) is not BatchSampler:
         raise TrainerConfigError(
             f"the loader uses a custom batch sampler ({type(loader.batch_sampler).__name__}) that gpulayer cannot "
-            "split across processes; give it a DistributedSampler yourself or use devices=1"
+            "split across processes; give it a DistributedSampler yourself, pass Trainer(use_distributed_sampler=False), "
+            "or use devices=1"
         )
-    sampler = DistributedSampler(
-        loader.dataset, num_replicas=num_replicas, rank=rank, shuffle=isinstance(loader.sampler, RandomSampler),
-        seed=int(os.environ.get(SEED_ENV, 0)), drop_last=loader.drop_last,
-    )
+    # Lightning shuffles every training loader it shards (per epoch, seeded by the global seed), even one built
+    # without shuffle=True; evaluation loaders keep their own order
+    shuffle = mode == "train" or isinstance(loader.sampler, RandomSampler)
+    seed = int(os.environ.get(SEED_ENV, 0))
+    if mode == "predict":
+        sampler: Any = UnrepeatedDistributedSampler(loader.dataset, num_replicas, rank, shuffle=shuffle, seed=seed)
+    else:  # Lightning passes no drop_last to the sampler: it pads; the loader keeps its own drop_last
+        sampler = DistributedSampler(loader.dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
     kwargs = dict(
         batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers, collate_fn=loader.collate_fn,
         pin_memory=loader.pin_memory, drop_last=loader.drop_last, timeout=loader.timeout,
@@ -80,6 +109,17 @@ def distributed(loader: Any, num_replicas: int, rank: int) -> Any:
         kwargs["prefetch_factor"] = loader.prefetch_factor
         kwargs["multiprocessing_context"] = loader.multiprocessing_context
     return DataLoader(loader.dataset, **kwargs)
+
+
+def from_datamodule(datamodule: Any, method: str) -> Any:
+    """``datamodule.<method>()``, or None when the datamodule does not define it (Lightning's base raises)."""
+    fn = getattr(datamodule, method, None)
+    if fn is None:
+        return None
+    from gpulayer.trainer.datamodule import LightningDataModule
+    if isinstance(datamodule, LightningDataModule) and getattr(type(datamodule), method) is getattr(LightningDataModule, method):
+        return None
+    return fn()
 
 
 def set_epoch(loader: Any, epoch: int) -> None:

@@ -12,7 +12,11 @@ class TrainerError(_Base):
     """The Trainer cannot do what it was asked; the message names the fix."""
 
 
-class TrainerConfigError(TrainerError, ValueError):
+class MisconfigurationException(TrainerError):
+    """Lightning's name for a wrong setting (``lightning.pytorch.utilities.exceptions``); Lightning users catch it."""
+
+
+class TrainerConfigError(MisconfigurationException, ValueError):
     """A Trainer argument or a module hook returned a value the Trainer does not accept."""
 
 
@@ -23,3 +27,7 @@ class RankFailed(TrainerError):
         self.rank = rank
         self.detail = detail
         super().__init__(f"rank {rank} failed:\n{detail}")
+
+
+class ManualOptimizationRequired(TrainerConfigError, RuntimeError):
+    """Several optimizers under automatic optimization (a ``RuntimeError`` in Lightning, so both catch it)."""

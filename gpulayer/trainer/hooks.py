@@ -19,6 +19,10 @@ HOOK_NAMES = (
     "on_validation_start", "on_validation_end", "on_validation_epoch_start", "on_validation_epoch_end",
     "on_validation_batch_start", "on_validation_batch_end", "on_before_backward", "on_after_backward",
     "on_before_optimizer_step", "on_before_zero_grad", "on_save_checkpoint", "on_load_checkpoint",
+    "on_sanity_check_start", "on_sanity_check_end",
+    "on_test_start", "on_test_end", "on_test_epoch_start", "on_test_epoch_end", "on_test_batch_start", "on_test_batch_end",
+    "on_predict_start", "on_predict_end", "on_predict_epoch_start", "on_predict_epoch_end", "on_predict_batch_start",
+    "on_predict_batch_end",
 )
 
 
@@ -37,7 +41,7 @@ class Hooks:
         for name in HOOK_NAMES:
             order = others if name == "on_train_epoch_end" else callbacks
             fns = [functools.partial(getattr(c, name), trainer, module) for c in order if overrides(c, Callback, name)]
-            if overrides(module, Module, name):
+            if hasattr(Module, name) and overrides(module, Module, name):
                 fns.append(getattr(module, name))
             setattr(self, name, fns)
         self.on_train_epoch_end_monitors = [

@@ -163,3 +163,14 @@ def fit_in_processes(config, module, train, val, datamodule, ckpt_path) -> dict[
     """``Trainer(devices=M).fit`` on this machine: M ranks, rank 0's result back."""
     return run_ranks(_fit_entry, (config, module, train, val, datamodule, ckpt_path),
                      nodes=1, procs_per_node=config.devices)[0]
+
+
+def _stage_entry(config, stage, module, loaders, datamodule, ckpt_path, kw):
+    from gpulayer.trainer.trainer import stage_rank
+    return stage_rank(config, stage, module, loaders, datamodule, ckpt_path, kw)
+
+
+def stage_in_processes(config, stage, module, loaders, datamodule, ckpt_path, kw) -> dict[str, Any]:
+    """``Trainer(devices=M).validate / test / predict`` on this machine: M ranks, rank 0's result back."""
+    return run_ranks(_stage_entry, (config, stage, module, loaders, datamodule, ckpt_path, kw),
+                     nodes=1, procs_per_node=config.devices)[0]

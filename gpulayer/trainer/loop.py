@@ -15,6 +15,7 @@ import torch
 
 from gpulayer.trainer import data
 from gpulayer.trainer.errors import TrainerConfigError
+from gpulayer.trainer.evaluate import EvalLoop
 from gpulayer.trainer.prefetch import device_batches
 from gpulayer.trainer.progress import ProgressBar
 from gpulayer.trainer.seed import capture_rng, restore_rng
@@ -43,8 +44,10 @@ class FitLoop:
         self.epoch_start_rng: dict | None = None
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.optimizer = trainer.optimizers[0] if trainer.optimizers else None
-        self.step_schedulers = [c for c in trainer.lr_scheduler_configs if c.interval == "step"]
-        self.epoch_schedulers = [c for c in trainer.lr_scheduler_configs if c.interval == "epoch"]
+        # under manual optimization the user steps the schedulers (Lightning never does)
+        scheds = trainer.lr_scheduler_configs if module.automatic_optimization else []
+        self.step_schedulers = [c for c in scheds if c.interval == "step"]
+        self.epoch_schedulers = [c for c in scheds if c.interval == "epoch"]
         self.log_needed = trainer.logger is not None or cfg.enable_progress_bar
         self.bar = ProgressBar() if cfg.enable_progress_bar and trainer.is_global_zero else None
         self.deadline = time.monotonic() + cfg.max_time if cfg.max_time is not None else None
@@ -68,9 +71,15 @@ class FitLoop:
                 t.current_epoch += 1
             else:
                 break  # max_steps, max_time or should_stop ended the epoch early
-            if t.should_stop:
+            if t.should_stop and self._can_stop_early(t.current_epoch):
                 break
         self.hooks.call("on_train_end")
+
+    def _can_stop_early(self, epochs_done: int) -> bool:
+        """``should_stop`` is honoured once ``min_epochs`` and ``min_steps`` are met (Lightning's rule)."""
+        cfg = self.cfg
+        return (not cfg.min_epochs or epochs_done >= cfg.min_epochs) and \
+            (not cfg.min_steps or self.trainer.global_step >= cfg.min_steps)
 
     def _fit_done(self) -> bool:
         t, cfg = self.trainer, self.cfg
@@ -123,7 +132,8 @@ class FitLoop:
                 f(batch, batch_idx)
             stepping = manual or (batch_idx + 1) % accum == 0 or batch_idx + 1 == total
             if manual:
-                out = step_fn(batch, batch_idx)
+                with prec.forward_context():
+                    out = step_fn(batch, batch_idx)
             elif stepping or t.world_size == 1:
                 out = self._forward_backward(step_fn, batch, batch_idx, accum)
             else:
@@ -139,11 +149,13 @@ class FitLoop:
                     for f in hooks.on_before_zero_grad:
                         f(opt)
                     opt.zero_grad(set_to_none=True)
-                t.global_step += 1
+                if not manual:
+                    t.global_step += 1  # manual optimization: each optimizer.step() counts (LightningOptimizer)
+                t._batches_stepped += 1
                 for s in self.step_schedulers:
                     if t.global_step % s.frequency == 0:
                         t._step_scheduler(s)
-                if self.log_needed and t.global_step % log_every == 0:
+                if self.log_needed and t._batches_stepped % log_every == 0:
                     t._log_step_metrics()
             self.batches_done = batch_idx + 1
             for f in hooks.on_train_batch_end:
@@ -153,7 +165,8 @@ class FitLoop:
             if val_every and (batch_idx + 1) % val_every == 0 and batch_idx + 1 != total:
                 self.run_validation()
                 store.context = store.TRAIN_STEP
-            if stepping and (max_steps != -1 and t.global_step >= max_steps or t.should_stop
+            if stepping and (max_steps != -1 and t.global_step >= max_steps
+                             or t.should_stop and self._can_stop_early(t.current_epoch)
                              or self.deadline is not None and time.monotonic() >= self.deadline):
                 stopped_early = self.batches_done < total
                 break
@@ -218,36 +231,15 @@ class FitLoop:
         store.context = store.TRAIN_STEP
 
     # -- validation ---------------------------------------------------------------------------
+    def is_last_batch(self, batch_idx: int) -> bool:
+        return batch_idx + 1 >= self.num_train_batches
+
     def run_validation(self, sanity: bool = False) -> None:
-        t, hooks, store, module = self.trainer, self.hooks, self.store, self.module
-        t.sanity_checking = sanity
-        was_training = module.training
-        module.eval()
-        store.context = store.VAL
-        hooks.call("on_validation_start")
-        hooks.call("on_validation_epoch_start")
-        multi = len(self.val_loaders) > 1
-        with torch.no_grad():
-            for dl_idx, loader in enumerate(self.val_loaders):
-                n = data.num_batches(loader, self.cfg.limit_val_batches)
-                if sanity and self.cfg.num_sanity_val_steps > 0:
-                    n = min(n, self.cfg.num_sanity_val_steps)
-                if n == 0:
-                    continue
-                for i, batch in enumerate(device_batches(iter(loader), self.strategy.root_device, self.cfg.prefetch)):
-                    if i >= n:
-                        break
-                    store.batch = batch
-                    hooks.call("on_validation_batch_start", batch, i, dl_idx)
-                    with self.precision.forward_context():
-                        out = module.validation_step(batch, i, dl_idx) if multi else module.validation_step(batch, i)
-                    hooks.call("on_validation_batch_end", out, batch, i, dl_idx)
-        hooks.call("on_validation_epoch_end")
-        if sanity:
-            store.acc["val"] = {}  # Lightning discards what the sanity check logged
-        else:
-            t._log_epoch_metrics(store.reduce_epoch("val"))
-        hooks.call("on_validation_end")
-        store.context = store.TRAIN_STEP
-        t.sanity_checking = False
-        module.train(was_training)
+        if not sanity:
+            self.trainer._val_has_run = True
+            EvalLoop(self.trainer, self.module, "validate", self.val_loaders).run()
+        else:  # as Lightning: the sanity check leaves the random state as it found it (same shuffles, same dropout)
+            rng = capture_rng()
+            EvalLoop(self.trainer, self.module, "validate", self.val_loaders, sanity=True).run()
+            restore_rng(rng)
+        self.store.context = self.store.TRAIN_STEP

@@ -51,17 +51,22 @@ class MetricStore:
 
     # (default on_step, default on_epoch, which accumulator) per hook context
     TRAIN_STEP, TRAIN_EPOCH, VAL = (True, False, "train"), (False, True, "train"), (False, True, "val")
+    TEST, PREDICT = (False, True, "test"), (False, True, "predict")
 
     def __init__(self, reduce_fn: Callable[[torch.Tensor, str], torch.Tensor] | None = None):
         self.meta: dict[str, MetricMeta] = {}
         self.step_values: dict[str, Any] = {}          # name -> detached tensor or float
-        self.acc: dict[str, dict[str, tuple[list, list]]] = {"train": {}, "val": {}}
+        self.acc: dict[str, dict[str, tuple[list, list]]] = {"train": {}, "val": {}, "test": {}, "predict": {}}
         self.epoch_values: dict[str, torch.Tensor] = {}  # reduced at epoch ends
         self.logged: dict[str, float] = {}               # what went to the logger last
         self.progress: dict[str, float] = {}             # materialised prog_bar values
         self.batch: Any = None                           # the current batch, for batch-size inference
         self._reduce_fn = reduce_fn                      # cross-rank reduction (None: one process)
         self.context = self.TRAIN_STEP
+        self.dl_suffix = ""                              # "/dataloader_idx_N" while several eval loaders run
+
+    def context_for(self, acc_name: str | None) -> tuple:
+        return {"val": self.VAL, "test": self.TEST}.get(acc_name, self.PREDICT)
 
     # -- the hot path ------------------------------------------------------------------
     def log(self, name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, batch_size) -> None:

@@ -7,9 +7,10 @@ the Trainer calls only the hooks a subclass overrides (see ``hooks.py``).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import warnings
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -50,7 +51,8 @@ class Module(nn.Module):
         self._metric_store = None
         self._device = None
         self._hparams: AttributeDict = AttributeDict()
-        self.automatic_optimization = True
+        self._automatic_optimization = True
+        self._param_requires_grad_state: dict = {}
 
     # -- what the Trainer exposes to the module -------------------------------------
     @property
@@ -141,6 +143,8 @@ class Module(nn.Module):
         if store is None:
             warnings.warn(f"self.log({name!r}) called outside Trainer.fit; the value is dropped", stacklevel=2)
             return
+        if store.dl_suffix and add_dataloader_idx:
+            name += store.dl_suffix
         store.log(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, batch_size)
 
     def log_dict(self, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
@@ -158,6 +162,14 @@ class Module(nn.Module):
     def validation_step(self, *args: Any, **kwargs: Any) -> Any:
         return None
 
+    def test_step(self, *args: Any, **kwargs: Any) -> Any:
+        return None
+
+    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
+        """Lightning's default: ``self(batch)``."""
+        batch = kwargs.get("batch", args[0])
+        return self(batch)
+
     def configure_optimizers(self) -> Any:
         raise NotImplementedError(
             "your Module must define configure_optimizers(self), e.g. return torch.optim.AdamW(self.parameters(), lr=1e-3)"
@@ -172,8 +184,17 @@ class Module(nn.Module):
     def val_dataloader(self) -> Any:
         return None
 
+    def test_dataloader(self) -> Any:
+        return None
+
+    def predict_dataloader(self) -> Any:
+        return None
+
     def optimizers(self, use_pl_optimizer: bool = True) -> Any:
-        opts = self._trainer.optimizers if self._trainer is not None else []
+        """The optimizers of ``configure_optimizers`` (one, or a list), wrapped as ``LightningOptimizer``."""
+        if self._trainer is None:
+            return []
+        opts = self._trainer._lightning_optimizers if use_pl_optimizer else self._trainer.optimizers
         return opts[0] if len(opts) == 1 else opts
 
     def lr_schedulers(self) -> Any:
@@ -184,7 +205,70 @@ class Module(nn.Module):
 
     def manual_backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         """Backward through the precision plugin (loss scaling) for manual optimization."""
+        hooks = self._trainer._hooks
+        for f in hooks.on_before_backward:
+            f(loss)
         self._trainer._precision.backward(loss)
+        for f in hooks.on_after_backward:
+            f()
+
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        loss.backward(*args, **kwargs)
+
+    def toggle_optimizer(self, optimizer: Any) -> None:
+        """Only ``optimizer``'s parameters require grad until ``untoggle_optimizer`` (Lightning's semantics)."""
+        mine = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        saved = {}
+        for opt in self._trainer.optimizers:
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    if id(p) not in mine and id(p) not in saved:
+                        saved[id(p)] = (p, p.requires_grad)
+                        p.requires_grad = False
+        self._param_requires_grad_state = saved
+
+    def untoggle_optimizer(self, optimizer: Any) -> None:
+        for p, requires_grad in getattr(self, "_param_requires_grad_state", {}).values():
+            p.requires_grad = requires_grad
+        self._param_requires_grad_state = {}
+
+    @contextlib.contextmanager
+    def toggled_optimizer(self, optimizer: Any) -> Iterator[None]:
+        self.toggle_optimizer(optimizer)
+        try:
+            yield
+        finally:
+            self.untoggle_optimizer(optimizer)
+
+    def clip_gradients(self, optimizer: Any, gradient_clip_val: float | None = None,
+                       gradient_clip_algorithm: str | None = None) -> None:
+        """Clip the gradients of ``optimizer``'s parameters (after unscaling), as Lightning's hook does."""
+        if not gradient_clip_val:
+            return
+        opt = getattr(optimizer, "_optimizer", optimizer)
+        params = [p for g in opt.param_groups for p in g["params"]]
+        self._trainer._precision.clip(opt, params, float(gradient_clip_val), gradient_clip_algorithm or "norm")
+
+    @property
+    def logger(self) -> Any:
+        return self._trainer.logger if self._trainer is not None else None
+
+    @property
+    def loggers(self) -> list:
+        return self._trainer.loggers if self._trainer is not None else []
+
+    @property
+    def automatic_optimization(self) -> bool:
+        return self._automatic_optimization
+
+    @automatic_optimization.setter
+    def automatic_optimization(self, value: bool) -> None:
+        self._automatic_optimization = value
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on global rank 0 only."""
+        if self.global_rank == 0:
+            print(*args, **kwargs)
 
     def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
         if metric is None:
@@ -209,12 +293,26 @@ class Module(nn.Module):
     def on_validation_epoch_end(self) -> None: ...
     def on_validation_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
     def on_validation_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    def on_test_start(self) -> None: ...
+    def on_test_end(self) -> None: ...
+    def on_test_epoch_start(self) -> None: ...
+    def on_test_epoch_end(self) -> None: ...
+    def on_test_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    def on_test_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    def on_predict_start(self) -> None: ...
+    def on_predict_end(self) -> None: ...
+    def on_predict_epoch_start(self) -> None: ...
+    def on_predict_epoch_end(self) -> None: ...
+    def on_predict_batch_start(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    def on_predict_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None: ...
+    def prepare_data(self) -> None: ...
     def on_before_backward(self, loss: torch.Tensor) -> None: ...
     def on_after_backward(self) -> None: ...
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None: ...
     def on_before_zero_grad(self, optimizer: torch.optim.Optimizer) -> None: ...
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None: ...
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None: ...
+    def on_exception(self, exception: BaseException) -> None: ...
 
 
 LightningModule = Module  # so `from gpulayer.trainer import LightningModule` ports code with one import change

@@ -49,7 +49,9 @@ def worker_init_fn(worker_id: int) -> None:
 def capture_rng() -> dict[str, Any]:
     state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if _np is not None:
-        state["numpy"] = _np.random.get_state()
+        kind, keys, pos, has_gauss, gauss = _np.random.get_state()
+        # plain values, so the checkpoint also loads with torch.load(weights_only=True)
+        state["numpy"] = (kind, keys.tolist(), int(pos), int(has_gauss), float(gauss))
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -59,6 +61,7 @@ def restore_rng(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
     if _np is not None and "numpy" in state:
-        _np.random.set_state(state["numpy"])
+        kind, keys, pos, has_gauss, gauss = state["numpy"]
+        _np.random.set_state((kind, _np.asarray(keys, dtype=_np.uint32), pos, has_gauss, gauss))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

@@ -35,6 +35,25 @@ SPIN_S = 200e-6             # how long a barrier polls before it sleeps
 FULL_SUM_BYTES = 4 << 20    # up to this much data in all slots, every rank sums everything (one barrier)
 
 
+_WHERE_BYTES = 4096  # the leader's directory and token, broadcast as bytes
+
+
+def _broadcast_where(where: tuple[str, int] | None, src: int, group: Any) -> tuple[str, int] | None:
+    """The leader's (directory, token) to every rank, as a byte tensor: ``broadcast_object_list``
+    needs numpy, which a plain install may lack ("RuntimeError: Numpy is not available")."""
+    buf = torch.zeros(_WHERE_BYTES, dtype=torch.uint8)
+    if where is not None:
+        raw = f"{where[0]}\n{where[1]}".encode()
+        if len(raw) < _WHERE_BYTES:
+            buf[:len(raw)] = torch.tensor(list(raw), dtype=torch.uint8)
+    dist.broadcast(buf, src=src, group=group)
+    raw = bytes(buf.tolist()).rstrip(b"\0")
+    if not raw:
+        return None
+    d, token = raw.decode().rsplit("\n", 1)
+    return d, int(token)
+
+
 def _round_up(n: int) -> int:
     return (n + _ALIGN - 1) // _ALIGN * _ALIGN
 
@@ -76,7 +95,7 @@ class ShmReducer:
                 where = [(d, token)]
             except OSError:
                 where = [None]
-        dist.broadcast_object_list(where, src=group_ranks[0], group=group)
+        where = [_broadcast_where(where[0], group_ranks[0], group)]
         reducer, ok = None, False
         if where[0] is not None:
             d, token = where[0]

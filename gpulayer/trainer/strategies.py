@@ -38,6 +38,12 @@ class SingleDeviceStrategy:
         else:
             allocator.keep_freed_memory()  # no page faults for each step's activations (allocator.py)
 
+    def setup_eval_module(self, module: nn.Module) -> None:
+        """Move the module for validate / test / predict (no DDP wrapper: nothing to sync)."""
+        module.to(self.root_device)
+        module._device = self.root_device
+        self.model = module
+
     def setup_module(self, module: nn.Module) -> Any:
         """Move the module; return the callable the loop runs the training step through."""
         module.to(self.root_device)
@@ -45,7 +51,7 @@ class SingleDeviceStrategy:
         self.model = module
         return module.training_step
 
-    def prepare_loader(self, loader: Any) -> Any:
+    def prepare_loader(self, loader: Any, mode: str = "train") -> Any:
         return loader
 
     def no_sync(self) -> contextlib.AbstractContextManager:
@@ -55,6 +61,12 @@ class SingleDeviceStrategy:
         return tensor
 
     def any(self, flag: bool) -> bool:
+        return flag
+
+    def all(self, flag: bool) -> bool:
+        return flag
+
+    def broadcast_flag(self, flag: bool) -> bool:
         return flag
 
     def barrier(self) -> None:
@@ -129,8 +141,8 @@ class DDPStrategy(SingleDeviceStrategy):
         self.model = self.ddp
         return self.ddp
 
-    def prepare_loader(self, loader: Any) -> Any:
-        return data.distributed(loader, self.world_size, self.global_rank)
+    def prepare_loader(self, loader: Any, mode: str = "train") -> Any:
+        return data.distributed(loader, self.world_size, self.global_rank, mode)
 
     def no_sync(self) -> contextlib.AbstractContextManager:
         return self.ddp.no_sync()
@@ -144,6 +156,17 @@ class DDPStrategy(SingleDeviceStrategy):
     def any(self, flag: bool) -> bool:
         t = torch.tensor(1.0 if flag else 0.0, device=self.root_device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    def all(self, flag: bool) -> bool:
+        t = torch.tensor(1.0 if flag else 0.0, device=self.root_device)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return bool(t.item())
+
+    def broadcast_flag(self, flag: bool) -> bool:
+        """Global rank 0's ``flag`` on every rank."""
+        t = torch.tensor(1.0 if flag else 0.0, device=self.root_device)
+        dist.broadcast(t, src=0)
         return bool(t.item())
 
     def barrier(self) -> None:

@@ -10,13 +10,15 @@ works in any process whose torchrun environment is set.
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 import torch
 
-from gpulayer.trainer import checkpoint, data, gcfreeze, optimizers
+from gpulayer.trainer import checkpoint, data, evaluate, gcfreeze, optimizers, summary
 from gpulayer.trainer.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from gpulayer.trainer.config import TrainerConfig, build_config
+from gpulayer.trainer.core.optimizer import LightningOptimizer
 from gpulayer.trainer.errors import TrainerConfigError, TrainerError
 from gpulayer.trainer.hooks import Hooks
 from gpulayer.trainer.loop import FitLoop
@@ -75,6 +77,13 @@ class Trainer:
         self.should_stop = False
         self.sanity_checking = False
         self.optimizers: list[torch.optim.Optimizer] = []
+        self._lightning_optimizers: list[LightningOptimizer] = []
+        self.datamodule: Any = None
+        self.state_stage: str | None = None  # "fit", "validate", "test", "predict" while one runs
+        self._batches_stepped = 0  # Lightning's _batches_that_stepped: the logger's step
+        self._val_has_run = False  # a (non-sanity) validation ran in this fit
+        self.num_val_batches: list[float] = []
+        self.ckpt_path: str | None = None
         self.lr_scheduler_configs: list[optimizers.SchedulerConfig] = []
         self.strategy: SingleDeviceStrategy | None = None
         self.lightning_module: Module | None = None
@@ -100,6 +109,7 @@ class Trainer:
     precision = property(lambda self: self._config.precision)
     num_nodes = property(lambda self: self._config.num_nodes)
     num_devices = property(lambda self: self._config.devices)
+    fast_dev_run = property(lambda self: self._config.fast_dev_run)
     model = property(lambda self: self.lightning_module)
     global_rank = property(lambda self: self.strategy.global_rank if self.strategy else 0)
     local_rank = property(lambda self: self.strategy.local_rank if self.strategy else 0)
@@ -158,8 +168,162 @@ class Trainer:
             return
         self._fit_here(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
 
+    # -- validate, test, predict ----------------------------------------------------------------
+    def validate(self, model: Module | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
+                 verbose: bool = True, datamodule: Any = None) -> list[dict[str, float]]:
+        """One validation pass; returns a dict of the logged epoch metrics per loader (Lightning's value)."""
+        return self._evaluate("validate", model, dataloaders, datamodule, ckpt_path, verbose=verbose)
+
+    def test(self, model: Module | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
+             verbose: bool = True, datamodule: Any = None) -> list[dict[str, float]]:
+        """One pass of ``test_step`` over the test loaders; returns the logged metrics per loader.
+
+        >>> trainer.fit(model, train_loader); trainer.test(model, test_loader)   # doctest: +SKIP
+        [{'test_loss': 0.12}]
+        """
+        return self._evaluate("test", model, dataloaders, datamodule, ckpt_path, verbose=verbose)
+
+    def predict(self, model: Module | None = None, dataloaders: Any = None, datamodule: Any = None,
+                return_predictions: bool | None = None, ckpt_path: str | None = None) -> list | None:
+        """``predict_step`` (default ``self(batch)``) over the predict loaders; one output per batch.
+
+        With several loaders, a list per loader. On ``devices > 1`` each rank predicts
+        its share (every sample exactly once) and, as in Lightning, rank 0's are returned.
+        """
+        return self._evaluate("predict", model, dataloaders, datamodule, ckpt_path,
+                              return_predictions=True if return_predictions is None else return_predictions)
+
+    def _evaluate(self, stage: str, model: Module | None, dataloaders: Any, datamodule: Any, ckpt_path: str | None,
+                  **kw: Any) -> Any:
+        model_provided = model is not None
+        if model is None:
+            model = self.lightning_module
+            if model is None:
+                raise TrainerError(
+                    f"`Trainer.{stage}()` requires a `LightningModule` when it hasn't been passed in a previous run; "
+                    f"call trainer.{stage}(model, dataloaders)")
+        if not isinstance(model, Module):
+            raise TrainerConfigError(f"`Trainer.{stage}()` requires a `LightningModule`, got: {type(model).__qualname__}")
+        if dataloaders is not None and datamodule is not None:
+            raise TrainerConfigError(
+                f"You cannot pass both `trainer.{stage}(dataloaders=..., datamodule=...)`, choose one to pass.")
+        evaluate.check_step(stage, model)
+        ckpt = self._eval_checkpoint(stage, ckpt_path, model_provided)
+        cfg = self._config
+        if cfg.multi_process and not _in_matching_job(cfg):
+            if cfg.num_nodes > 1:
+                raise TrainerError(
+                    f"Trainer(num_nodes={cfg.num_nodes}).{stage}() is not supported yet: gpulayer runs validate/test/"
+                    "predict on one machine; use Trainer(devices=M) (or devices=1) for this stage")
+            from gpulayer.trainer import launcher
+            result = launcher.stage_in_processes(cfg, stage, model, dataloaders, datamodule, ckpt, kw)
+            model.trainer = self
+            self.lightning_module = model
+            self._store.load_result(result["callback_metrics"], result["logged_metrics"])
+            for cb, state in zip(self.callbacks, result["callbacks"]):
+                cb.load_state_dict(state)
+            return result["output"]
+        return self._in_process(model, self._run_eval, stage, model, dataloaders, datamodule, ckpt, kw)
+
+    def _eval_checkpoint(self, stage: str, ckpt_path: str | None, model_provided: bool) -> str | None:
+        """Lightning's choice of weights: the model as passed, else the best (or last) checkpoint of the fit."""
+        fn = stage
+        if ckpt_path is None and (model_provided or self.lightning_module is None):
+            return None
+        if ckpt_path is None:
+            if self.checkpoint_callback is None or not self.checkpoint_callback.best_model_path:
+                return None  # nothing saved: the weights the fit left in the model
+            ckpt_path = "best"
+            warnings.warn(f"`.{fn}(ckpt_path=None)` was called without a model. The best model of the previous `fit` "
+                          f"call will be used. You can pass `.{fn}(ckpt_path='best')` to use the best model or "
+                          f"`.{fn}(ckpt_path='last')` to use the last model. If you pass a value, this warning will "
+                          "be silenced.", stacklevel=4)
+        if ckpt_path == "best":
+            if not self.checkpoint_callback:
+                raise ValueError(f'`.{fn}(ckpt_path="best")` is set but `ModelCheckpoint` is not configured.')
+            if not self.checkpoint_callback.best_model_path:
+                raise ValueError(f'`.{fn}(ckpt_path="best")` is set but `ModelCheckpoint` is not configured to save '
+                                 "the best model (run fit first, or pass a checkpoint file).")
+            return self.checkpoint_callback.best_model_path
+        if ckpt_path == "last":
+            found = [p for p in self._last_candidates() if os.path.isfile(p)]
+            if not found:
+                warnings.warn(f'.{fn}(ckpt_path="last") is set, but there is no last checkpoint available. No checkpoint '
+                              "will be loaded. HINT: Set `ModelCheckpoint(..., save_last=True)`.", stacklevel=4)
+                return None
+            return max(found, key=os.path.getmtime)
+        return os.fspath(ckpt_path)
+
+    def _last_candidates(self) -> list[str]:
+        cbs = self.checkpoint_callbacks
+        return [c.last_model_path for c in cbs if c.last_model_path] + \
+            [os.path.join(c.dirpath, "last.ckpt") for c in cbs if c.dirpath]
+
+    def _run_eval(self, stage: str, module: Module, dataloaders: Any, datamodule: Any, ckpt_path: str | None,
+                  kw: dict[str, Any]) -> Any:
+        self.state_stage = stage
+        hooks = self._setup_stage("validate" if stage == "validate" else stage, module, datamodule)
+        prefix, _, _, _ = evaluate.STAGES[stage]
+        method = f"{'val' if stage == 'validate' else stage}_dataloader"
+        if dataloaders is not None:
+            loaders = data.resolve(dataloaders)
+        elif datamodule is not None:
+            loaders = data.from_datamodule(datamodule, method)
+        else:
+            loaders = getattr(module, method)()
+        if loaders is None:
+            raise TrainerConfigError(
+                f"No `{method}()` method defined to run `Trainer.{stage}`; pass dataloaders=... or define "
+                f"{method}() on the module or the datamodule")
+        mode = "predict" if stage == "predict" else "eval"
+        loaders = [self._prepare_loader(dl, mode) for dl in data.as_list(loaders)]
+        self.strategy.setup_eval_module(module)
+        if ckpt_path is not None:
+            ckpt = checkpoint.load(ckpt_path)
+            module.load_state_dict(ckpt["state_dict"])
+            hooks.call("on_load_checkpoint", ckpt)
+        self.ckpt_path = ckpt_path
+        setattr(self, f"num_{'val' if stage == 'validate' else stage}_batches",
+                [data.num_batches(dl, getattr(self._config, evaluate.STAGES[stage][3])) for dl in loaders])
+        try:
+            out = evaluate.EvalLoop(self, module, stage, loaders, **kw).run()
+        finally:
+            self.state_stage = None
+        self._teardown_stage(stage)
+        return out
+
+    def _prepare_loader(self, loader: Any, mode: str) -> Any:
+        if self.strategy.world_size == 1 or not self._config.use_distributed_sampler:
+            return loader
+        return self.strategy.prepare_loader(loader, mode)
+
+    def _optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Any, **kwargs: Any) -> Any:
+        """``LightningOptimizer.step``: closure, hooks, a precision-aware step; counts a step in manual optimization."""
+        out = closure()
+        for f in self._hooks.on_before_optimizer_step:
+            f(optimizer)
+        if kwargs:
+            optimizer.step(**kwargs)
+        else:
+            self._precision.step(optimizer)
+        if not self.lightning_module.automatic_optimization:
+            self.global_step += 1
+        return out
+
+    def _val_due_this_epoch(self) -> bool:
+        return self._loop is not None and self._loop._val_due() and sum(self.num_val_batches) > 0
+
+    training = property(lambda self: self.state_stage == "fit")
+    validating = property(lambda self: self.state_stage == "validate")
+    testing = property(lambda self: self.state_stage == "test")
+    predicting = property(lambda self: self.state_stage == "predict")
+
     def _fit_here(self, module: Module, train_dataloaders: Any, val_dataloaders: Any, datamodule: Any,
                   ckpt_path: str | None) -> None:
+        self._in_process(module, self._run, module, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
+
+    def _in_process(self, module: Module, body: Any, *args: Any) -> Any:
+        """Set up this process's strategy, precision and metric store around ``body(*args)`` (any stage)."""
         cfg = self._config
         device = torch.device("cuda", cfg.device_ids[0] if cfg.device_ids else 0) if cfg.accelerator == "cuda" \
             else torch.device("cpu")
@@ -179,10 +343,11 @@ class Trainer:
         module._metric_store = self._store
         self.fit_info = self.strategy.describe()
         try:
-            self._run(module, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
+            out = body(*args)
             # every rank is done with its collectives before any destroys the group: a rank whose
             # peer tore gloo down under it can abort at exit ("terminate called without an active exception")
             self.strategy.barrier()
+            return out
         finally:
             self.fit_info = self.strategy.describe()  # now with the comm hook DDP got
             module._metric_store = None
@@ -196,17 +361,47 @@ class Trainer:
             torch.backends.cudnn.deterministic = True
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-    def _run(self, module: Module, train: Any, val: Any, datamodule: Any, ckpt_path: str | None) -> None:
+    def _setup_stage(self, stage: str, module: Module, datamodule: Any) -> Hooks:
+        """Callbacks from the module, hook lists, and Lightning's prepare_data / setup order for ``stage``."""
         cfg = self._config
         extra = module.configure_callbacks() or []
         cfg.callbacks = cfg.callbacks + [c for c in (extra if isinstance(extra, (list, tuple)) else [extra])
                                          if isinstance(c, Callback) and c not in cfg.callbacks]
         self._hooks = hooks = Hooks(self, module, cfg.callbacks)
+        self.datamodule = datamodule
         if datamodule is not None:
-            if hasattr(datamodule, "setup"):
-                datamodule.setup("fit")
-            train, val = datamodule.train_dataloader(), getattr(datamodule, "val_dataloader", lambda: None)()
-        hooks.call("setup", "fit")
+            datamodule.trainer = self
+            if self.local_rank == 0 and hasattr(datamodule, "prepare_data"):
+                datamodule.prepare_data()
+        if self.local_rank == 0:
+            module.prepare_data()
+        self.strategy.barrier()
+        if datamodule is not None and hasattr(datamodule, "setup"):
+            datamodule.setup(stage)
+        hooks.call("setup", stage)
+        return hooks
+
+    def _on_exception(self, err: BaseException) -> None:
+        """Lightning's ``on_exception`` hooks (callbacks, module, datamodule) before the error propagates."""
+        for cb in self.callbacks:
+            if type(cb).on_exception is not Callback.on_exception:
+                cb.on_exception(self, self.lightning_module, err)
+        if hasattr(self.lightning_module, "on_exception"):
+            self.lightning_module.on_exception(err)
+        if self.datamodule is not None and hasattr(self.datamodule, "on_exception"):
+            self.datamodule.on_exception(err)
+
+    def _teardown_stage(self, stage: str) -> None:
+        if self.datamodule is not None and hasattr(self.datamodule, "teardown"):
+            self.datamodule.teardown(stage)
+        self._hooks.call("teardown", stage)
+
+    def _run(self, module: Module, train: Any, val: Any, datamodule: Any, ckpt_path: str | None) -> None:
+        cfg = self._config
+        self.state_stage = "fit"
+        hooks = self._setup_stage("fit", module, datamodule)
+        if datamodule is not None:
+            train, val = datamodule.train_dataloader(), data.from_datamodule(datamodule, "val_dataloader")
         train = data.resolve(train) if train is not None else module.train_dataloader()
         if train is None:
             raise TrainerConfigError(
@@ -214,22 +409,34 @@ class Trainer:
             )
         if isinstance(train, (list, tuple)):
             raise TrainerConfigError("fit() takes one training loader; combine several into one dataset or loader")
-        val = data.resolve(val) if val is not None else module.val_dataloader()
-        val_loaders = [self.strategy.prepare_loader(v) for v in data.as_list(val)]
-        train = self.strategy.prepare_loader(train)
+        val = data.resolve(val) if val is not None else (module.val_dataloader() if callable(module.val_dataloader)
+                                                           else None)
+        val_loaders = [self._prepare_loader(v, "eval") for v in data.as_list(val)]
+        train = self._prepare_loader(train, "train")
         for loader in [train, *val_loaders]:
             data.seed_workers(loader)
-        self.has_val_loader = bool(val_loaders) and type(module).validation_step is not Module.validation_step
+        self.has_val_loader = bool(val_loaders) and evaluate.defines(module, "validation_step")
         if not self.has_val_loader:
             val_loaders = []
+        self.num_val_batches = [data.num_batches(v, cfg.limit_val_batches) for v in val_loaders]
+        self.ckpt_path = ckpt_path
+        if not module.automatic_optimization and cfg.gradient_clip_val:
+            raise TrainerConfigError(
+                "Automatic gradient clipping is not supported for manual optimization. Remove "
+                f"`Trainer(gradient_clip_val={cfg.gradient_clip_val})` or switch to automatic optimization "
+                "(call self.clip_gradients(opt, gradient_clip_val=...) in training_step instead)."
+            )
+        if not module.automatic_optimization and cfg.accumulate_grad_batches != 1:
+            raise TrainerConfigError(
+                "Automatic gradient accumulation is not supported for manual optimization. Remove "
+                f"`Trainer(accumulate_grad_batches={cfg.accumulate_grad_batches})` or switch to automatic optimization."
+            )
 
         step_fn = self.strategy.setup_module(module)
-        self.optimizers, self.lr_scheduler_configs = optimizers.parse(module.configure_optimizers())
-        if module.automatic_optimization and len(self.optimizers) > 1:
-            raise TrainerConfigError(
-                f"configure_optimizers returned {len(self.optimizers)} optimizers; as in Lightning 2, several optimizers "
-                "need manual optimization: set self.automatic_optimization = False and call opt.step() in training_step"
-            )
+        self.optimizers, self.lr_scheduler_configs = optimizers.parse(module.configure_optimizers(), module)
+        self._lightning_optimizers = [LightningOptimizer._to_lightning_optimizer(o, self) for o in self.optimizers]
+        if cfg.enable_model_summary and self.is_global_zero:
+            summary.print_summary(module)
         hooks.call("on_fit_start")
         resume = self._restore(ckpt_path) if ckpt_path is not None else None
         if self.logger is not None and self.is_global_zero:
@@ -239,11 +446,15 @@ class Trainer:
         try:
             with gcfreeze.frozen():
                 self._loop.run()
+        except BaseException as err:
+            self._on_exception(err)
+            raise
         finally:
+            self.state_stage = None
             if self.logger is not None and self.is_global_zero:
                 self.logger.finalize("success")
         hooks.call("on_fit_end")
-        hooks.call("teardown", "fit")
+        self._teardown_stage("fit")
 
     def _restore(self, ckpt_path: str) -> dict[str, Any]:
         path = ckpt_path
@@ -278,16 +489,16 @@ class Trainer:
     def _log_step_metrics(self, to_logger: bool = True) -> None:
         metrics = self._store.materialize_step(sync=to_logger)
         if to_logger and metrics and self.logger is not None and self.is_global_zero:
-            self.logger.log_metrics({**metrics, "epoch": self.current_epoch}, step=self.global_step - 1)
+            self.logger.log_metrics({**metrics, "epoch": self.current_epoch}, step=self._batches_stepped - 1)
 
     def _log_epoch_metrics(self, metrics: dict[str, float]) -> None:
         if metrics and self.logger is not None and self.is_global_zero:
-            self.logger.log_metrics({**metrics, "epoch": self.current_epoch}, step=max(self.global_step - 1, 0))
+            self.logger.log_metrics({**metrics, "epoch": self.current_epoch}, step=max(self._batches_stepped - 1, 0))
 
     def log_to_logger(self, metrics: dict[str, float]) -> None:
         """For callbacks: send numbers straight to the logger (rank 0)."""
         if self.logger is not None and self.is_global_zero:
-            self.logger.log_metrics(metrics, step=max(self.global_step - 1, 0))
+            self.logger.log_metrics(metrics, step=max(self._batches_stepped - 1, 0))
 
     def _step_scheduler(self, cfg: optimizers.SchedulerConfig) -> None:
         metric = None
@@ -295,10 +506,13 @@ class Trainer:
             metrics = self.callback_metrics
             if cfg.monitor not in metrics:
                 if not cfg.strict:
+                    warnings.warn(f"ReduceLROnPlateau conditioned on metric {cfg.monitor} which is not available but "
+                                  "strict is set to `False`. Skipping learning rate update.", RuntimeWarning, stacklevel=2)
                     return
-                raise TrainerError(
-                    f"the ReduceLROnPlateau scheduler monitors {cfg.monitor!r}, which was not logged "
-                    f"(available: {sorted(metrics)}); log it with self.log({cfg.monitor!r}, value)"
+                raise TrainerConfigError(
+                    f"ReduceLROnPlateau conditioned on metric {cfg.monitor} which is not available. Available metrics "
+                    f"are: {list(metrics)}. Condition can be set using `monitor` key in lr scheduler dict "
+                    f"(log it with self.log({cfg.monitor!r}, value))"
                 )
             metric = float(metrics[cfg.monitor])
         self.lightning_module.lr_scheduler_step(cfg.scheduler, metric)
@@ -338,4 +552,20 @@ def fit_rank(config: TrainerConfig, module: Module, train_dataloaders: Any = Non
         "logged_metrics": trainer.logged_metrics,
         "callbacks": [cb.state_dict() for cb in trainer.callbacks],
         "fit_info": trainer.fit_info,
+    }
+
+
+def stage_rank(config: TrainerConfig, stage: str, module: Module, loaders: Any, datamodule: Any,
+               ckpt_path: str | None, kw: dict[str, Any]) -> dict[str, Any] | None:
+    """One rank's share of a multi-process validate / test / predict; rank 0's output and metrics."""
+    trainer = Trainer.from_config(config)
+    output = trainer._in_process(module, trainer._run_eval, stage, module, loaders, datamodule, ckpt_path, kw)
+    if not trainer.is_global_zero:
+        return None
+    return {
+        "output": output,
+        "callback_metrics": {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v)
+                             for k, v in trainer.callback_metrics.items()},
+        "logged_metrics": trainer.logged_metrics,
+        "callbacks": [cb.state_dict() for cb in trainer.callbacks],
     }

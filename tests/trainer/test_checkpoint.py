@@ -117,9 +117,14 @@ def test_default_checkpoint_goes_under_the_logger_dir(tmp_path):
 
 
 def test_missing_monitor_and_missing_last_are_explained(tmp_path):
+    # as in Lightning: without a validation run the key may still come, so a warning; after one, an error
     cb = ModelCheckpoint(dirpath=tmp_path, monitor="nope")
-    with pytest.raises(TrainerError, match="could not find 'nope'.*self.log"):
+    with pytest.warns(UserWarning, match="monitor='nope'.*could not find the monitored key.*log\\('nope'"):
         Trainer(max_epochs=1, logger=False, callbacks=[cb], enable_progress_bar=False).fit(Net(), _loader())
+    assert not os.listdir(tmp_path)
+    cb = ModelCheckpoint(dirpath=tmp_path, monitor="nope")
+    with pytest.raises(TrainerError, match="monitor='nope'.*could not find the monitored key.*'val_loss'.*log\\('nope'"):
+        Trainer(max_epochs=1, logger=False, callbacks=[cb], enable_progress_bar=False).fit(Net(), _loader(), _loader())
     with pytest.raises(TrainerError, match="found no last checkpoint"):
         Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False).fit(
             Net(), _loader(), ckpt_path="last")

@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from gpulayer.trainer import Module, RankFailed, Trainer, TrainerConfigError, cluster, seed_everything
+from tests.trainer.ddp_order import DDPShardOrder
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +83,8 @@ def _reference(max_steps: int) -> Linear:
     """One process on the full batch of 16 (4 ranks x 4 samples)."""
     seed_everything(1)
     model = Linear(batch_size=16)
-    _trainer(max_steps=max_steps).fit(model)
+    # the 4 ranks' shuffled shards, step by step (Lightning shuffles every training loader it shards)
+    _trainer(max_steps=max_steps).fit(model, DataLoader(_dataset(), batch_size=16, sampler=DDPShardOrder(64, 4, 4, seed=1)))
     return model
 
 

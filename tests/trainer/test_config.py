@@ -87,7 +87,7 @@ def test_bad_configure_optimizers_results_are_explained():
         Trainer(**quiet).fit(_Net(lambda m: "sgd"), _loader())
     with pytest.raises(TrainerConfigError, match="manual optimization"):
         Trainer(**quiet).fit(_Net(lambda m: [torch.optim.SGD(m.parameters(), 0.1)] * 2), _loader())
-    with pytest.raises(TrainerConfigError, match="interval='hour'"):
+    with pytest.raises(TrainerConfigError, match='must be "step" or "epoch" but is "hour"'):
         Trainer(**quiet).fit(_Net(lambda m: {"optimizer": (o := torch.optim.SGD(m.parameters(), 0.1)),
                                              "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(o, 1),
                                                               "interval": "hour"}}), _loader())

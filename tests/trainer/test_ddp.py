@@ -8,6 +8,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from gpulayer.trainer import Module, RankFailed, Trainer, TrainerError, seed_everything
+from tests.trainer.ddp_order import DDPShardOrder
 
 
 class Linear(Module):
@@ -38,13 +39,15 @@ def _fit(devices: int, batch_size: int, **kw) -> tuple[Linear, Trainer]:
     model = Linear()
     trainer = Trainer(max_epochs=2, devices=devices, accelerator="cpu", logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, **kw)
-    trainer.fit(model, DataLoader(_dataset(), batch_size=batch_size), DataLoader(_dataset(), batch_size=16))
+    train = DataLoader(_dataset(), batch_size=batch_size) if devices > 1 else \
+        DataLoader(_dataset(), batch_size=batch_size, sampler=DDPShardOrder(64, 2, batch_size // 2, seed=1))
+    trainer.fit(model, train, DataLoader(_dataset(), batch_size=16))
     return model, trainer
 
 
 def test_two_processes_match_one_process_on_the_full_batch():
     single, t1 = _fit(1, 16)
-    double, t2 = _fit(2, 8)  # each rank: 8 of the same 16 samples per step
+    double, t2 = _fit(2, 8)  # each rank: 8 of the same 16 samples per step (shuffled shards, as Lightning)
     for a, b in zip(single.parameters(), double.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert t2.global_step == t1.global_step == 8 and t2.current_epoch == 2

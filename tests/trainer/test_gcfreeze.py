@@ -36,7 +36,7 @@ class Probe(Module):
 
 def _fit(model: Module) -> None:
     data = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
-    Trainer(max_steps=4, logger=False, enable_checkpointing=False, enable_progress_bar=False).fit(
+    Trainer(max_steps=4, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False).fit(
         model, DataLoader(data, batch_size=8))
 
 

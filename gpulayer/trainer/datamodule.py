@@ -1,0 +1,92 @@
+"""``LightningDataModule``: the data side of a fit in one object (Lightning's ``core.datamodule``).
+
+The Trainer calls ``prepare_data`` (once per machine), ``setup(stage)``, the
+stage's ``*_dataloader()`` and ``teardown(stage)``, as Lightning does.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from gpulayer.trainer.module import AttributeDict
+
+
+class LightningDataModule:
+    """Subclass and define ``train_dataloader`` (and ``val_/test_/predict_dataloader``) as in Lightning.
+
+    >>> class Data(LightningDataModule):
+    ...     def setup(self, stage): self.ds = make_dataset()
+    ...     def train_dataloader(self): return DataLoader(self.ds, batch_size=32)
+    """
+
+    name: str | None = None
+    CHECKPOINT_HYPER_PARAMS_KEY = "datamodule_hyper_parameters"
+
+    def __init__(self) -> None:
+        self.trainer = None
+        self._hparams = AttributeDict()
+        self.prepare_data_per_node = True
+        self.allow_zero_length_dataloader_with_multiple_devices = False
+
+    @property
+    def hparams(self) -> AttributeDict:
+        return self._hparams
+
+    def save_hyperparameters(self, *names: str, ignore: list[str] | str | None = None, logger: bool = True) -> None:
+        frame = inspect.currentframe().f_back
+        try:
+            code, local_vars = frame.f_code, frame.f_locals
+            arg_names = list(code.co_varnames[1:code.co_argcount + code.co_kwonlyargcount])
+            args = {k: local_vars[k] for k in arg_names if k in local_vars}
+        finally:
+            del frame
+        ignore = [ignore] if isinstance(ignore, str) else list(ignore or [])
+        self._hparams.update({k: v for k, v in args.items() if k not in ignore and (not names or k in names)})
+
+    def prepare_data(self) -> None: ...
+    def setup(self, stage: str) -> None: ...
+    def teardown(self, stage: str) -> None: ...
+
+    def train_dataloader(self) -> Any:
+        raise NotImplementedError("`train_dataloader` must be implemented to be used with the Lightning Trainer")
+
+    def val_dataloader(self) -> Any:
+        raise NotImplementedError("`val_dataloader` must be implemented to be used with the Lightning Trainer")
+
+    def test_dataloader(self) -> Any:
+        raise NotImplementedError("`test_dataloader` must be implemented to be used with the Lightning Trainer")
+
+    def predict_dataloader(self) -> Any:
+        raise NotImplementedError("`predict_dataloader` must be implemented to be used with the Lightning Trainer")
+
+    def transfer_batch_to_device(self, batch: Any, device: Any, dataloader_idx: int) -> Any:
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        pass
+
+    def on_exception(self, exception: BaseException) -> None: ...
+
+    @classmethod
+    def from_datasets(cls, train_dataset: Any = None, val_dataset: Any = None, test_dataset: Any = None,
+                      predict_dataset: Any = None, batch_size: int = 1, num_workers: int = 0,
+                      **datamodule_kwargs: Any) -> "LightningDataModule":
+        """A datamodule serving the given datasets (each a Dataset or a list of them)."""
+        from torch.utils.data import DataLoader, IterableDataset
+
+        def loaders(ds: Any, shuffle: bool) -> Any:
+            if isinstance(ds, (list, tuple)):
+                return [loaders(d, shuffle) for d in ds]
+            return DataLoader(ds, batch_size=batch_size, num_workers=num_workers,
+                              shuffle=shuffle and not isinstance(ds, IterableDataset))
+
+        dm = cls(**datamodule_kwargs)
+        for name, ds, shuffle in (("train", train_dataset, True), ("val", val_dataset, False),
+                                  ("test", test_dataset, False), ("predict", predict_dataset, False)):
+            if ds is not None:
+                setattr(dm, f"{name}_dataloader", lambda ds=ds, shuffle=shuffle: loaders(ds, shuffle))
+        return dm

@@ -1,0 +1,172 @@
+"""Validation, test and predict: one pass over the stage's loaders, with Lightning's hooks and results.
+
+Used by ``Trainer.validate / test / predict`` and by the fit loop for its
+validation (and the sanity check). The hook order is Lightning's
+(``loops/evaluation_loop.py``, ``loops/prediction_loop.py``): ``on_<stage>_start``,
+``on_<stage>_epoch_start``, per batch ``on_<stage>_batch_start`` / step /
+``on_<stage>_batch_end``, ``on_<stage>_epoch_end``, then the epoch values are
+reduced (what ``callback_metrics`` shows from here on), ``on_<stage>_end``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+from gpulayer.trainer import data
+from gpulayer.trainer.prefetch import device_batches
+
+# stage -> (hook prefix, step method, metric accumulator, Trainer limit attribute)
+STAGES = {
+    "validate": ("validation", "validation_step", "val", "limit_val_batches"),
+    "test": ("test", "test_step", "test", "limit_test_batches"),
+    "predict": ("predict", "predict_step", None, "limit_predict_batches"),
+}
+
+
+def dataloader_suffix(idx: int) -> str:
+    return f"/dataloader_idx_{idx}"
+
+
+class EvalLoop:
+    """Run one stage over ``loaders``; ``run()`` returns per-loader metric dicts (or predictions)."""
+
+    def __init__(self, trainer, module, stage: str, loaders: list, *, sanity: bool = False,
+                 return_predictions: bool = True, verbose: bool = False):
+        self.trainer, self.module, self.stage, self.loaders = trainer, module, stage, loaders
+        self.prefix, self.step_name, self.acc_name, limit_name = STAGES[stage]
+        self.limit = getattr(trainer._config, limit_name)
+        self.sanity, self.return_predictions, self.verbose = sanity, return_predictions, verbose
+
+    def _num_batches(self, loader: Any) -> float:
+        cfg = self.trainer._config
+        n = data.num_batches(loader, self.limit)
+        if self.sanity:
+            n = n if cfg.num_sanity_val_steps == -1 else min(n, cfg.num_sanity_val_steps)
+        return n
+
+    def run(self) -> list:
+        t, module, hooks, store, p = self.trainer, self.module, self.trainer._hooks, self.trainer._store, self.prefix
+        was_training = module.training
+        module.eval()
+        saved_context = store.context
+        store.context = store.context_for(self.acc_name)
+        t.sanity_checking = self.sanity
+        if self.sanity:
+            hooks.call("on_sanity_check_start")
+        hooks.call(f"on_{p}_start")
+        hooks.call(f"on_{p}_epoch_start")
+        multi = len(self.loaders) > 1
+        step = getattr(module, self.step_name)
+        with_idx = _takes_batch_idx(step)
+        predictions: list[list] = []
+        grad_off = torch.inference_mode if t._config.inference_mode else torch.no_grad
+        with grad_off():
+            for dl_idx, loader in enumerate(self.loaders):
+                n = self._num_batches(loader)
+                preds: list = []
+                predictions.append(preds)
+                if n == 0:
+                    continue
+                store.dl_suffix = dataloader_suffix(dl_idx) if multi else ""
+                extra = (dl_idx,) if multi else ()
+                data.set_epoch(loader, t.current_epoch)
+                for i, batch in enumerate(device_batches(iter(loader), t.strategy.root_device, t._config.prefetch)):
+                    if i >= n:
+                        break
+                    store.batch = batch
+                    hooks.call(f"on_{p}_batch_start", batch, i, *extra)
+                    with t._precision.forward_context():
+                        out = step(batch, i, *extra) if with_idx else step(batch, *extra)
+                    if self.stage == "predict" and self.return_predictions:
+                        preds.append(out)
+                    hooks.call(f"on_{p}_batch_end", out, batch, i, *extra)
+                store.dl_suffix = ""
+        if self.stage == "predict":
+            hooks.call("on_predict_epoch_end")
+            hooks.call("on_predict_end")
+            results = (predictions[0] if len(predictions) == 1 else predictions) if self.return_predictions else None
+        else:
+            hooks.call(f"on_{p}_epoch_end")
+            if self.sanity:
+                store.acc[self.acc_name] = {}  # Lightning discards what the sanity check logged
+                results = []
+            else:
+                logged = store.reduce_epoch(self.acc_name)
+                results = _per_loader(logged, len(self.loaders))
+                t._log_epoch_metrics(logged)
+            hooks.call(f"on_{p}_end")
+        if self.sanity:
+            hooks.call("on_sanity_check_end")
+        t.sanity_checking = False
+        store.context = saved_context
+        module.train(was_training)
+        if self.verbose and results and t.is_global_zero and self.stage != "predict":
+            print_results(results, self.stage)
+        return results
+
+
+def _per_loader(logged: dict[str, float], n_loaders: int) -> list[dict[str, float]]:
+    """Lightning's return value: one dict per loader; a name with no loader suffix goes in every dict."""
+    if n_loaders <= 1:
+        return [dict(logged)] if n_loaders == 1 else []
+    out: list[dict[str, float]] = [{} for _ in range(n_loaders)]
+    for name, value in logged.items():
+        owner = next((i for i in range(n_loaders) if name.endswith(dataloader_suffix(i))), None)
+        for i in range(n_loaders) if owner is None else [owner]:
+            out[i][name] = value
+    return out
+
+
+def print_results(results: list[dict[str, float]], stage: str) -> None:
+    """A short table of the stage's metrics (rank 0), as Lightning prints after validate/test."""
+    names = sorted({k for r in results for k in r})
+    if not names:
+        return
+    width = max(len(n) for n in names + [f"{stage} metric"]) + 2
+    cols = [f"DataLoader {i}" for i in range(len(results))]
+    line = "-" * (width + 16 * len(cols))
+    print(line)
+    print(f"{stage.capitalize() + ' metric':<{width}}" + "".join(f"{c:>16}" for c in cols))
+    print(line)
+    for n in names:
+        print(f"{n:<{width}}" + "".join(f"{r[n]:>16.6g}" if n in r else f"{'':>16}" for r in results))
+    print(line)
+
+
+def defines(module: Any, name: str) -> bool:
+    """The module overrides hook ``name`` (a class override, or an instance attribute that is not None)."""
+    from gpulayer.trainer.module import Module
+    if name in vars(module):
+        return vars(module)[name] is not None
+    impl = getattr(type(module), name, None)
+    return impl is not None and impl is not getattr(Module, name, None)
+
+
+def _takes_batch_idx(fn: Any) -> bool:
+    """Lightning calls ``step(batch)`` when the step has no ``batch_idx`` parameter."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return True
+    if "batch_idx" in params or any(p.kind == p.VAR_POSITIONAL for p in params.values()):
+        return True
+    return len(params) >= 2
+
+
+def check_step(stage: str, module: Any) -> None:
+    """Lightning's check before a stage runs: the module defines the step it needs."""
+    from gpulayer.trainer.errors import TrainerConfigError
+    from gpulayer.trainer.module import Module
+
+    _, step_name, _, _ = STAGES[stage]
+    overridden = defines(module, step_name)
+    if stage == "predict":
+        if module.predict_step is None:
+            raise TrainerConfigError("`predict_step` cannot be None to run `Trainer.predict`")
+        if not overridden and type(module).forward is Module.forward:
+            raise TrainerConfigError("`Trainer.predict` requires `forward` method to run; define forward() or predict_step()")
+    elif not overridden:
+        raise TrainerConfigError(f"No `{step_name}()` method defined to run `Trainer.{stage}`; define {step_name}(self, batch, batch_idx)")

@@ -1,0 +1,5 @@
+"""Lightning's path ``lightning.pytorch.utilities.exceptions``: the exceptions Lightning users catch."""
+
+from gpulayer.trainer.errors import MisconfigurationException
+
+__all__ = ["MisconfigurationException"]
