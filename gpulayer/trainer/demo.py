@@ -71,7 +71,8 @@ def run_training_demo(console_print: Callable[[str], Any] = print, epochs: int =
             seed_everything(0)
             model, record = DemoRegressor(), EpochLosses()
             trainer = Trainer(max_epochs=epochs, devices=devices, accelerator="cpu", logger=False, callbacks=[record],
-                              enable_checkpointing=False, enable_progress_bar=False, default_root_dir=root)
+                              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                              default_root_dir=root)
             start = time.perf_counter()
             trainer.fit(model, demo_loader(batch_size=64 // devices))
             seconds = time.perf_counter() - start
