@@ -462,7 +462,9 @@ class LightningCLI:
 
     def instantiate_classes(self) -> None:
         """Instantiates the classes and sets their attributes."""
-        self.config_init = self.parser.instantiate_classes(self.config)
+        # jsonargparse 4.49 renamed instantiate_classes to instantiate (the old name warns)
+        instantiate = getattr(self.parser, "instantiate", None) or self.parser.instantiate_classes
+        self.config_init = instantiate(self.config)
         self.datamodule = self._get(self.config_init, "data")
         self.model = self._get(self.config_init, "model")
         self._add_configure_optimizers_method_to_model(self.subcommand)
