@@ -153,8 +153,9 @@ class LightningArgumentParser(ArgumentParser):
                                  subclass_mode: bool = False, required: bool = True) -> list[str]:
         """Adds arguments from a Trainer, LightningModule, LightningDataModule or Callback class (or a
         function returning one) to a nested key of the parser."""
-        if lightning_class is Trainer:  # Trainer takes **kwargs: its typed twin gives the arguments
-            lightning_class = _trainer
+        if isinstance(lightning_class, type) and issubclass(lightning_class, Trainer) \
+                and lightning_class.__init__ is Trainer.__init__:
+            lightning_class = _trainer  # Trainer takes **kwargs: its typed twin gives the arguments
         if callable(lightning_class) and not isinstance(lightning_class, type):
             lightning_class = class_from_function(lightning_class)
         if isinstance(lightning_class, type) and issubclass(

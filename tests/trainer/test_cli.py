@@ -230,3 +230,15 @@ def test_callbacks_from_the_command_line(script_module):
     stops = [c for c in cli.trainer.callbacks if isinstance(c, EarlyStopping)]
     assert len(stops) == 1 and stops[0].monitor == "val_loss" and stops[0].patience == 5
     assert any(isinstance(c, SaveConfigCallback) for c in cli.trainer.callbacks)
+
+
+def test_a_trainer_subclass_gets_the_trainer_arguments(script_module):
+    from gpulayer.trainer import Trainer
+    from gpulayer.trainer.cli import LightningCLI
+
+    class MyTrainer(Trainer):
+        pass
+
+    cli = LightningCLI(script_module["Model"], script_module["Data"], run=False, save_config_callback=None,
+                       trainer_class=MyTrainer, args=["--trainer.max_epochs=2", "--trainer.logger=false"])
+    assert type(cli.trainer) is MyTrainer and cli.trainer.max_epochs == 2
