@@ -242,3 +242,14 @@ def test_a_trainer_subclass_gets_the_trainer_arguments(script_module):
     cli = LightningCLI(script_module["Model"], script_module["Data"], run=False, save_config_callback=None,
                        trainer_class=MyTrainer, args=["--trainer.max_epochs=2", "--trainer.logger=false"])
     assert type(cli.trainer) is MyTrainer and cli.trainer.max_epochs == 2
+
+
+def test_the_cli_offers_every_trainer_argument():
+    # Trainer takes **kwargs, so the CLI's arguments come from a typed twin: it must not fall behind
+    pytest.importorskip("jsonargparse")
+    import inspect
+    from gpulayer.trainer.cli import _trainer
+    from gpulayer.trainer.config import TrainerConfig
+    offered = set(inspect.signature(_trainer).parameters)
+    expected = set(TrainerConfig.__dataclass_fields__) - {"device_ids", "cluster_resources"}  # derived; a Resources
+    assert expected - offered == set()
