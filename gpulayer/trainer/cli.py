@@ -1,0 +1,629 @@
+"""``LightningCLI``: Lightning's command line for a module and a datamodule, on jsonargparse.
+
+A script ``train.py``::
+
+    from gpulayer.trainer.cli import LightningCLI
+    LightningCLI(MyModel, MyDataModule)
+
+runs ``python train.py fit --trainer.max_epochs 3 --model.lr 0.1``, ``--config config.yaml``,
+``--print_config``, and the ``fit/validate/test/predict`` subcommands, as Lightning's does
+(``lightning/pytorch/cli.py`` in Lightning 2.6.6 is the specification; the names, arguments and
+hooks here are Lightning's). jsonargparse is an optional extra: ``pip install gpulayer[cli]``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from functools import partial, update_wrapper
+from types import MethodType
+from typing import Any, Callable, Optional, Union
+
+import torch
+from torch.optim import Optimizer
+
+try:
+    from jsonargparse import ActionConfigFile, ArgumentParser, Namespace, class_from_function
+except ImportError as err:  # the cli extra is not installed
+    raise ModuleNotFoundError(
+        "gpulayer.trainer.cli (LightningCLI) needs jsonargparse, which is not installed; "
+        "install it with `pip install gpulayer[cli]` (or `pip install 'jsonargparse[signatures]>=4.39,<5'`)",
+        name="jsonargparse",
+    ) from err
+
+from gpulayer.trainer.callbacks import Callback
+from gpulayer.trainer.datamodule import LightningDataModule
+from gpulayer.trainer.errors import MisconfigurationException
+from gpulayer.trainer.loggers import Logger
+from gpulayer.trainer.module import LightningModule
+from gpulayer.trainer.seed import seed_everything
+from gpulayer.trainer.trainer import Trainer
+from gpulayer.trainer.utilities.rank_zero import rank_zero_warn
+
+ArgsType = Optional[Union[list[str], dict[str, Any], Namespace]]
+
+__all__ = ["ArgsType", "LightningArgumentParser", "LightningCLI", "ReduceLROnPlateau", "SaveConfigCallback"]
+
+
+class ReduceLROnPlateau(torch.optim.lr_scheduler.ReduceLROnPlateau):
+    """PyTorch's ``ReduceLROnPlateau`` with the ``monitor`` key it reads, so it can be set from the CLI."""
+
+    def __init__(self, optimizer: Optimizer, monitor: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__(optimizer, *args, **kwargs)
+        self.monitor = monitor
+
+
+LRSchedulerTypeTuple = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+LRSchedulerTypeUnion = Union[torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau]
+
+
+def _trainer(
+    accelerator: str = "auto",
+    strategy: str = "auto",
+    devices: Union[list[int], str, int] = "auto",
+    num_nodes: int = 1,
+    precision: Union[int, str] = "32-true",
+    logger: Optional[Union[Logger, bool]] = None,
+    callbacks: Optional[Union[list[Callback], Callback]] = None,
+    fast_dev_run: Union[int, bool] = False,
+    max_epochs: Optional[int] = None,
+    min_epochs: Optional[int] = None,
+    max_steps: int = -1,
+    min_steps: Optional[int] = None,
+    max_time: Optional[Union[str, dict[str, int]]] = None,
+    limit_train_batches: Optional[Union[int, float]] = None,
+    limit_val_batches: Optional[Union[int, float]] = None,
+    limit_test_batches: Optional[Union[int, float]] = None,
+    limit_predict_batches: Optional[Union[int, float]] = None,
+    val_check_interval: Union[int, float] = 1.0,
+    check_val_every_n_epoch: Optional[int] = 1,
+    num_sanity_val_steps: int = 2,
+    log_every_n_steps: int = 50,
+    enable_checkpointing: bool = True,
+    enable_progress_bar: Optional[bool] = None,
+    enable_model_summary: Optional[bool] = None,
+    accumulate_grad_batches: int = 1,
+    gradient_clip_val: Optional[Union[int, float]] = None,
+    gradient_clip_algorithm: str = "norm",
+    deterministic: Optional[Union[bool, str]] = None,
+    benchmark: Optional[bool] = None,
+    inference_mode: bool = True,
+    use_distributed_sampler: bool = True,
+    default_root_dir: Optional[str] = None,
+    prefetch: bool = True,
+    grad_sync: str = "auto",
+) -> Trainer:
+    """The Trainer's arguments with types, for jsonargparse (``Trainer`` itself takes ``**kwargs``).
+
+    Args:
+        accelerator: "cpu", "cuda", "gpu" or "auto".
+        strategy: "auto", "ddp" or "ddp_spawn".
+        devices: processes on this machine (an int, a list of GPU indices, or "auto").
+        num_nodes: machines; more than 1 runs the fit on the cluster.
+        precision: "32-true", "16-mixed" or "bf16-mixed".
+        logger: a logger, True (a CSVLogger) or False (none).
+        callbacks: callbacks to add.
+        fast_dev_run: run n (or 1) batches of train, val and test to find bugs.
+        max_epochs: stop after this many epochs (default 1000, or unlimited when max_steps is set).
+        min_epochs: train at least this many epochs.
+        max_steps: stop after this many optimizer steps (-1: no limit).
+        min_steps: train at least this many steps.
+        max_time: stop after this long ("DD:HH:MM:SS" or a dict of timedelta fields).
+        limit_train_batches: batches per epoch (int) or fraction of the loader (float).
+        limit_val_batches: validation batches (int) or fraction (float).
+        limit_test_batches: test batches (int) or fraction (float).
+        limit_predict_batches: predict batches (int) or fraction (float).
+        val_check_interval: validate every n train batches (int) or fraction of an epoch (float).
+        check_val_every_n_epoch: validate every n epochs.
+        num_sanity_val_steps: validation batches before training (-1: all).
+        log_every_n_steps: how often to log within steps.
+        enable_checkpointing: add a ModelCheckpoint when none is given.
+        enable_progress_bar: show the progress bar (default: when stdout is a terminal).
+        enable_model_summary: print a summary of the model before fitting.
+        accumulate_grad_batches: accumulate gradients over k batches before stepping.
+        gradient_clip_val: clip gradients at this value (None: no clipping).
+        gradient_clip_algorithm: "norm" or "value".
+        deterministic: use deterministic algorithms (True, False or "warn").
+        benchmark: cuDNN autotuning (default: on unless deterministic).
+        inference_mode: torch.inference_mode (else no_grad) in evaluation.
+        use_distributed_sampler: insert a DistributedSampler with several processes.
+        default_root_dir: where logs and checkpoints go (default: the working directory).
+        prefetch: copy the next batch to the device during the current step (gpulayer).
+        grad_sync: "auto", "two_level" or "flat" gradient synchronisation (gpulayer).
+    """
+    return Trainer(**locals())
+
+
+def _is_overridden(name: str, instance: Any, parent: type) -> bool:
+    return getattr(type(instance), name, None) is not getattr(parent, name, None)
+
+
+class LightningArgumentParser(ArgumentParser):
+    """Extension of jsonargparse's ArgumentParser for gpulayer.trainer (Lightning's)."""
+
+    def __init__(self, *args: Any, description: str = "Lightning Trainer command line tool", env_prefix: str = "PL",
+                 default_env: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, description=description, env_prefix=env_prefix, default_env=default_env, **kwargs)
+        self.callback_keys: list[str] = []
+        # separate optimizers and lr schedulers to know which were added
+        self._optimizers: dict[str, tuple[Union[type, tuple[type, ...]], str]] = {}
+        self._lr_schedulers: dict[str, tuple[Union[type, tuple[type, ...]], str]] = {}
+
+    def add_lightning_class_args(self, lightning_class: Union[Callable[..., Any], type], nested_key: str,
+                                 subclass_mode: bool = False, required: bool = True) -> list[str]:
+        """Adds arguments from a Trainer, LightningModule, LightningDataModule or Callback class (or a
+        function returning one) to a nested key of the parser."""
+        if isinstance(lightning_class, type) and issubclass(lightning_class, Trainer) \
+                and lightning_class.__init__ is Trainer.__init__:
+            lightning_class = _trainer  # Trainer takes **kwargs: its typed twin gives the arguments
+        if callable(lightning_class) and not isinstance(lightning_class, type):
+            lightning_class = class_from_function(lightning_class)
+        if isinstance(lightning_class, type) and issubclass(
+            lightning_class, (Trainer, LightningModule, LightningDataModule, Callback)
+        ):
+            if issubclass(lightning_class, Callback):
+                self.callback_keys.append(nested_key)
+            if subclass_mode:
+                return self.add_subclass_arguments(lightning_class, nested_key, fail_untyped=False, required=required)
+            return self.add_class_arguments(
+                lightning_class, nested_key, fail_untyped=False,
+                instantiate=not issubclass(lightning_class, Trainer), sub_configs=True,
+            )
+        raise MisconfigurationException(
+            f"Cannot add arguments from: {lightning_class}. You should provide either a callable or a subclass of: "
+            "Trainer, LightningModule, LightningDataModule, or Callback."
+        )
+
+    def add_optimizer_args(self, optimizer_class: Union[type[Optimizer], tuple[type[Optimizer], ...]] = (Optimizer,),
+                           nested_key: str = "optimizer", link_to: str = "AUTOMATIC") -> None:
+        """Adds arguments from an optimizer class (or any subclass, with a tuple) to a nested key."""
+        if isinstance(optimizer_class, tuple):
+            assert all(issubclass(o, Optimizer) for o in optimizer_class)
+        else:
+            assert issubclass(optimizer_class, Optimizer)
+        kwargs: dict[str, Any] = {"instantiate": False, "fail_untyped": False, "skip": {"params"}}
+        if isinstance(optimizer_class, tuple):
+            self.add_subclass_arguments(optimizer_class, nested_key, **kwargs)
+        else:
+            self.add_class_arguments(optimizer_class, nested_key, sub_configs=True, **kwargs)
+        self._optimizers[nested_key] = (optimizer_class, link_to)
+
+    def add_lr_scheduler_args(self, lr_scheduler_class: Any = LRSchedulerTypeTuple,
+                              nested_key: str = "lr_scheduler", link_to: str = "AUTOMATIC") -> None:
+        """Adds arguments from a learning rate scheduler class (or any subclass, with a tuple) to a nested key."""
+        if isinstance(lr_scheduler_class, tuple):
+            assert all(issubclass(o, LRSchedulerTypeTuple) for o in lr_scheduler_class)
+        else:
+            assert issubclass(lr_scheduler_class, LRSchedulerTypeTuple)
+        kwargs: dict[str, Any] = {"instantiate": False, "fail_untyped": False, "skip": {"optimizer"}}
+        if isinstance(lr_scheduler_class, tuple):
+            self.add_subclass_arguments(lr_scheduler_class, nested_key, **kwargs)
+        else:
+            self.add_class_arguments(lr_scheduler_class, nested_key, sub_configs=True, **kwargs)
+        self._lr_schedulers[nested_key] = (lr_scheduler_class, link_to)
+
+
+class SaveConfigCallback(Callback):
+    """Saves a LightningCLI config to the log_dir when training starts.
+
+    Raises ``RuntimeError`` if the file already exists (unless ``overwrite=True``), so a previous
+    run's config is never overwritten by mistake.
+    """
+
+    def __init__(self, parser: LightningArgumentParser, config: Namespace, config_filename: str = "config.yaml",
+                 overwrite: bool = False, multifile: bool = False, save_to_log_dir: bool = True) -> None:
+        self.parser = parser
+        self.config = config
+        self.config_filename = config_filename
+        self.overwrite = overwrite
+        self.multifile = multifile
+        self.save_to_log_dir = save_to_log_dir
+        self.already_saved = False
+        if not save_to_log_dir and not _is_overridden("save_config", self, SaveConfigCallback):
+            raise ValueError(
+                "`save_to_log_dir=False` only makes sense when subclassing SaveConfigCallback to implement "
+                "`save_config` and it is desired to disable the standard behavior of saving to log_dir."
+            )
+
+    def __getstate__(self) -> dict[str, Any]:
+        # ranks of devices>1 get a pickled copy: the parser does not pickle, its YAML text does
+        state = dict(self.__dict__)
+        state["_text"] = self._dump()
+        state["parser"] = None
+        return state
+
+    def _dump(self) -> str:
+        if self.__dict__.get("_text") is not None:
+            return self._text
+        return self.parser.dump(self.config, skip_none=False)
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self.already_saved:
+            return
+        if self.save_to_log_dir and trainer.is_global_zero:
+            log_dir = trainer.log_dir
+            config_path = os.path.join(log_dir, self.config_filename)
+            if not self.overwrite and os.path.isfile(config_path):
+                raise RuntimeError(
+                    f"{self.__class__.__name__} expected {config_path} to NOT exist. Aborting to avoid overwriting"
+                    " results of a previous run. You can delete the previous config file,"
+                    " set `LightningCLI(save_config_callback=None)` to disable config saving,"
+                    ' or set `LightningCLI(save_config_kwargs={"overwrite": True})` to overwrite the config file.'
+                )
+            os.makedirs(log_dir, exist_ok=True)
+            if self.parser is not None:
+                self.parser.save(self.config, config_path, skip_none=False, overwrite=self.overwrite,
+                                 multifile=self.multifile)
+            else:
+                with open(config_path, "w") as f:
+                    f.write(self._dump())
+        if trainer.is_global_zero:
+            self.save_config(trainer, pl_module, stage)
+        # other ranks never write: nothing for them to wait for, so no broadcast
+        self.already_saved = True
+
+    def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """Implement to save the config in some other place as well (called on rank 0 only)."""
+
+
+class LightningCLI:
+    """Lightning's configurable command line: classes from a config file and/or command line arguments."""
+
+    def __init__(
+        self,
+        model_class: Optional[Union[type[LightningModule], Callable[..., LightningModule]]] = None,
+        datamodule_class: Optional[Union[type[LightningDataModule], Callable[..., LightningDataModule]]] = None,
+        save_config_callback: Optional[type[SaveConfigCallback]] = SaveConfigCallback,
+        save_config_kwargs: Optional[dict[str, Any]] = None,
+        trainer_class: Union[type[Trainer], Callable[..., Trainer]] = Trainer,
+        trainer_defaults: Optional[dict[str, Any]] = None,
+        seed_everything_default: Union[bool, int] = True,
+        parser_kwargs: Optional[Union[dict[str, Any], dict[str, dict[str, Any]]]] = None,
+        parser_class: type[LightningArgumentParser] = LightningArgumentParser,
+        subclass_mode_model: bool = False,
+        subclass_mode_data: bool = False,
+        args: ArgsType = None,
+        run: bool = True,
+        auto_configure_optimizers: bool = True,
+    ) -> None:
+        """Parse the arguments, instantiate the classes and (``run=True``) run the chosen subcommand.
+
+        Arguments as Lightning's ``LightningCLI``: ``model_class`` / ``datamodule_class`` (``None``: any
+        subclass, given with ``--model=MyModel``), ``save_config_callback`` (``None``: no config.yaml in the
+        log dir), ``trainer_defaults``, ``seed_everything_default``, ``parser_kwargs``, ``args`` (a list of
+        command line arguments, a dict or a Namespace instead of ``sys.argv``), ``run`` (``False``: only
+        instantiate, then ``cli.trainer.fit(cli.model)``), ``auto_configure_optimizers``.
+        """
+        self.save_config_callback = save_config_callback
+        self.save_config_kwargs = save_config_kwargs or {}
+        self.trainer_class = trainer_class
+        self.trainer_defaults = trainer_defaults or {}
+        self.seed_everything_default = seed_everything_default
+        self.parser_kwargs = parser_kwargs or {}
+        self.parser_class = parser_class
+        self.auto_configure_optimizers = auto_configure_optimizers
+
+        self.model_class = model_class
+        self._model_class = model_class or LightningModule
+        self.subclass_mode_model = (model_class is None) or subclass_mode_model
+        self.datamodule_class = datamodule_class
+        self._datamodule_class = datamodule_class or LightningDataModule
+        self.subclass_mode_data = (datamodule_class is None) or subclass_mode_data
+
+        main_kwargs, subparser_kwargs = self._setup_parser_kwargs(self.parser_kwargs)
+        self.setup_parser(run, main_kwargs, subparser_kwargs)
+        self.parse_arguments(self.parser, args)
+        self._parse_ckpt_path()
+        self.subcommand = self.config["subcommand"] if run else None
+        self._set_seed()
+        self.before_instantiate_classes()
+        self.instantiate_classes()
+        self.after_instantiate_classes()
+        if self.subcommand is not None:
+            self._run_subcommand(self.subcommand)
+
+    # -- the parser ---------------------------------------------------------------------------
+    def _setup_parser_kwargs(self, parser_kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        names = self.subcommands().keys()
+        main_kwargs = {k: v for k, v in parser_kwargs.items() if k not in names}
+        subparser_kwargs = {k: v for k, v in parser_kwargs.items() if k in names}
+        return main_kwargs, subparser_kwargs
+
+    def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+        """Method that instantiates the argument parser."""
+        from gpulayer import __version__
+        kwargs.setdefault("dump_header", [f"gpulayer=={__version__}"])
+        parser = self.parser_class(**kwargs)
+        parser.add_argument(
+            "-c", "--config", action=ActionConfigFile, help="Path to a configuration file in json or yaml format."
+        )
+        return parser
+
+    def setup_parser(self, add_subcommands: bool, main_kwargs: dict[str, Any],
+                     subparser_kwargs: dict[str, Any]) -> None:
+        """Initialize and setup the parser, subcommands, and arguments."""
+        self.parser = self.init_parser(**main_kwargs)
+        if add_subcommands:
+            self._subcommand_method_arguments: dict[str, list[str]] = {}
+            self._add_subcommands(self.parser, **subparser_kwargs)
+        else:
+            self._add_arguments(self.parser)
+
+    def add_default_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        """Adds default arguments to the parser."""
+        parser.add_argument(
+            "--seed_everything", type=Union[bool, int], default=self.seed_everything_default,
+            help="Set to an int to run seed_everything with this value before classes instantiation."
+                 "Set to True to use a random seed.",
+        )
+
+    def add_core_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        """Adds arguments from the core classes to the parser."""
+        parser.add_lightning_class_args(self.trainer_class, "trainer")
+        trainer_defaults = {"trainer." + k: v for k, v in self.trainer_defaults.items() if k != "callbacks"}
+        parser.set_defaults(trainer_defaults)
+        parser.add_lightning_class_args(self._model_class, "model", subclass_mode=self.subclass_mode_model)
+        # without a datamodule class, the data is optional: the module may have its own loaders
+        parser.add_lightning_class_args(self._datamodule_class, "data", subclass_mode=self.subclass_mode_data,
+                                        required=self.datamodule_class is not None)
+
+    def _add_arguments(self, parser: LightningArgumentParser) -> None:
+        self.add_default_arguments_to_parser(parser)
+        self.add_core_arguments_to_parser(parser)
+        self.add_arguments_to_parser(parser)
+        if self.auto_configure_optimizers:
+            if not parser._optimizers:
+                parser.add_optimizer_args((Optimizer,))
+            if not parser._lr_schedulers:
+                parser.add_lr_scheduler_args(LRSchedulerTypeTuple)
+        self.link_optimizers_and_lr_schedulers(parser)
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        """Implement to add extra arguments to the parser or link arguments."""
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """Defines the list of available subcommands and the arguments to skip."""
+        return {
+            "fit": {"model", "train_dataloaders", "val_dataloaders", "datamodule"},
+            "validate": {"model", "dataloaders", "datamodule"},
+            "test": {"model", "dataloaders", "datamodule"},
+            "predict": {"model", "dataloaders", "datamodule"},
+        }
+
+    def _add_subcommands(self, parser: LightningArgumentParser, **kwargs: Any) -> None:
+        self._subcommand_parsers: dict[str, LightningArgumentParser] = {}
+        parser_subcommands = parser.add_subcommands()
+        trainer_class = (
+            self.trainer_class if isinstance(self.trainer_class, type) else class_from_function(self.trainer_class)
+        )
+        for subcommand in self.subcommands():
+            fn = getattr(trainer_class, subcommand)
+            description = _get_short_description(fn)
+            subparser_kwargs = kwargs.get(subcommand, {})
+            subparser_kwargs.setdefault("description", description)
+            subcommand_parser = self._prepare_subcommand_parser(trainer_class, subcommand, **subparser_kwargs)
+            self._subcommand_parsers[subcommand] = subcommand_parser
+            parser_subcommands.add_subcommand(subcommand, subcommand_parser, help=description)
+
+    def _prepare_subcommand_parser(self, klass: type, subcommand: str, **kwargs: Any) -> LightningArgumentParser:
+        parser = self.init_parser(**kwargs)
+        self._add_arguments(parser)
+        skip: set[Union[str, int]] = set(self.subcommands()[subcommand])
+        added = parser.add_method_arguments(klass, subcommand, skip=skip)
+        self._subcommand_method_arguments[subcommand] = added
+        return parser
+
+    @staticmethod
+    def link_optimizers_and_lr_schedulers(parser: LightningArgumentParser) -> None:
+        """Creates argument links for optimizers and learning rate schedulers that specified a ``link_to``."""
+        for key, (class_type, link_to) in {**parser._optimizers, **parser._lr_schedulers}.items():
+            if link_to == "AUTOMATIC":
+                continue
+            if isinstance(class_type, tuple):
+                parser.link_arguments(key, link_to)
+            else:
+                parser.link_arguments(key, link_to, compute_fn=_add_class_path_generator(class_type))
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: ArgsType) -> None:
+        """Parses command line arguments and stores it in ``self.config``."""
+        if args is not None and len(sys.argv) > 1:
+            rank_zero_warn(
+                "LightningCLI's args parameter is intended to run from within Python like if it were from the command "
+                "line. To prevent mistakes it is not recommended to provide both args and command line arguments, got: "
+                f"sys.argv[1:]={sys.argv[1:]}, args={args}."
+            )
+        if isinstance(args, (dict, Namespace)):
+            self.config = parser.parse_object(args)
+        else:
+            self.config = parser.parse_args(args)
+
+    def _parse_ckpt_path(self) -> None:
+        """With a ``ckpt_path``, the model's hyperparameters come from the checkpoint (as Lightning)."""
+        if not self.config.get("subcommand"):
+            return
+        ckpt_path = self.config[self.config.subcommand].get("ckpt_path")
+        if not (ckpt_path and os.path.isfile(ckpt_path)):
+            return
+        hparams = torch.load(ckpt_path, weights_only=False, map_location="cpu").get("hyper_parameters", {})
+        hparams.pop("_instantiator", None)
+        if not hparams:
+            return
+        if "_class_path" in hparams:
+            hparams = {"class_path": hparams.pop("_class_path"), "dict_kwargs": hparams}
+        try:
+            self.config = self.parser.parse_object({self.config.subcommand: {"model": hparams}}, self.config)
+        except SystemExit:
+            sys.stderr.write("Parsing of ckpt_path hyperparameters failed!\n")
+            raise
+
+    # -- instantiation ------------------------------------------------------------------------
+    def before_instantiate_classes(self) -> None:
+        """Implement to run some code before instantiating the classes."""
+
+    def instantiate_classes(self) -> None:
+        """Instantiates the classes and sets their attributes."""
+        # jsonargparse 4.49 renamed instantiate_classes to instantiate (the old name warns)
+        instantiate = getattr(self.parser, "instantiate", None) or self.parser.instantiate_classes
+        self.config_init = instantiate(self.config)
+        self.datamodule = self._get(self.config_init, "data")
+        self.model = self._get(self.config_init, "model")
+        self._add_configure_optimizers_method_to_model(self.subcommand)
+        self.trainer = self.instantiate_trainer()
+
+    def after_instantiate_classes(self) -> None:
+        """Implement to run some code after instantiating the classes."""
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        """Instantiates the trainer; ``kwargs`` override the parsed trainer arguments."""
+        extra_callbacks = [self._get(self.config_init, c) for c in self._parser(self.subcommand).callback_keys]
+        trainer_config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
+        return self._instantiate_trainer(trainer_config, extra_callbacks)
+
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
+        key = "callbacks"
+        if config.get(key) is None:
+            config[key] = []
+        elif not isinstance(config[key], list):
+            config[key] = [config[key]]
+        config[key].extend(callbacks)
+        if key in self.trainer_defaults:
+            value = self.trainer_defaults[key]
+            config[key] += value if isinstance(value, list) else [value]
+        if self.save_config_callback and not config.get("fast_dev_run", False):
+            config[key].append(self.save_config_callback(
+                self._parser(self.subcommand), self.config.get(str(self.subcommand), self.config),
+                **self.save_config_kwargs,
+            ))
+        return self.trainer_class(**config)
+
+    def _parser(self, subcommand: Optional[str]) -> LightningArgumentParser:
+        return self.parser if subcommand is None else self._subcommand_parsers[subcommand]
+
+    @staticmethod
+    def configure_optimizers(lightning_module: LightningModule, optimizer: Optimizer,
+                             lr_scheduler: Optional[LRSchedulerTypeUnion] = None) -> Any:
+        """Override to customize the module's ``configure_optimizers`` built from ``--optimizer``/``--lr_scheduler``."""
+        if lr_scheduler is None:
+            return optimizer
+        if isinstance(lr_scheduler, ReduceLROnPlateau):
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": lr_scheduler, "monitor": lr_scheduler.monitor}}
+        return [optimizer], [lr_scheduler]
+
+    def _add_configure_optimizers_method_to_model(self, subcommand: Optional[str]) -> None:
+        """With ``--optimizer`` (and ``--lr_scheduler``) given, they replace the model's ``configure_optimizers``."""
+        if not self.auto_configure_optimizers:
+            return
+        parser = self._parser(subcommand)
+
+        def automatic(class_type: Any, register: dict[str, tuple[Any, str]]) -> list[str]:
+            found = []
+            for key, (base_class, link_to) in register.items():
+                bases = base_class if isinstance(base_class, tuple) else (base_class,)
+                if link_to == "AUTOMATIC" and any(issubclass(c, class_type) for c in bases):
+                    found.append(key)
+            return found
+
+        optimizers = automatic(Optimizer, parser._optimizers)
+        lr_schedulers = automatic(LRSchedulerTypeTuple, parser._lr_schedulers)
+        if not optimizers:
+            return
+        if len(optimizers) > 1 or len(lr_schedulers) > 1:
+            raise MisconfigurationException(
+                f"`{self.__class__.__name__}.add_configure_optimizers_method_to_model` expects at most one optimizer "
+                f"and one lr_scheduler to be 'AUTOMATIC', but found {optimizers + lr_schedulers}. In this case the "
+                "user is expected to link the argument groups and implement `configure_optimizers`, see "
+                "https://lightning.ai/docs/pytorch/stable/common/lightning_cli.html"
+                "#optimizers-and-learning-rate-schedulers"
+            )
+        optimizer_class = parser._optimizers[optimizers[0]][0]
+        optimizer_init = self._get(self.config_init, optimizers[0])
+        if not isinstance(optimizer_class, tuple):
+            optimizer_init = _global_add_class_path(optimizer_class, optimizer_init)
+        if not optimizer_init:  # registered automatically, not given by the user
+            return
+        lr_scheduler_init = None
+        if lr_schedulers:
+            lr_scheduler_class = parser._lr_schedulers[lr_schedulers[0]][0]
+            lr_scheduler_init = self._get(self.config_init, lr_schedulers[0])
+            if not isinstance(lr_scheduler_class, tuple):
+                lr_scheduler_init = _global_add_class_path(lr_scheduler_class, lr_scheduler_init)
+        if _is_overridden("configure_optimizers", self.model, LightningModule):
+            rank_zero_warn(
+                f"`{self.model.__class__.__name__}.configure_optimizers` will be overridden by "
+                f"`{self.__class__.__name__}.configure_optimizers`."
+            )
+        optimizer = instantiate_class(self.model.parameters(), optimizer_init)
+        lr_scheduler = instantiate_class(optimizer, lr_scheduler_init) if lr_scheduler_init else None
+        fn = partial(self.configure_optimizers, optimizer=optimizer, lr_scheduler=lr_scheduler)
+        update_wrapper(fn, self.configure_optimizers)
+        self.model.configure_optimizers = MethodType(fn, self.model)
+
+    # -- running ------------------------------------------------------------------------------
+    def _get(self, config: Namespace, key: str, default: Optional[Any] = None) -> Any:
+        """A config value, which might be inside the subcommand's namespace."""
+        return config.get(str(self.subcommand), config).get(key, default)
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        before_fn = getattr(self, f"before_{subcommand}", None)
+        if callable(before_fn):
+            before_fn()
+        fn = getattr(self, subcommand, getattr(self.trainer, subcommand))
+        fn(**self._prepare_subcommand_kwargs(subcommand))
+        after_fn = getattr(self, f"after_{subcommand}", None)
+        if callable(after_fn):
+            after_fn()
+
+    def _prepare_subcommand_kwargs(self, subcommand: str) -> dict[str, Any]:
+        fn_kwargs = {
+            k: v for k, v in self.config_init[subcommand].items() if k in self._subcommand_method_arguments[subcommand]
+        }
+        fn_kwargs["model"] = self.model
+        if self.datamodule is not None:
+            fn_kwargs["datamodule"] = self.datamodule
+        return fn_kwargs
+
+    def _set_seed(self) -> None:
+        config_seed = self._get(self.config, "seed_everything")
+        if config_seed is False:
+            return
+        config_seed = seed_everything(workers=True) if config_seed is True else seed_everything(config_seed, workers=True)
+        if self.subcommand:
+            self.config[self.subcommand]["seed_everything"] = config_seed
+        else:
+            self.config["seed_everything"] = config_seed
+
+
+def _class_path_from_class(class_type: type) -> str:
+    return class_type.__module__ + "." + class_type.__name__
+
+
+def _global_add_class_path(class_type: type, init_args: Optional[Union[Namespace, dict[str, Any]]] = None
+                           ) -> dict[str, Any]:
+    if isinstance(init_args, Namespace):
+        init_args = init_args.as_dict()
+    return {"class_path": _class_path_from_class(class_type), "init_args": init_args or {}}
+
+
+def _add_class_path_generator(class_type: type) -> Callable[[Namespace], dict[str, Any]]:
+    def add_class_path(init_args: Namespace) -> dict[str, Any]:
+        return _global_add_class_path(class_type, init_args)
+    return add_class_path
+
+
+def instantiate_class(args: Union[Any, tuple[Any, ...]], init: dict[str, Any]) -> Any:
+    """Instantiates ``init["class_path"]`` with positional ``args`` and ``init["init_args"]``."""
+    import importlib
+    kwargs = init.get("init_args", {})
+    if not isinstance(args, tuple):
+        args = (args,)
+    module_name, class_name = init["class_path"].rsplit(".", 1)
+    return getattr(importlib.import_module(module_name), class_name)(*args, **kwargs)
+
+
+def _get_short_description(component: object) -> Optional[str]:
+    doc = getattr(component, "__doc__", None)
+    if not doc:
+        return None
+    return doc.strip().splitlines()[0]
+
