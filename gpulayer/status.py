@@ -171,22 +171,24 @@ def renderables(report: dict, full: bool | None = None) -> list:
         out.append(_worker_table(report["workers"], f"{len(report['workers'])} live workers"))
     else:
         out.extend(_summary_tables(report))
-    q = Table(title="queues")
-    q.add_column("queue")
-    q.add_column("waiting", justify="right")
-    q.add_column("")
     unread = set(report.get("unread_queues", ()))
-    quiet = 0
+    rows, quiet = [], 0
     for name, n in sorted(report["queues"].items()):
         if not full and not n:
             quiet += 1  # a big fleet's empty queues (10,000 private ones): counted, not listed
             continue
-        q.add_row(name, str(n), Text("nobody reads this queue", style="red") if name in unread else "")
-    if quiet and not q.row_count:
+        rows.append((name, str(n), "nobody reads this queue" if name in unread else ""))
+    if quiet and not rows:
         out.append(Text(f"queues: nothing waiting in any of {quiet} (--all lists them)"))
+    elif len(rows) > SUMMARY_ABOVE:
+        out.append(_Lines("queues", [("queue", "waiting", ""), *rows]))
     else:
-        if quiet:
-            q.caption = f"and {quiet} empty queues (--all lists them)"
+        q = Table(title="queues", caption=f"and {quiet} empty queues (--all lists them)" if quiet else None)
+        q.add_column("queue")
+        q.add_column("waiting", justify="right")
+        q.add_column("")
+        for name, n, note in rows:
+            q.add_row(name, n, Text(note, style="red"))
         out.append(q)
     if report["gangs"]:
         g = Table(title="distributed jobs")
