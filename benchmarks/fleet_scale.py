@@ -12,13 +12,15 @@ every fifth worker with 8 GPUs), heartbeating once per second. Then, measured:
   read the slot ledger, place a 2 x 2 gang from the incrementally refreshed snapshot, reserve it
   with ``reserve.lua`` (the slots go back after each, untimed); per second of that work, p50/p99;
 - ``ping``: a Redis PING round trip from the same process, the floor under the latencies;
-- ``status``: the wall time of ``gpulayer status --json`` (a new process; full registry read);
+- ``status``: the wall time of ``gpulayer status`` (the summary), ``--json`` and ``--all`` (every
+  worker) in a new process, of the imports alone (the floor), and of the summary's read and render in this
+  process, first and refreshed (``--status-only`` measures only these);
 - ``connections``: Redis clients per emulator process, and per real worker (one real worker
   started into the same cluster, counted by ``CLIENT LIST`` before and after);
 - ``jobs``: ``--jobs`` emulated jobs (``submit_batch`` of ``emulated(0, i)``) end to end, every
   result checked.
 
-    python benchmarks/fleet_scale.py [--sizes 1000,5000,10000] [--processes 4] [--jobs 20000]
+    python benchmarks/fleet_scale.py [--sizes 1000,5000,10000] [--processes 4] [--jobs 20000] [--status-only]
 """
 
 from __future__ import annotations
@@ -124,12 +126,49 @@ def gang_reservations(client, seconds: float = 3.0) -> tuple[int, float, list[fl
     return len(lat), sum(lat) / 1e3, lat
 
 
-def status_time(url: str, secret: str) -> float:
-    env = dict(os.environ, GPULAYER_BROKER_URL=url, GPULAYER_SECRET=secret, PYTHONPATH=str(ROOT))
-    t = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "gpulayer", "status", "--json"], env=env, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
-    return time.perf_counter() - t
+def status_time(url: str, secret: str, *args: str, code: str | None = None) -> float:
+    """Wall time of ``gpulayer status *args`` in a new process (or of ``python -c code``), median of 3."""
+    env = dict(os.environ, GPULAYER_BROKER_URL=url, GPULAYER_SECRET=secret, PYTHONPATH=str(ROOT), COLUMNS="120")
+    cmd = [sys.executable, "-c", code] if code else [sys.executable, "-m", "gpulayer", "status", *args]
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def status_in_process() -> tuple[float, float]:
+    """``gpulayer status``'s read and render in this (connected) process: the first call, then a refresh.
+
+    The first pays the registry's full read; a later one (``--watch``, a metrics scrape) reads only
+    what changed since.
+    """
+    import io
+
+    from rich.console import Console
+
+    from gpulayer import status
+
+    out = []
+    for _ in range(2):
+        t = time.perf_counter()
+        console = Console(file=io.StringIO(), width=120)
+        for item in status.renderables(status.collect(None)):
+            console.print(item)
+        out.append(time.perf_counter() - t)
+    return out[0], out[1]
+
+
+def status_lines(url: str, secret: str, line) -> None:
+    line(f"  gpulayer status (summary)           {status_time(url, secret):.2f} s in a new process")
+    line(f"  gpulayer status --json (every row)  {status_time(url, secret, '--json'):.2f} s")
+    line(f"  gpulayer status --all (every row)   {status_time(url, secret, '--all'):.2f} s")
+    line(f"  python -c 'import gpulayer.cli'     {status_time(url, secret, code='import gpulayer.cli'):.2f} s "
+         f"(the floor under a new process)")
+    first, again = status_in_process()
+    line(f"  status summary in process           {first:.2f} s first (the full read), {again:.2f} s a refresh "
+         f"(--watch, a metrics scrape)")
 
 
 def run_size(n: int, args, out) -> None:
@@ -147,6 +186,11 @@ def run_size(n: int, args, out) -> None:
             line(f"\n{n} emulated workers in {len(fleet.procs)} emulator processes (registered in "
                  f"{time.monotonic() - t0:.1f} s; load average {os.getloadavg()[0]:.1f})")
             redis_fleet.connect()
+            if args.status_only:
+                time.sleep(args.steady)  # let the registration burst settle, as the full run does before it
+                status_lines(redis_fleet.url, redis_fleet.secret, line)
+                client.close()
+                return
             submit.delay(REF, 0.0, 0).get(timeout=120)  # warm: routes, connections
             time.sleep(2)  # let the registration burst settle
             steady = cpu_share(client, args.steady)
@@ -161,7 +205,7 @@ def run_size(n: int, args, out) -> None:
             count, secs, glat = gang_reservations(client)
             line(f"  gang reservations (2 x 2)           {count / secs:7.0f} /s  p50 {statistics.median(glat):.2f} ms  "
                  f"p99 {pct(glat, 0.99):.2f} ms (ledger read + place + reserve.lua; {count} in all)")
-            line(f"  gpulayer status --json              {status_time(redis_fleet.url, redis_fleet.secret):.2f} s")
+            status_lines(redis_fleet.url, redis_fleet.secret, line)
             clients = len(client.client_list())
             line(f"  redis connections                   {clients} in all: {clients / len(fleet.procs):.1f} per emulator "
                  f"process ({n / len(fleet.procs):.0f} workers each)")
@@ -191,6 +235,7 @@ def main() -> None:
     p.add_argument("--submits", type=int, default=500)
     p.add_argument("--jobs", type=int, default=20000)
     p.add_argument("--real-worker", action="store_true", help="also start one real worker and count its connections")
+    p.add_argument("--status-only", action="store_true", help="measure only `gpulayer status` on each size")
     args = p.parse_args()
     unwind_on_signals()
     out: list[str] = []
@@ -202,7 +247,7 @@ def main() -> None:
         run_size(n, args, out)
     out.append(f"\ngoals: {GOALS}")
     print(out[-1])
-    print("wrote", write_results(out, "fleet_scale.txt"))
+    print("wrote", write_results(out, "fleet_scale_status.txt" if args.status_only else "fleet_scale.txt"))
 
 
 if __name__ == "__main__":

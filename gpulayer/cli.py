@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true", help="machine-readable output")
     st.add_argument("--watch", type=float, nargs="?", const=2.0, default=None, metavar="SECONDS",
                     help="refresh every SECONDS (default 2) until Ctrl-C")
+    st.add_argument("--all", action="store_true",
+                    help="a row for every worker (default: a summary by zone and region above 50 workers)")
 
     tr = sub.add_parser("train", help="run a training script on N workers x M processes")
     tr.add_argument("--nodes", type=int, required=True)
@@ -122,13 +124,13 @@ def _worker(args) -> int:
 def _status(args) -> int:
     from .status import collect, render, watch
 
+    full = True if args.all else None  # None: every worker of a small fleet, a summary of a big one
     if args.watch is not None:
-        return watch(args.watch, as_json=args.json)
-    report = collect()
-    if args.json:
-        print(json.dumps(report, indent=2))
+        return watch(args.watch, as_json=args.json, full=full)
+    if args.json:  # machine readers get every worker, and the summary beside them
+        print(json.dumps(collect(), indent=2))
     else:
-        render(report)
+        render(collect(full), full)
     return 0
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import heapq
 from urllib.parse import urlparse
 
 from . import app as app_mod
+from . import queues
 from .client import connect
 from .config import load_settings
 from .errors import ClusterUnavailable, ConfigError
@@ -32,24 +34,40 @@ def _connect() -> None:
     connect(settings)
 
 
-def collect() -> dict:
-    """Live workers and queue lengths, as plain data (what ``--json`` prints)."""
+SUMMARY_ABOVE = 50  # a fleet of more live workers is shown as a summary unless --all is asked
+TOP = 10  # busiest workers the summary lists
+
+
+def collect(full: bool | None = True, top: int = TOP) -> dict:
+    """Live workers and queue lengths, as plain data (what ``--json`` prints).
+
+    The registry is read incrementally (``Registry.current()``: a ``--watch`` or a
+    metrics scrape pays for what changed since the last one), heartbeat ages are
+    read exactly from Redis's clock. ``summary`` holds the fleet by zone and region,
+    the ``top`` busiest workers and the dead ones (silent, not yet buried); with
+    ``full=False``, ``workers`` lists only the busiest instead of every worker
+    (``None``: every worker up to ``SUMMARY_ABOVE`` of them, else the busiest).
+    """
     _connect()
-    workers = app_mod.registry().snapshot()
-    read = app_mod.queues_read(workers)
+    registry = app_mod.registry()
+    workers = registry.current()
+    read = read_queues(workers)
     client = app_mod.redis_client()
     lengths = queue_lengths(client, read)
     gangs = GangStore(client).active()
     held = GangStore(client).held()
     client.close()
+    if full is None:
+        full = len(workers) <= SUMMARY_ABOVE
+    busiest = heapq.nsmallest(top, workers, key=lambda w: (-(w.busy + held.get(w.id, 0)) / max(w.slots, 1),
+                                                             -(w.busy + held.get(w.id, 0)), w.id))
+    shown = workers if full else busiest
+    # Exact ages for the rows shown only: 10,000 scores cost more to read than the whole summary.
+    ages = registry.ages() if full and len(shown) > SUMMARY_ABOVE else registry.ages(w.id for w in shown)
     return {
         "broker": mask_url(app_mod.settings().broker_url),
-        "workers": [
-            {"id": w.id, "address": w.address, "hostname": w.hostname, "zone": w.zone, "region": w.region,
-             "cuda": w.cuda, "gpus": w.gpus, "gpu_names": list(w.gpu_names), "slots": w.slots, "busy": w.busy,
-             "held": held.get(w.id, 0), "heartbeat_age": round(w.heartbeat_age, 2), "pid": w.pid}
-            for w in workers
-        ],
+        "workers": [_row(w, held, ages) for w in shown],
+        "summary": summarize(workers, held, registry.dead(), busiest),
         "queues": lengths,
         "unread_queues": sorted(q for q, n in lengths.items() if n and q not in read),
         "gangs": [
@@ -59,6 +77,53 @@ def collect() -> dict:
             for g in gangs
         ],
     }
+
+
+def _row(w, held: dict[str, int], ages: dict[str, float]) -> dict:
+    return {"id": w.id, "address": w.address, "hostname": w.hostname, "zone": w.zone, "region": w.region,
+            "cuda": w.cuda, "gpus": w.gpus, "gpu_names": list(w.gpu_names), "slots": w.slots, "busy": w.busy,
+            "held": held.get(w.id, 0), "heartbeat_age": round(ages.get(w.id, w.heartbeat_age), 2), "pid": w.pid}
+
+
+def summarize(workers, held: dict[str, int], dead: dict[str, float], busiest) -> dict:
+    """The fleet by zone and by region (workers, slots, busy, gang-held, GPUs), its busiest and its dead."""
+    zones: dict[tuple, list[int]] = {}
+    regions: dict[str | None, list[int]] = {}
+    for w in workers:
+        h = held.get(w.id, 0)
+        for acc in (zones.setdefault((w.zone, w.region), [0, 0, 0, 0, 0]),
+                    regions.setdefault(w.region, [0, 0, 0, 0, 0])):
+            acc[0] += 1
+            acc[1] += w.slots
+            acc[2] += w.busy
+            acc[3] += h
+            acc[4] += w.gpus
+
+    def counts(acc: list[int]) -> dict:
+        return dict(zip(("workers", "slots", "busy", "held", "gpus"), acc))
+
+    return {
+        "workers": len(workers),
+        **{k: sum(getattr(w, k) for w in workers) for k in ("slots", "busy", "gpus")},
+        "held": sum(held.get(w.id, 0) for w in workers),
+        "regions": [{"region": r, **counts(acc)} for r, acc in sorted(regions.items(), key=lambda kv: kv[0] or "")],
+        "zones": [{"zone": z, "region": r, **counts(acc)}
+                  for (z, r), acc in sorted(zones.items(), key=lambda kv: (kv[0][1] or "", kv[0][0] or ""))],
+        "busiest": [w.id for w in busiest],
+        "dead": [{"id": wid, "heartbeat_age": round(age, 2)} for wid, age in sorted(dead.items(), key=lambda kv: kv[1])],
+    }
+
+
+def read_queues(workers) -> set[str]:
+    """Every queue the ``workers`` read (``app.queues_read``'s keys, with the shared names built once per kind)."""
+    out: set[str] = set()
+    kinds = set()
+    for w in workers:
+        out.add(queues.private(w.id))
+        kinds.add((w.gpus, w.zone, w.region))
+    for gpus, zone, region in kinds:
+        out.update(queues.for_worker("", gpus, zone, region)[1:])
+    return out
 
 
 # Lists in Redis that are not queues: gpulayer's own keys, and Celery's result backend (chord parts).
@@ -78,7 +143,9 @@ def queue_lengths(client, read) -> dict[str, int]:
         if not name.startswith(_NOT_QUEUES):
             found.add(name)
     names = sorted(set(read) | {n.split(sep, 1)[0] for n in found})
-    lists = [(q, q) for q in names] + [(n.split(sep, 1)[0], n) for n in sorted(found) if sep in n]
+    # A Redis list exists only while it holds something: the queues the SCAN did not find are empty,
+    # so only the found ones are counted (10,000 workers read 10,000 private queues, mostly empty).
+    lists = [(n.split(sep, 1)[0], n) for n in sorted(found)]
     pipe = client.pipeline(transaction=False)
     for _, key in lists:
         pipe.llen(key)
@@ -88,29 +155,41 @@ def queue_lengths(client, read) -> dict[str, int]:
     return {q: n for q, n in lengths.items() if q in read or n}
 
 
-def renderables(report: dict) -> list:
-    """The report as rich tables: workers, queues, distributed jobs."""
+def renderables(report: dict, full: bool | None = None) -> list:
+    """The report as rich tables: workers (each one, or a summary above ``SUMMARY_ABOVE``), queues, gangs.
+
+    ``full`` None: every worker when the fleet is small and the report lists them all.
+    """
     from rich.table import Table
     from rich.text import Text
 
+    summary = report.get("summary")
+    if full is None:
+        full = summary is None or len(report["workers"]) == summary["workers"] <= SUMMARY_ABOVE
     out: list = [Text(f"broker {report['broker']}")]
-    t = Table(title=f"{len(report['workers'])} live workers")
-    for col in ("worker", "address", "zone", "region", "cuda", "slots used/total", "heartbeat"):
-        t.add_column(col)
-    for w in report["workers"]:
-        cuda = f"{w['gpus']} x {w['gpu_names'][0]}" if w["gpus"] else "-"
-        t.add_row(w["id"], w["address"], w["zone"] or "-", w["region"] or "-", cuda,
-                  f"{w['busy'] + w['held']}/{w['slots']}" + (f" ({w['held']} gang)" if w["held"] else ""),
-                  f"{w['heartbeat_age']:.1f}s ago")
-    out.append(t)
-    q = Table(title="queues")
-    q.add_column("queue")
-    q.add_column("waiting", justify="right")
-    q.add_column("")
+    if full:
+        out.append(_worker_table(report["workers"], f"{len(report['workers'])} live workers"))
+    else:
+        out.extend(_summary_tables(report))
     unread = set(report.get("unread_queues", ()))
+    rows, quiet = [], 0
     for name, n in sorted(report["queues"].items()):
-        q.add_row(name, str(n), Text("nobody reads this queue", style="red") if name in unread else "")
-    out.append(q)
+        if not full and not n:
+            quiet += 1  # a big fleet's empty queues (10,000 private ones): counted, not listed
+            continue
+        rows.append((name, str(n), "nobody reads this queue" if name in unread else ""))
+    if quiet and not rows:
+        out.append(Text(f"queues: nothing waiting in any of {quiet} (--all lists them)"))
+    elif len(rows) > SUMMARY_ABOVE:
+        out.append(_Lines("queues", [("queue", "waiting", ""), *rows]))
+    else:
+        q = Table(title="queues", caption=f"and {quiet} empty queues (--all lists them)" if quiet else None)
+        q.add_column("queue")
+        q.add_column("waiting", justify="right")
+        q.add_column("")
+        for name, n, note in rows:
+            q.add_row(name, n, Text(note, style="red"))
+        out.append(q)
     if report["gangs"]:
         g = Table(title="distributed jobs")
         for col in ("id", "function", "shape", "state", "workers", "why"):
@@ -122,16 +201,88 @@ def renderables(report: dict) -> list:
     return out
 
 
-def render(report: dict) -> None:
+_WORKER_COLUMNS = ("worker", "address", "zone", "region", "cuda", "slots used/total", "heartbeat")
+
+
+def _worker_cells(w: dict) -> tuple[str, ...]:
+    cuda = f"{w['gpus']} x {w['gpu_names'][0]}" if w["gpus"] else "-"
+    return (w["id"], w["address"], w["zone"] or "-", w["region"] or "-", cuda,
+            f"{w['busy'] + w['held']}/{w['slots']}" + (f" ({w['held']} gang)" if w["held"] else ""),
+            f"{w['heartbeat_age']:.1f}s ago")
+
+
+def _worker_table(rows: list[dict], title: str):
+    """A rich table of workers; above ``SUMMARY_ABOVE`` rows, aligned plain lines (rich takes ~3 ms a row)."""
+    if len(rows) > SUMMARY_ABOVE:
+        return _Lines(title, [_WORKER_COLUMNS, *map(_worker_cells, rows)])
+    from rich.table import Table
+
+    t = Table(title=title)
+    for col in _WORKER_COLUMNS:
+        t.add_column(col)
+    for w in rows:
+        t.add_row(*_worker_cells(w))
+    return t
+
+
+class _Lines:
+    """A title and rows of cells as aligned text, one segment per line: 10,000 rows in a tenth of a second."""
+
+    def __init__(self, title: str, rows: list[tuple[str, ...]]):
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        self.lines = [title] + ["  ".join(v.ljust(n) for v, n in zip(r, widths)).rstrip() for r in rows]
+
+    def __rich_console__(self, console, options):
+        from rich.segment import Segment
+
+        for line in self.lines:
+            yield Segment(line + "\n")
+
+
+def _summary_tables(report: dict) -> list:
+    """A big fleet: by region, by zone, the busiest workers, the dead ones."""
+    from rich.table import Table
+    from rich.text import Text
+
+    s = report["summary"]
+    out = []
+    for kind, rows in (("region", s["regions"]), ("zone", s["zones"])):
+        t = Table(title=f"{s['workers']} live workers by {kind}" + (" (--all lists every worker)" if kind == "region"
+                                                                     else ""))
+        t.add_column(kind)
+        if kind == "zone":
+            t.add_column("region")
+        for col in ("workers", "slots used/total", "gang-held", "GPUs"):
+            t.add_column(col, justify="right")
+        for r in rows:
+            where = [r[kind] or "-"] + ([r["region"] or "-"] if kind == "zone" else [])
+            t.add_row(*where, str(r["workers"]), f"{r['busy'] + r['held']}/{r['slots']}", str(r["held"]),
+                      str(r["gpus"]))
+        out.append(t)
+    out.append(_worker_table(report["workers"], f"{len(report['workers'])} busiest workers"))
+    if s["dead"]:
+        d = Table(title=f"{len(s['dead'])} dead workers (silent, not yet buried)")
+        d.add_column("worker")
+        d.add_column("last heartbeat")
+        for w in s["dead"]:
+            d.add_row(Text(w["id"], style="red"), f"{w['heartbeat_age']:.1f}s ago")
+        out.append(d)
+    return out
+
+
+def render(report: dict, full: bool | None = None) -> None:
     from rich.console import Console
 
     console = Console()
-    for item in renderables(report):
+    for item in renderables(report, full):
         console.print(item)
 
 
-def watch(every: float = 2.0, as_json: bool = False) -> int:
-    """Redraw the report every ``every`` seconds until Ctrl-C (``as_json``: one JSON line per refresh)."""
+def watch(every: float = 2.0, as_json: bool = False, full: bool | None = None) -> int:
+    """Redraw the report every ``every`` seconds until Ctrl-C (``as_json``: one JSON line per refresh).
+
+    ``full``: as ``collect``'s and ``renderables``' (None: every worker of a small fleet, a summary of a big one).
+    """
     import json
     import time
 
@@ -144,12 +295,12 @@ def watch(every: float = 2.0, as_json: bool = False) -> int:
     try:
         if as_json:
             while True:
-                print(json.dumps(collect()), flush=True)
+                print(json.dumps(collect()), flush=True)  # machine readers get every worker
                 time.sleep(every)
         with Live(refresh_per_second=4, screen=False, auto_refresh=False) as live:
             while True:
                 stamp = Text(f"{time.strftime('%H:%M:%S')}  every {every:g}s, Ctrl-C to stop", style="dim")
-                live.update(Group(stamp, *renderables(collect())), refresh=True)
+                live.update(Group(stamp, *renderables(collect(full), full)), refresh=True)
                 time.sleep(every)
     except KeyboardInterrupt:
         return 0

@@ -286,3 +286,32 @@ def test_status_json_shows_workers_slots_and_a_waiting_gangs_reason(gangs):
     assert gangs.secret not in out.stdout and "fleet-pw" not in out.stdout
     hold.get(timeout=120)
     waiting.get(timeout=120)
+
+
+def test_a_gang_node_judges_its_peers_by_the_configured_death_line(fresh_fleet, monkeypatch):
+    """The lost-peer check reads one score per node, against worker_dead_after (here 30 s), not 5 s."""
+    from gpulayer.models import GangSpec, WorkerInfo
+    from gpulayer.store import keys
+    from gpulayer.store.registry import Registry
+    from gpulayer.worker import agent, runtime
+
+    client = fresh_fleet.client()
+    try:
+        monkeypatch.setattr(runtime, "registry", Registry(client, dead_after=30.0))  # what worker.main installs
+        reg = Registry(client)
+        reg.heartbeat_many([WorkerInfo(id=w, hostname="h", address="127.0.0.1") for w in ("n0", "n1")])
+        order = {"spec": GangSpec(gang_id="g", nodes=2, procs_per_node=1).model_dump(mode="json"), "gang_id": "g",
+                 "attempt": 0, "node_rank": 0, "workers": ["n0", "n1"]}
+        run = agent.GangRun(order, WorkerInfo(id="n0", hostname="h", address="127.0.0.1"), fresh_fleet.url)
+        try:
+            secs, _ = client.time()
+            client.zadd(keys.WORKERS, {"n1": secs - 10})  # silent 10 s: past 5, within 30
+            assert run._lost_peer() is None
+            client.zadd(keys.WORKERS, {"n1": secs - 40})
+            assert run._lost_peer() == (1, "n1")
+            reg.remove("n1")  # buried by a janitor
+            assert run._lost_peer() == (1, "n1")
+        finally:
+            run.client.close()
+    finally:
+        client.close()

@@ -181,3 +181,28 @@ def test_cached_snapshot_refreshes_in_the_background_after_the_first_read(regist
     wait_until(lambda: len(cache.get()) == 4, what="the background refresh to bring w008")
     assert cache._view.full_reads == 1
     assert cache.get() is cache._view._value
+
+
+def test_the_janitors_burial_leaves_no_registry_record_behind(registry):
+    from gpulayer.worker.janitor import bury
+
+    registry.heartbeat_many([info(i, busy=1) for i in range(3)])
+    view = FleetView(registry)
+    view.refresh()
+    bury(None, registry.client, "w001", None, "no heartbeat for 5s", 3)  # nothing held: no Celery app needed
+    r = registry.client
+    assert [r.zscore(k, "w001") for k in (keys.WORKERS, keys.WORKERS_CHANGED, keys.WORKERS_LOAD_CHANGED)] == [None] * 3
+    assert [r.hget(k, "w001") for k in (keys.WORKERS_INFO, keys.WORKERS_STATIC, keys.WORKERS_LOAD)] == [None] * 3
+    assert [w.id for w in view.refresh()] == ["w000", "w002"] and view.full_reads == 1
+    registry.heartbeat(info(1))  # the same worker, restarted: registered again in full
+    assert [w.id for w in view.refresh()] == ["w000", "w001", "w002"]
+
+
+def test_ages_of_named_workers_and_the_dead_by_redis_clock(registry):
+    registry.heartbeat_many([info(i) for i in range(3)])
+    secs, _ = registry.client.time()
+    registry.client.zadd(keys.WORKERS, {"w002": secs - 60})
+    ages = registry.ages(["w000", "w002", "never-seen"])
+    assert set(ages) == {"w000", "w002"} and ages["w000"] < 5 < 59 < ages["w002"]
+    assert set(registry.ages()) == {"w000", "w001", "w002"}
+    assert set(registry.dead()) == {"w002"} and registry.dead()["w002"] >= 59

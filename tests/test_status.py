@@ -37,3 +37,75 @@ def test_status_lists_queues_nobody_reads(fleet):
     finally:
         client.delete(stray, zone_q + "\x06\x166")
         client.close()
+
+
+# --- a big fleet: a summary by zone and region (issue 14, item 6) ---------------------------------
+
+def _env(f) -> dict:
+    return {**os.environ, "GPULAYER_BROKER_URL": f.url, "GPULAYER_SECRET": f.secret, "COLUMNS": "200"}
+
+
+def test_status_of_a_big_fleet_is_a_summary_and_all_lists_every_worker(fresh_fleet, tmp_path):
+    from gpulayer.emulator import EmulatedFleet
+    from gpulayer.models import WorkerInfo
+    from gpulayer.store import keys
+    from gpulayer.store.registry import Registry
+
+    n = status.SUMMARY_ABOVE + 10
+    client = fresh_fleet.client()
+    emu = EmulatedFleet(fresh_fleet.url, fresh_fleet.secret, workers=n, processes=1, zones=3, regions=3,
+                        log_dir=tmp_path / "emu")
+    try:
+        with emu:
+            emu.wait_registered(timeout=120)
+            # A worker that went silent and nobody buried yet (this fleet runs no janitor).
+            Registry(client).heartbeat(WorkerInfo(id="gone-1", hostname="h", address="127.0.0.1", zone="emu-zone-00"))
+            secs, _ = client.time()
+            client.zadd(keys.WORKERS, {"gone-1": secs - 60})
+            client.lpush("gl.q.w.left-long-ago", "m1")  # a job pinned to a worker that is gone
+
+            shown = subprocess.run([sys.executable, "-m", "gpulayer", "status"], env=_env(fresh_fleet),
+                                   capture_output=True, text=True, timeout=120)
+            assert shown.returncode == 0, shown.stderr
+            out = shown.stdout
+            assert f"{n} live workers by region" in out and f"{n} live workers by zone" in out, out
+            zone_line = next(ln for ln in out.splitlines() if "emu-zone-01" in ln and "emu-region-1" in ln)
+            assert " 20 " in zone_line and "/160" in zone_line, zone_line  # 20 workers x 8 slots
+            assert f"{status.TOP} busiest workers" in out
+            assert "1 dead workers" in out and "gone-1" in out
+            line = next(ln for ln in out.splitlines() if "gl.q.w.left-long-ago" in ln)
+            assert "nobody reads this queue" in line and "empty queues" in out
+            assert "emu-00042" not in out  # not every worker
+
+            every = subprocess.run([sys.executable, "-m", "gpulayer", "status", "--all"], env=_env(fresh_fleet),
+                                   capture_output=True, text=True, timeout=120)
+            assert every.returncode == 0, every.stderr
+            assert f"{n} live workers" in every.stdout and "by zone" not in every.stdout
+            assert all(f"emu-{i:05d}" in every.stdout for i in range(n))
+
+            as_json = subprocess.run([sys.executable, "-m", "gpulayer", "status", "--json"], env=_env(fresh_fleet),
+                                     capture_output=True, text=True, timeout=120)
+            report = json.loads(as_json.stdout)
+            assert len(report["workers"]) == n  # machine readers get every worker, and the summary
+            summary = report["summary"]
+            assert summary["workers"] == n and summary["slots"] == 8 * n
+            assert sum(z["workers"] for z in summary["zones"]) == n == sum(r["workers"] for r in summary["regions"])
+            assert [d["id"] for d in summary["dead"]] == ["gone-1"] and summary["dead"][0]["heartbeat_age"] >= 59
+            assert len(summary["busiest"]) == status.TOP
+    finally:
+        client.close()
+
+
+def test_summary_counts_busy_and_gang_held_slots_by_zone_and_region():
+    from gpulayer.models import WorkerInfo
+
+    ws = [WorkerInfo(id=f"w{i}", hostname="h", address="a", zone=f"z{i % 2}", region="r", slots=4, busy=i % 3,
+                     gpus=2 if i == 0 else 0) for i in range(6)]
+    held = {"w1": 3}
+    busiest = [ws[1], ws[2]]
+    s = status.summarize(ws, held, {"gone": 12.5}, busiest)
+    assert (s["workers"], s["slots"], s["busy"], s["held"], s["gpus"]) == (6, 24, 6, 3, 2)
+    assert s["regions"] == [{"region": "r", "workers": 6, "slots": 24, "busy": 6, "held": 3, "gpus": 2}]
+    z1 = next(z for z in s["zones"] if z["zone"] == "z1")
+    assert (z1["workers"], z1["busy"], z1["held"]) == (3, 1 + 0 + 2, 3)
+    assert s["busiest"] == ["w1", "w2"] and s["dead"] == [{"id": "gone", "heartbeat_age": 12.5}]

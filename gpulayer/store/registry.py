@@ -131,6 +131,35 @@ class Registry:
             load[wid] = (int(busy), int(held))
         return Changes(int(version), records, load, {d.decode() for d in dead}, int(live))
 
+    def ages(self, ids: Iterable[str] | None = None) -> dict[str, float]:
+        """Seconds since each worker's last heartbeat, by Redis's clock, dead ones included.
+
+        Every worker in the registry (one ``ZRANGE``), or only ``ids`` (one ``ZSCORE``
+        each, pipelined: what a check of a few peers costs); a worker the registry
+        does not hold (never seen, or buried) is absent.
+        """
+        pipe = self.client.pipeline(transaction=False)
+        pipe.time()
+        if ids is None:
+            pipe.zrange(keys.WORKERS, 0, -1, withscores=True)
+            (secs, micros), rows = pipe.execute()
+            beats = {w.decode(): score for w, score in rows}
+        else:
+            ids = list(ids)
+            for wid in ids:
+                pipe.zscore(keys.WORKERS, wid)
+            (secs, micros), *scores = pipe.execute()
+            beats = {wid: score for wid, score in zip(ids, scores) if score is not None}
+        now = secs + micros / 1e6
+        return {wid: max(0.0, now - score) for wid, score in beats.items()}
+
+    def dead(self) -> dict[str, float]:
+        """Workers still in the registry but silent past ``dead_after`` (not yet buried), with their ages."""
+        secs, micros = self.client.time()
+        now = secs + micros / 1e6
+        rows = self.client.zrangebyscore(keys.WORKERS, "-inf", f"({now - self.dead_after}", withscores=True)
+        return {w.decode(): now - score for w, score in rows}
+
     def live_ids(self) -> set[str]:
         """The ids of every live worker (by Redis's clock), nothing else."""
         now = self.client.time()

@@ -23,6 +23,7 @@ from celery import bootsteps
 from celery.worker import state as worker_state
 
 from .. import signing
+from ..app import settings as app_settings
 from ..launch import (RankLayout, die_with_parent, free_port, rank_env, socket_ifname_env, stop_group,
                       torchrun_command)
 from ..models import GangSpec
@@ -137,6 +138,7 @@ class GangRun:
         self.url = url
         self.client = connect_redis(url, socket_timeout=10)
         self.store = GangStore(self.client)
+        self.registry = Registry(self.client, _dead_after())
         self.procs: list[tuple[int, subprocess.Popen]] = []  # (first global rank it runs, process)
         self.tails: dict[int, collections.deque] = {}
         self._aborted = threading.Event()
@@ -287,9 +289,15 @@ class GangRun:
                     return "failed", self._stop_all()
 
     def _lost_peer(self) -> tuple[int, str] | None:
-        live = {w.id for w in Registry(self.client).snapshot()}
-        for node, worker_id in enumerate(self.order["workers"]):
-            if worker_id not in live:
+        """The first node whose worker is silent past ``worker_dead_after`` (or buried), by Redis's clock.
+
+        One ZSCORE per node of this gang, pipelined: its cost follows the gang, not the fleet.
+        """
+        workers = self.order["workers"]
+        ages = self.registry.ages(workers)
+        for node, worker_id in enumerate(workers):
+            age = ages.get(worker_id)
+            if age is None or age > self.registry.dead_after:
                 return node, worker_id
         return None
 
@@ -305,6 +313,13 @@ class GangRun:
             "rank": rank, "worker": worker or self.worker_info.id, "address": self.worker_info.address,
             "host": socket.gethostname(), "kind": kind, "exit_code": exit_code, "message": message,
             "stderr_tail": "\n".join(self.tails.get(rank, ())), "at": time.time()})
+
+
+def _dead_after() -> float:
+    """The configured ``worker_dead_after``: the janitor's death line, and the gang agent's for its peers."""
+    if runtime.registry is not None:
+        return runtime.registry.dead_after
+    return app_settings().worker_dead_after
 
 
 def _python() -> str:

@@ -25,6 +25,7 @@ from ..store import keys
 from ..store.connection import connect_redis
 from ..store.gangs import GangStore
 from ..store.jobs import JobRecords
+from ..store.registry import Registry
 from . import runtime
 from .loopstep import LoopStep
 
@@ -153,10 +154,7 @@ def bury(app, client: redis.Redis, worker_id: str, life: str | None, why: str, m
         requeued, failed = hand_back(app, client, life, why, max_deliveries)
     else:
         requeued, failed = hand_back_lives(app, client, worker_id, why, max_deliveries)
-    pipe = client.pipeline()
-    pipe.zrem(keys.WORKERS, worker_id)
-    pipe.hdel(keys.WORKERS_INFO, worker_id)
-    pipe.execute()
+    Registry(client).remove(worker_id)  # every record of it: liveness, info, static, load, change marks
     GangStore(client).forget_worker(worker_id)
     log.warning("gpulayer janitor: worker %s is dead (%s); requeued %d message(s), failed %d job(s)",
                 worker_id, why, requeued, failed)
