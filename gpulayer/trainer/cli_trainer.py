@@ -1,0 +1,90 @@
+"""The Trainer's arguments as a typed signature, for ``LightningCLI`` (``gpulayer/trainer/cli.py``).
+
+``Trainer`` takes ``**kwargs``, so jsonargparse cannot read its arguments from it; this function
+has the same arguments with their types, defaults and help, and builds the Trainer.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+from gpulayer.trainer.callbacks import Callback
+from gpulayer.trainer.loggers import Logger
+from gpulayer.trainer.trainer import Trainer
+
+
+def _trainer(
+    accelerator: str = "auto",
+    strategy: str = "auto",
+    devices: Union[list[int], str, int] = "auto",
+    num_nodes: int = 1,
+    precision: Union[int, str] = "32-true",
+    logger: Optional[Union[Logger, bool]] = None,
+    callbacks: Optional[Union[list[Callback], Callback]] = None,
+    fast_dev_run: Union[int, bool] = False,
+    max_epochs: Optional[int] = None,
+    min_epochs: Optional[int] = None,
+    max_steps: int = -1,
+    min_steps: Optional[int] = None,
+    max_time: Optional[Union[str, dict[str, int]]] = None,
+    limit_train_batches: Optional[Union[int, float]] = None,
+    limit_val_batches: Optional[Union[int, float]] = None,
+    limit_test_batches: Optional[Union[int, float]] = None,
+    limit_predict_batches: Optional[Union[int, float]] = None,
+    val_check_interval: Union[int, float] = 1.0,
+    check_val_every_n_epoch: Optional[int] = 1,
+    num_sanity_val_steps: int = 2,
+    log_every_n_steps: int = 50,
+    enable_checkpointing: bool = True,
+    enable_progress_bar: Optional[bool] = None,
+    enable_model_summary: Optional[bool] = None,
+    accumulate_grad_batches: int = 1,
+    gradient_clip_val: Optional[Union[int, float]] = None,
+    gradient_clip_algorithm: str = "norm",
+    deterministic: Optional[Union[bool, str]] = None,
+    benchmark: Optional[bool] = None,
+    inference_mode: bool = True,
+    use_distributed_sampler: bool = True,
+    default_root_dir: Optional[str] = None,
+    prefetch: bool = True,
+    grad_sync: str = "auto",
+) -> Trainer:
+    """The Trainer's arguments with types, for jsonargparse (``Trainer`` itself takes ``**kwargs``).
+
+    Args:
+        accelerator: "cpu", "cuda", "gpu" or "auto".
+        strategy: "auto", "ddp" or "ddp_spawn".
+        devices: processes on this machine (an int, a list of GPU indices, or "auto").
+        num_nodes: machines; more than 1 runs the fit on the cluster.
+        precision: "32-true", "16-mixed" or "bf16-mixed".
+        logger: a logger, True (a CSVLogger) or False (none).
+        callbacks: callbacks to add.
+        fast_dev_run: run n (or 1) batches of train, val and test to find bugs.
+        max_epochs: stop after this many epochs (default 1000, or unlimited when max_steps is set).
+        min_epochs: train at least this many epochs.
+        max_steps: stop after this many optimizer steps (-1: no limit).
+        min_steps: train at least this many steps.
+        max_time: stop after this long ("DD:HH:MM:SS" or a dict of timedelta fields).
+        limit_train_batches: batches per epoch (int) or fraction of the loader (float).
+        limit_val_batches: validation batches (int) or fraction (float).
+        limit_test_batches: test batches (int) or fraction (float).
+        limit_predict_batches: predict batches (int) or fraction (float).
+        val_check_interval: validate every n train batches (int) or fraction of an epoch (float).
+        check_val_every_n_epoch: validate every n epochs.
+        num_sanity_val_steps: validation batches before training (-1: all).
+        log_every_n_steps: how often to log within steps.
+        enable_checkpointing: add a ModelCheckpoint when none is given.
+        enable_progress_bar: show the progress bar (default: when stdout is a terminal).
+        enable_model_summary: print a summary of the model before fitting.
+        accumulate_grad_batches: accumulate gradients over k batches before stepping.
+        gradient_clip_val: clip gradients at this value (None: no clipping).
+        gradient_clip_algorithm: "norm" or "value".
+        deterministic: use deterministic algorithms (True, False or "warn").
+        benchmark: cuDNN autotuning (default: on unless deterministic).
+        inference_mode: torch.inference_mode (else no_grad) in evaluation.
+        use_distributed_sampler: insert a DistributedSampler with several processes.
+        default_root_dir: where logs and checkpoints go (default: the working directory).
+        prefetch: copy the next batch to the device during the current step (gpulayer).
+        grad_sync: "auto", "two_level" or "flat" gradient synchronisation (gpulayer).
+    """
+    return Trainer(**locals())
