@@ -88,7 +88,7 @@ def run_one(launcher: str, store, worker_pids: list[int]) -> dict:
 
 
 def leftover_ranks(worker_pids: list[int]) -> list[int]:
-    """Rank processes (``-m gpulayer.rank``, or torchrun) still alive under the workers."""
+    """Rank processes (``-m gpulayer.gang.rank``, or torchrun) still alive under the workers."""
     found = []
     for pid in worker_pids:
         try:
@@ -98,7 +98,7 @@ def leftover_ranks(worker_pids: list[int]) -> list[int]:
         for c in children:
             try:
                 cmd = " ".join(c.cmdline())
-                if ("gpulayer.rank" in cmd or "torchrun" in cmd or "torch.distributed.run" in cmd) \
+                if ("gpulayer.gang.rank" in cmd or "torchrun" in cmd or "torch.distributed.run" in cmd) \
                         and c.status() != psutil.STATUS_ZOMBIE:
                     found.append(c.pid)
             except psutil.NoSuchProcess:

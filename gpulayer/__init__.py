@@ -10,7 +10,7 @@
 from celery import group
 
 from .client import BatchHandle, connect, init, submit_batch, wait_for_workers
-from .distributed import GangHandle, distributed, init_process_group
+from .gang.handle import GangHandle, distributed, init_process_group
 from .errors import (ClusterUnavailable, ConfigError, GangFailed, GpulayerError, JobFailed, JobRejected,
                      JobStopped, PayloadError, PayloadRejected, UnsupportedOption)
 from .models import Resources, WorkerInfo

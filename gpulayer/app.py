@@ -34,7 +34,7 @@ app.conf.update(
     accept_content=[signing.NAME],
     result_accept_content=[signing.NAME],
     task_acks_late=True,
-    # Workers take a message only when a slot is free (see worker/agent.py SlotGate),
+    # Workers take a message only when a slot is free (see gang/agent.py SlotGate),
     # so slots reserved for a gang are never eaten by buffered messages.
     worker_prefetch_multiplier=1,
     task_default_queue=queues.DEFAULT,
@@ -54,7 +54,7 @@ app.conf.update(
     # per job to submit_batch's pipelined sends, and task-received carries the same fields.
     worker_send_task_events=True,
     task_send_sent_event=False,
-    imports=("gpulayer.tasks.submit", "gpulayer.tasks.gang"),
+    imports=("gpulayer.tasks.submit", "gpulayer.gang.coordinator"),
 )
 
 _state = threading.local()

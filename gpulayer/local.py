@@ -34,7 +34,7 @@ import redis
 
 from .config import STATE_FILE_NAME, home_dir, read_state
 from .errors import ClusterUnavailable, ConfigError
-from .launch import free_port
+from .gang.launch import free_port
 from .store.connection import connect_redis
 
 _PR_SET_PDEATHSIG = 1

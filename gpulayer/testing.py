@@ -19,7 +19,7 @@ import redis
 
 from . import local
 from .config import with_tls
-from .launch import free_port
+from .gang.launch import free_port
 from .store.connection import connect_redis
 from .store.registry import Registry
 

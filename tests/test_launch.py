@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpulayer.launch import RankLayout, interface_for, rank_env, torchrun_command
+from gpulayer.gang.launch import RankLayout, interface_for, rank_env, torchrun_command
 
 
 def test_rank_env_matches_torchrun_names_and_values():
@@ -32,7 +32,7 @@ def test_interface_for_the_advertised_address():
 
 
 def test_torchrun_command_uses_a_static_rendezvous():
-    cmd = torchrun_command(2, 4, 1, "10.0.0.5", 29500, ["-m", "gpulayer.rank", "g", "0"])
+    cmd = torchrun_command(2, 4, 1, "10.0.0.5", 29500, ["-m", "gpulayer.gang.rank", "g", "0"])
     assert "--nnodes=2" in cmd and "--nproc-per-node=4" in cmd and "--node-rank=1" in cmd
     assert "--master-addr=10.0.0.5" in cmd and "--master-port=29500" in cmd
     assert not any(a.startswith("--rdzv-backend") and "c10d" in a for a in cmd)

@@ -26,7 +26,7 @@ import pytest
 import gpulayer
 from gpulayer import queues, submit
 from gpulayer.errors import ConfigError
-from gpulayer.launch import free_port
+from gpulayer.gang.launch import free_port
 from gpulayer.local import stop_process, wait_for_port
 from gpulayer.monitor import mask_text, run_flower
 

@@ -111,7 +111,7 @@ def test_fleet_workers_redis_and_ranks_show_no_secret(fleet):
         assert len(ranks) == 2
         assert_hidden({i: r["self"] + "\0" + r["parent"] for i, r in enumerate(ranks)}, fleet.password,
                       fleet.secret)
-        assert "gpulayer.rank" in ranks[0]["self"]
+        assert "gpulayer.gang.rank" in ranks[0]["self"]
 
 
 def test_an_operator_can_still_pass_the_broker_on_the_command_line(fresh_fleet, tmp_path):

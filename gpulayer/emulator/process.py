@@ -41,7 +41,7 @@ from ..config import load_settings
 from ..store import keys
 from ..store.gangs import GangStore
 from ..store.registry import Registry, load_script, static_record
-from ..tasks.gang import COORDINATE, coordinate
+from ..gang.coordinator import COORDINATE, coordinate
 from .fleet import emulated_workers
 from .jobs import REF
 

@@ -1,7 +1,7 @@
 """Start the ranks of a multi-process fit on this machine and collect what they return.
 
 Each rank is a fresh ``python`` process with the environment torchrun would give
-it (``gpulayer.launch.rank_env``: the direct launcher, no elastic agent). The
+it (``gpulayer.gang.launch.rank_env``: the direct launcher, no elastic agent). The
 function and its arguments travel by cloudpickle through a private temporary
 directory, so closures and classes defined in ``__main__`` work. The first rank
 to fail stops the others, and the caller gets ``RankFailed`` with that rank's
@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 import cloudpickle
 
-from gpulayer.launch import RankLayout, free_port, rank_env
+from gpulayer.gang.launch import RankLayout, free_port, rank_env
 from gpulayer.trainer.errors import RankFailed, TrainerError
 
 _BOOT = "import sys; from gpulayer.trainer.launcher import rank_main; rank_main(sys.argv[1])"

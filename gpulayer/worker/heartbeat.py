@@ -8,7 +8,7 @@ from ..app import settings as app_settings
 from ..models import WorkerInfo
 from ..store.registry import Registry
 from . import runtime
-from .agent import ordinary_active, slots
+from ..gang.agent import ordinary_active, slots
 from .loopstep import LoopStep
 
 log = logging.getLogger(__name__)

@@ -17,13 +17,13 @@ from ..broker import consume_as
 from ..app import app, configure, redis_client
 from ..config import load_settings
 from ..errors import ClusterUnavailable, ConfigError
-from ..launch import die_with_parent
+from ..gang.launch import die_with_parent
 from ..models import WorkerInfo
 from ..store import keys
 from ..store.registry import Registry
 from . import runtime
 from .detect import default_address, detect_gpus
-from .agent import GangAgent, SlotGate
+from ..gang.agent import GangAgent, SlotGate
 from .events import EventPacer
 from .heartbeat import Heartbeat
 from .janitor import Janitor, hand_back_lives

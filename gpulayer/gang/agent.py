@@ -24,15 +24,15 @@ from celery.worker import state as worker_state
 
 from .. import signing
 from ..app import settings as app_settings
-from ..launch import (RankLayout, die_with_parent, free_port, rank_env, socket_ifname_env, stop_group,
+from .launch import (RankLayout, die_with_parent, free_port, rank_env, socket_ifname_env, stop_group,
                       torchrun_command)
 from ..models import GangSpec
 from ..store import keys
 from ..store.connection import connect_redis
 from ..store.gangs import GangStore
 from ..store.registry import Registry
-from . import runtime
-from .loopstep import LoopStep
+from ..worker import runtime
+from ..worker.loopstep import LoopStep
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ slots = Slots()
 
 def ordinary_active() -> int:
     """Jobs running on this worker's pool, not counting the (millisecond) gang coordinator."""
-    from ..tasks.gang import COORDINATE
+    from .coordinator import COORDINATE
 
     return sum(1 for r in list(worker_state.active_requests) if r.name != COORDINATE)
 
@@ -216,7 +216,7 @@ class GangRun:
         args = [self.gang_id, str(self.attempt)]
         if s.launcher == "torchrun":
             env = dict(base, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // m)))
-            cmd = torchrun_command(s.nodes, m, self.node, addr, port, ["-m", "gpulayer.rank", *args],
+            cmd = torchrun_command(s.nodes, m, self.node, addr, port, ["-m", "gpulayer.gang.rank", *args],
                                    max_restarts=0, run_id=self.gang_id)
             self._spawn(self.node * m, cmd, env)
         else:
@@ -224,7 +224,7 @@ class GangRun:
                 layout = RankLayout(self.node, local, s.nodes, m)
                 env = rank_env(layout, master_addr=addr, master_port=port, run_id=self.gang_id,
                                restart_count=self.attempt, max_restarts=s.max_restarts, base_env=base)
-                self._spawn(layout.rank, [_python(), "-m", "gpulayer.rank", *args], env)
+                self._spawn(layout.rank, [_python(), "-m", "gpulayer.gang.rank", *args], env)
         return True
 
     def _spawn(self, rank: int, cmd: list[str], env: dict) -> None:

@@ -1,4 +1,4 @@
-"""One rank of a distributed job: ``python -m gpulayer.rank <gang id> <attempt>``.
+"""One rank of a distributed job: ``python -m gpulayer.gang.rank <gang id> <attempt>``.
 
 Started by a worker's gang agent (directly, or under torchrun) with torchrun's
 environment already set. It loads the signed function, runs it, and stores the
@@ -16,12 +16,12 @@ import traceback
 def main(argv: list[str]) -> int:
     gang_id, attempt = argv[0], int(argv[1])
     rank = int(os.environ["RANK"])
-    from . import app as app_mod
-    from . import signing
-    from .config import load_settings
-    from .payload import resolve_function
-    from .store.connection import connect_redis
-    from .store.gangs import GangStore
+    from .. import app as app_mod
+    from .. import signing
+    from ..config import load_settings
+    from ..payload import resolve_function
+    from ..store.connection import connect_redis
+    from ..store.gangs import GangStore
 
     # The rank can use gpulayer itself (submit jobs, read the registry) like any client.
     app_mod.configure(load_settings(broker_url=os.environ["GPULAYER_BROKER_URL"],

@@ -20,16 +20,16 @@ from typing import Any, Callable
 
 from celery.exceptions import TimeoutError as CeleryTimeout
 
-from . import app as app_mod
-from . import signing
-from .client import ensure_connected
-from .errors import GangFailed, JobFailed, JobRejected
-from .models import GangPlacement, GangSpec, GangState, Resources
-from .payload import function_name, pack_function
-from .placement import check_gang_fits_fleet
-from .store.gangs import GangStore
-from .tasks.gang import coordinate
-from .tasks.submit import as_resources
+from .. import app as app_mod
+from .. import signing
+from ..client import ensure_connected
+from ..errors import GangFailed, JobFailed, JobRejected
+from ..models import GangPlacement, GangSpec, GangState, Resources
+from ..payload import function_name, pack_function
+from ..placement import check_gang_fits_fleet
+from ..store.gangs import GangStore
+from .coordinator import coordinate
+from ..tasks.submit import as_resources
 
 RETRY_EVERY = 0.2  # seconds between placement attempts while a gang waits for slots
 COORDINATOR_WAIT = 1.0  # seconds to wait for a worker to run the coordinator before running it here

@@ -1,0 +1,12 @@
+"""Distributed jobs (gangs): N workers x M processes, started with torchrun's environment.
+
+Where things are:
+
+- ``handle.py``       ``distributed(...)`` and ``GangHandle``: what the client calls and holds.
+- ``coordinator.py``  the coordinator task: place a gang from a snapshot and reserve all its slots at once.
+- ``agent.py``        the gang agent in each worker: takes orders, holds the slots, runs the local ranks.
+- ``launch.py``       torchrun's environment for one rank (the direct launcher), and torchrun's command line.
+- ``rank.py``         the entry point of one rank (``python -m gpulayer.gang.rank``).
+
+A dead worker's delivered messages go back to their queues in ``gpulayer/worker/janitor.py``.
+"""
