@@ -179,3 +179,56 @@ def test_boring_model_on_two_devices_matches_lightnings_ddp(tmp_path):
     theirs = torch.load(out, weights_only=True)
     for k, v in model.state_dict().items():
         torch.testing.assert_close(v, theirs[k])
+
+
+LIGHTNING_DDP_EXAMPLE = """
+import sys, torch
+sys.path.insert(0, sys.argv[3])
+from tests.trainer.test_lightning_examples import _as_lightning
+import lightning.pytorch as pl
+example = _as_lightning(sys.argv[4])
+pl.seed_everything(example.SEED)
+model, dm = example.MODEL(), example.DATAMODULE()
+trainer = pl.Trainer(max_epochs=2, strategy="ddp", devices=2, accelerator="cpu", logger=False,
+                     enable_progress_bar=False, enable_model_summary=False, default_root_dir=sys.argv[2])
+trainer.fit(model, datamodule=dm)
+tested = trainer.test(ckpt_path="best", datamodule=dm, verbose=False)
+if trainer.is_global_zero:
+    torch.save({"weights": model.state_dict(), "tested": tested, "step": trainer.global_step,
+                "best": trainer.checkpoint_callback.best_model_path}, sys.argv[1])
+"""
+
+
+@needs_lightning
+@pytest.mark.parametrize("example", ["backbone_image_classifier", "autoencoder"])
+def test_example_on_two_devices_matches_lightnings_ddp(example, tmp_path):
+    """devices=2, fit then test from the best checkpoint: the weights, steps and test metrics of Lightning's DDP.
+
+    Equal within float tolerance, not bit for bit: the gradient all-reduce sums in a different order.
+    """
+    import subprocess
+    import sys
+
+    import gpulayer.trainer as gl
+    name = f"tests.trainer.lightning_examples.{example}"
+    script = tmp_path / "lightning_ddp_example.py"
+    script.write_text(LIGHTNING_DDP_EXAMPLE)
+    out = tmp_path / "lightning.pt"
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, str(script), str(out), str(tmp_path / "pl"), repo, name], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    theirs = torch.load(out, weights_only=False)
+    ported = importlib.import_module(name)
+    gl.seed_everything(ported.SEED)
+    model, dm = ported.MODEL(), ported.DATAMODULE()
+    trainer = gl.Trainer(max_epochs=2, default_root_dir=tmp_path / "gl", **dict(QUIET, devices=2))
+    trainer.fit(model, datamodule=dm)
+    tested = trainer.test(ckpt_path="best", datamodule=dm, verbose=False)
+    assert trainer.global_step == theirs["step"]
+    assert os.path.basename(trainer.checkpoint_callback.best_model_path) == os.path.basename(theirs["best"])
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, theirs["weights"][k])
+    assert tested[0].keys() == theirs["tested"][0].keys()
+    for k in tested[0]:
+        assert tested[0][k] == pytest.approx(theirs["tested"][0][k], rel=1e-5)
