@@ -24,6 +24,21 @@ from .store.connection import connect_redis
 from .store.registry import Registry
 
 
+def wait_until(predicate, timeout: float = 30.0, what: str = "the condition", every: float = 0.02):
+    """Call ``predicate`` until it returns something truthy, and return that; ``TimeoutError`` naming ``what``.
+
+    For tests and benchmarks: wait for a state instead of sleeping a fixed time and hoping.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not happen within {timeout:g} s")
+        time.sleep(every)
+
+
 @dataclass(frozen=True)
 class TlsFiles:
     """PEM files for a Redis that speaks TLS: the CA, Redis's certificate, and optionally a client certificate
