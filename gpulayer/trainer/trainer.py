@@ -50,8 +50,10 @@ class Trainer:
     (default: on when stdout is a terminal), ``default_root_dir``,
     ``fast_dev_run``. gpulayer adds ``prefetch`` (copy the next batch to the GPU
     during the current step), ``grad_sync`` (``"auto"``, ``"two_level"``,
-    ``"flat"``: see ``gradsync.py``) and ``cluster_resources`` (a
-    ``gpulayer.Resources`` the workers of a ``num_nodes > 1`` fit must offer).
+    ``"flat"``: see ``gradsync.py``), ``cluster_resources`` (a
+    ``gpulayer.Resources`` the workers of a ``num_nodes > 1`` fit must offer)
+    and ``max_restarts`` (a ``num_nodes > 1`` fit restarts on live workers
+    after a rank or a worker fails, from its newest checkpoint: ``cluster.py``).
 
     ``Trainer(num_nodes=2, devices=4).fit(model)`` runs on the cluster this
     process is connected to (``gpulayer.init``): each rank builds its data from
