@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from torch import nn
@@ -190,16 +191,21 @@ def test_a_rank_that_raises_once_is_restarted_and_resumes_from_the_last_checkpoi
 def test_a_worker_killed_mid_fit_the_fit_finishes_on_the_live_workers(fleet, uninterrupted, tmp_path):
     marks = tmp_path / "marks"
     marks.mkdir()
-    killed: dict[str, str] = {}
+    killed: dict = {}
 
     def kill_node_1() -> None:
-        victim = _wait_file(marks / "node1", 300)
-        _wait_file(marks / "saved", 60)
-        proc = fleet.workers[victim]
-        assert os.getpgid(proc.pid) == proc.pid != os.getpgid(0)  # its own group, not the test's
-        os.killpg(proc.pid, signal.SIGKILL)  # the worker, its pool; its ranks die with it (PDEATHSIG)
-        proc.wait(30)
-        killed["worker"] = victim
+        try:
+            victim = _wait_file(marks / "node1", 300)
+            _wait_file(marks / "saved", 60)
+            proc = fleet.workers[victim]
+            if not os.getpgid(proc.pid) == proc.pid != os.getpgid(0):
+                raise AssertionError(f"worker {victim} does not lead a process group of its own")  # never ours
+            tree = psutil.Process(proc.pid).children(recursive=True)  # its pool and its two ranks
+            os.killpg(proc.pid, signal.SIGKILL)  # the worker and its pool; its ranks die with it (PDEATHSIG)
+            proc.wait(30)
+            killed["worker"], killed["ranks_left"] = victim, psutil.wait_procs(tree, timeout=30)[1]
+        except BaseException as err:
+            killed["error"] = err
 
     killer = threading.Thread(target=kill_node_1, daemon=True)
     killer.start()
@@ -208,7 +214,9 @@ def test_a_worker_killed_mid_fit_the_fit_finishes_on_the_live_workers(fleet, uni
     trainer = _trainer(tmp_path / "ckpt", max_restarts=1)
     trainer.fit(model)
     killer.join(30)
+    assert "error" not in killed and "worker" in killed, killed
     victim = killed["worker"]
+    assert killed["ranks_left"] == []  # no rank of the dead worker outlived it
     first, second = trainer.fit_info["attempts"]
     assert first["workers"][1] == victim and first["lost_workers"] == [victim]
     assert f"worker {victim} (node 1) stopped heartbeating" in first["failure"]
