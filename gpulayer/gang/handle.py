@@ -28,6 +28,7 @@ from ..models import GangPlacement, GangSpec, GangState, Resources
 from ..payload import function_name, pack_function
 from ..placement import check_gang_fits_fleet
 from ..store.gangs import GangStore
+from . import attempts
 from .coordinator import coordinate
 from ..tasks.submit import as_resources
 
@@ -82,6 +83,7 @@ class GangHandle:
         self.id = spec.gang_id
         self.store = GangStore(client)
         self.attempt = 0
+        self.attempts: list[dict] = []  # per attempt: workers, placement, outcome, failure, lost_workers
         self._placed = threading.Event()
         self._done = threading.Event()
         self._placement: GangPlacement | None = None
@@ -124,16 +126,23 @@ class GangHandle:
             while True:
                 if not self._place():
                     return
+                entry = attempts.record(self.attempt, self._placement)
+                self.attempts.append(entry)
                 outcome = self._wait_attempt()
                 if outcome == "succeeded":
                     self._wait_nodes_stopped()  # get() returns once every slot is free again
+                    attempts.ended(entry, outcome)
                     self.store.finish(self.id, GangState.SUCCEEDED, self._placement.reason)
                     return
                 if outcome == "cancelled":
+                    attempts.ended(entry, outcome)
                     self._error = JobFailed("Cancelled", f"distributed job {self.id} was cancelled", job_id=self.id)
                     return
                 error = self._failure()
-                self._wait_nodes_stopped()
+                lost = self._wait_nodes_stopped()  # a dead worker's node: until it is out of every snapshot
+                if lost:
+                    error = attempts.naming_lost(error, lost, self.spec.procs_per_node)
+                attempts.ended(entry, outcome, error, lost)
                 if self.attempt >= self.spec.max_restarts:
                     self.store.finish(self.id, GangState.FAILED, error.message)
                     self._error = error
@@ -199,10 +208,10 @@ class GangHandle:
                 return "succeeded"
             time.sleep(0.01)
 
-    def _wait_nodes_stopped(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while len(self.store.nodes(self.id, self.attempt)) < self.spec.nodes and time.monotonic() < deadline:
-            time.sleep(0.02)
+    def _wait_nodes_stopped(self, timeout: float = 30.0) -> list[tuple[int, str]]:
+        """Until every node's ranks stopped (a dead worker's: until it is buried); the (node, worker) lost."""
+        return attempts.wait_stopped(self.store, app_mod.registry(), self.id, self.attempt,
+                                     list(self._placement.workers), timeout)
 
     def _failure(self) -> JobFailed:
         reports = self.store.failures(self.id, self.attempt)

@@ -19,6 +19,7 @@ from gpulayer.trainer.errors import TrainerError
 from gpulayer.trainer.seed import capture_rng
 
 FORMAT_VERSION = 1
+FIT_ID = "gpulayer_fit_id"  # which cluster fit wrote the file: a restart resumes only from its own
 
 
 def dump(trainer, weights_only: bool = False) -> dict[str, Any]:
@@ -37,6 +38,8 @@ def dump(trainer, weights_only: bool = False) -> dict[str, Any]:
             "batches_stepped": trainer._batches_stepped,
         },
     }
+    if trainer._fit_id is not None:
+        ckpt[FIT_ID] = trainer._fit_id
     if not weights_only:
         ckpt["optimizer_states"] = [o.state_dict() for o in trainer.optimizers]
         ckpt["lr_schedulers"] = [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs]
@@ -64,6 +67,28 @@ def load(path: str) -> dict[str, Any]:
     if not os.path.isfile(path):
         raise TrainerError(f"fit(ckpt_path={path!r}): no such checkpoint file")
     return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def newest_of_fit(dirs: list[str], fit_id: str) -> tuple[str, dict[str, Any]] | None:
+    """The newest full checkpoint (not weights only) in ``dirs`` that fit ``fit_id`` wrote, loaded; None if none.
+
+    Files of other runs in the same directory (an earlier ``last.ckpt``) are passed over, newest first.
+    """
+    def mtime(path: str) -> float:
+        try:
+            return os.path.getmtime(path)
+        except OSError:
+            return -1.0
+
+    files = {os.path.join(d, f) for d in dirs if os.path.isdir(d) for f in os.listdir(d) if f.endswith(".ckpt")}
+    for path in sorted(files, key=mtime, reverse=True):
+        try:
+            ckpt = load(path)
+        except Exception:  # not a checkpoint torch can read (another tool's file): not ours either
+            continue
+        if isinstance(ckpt, dict) and ckpt.get(FIT_ID) == fit_id and "optimizer_states" in ckpt:
+            return path, ckpt
+    return None
 
 
 def restore(trainer, ckpt: dict[str, Any]) -> dict[str, Any]:

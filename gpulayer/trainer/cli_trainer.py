@@ -48,6 +48,7 @@ def _trainer(
     default_root_dir: Optional[str] = None,
     prefetch: bool = True,
     grad_sync: str = "auto",
+    max_restarts: int = 0,
 ) -> Trainer:
     """The Trainer's arguments with types, for jsonargparse (``Trainer`` itself takes ``**kwargs``).
 
@@ -86,5 +87,7 @@ def _trainer(
         default_root_dir: where logs and checkpoints go (default: the working directory).
         prefetch: copy the next batch to the device during the current step (gpulayer).
         grad_sync: "auto", "two_level" or "flat" gradient synchronisation (gpulayer).
+        max_restarts: with num_nodes > 1, restart the fit on live workers from its newest checkpoint after a rank
+            or a worker fails, up to this many times (gpulayer).
     """
     return Trainer(**locals())

@@ -12,6 +12,15 @@ caller's model and trainer take. Datasets never pass through Redis.
 >>> trainer.fit(model, train_dataloaders=lambda: DataLoader(MyDataset(), batch_size=32))
 >>> trainer.fit_info["grad_sync"], trainer.fit_info["placement"]
 ('two_level', 'placed on 2 workers in zone europe-west1-b')
+
+With ``Trainer(max_restarts=K)`` a rank that fails or a worker that dies
+restarts the whole gang (``distributed(max_restarts=K)``) on live workers, and
+every rank of the restarted attempt (``TORCHELASTIC_RESTART_COUNT`` > 0)
+resumes from the newest checkpoint this fit wrote (each carries the fit's id),
+so at most one checkpoint interval is lost; with none written yet it starts
+over. The checkpoint directory must be one every worker reads: the local disk
+for workers on one machine, shared storage on a real cluster.
+``fit_info["attempts"]`` says where each attempt ran and why it ended.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import contextlib
 import os
 import sys
 import sysconfig
+import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -47,7 +57,8 @@ def fit_on_cluster(config: TrainerConfig, module: Any, train: Any, val: Any, dat
         for what, obj in (("train_dataloaders", train), ("val_dataloaders", val), ("datamodule", datamodule)):
             _check_travels(what, obj, config)
         try:
-            blob = cloudpickle.dumps((config, module, train, val, datamodule, ckpt_path, _seed_env()))
+            blob = cloudpickle.dumps((config, module, train, val, datamodule, ckpt_path, _seed_env(),
+                                      uuid.uuid4().hex))
         except Exception as err:
             raise TrainerError(
                 f"the model, callbacks or data recipes could not be pickled for the cluster ({type(err).__name__}: "
@@ -56,7 +67,7 @@ def fit_on_cluster(config: TrainerConfig, module: Any, train: Any, val: Any, dat
             ) from err
     job = gpulayer.distributed(
         run_rank, blob, nodes=config.num_nodes, procs_per_node=config.devices, resources=_resources(config),
-        backend="nccl" if config.accelerator == "cuda" else "gloo",
+        backend="nccl" if config.accelerator == "cuda" else "gloo", max_restarts=config.max_restarts,
     )
     try:
         results = job.get()
@@ -64,14 +75,23 @@ def fit_on_cluster(config: TrainerConfig, module: Any, train: Any, val: Any, dat
         rank = getattr(err, "rank", None)
         if rank is None:
             raise
-        raise RankFailed(rank, f"{err.message}\n{err.traceback or ''}".rstrip()) from err
+        failed = RankFailed(rank, f"{err.message}\n{err.traceback or ''}".rstrip())
+        failed.attempts = _attempts(job)
+        raise failed from err
     except KeyboardInterrupt:
         job.cancel()  # stop every rank everywhere before giving the terminal back
         raise
     result = results[0]
     result["fit_info"] = {**result.get("fit_info", {}), "job_id": job.id, "placement": job.placement.reason,
-                          "workers": list(job.placement.workers)}
+                          "workers": list(job.placement.workers), "restarts": job.attempt,
+                          "attempts": _attempts(job)}
     return result
+
+
+def _attempts(job: Any) -> list[dict[str, Any]]:
+    """Where each attempt ran and how it ended: ``attempt``, ``workers`` (index = node), ``placement``,
+    ``outcome``, ``failure`` (the first failure's message), ``failed_rank``, ``lost_workers``."""
+    return [dict(a) for a in job.attempts]
 
 
 def run_rank(blob: bytes) -> dict[str, Any] | None:
@@ -79,10 +99,11 @@ def run_rank(blob: bytes) -> dict[str, Any] | None:
     from gpulayer.trainer.seed import seed_everything
     from gpulayer.trainer.trainer import fit_rank
 
-    config, module, train, val, datamodule, ckpt_path, seed_env = cloudpickle.loads(blob)
+    config, module, train, val, datamodule, ckpt_path, seed_env, fit_id = cloudpickle.loads(blob)
     if SEED_ENV in seed_env:  # as the local launcher does: the caller's seed, in every rank
         seed_everything(int(seed_env[SEED_ENV]), workers=seed_env.get(SEED_WORKERS_ENV) == "1")
-    return fit_rank(config, module, train, val, datamodule, ckpt_path)
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # the gang was restarted after a failure
+    return fit_rank(config, module, train, val, datamodule, ckpt_path, fit_id=fit_id, resume=restarted)
 
 
 def _resources(config: TrainerConfig) -> Any:

@@ -68,6 +68,7 @@ class TrainerConfig:
     prefetch: bool = True
     grad_sync: str = "auto"
     cluster_resources: Any = None  # num_nodes > 1: gpulayer.Resources (or a dict) every rank's worker must offer
+    max_restarts: int = 0  # num_nodes > 1: restarts of the whole gang after a rank or worker fails (gpulayer)
 
     @property
     def multi_process(self) -> bool:
@@ -275,6 +276,8 @@ def build_config(**kwargs: Any) -> TrainerConfig:
         cfg.callbacks.append(ModelCheckpoint())
 
     cfg.default_root_dir = os.fspath(kwargs.get("default_root_dir") or os.getcwd())
+    if cfg.num_nodes > 1:  # the ranks run elsewhere, in another working directory: a relative path means nothing
+        cfg.default_root_dir = os.path.abspath(os.path.expanduser(cfg.default_root_dir))
     logger = kwargs.get("logger", True)
     from gpulayer.trainer.loggers import CSVLogger, Logger
     if logger is True or logger is None:
@@ -304,6 +307,7 @@ def build_config(**kwargs: Any) -> TrainerConfig:
         raise _choices_error("grad_sync", grad_sync, GRAD_SYNC)
     cfg.grad_sync = grad_sync
     cfg.cluster_resources = _cluster_resources(kwargs.get("cluster_resources"), cfg.num_nodes)
+    cfg.max_restarts = _max_restarts(kwargs.get("max_restarts", 0), cfg.num_nodes)
 
     if fast_dev_run:  # Lightning: n batches of train and val, no logger, no checkpoints
         n = 1 if fast_dev_run is True else _int_at_least("fast_dev_run", fast_dev_run, 1)
@@ -328,6 +332,16 @@ def _cluster_resources(value: Any, num_nodes: int) -> Any:
     raise TrainerConfigError(
         f"Trainer(cluster_resources={type(value).__name__}) must be a gpulayer.Resources or a dict of its fields"
     )
+
+
+def _max_restarts(value: Any, num_nodes: int) -> int:
+    """Whole-gang restarts of a cluster fit, each resuming from the fit's newest checkpoint (``cluster.py``)."""
+    value = _int_at_least("max_restarts", value, 0)
+    if value and num_nodes == 1:
+        raise TrainerConfigError(
+            f"Trainer(max_restarts={value}) applies to fits on the cluster (num_nodes > 1), which resume from their "
+            "last checkpoint on live workers; set num_nodes > 1 or drop it")
+    return value
 
 
 def _bool(name: str, value: Any) -> bool:

@@ -26,6 +26,7 @@ class RankFailed(TrainerError):
     def __init__(self, rank: int, detail: str):
         self.rank = rank
         self.detail = detail
+        self.attempts: list[dict] = []  # a cluster fit: where each attempt ran and how it ended (see fit_info)
         super().__init__(f"rank {rank} failed:\n{detail}")
 
 

@@ -50,8 +50,10 @@ class Trainer:
     (default: on when stdout is a terminal), ``default_root_dir``,
     ``fast_dev_run``. gpulayer adds ``prefetch`` (copy the next batch to the GPU
     during the current step), ``grad_sync`` (``"auto"``, ``"two_level"``,
-    ``"flat"``: see ``gradsync.py``) and ``cluster_resources`` (a
-    ``gpulayer.Resources`` the workers of a ``num_nodes > 1`` fit must offer).
+    ``"flat"``: see ``gradsync.py``), ``cluster_resources`` (a
+    ``gpulayer.Resources`` the workers of a ``num_nodes > 1`` fit must offer)
+    and ``max_restarts`` (a ``num_nodes > 1`` fit restarts on live workers
+    after a rank or a worker fails, from its newest checkpoint: ``cluster.py``).
 
     ``Trainer(num_nodes=2, devices=4).fit(model)`` runs on the cluster this
     process is connected to (``gpulayer.init``): each rank builds its data from
@@ -94,6 +96,10 @@ class Trainer:
         self._loop: FitLoop | None = None
         self._store = MetricStore()
         self.fit_info: dict[str, Any] = {}  # strategy, world, grad sync (and job, placement on the cluster)
+        # A cluster fit: its id, written into its checkpoints; on a restarted attempt, resume from its newest one.
+        self._fit_id: str | None = None
+        self._resume_newest = False
+        self._resumed_from: dict[str, Any] | None = None
 
     # -- what callbacks and modules read ----------------------------------------------------
     callbacks = property(lambda self: self._config.callbacks)
@@ -438,7 +444,9 @@ class Trainer:
         if cfg.enable_model_summary and self.is_global_zero:
             summary.print_summary(module)
         hooks.call("on_fit_start")
-        resume = self._restore(ckpt_path) if ckpt_path is not None else None
+        resume = self._resume_attempt() if self._resume_newest else None
+        if resume is None and ckpt_path is not None:
+            resume = self._restore(ckpt_path)
         if self.logger is not None and self.is_global_zero:
             self.logger.log_hyperparams(module.hparams)  # also creates version_N now, as Lightning does
         self._loop = FitLoop(self, module, step_fn, train, val_loaders, resume)
@@ -455,6 +463,21 @@ class Trainer:
                 self.logger.finalize("success")
         hooks.call("on_fit_end")
         self._teardown_stage("fit")
+
+    def _resume_attempt(self) -> dict[str, Any] | None:
+        """A restarted attempt of a cluster fit: Lightning's ``ckpt_path="last"``, from this fit's newest checkpoint.
+
+        Every rank reads the same file (the checkpoint directory must be shared storage on a real cluster);
+        ``None`` when the fit had written none yet: it starts again from the beginning.
+        """
+        dirs = [c.dirpath for c in self.checkpoint_callbacks if c.dirpath]
+        found = checkpoint.newest_of_fit(dirs, self._fit_id)
+        if found is None:
+            return None
+        path, ckpt = found
+        self.ckpt_path = path
+        self._resumed_from = {"path": path, "global_step": ckpt["global_step"], "epoch": ckpt["epoch"]}
+        return checkpoint.restore(self, ckpt)
 
     def _restore(self, ckpt_path: str) -> dict[str, Any]:
         path = ckpt_path
@@ -532,17 +555,23 @@ class Trainer:
 
 
 def fit_rank(config: TrainerConfig, module: Module, train_dataloaders: Any = None, val_dataloaders: Any = None,
-             datamodule: Any = None, ckpt_path: str | None = None) -> dict[str, Any] | None:
+             datamodule: Any = None, ckpt_path: str | None = None, *, fit_id: str | None = None,
+             resume: bool = False) -> dict[str, Any] | None:
     """Run one rank's share of a multi-process fit; return rank 0's result (None on other ranks).
 
     Call it in any process whose torchrun environment (RANK, WORLD_SIZE,
     LOCAL_RANK, MASTER_ADDR, MASTER_PORT...) is set, with the same arguments in
     every rank: loaders may be factories (zero-argument functions) built here.
+    ``fit_id`` marks the checkpoints this fit writes; ``resume`` (a restarted
+    attempt) continues from the newest of them instead of ``ckpt_path``.
     """
     trainer = Trainer.from_config(config)
+    trainer._fit_id, trainer._resume_newest = fit_id, resume and fit_id is not None
     trainer._fit_here(module, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
     if not trainer.is_global_zero:
         return None
+    if trainer._resume_newest:
+        trainer.fit_info["resumed_from"] = trainer._resumed_from  # None: no checkpoint yet, started over
     return {
         "state_dict": {k: v.detach().cpu() for k, v in module.state_dict().items()},
         "global_step": trainer.global_step,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import torch
@@ -128,3 +129,50 @@ def test_missing_monitor_and_missing_last_are_explained(tmp_path):
     with pytest.raises(TrainerError, match="found no last checkpoint"):
         Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False).fit(
             Net(), _loader(), ckpt_path="last")
+
+
+class _StopsAt30(Net):
+    """Attempt 0 of a cluster fit, cut short by a failure after its checkpoint of step 27."""
+
+    def training_step(self, batch, batch_idx):
+        if self.global_step == 30:
+            raise RuntimeError("the machine went away")
+        return super().training_step(batch, batch_idx)
+
+
+def test_a_restarted_attempt_resumes_from_the_newest_checkpoint_its_own_fit_wrote(tmp_path):
+    from gpulayer.trainer import fit_rank
+    from gpulayer.trainer.config import build_config
+
+    def config(**kw):
+        ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=9, save_last=True)
+        return build_config(max_epochs=3, logger=False, enable_progress_bar=False, callbacks=[ckpt], **kw)
+
+    seed_everything(3)
+    full = Net()
+    Trainer(max_epochs=3, logger=False, enable_checkpointing=False, enable_progress_bar=False).fit(full, _loader())
+    seed_everything(3)
+    with pytest.raises(RuntimeError, match="went away"):
+        fit_rank(config(), _StopsAt30(), _loader(), fit_id="fit-a")  # saved steps 9, 18, 27 (and last.ckpt)
+    # newer files that are not this fit's full checkpoints: another run's, a weights-only one, junk
+    torch.save({**torch.load(tmp_path / "last.ckpt", weights_only=False), "gpulayer_fit_id": "fit-b"},
+               tmp_path / "other-run.ckpt")
+    torch.save({"state_dict": {}, "gpulayer_fit_id": "fit-a", "global_step": 29}, tmp_path / "weights.ckpt")
+    (tmp_path / "junk.ckpt").write_bytes(b"not a checkpoint")
+    for age, name in enumerate(["junk.ckpt", "weights.ckpt", "other-run.ckpt"]):
+        os.utime(tmp_path / name, (time.time() + 10 - age, time.time() + 10 - age))
+
+    seed_everything(99)  # another start: weights and RNG must all come from the checkpoint
+    resumed = Net()
+    result = fit_rank(config(), resumed, _loader(), fit_id="fit-a", resume=True)
+    assert result["fit_info"]["resumed_from"] == {"path": str(tmp_path / "last.ckpt"), "global_step": 27, "epoch": 1}
+    assert resumed.losses == {s: v for s, v in full.losses.items() if s >= 27} and result["global_step"] == 60
+    for a, b in zip(full.parameters(), resumed.parameters()):
+        assert torch.equal(a, b)
+    assert torch.load(tmp_path / "last.ckpt", weights_only=False)["gpulayer_fit_id"] == "fit-a"
+
+    fresh = tmp_path / "fresh"  # a restart before the first checkpoint starts over
+    result = fit_rank(build_config(max_steps=3, logger=False, enable_progress_bar=False,
+                                   callbacks=[ModelCheckpoint(dirpath=fresh)]), Net(), _loader(),
+                      fit_id="fit-c", resume=True)
+    assert result["fit_info"]["resumed_from"] is None and result["global_step"] == 3
