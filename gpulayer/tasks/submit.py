@@ -72,7 +72,7 @@ class SubmitTask(Task):
     """
 
     typing = False
-    Request = "gpulayer.worker.request:JobRequest"
+    Request = "gpulayer.engine.request:JobRequest"
 
     def AsyncResult(self, task_id, **kwargs):
         return JobHandle(task_id, backend=self.backend, task_name=self.name, app=self._get_app(), **kwargs)
