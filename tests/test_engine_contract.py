@@ -64,7 +64,7 @@ def _modified_copy(func, tmp_path: Path, old: str, new: str):
     source = textwrap.dedent(inspect.getsource(func))
     assert source.count(old) == 1, old
     path = tmp_path / "modified_upstream.py"
-    path.write_text("from queue import Empty\n\n" + source.replace(old, new))
+    path.write_text(source.replace(old, new))
     spec = importlib.util.spec_from_file_location("modified_upstream", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
