@@ -167,13 +167,13 @@ class Change:
         e = self.entry
         pinned = f"{e.package} {WRITTEN_FOR.get(e.package, '?')}"
         now = f"{e.package} {self.installed or 'not installed'}"
-        todo = (f"then record its hash in gpulayer/engine/upstream.py (`python -m gpulayer.engine.upstream` prints "
+        todo = (f"then record its new hash in gpulayer/engine/upstream.py (`python -m gpulayer.engine.upstream` prints "
                 f"them) and update the {e.package} pin in pyproject.toml")
         if self.found is None:
             return (f"{e.name} no longer exists in {now} (gpulayer was written against {pinned}): rewrite "
                     f"{HOW[e.how]} in {e.ours} for the new version, {todo}")
         return (f"{e.name} changed upstream since {pinned} (installed: {now}; source hash {self.found}, recorded "
-                f"{e.digest}): re-read {HOW[e.how]} in {e.ours} against the new source and update the pin, {todo}")
+                f"{e.digest}): re-read {HOW[e.how]} in {e.ours} against the new source, {todo}")
 
 
 def changes(entries: Iterable[Borrowed] = BORROWED,
