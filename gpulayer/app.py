@@ -13,9 +13,10 @@ import threading
 
 import redis
 from celery import Celery, signals
-from kombu import pools as kombu_pools
 
-from . import broker, placement, queues, signing
+from . import placement, queues, signing
+from .engine import transport
+from .engine.connections import drop_connections
 from .config import Settings, tls_options
 from .errors import ClusterUnavailable, JobRejected, PayloadError, UnsupportedOption
 from .models import Resources
@@ -49,7 +50,7 @@ app.conf.update(
     # messages are handed back by the janitor, not by this timeout.
     broker_transport_options={"visibility_timeout": 12 * 3600},
     worker_hijack_root_logger=False,
-    # Task events (received/started/succeeded/failed; worker/events.py paces their flushes) so Flower and
+    # Task events (received/started/succeeded/failed; engine/events.py paces their flushes) so Flower and
     # `celery events` show jobs from the first one; task-sent stays off: it would add a publish
     # per job to submit_batch's pipelined sends, and task-received carries the same fields.
     worker_send_task_events=True,
@@ -74,15 +75,15 @@ def configure(settings: Settings) -> None:
     timeouts = {"socket_connect_timeout": settings.connect_timeout, "socket_timeout": 30.0}
     with _lock:
         if _settings is not None and _settings.broker_url != url:
-            _drop_connections()
+            drop_connections(app)
         app.conf.update(
             broker_url=url,
-            # kombu's Redis transport, with takes a SIGKILL cannot lose (gpulayer/broker.py), for
+            # kombu's Redis transport, with takes a SIGKILL cannot lose (engine/transport.py), for
             # redis:// and rediss:// alike; the URL's TLS options, as kombu and Celery's backend take them.
-            broker_transport=broker.transport_for(url),
+            broker_transport=transport.transport_for(url),
             broker_use_ssl=tls_options(url) or False,
             redis_backend_use_ssl=tls_options(url) or None,
-            result_backend=f"gpulayer.store.results:ResultBackend+{url}",
+            result_backend=f"gpulayer.engine.results:ResultBackend+{url}",
             result_expires=settings.result_expires,
             broker_transport_options={**app.conf.broker_transport_options, **timeouts},
             redis_socket_connect_timeout=settings.connect_timeout,
@@ -96,15 +97,6 @@ def configure(settings: Settings) -> None:
         _settings = settings
         _snapshot = CachedSnapshot(Registry(redis_client(settings), settings.worker_dead_after),
                                    settings.registry_cache_seconds)
-
-
-def _drop_connections() -> None:
-    """Forget pooled connections and the result backend before pointing at another Redis."""
-    kombu_pools.reset()  # closes and forgets every pooled connection and producer
-    app._pool = None
-    app.amqp._producer_pool = None
-    app._backend_cache = None
-    app._local = threading.local()
 
 
 def settings() -> Settings | None:

@@ -107,23 +107,11 @@ def _masking_transform(secrets: list[str], static_prefix: str):
     return MaskSecrets
 
 
-def _install_masking(secrets: list[str]) -> None:
-    """Make every Flower application built in this process mask ``secrets`` (before gzip)."""
-    from flower.app import Flower
-
-    original = Flower.__init__
-
-    def __init__(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        self.transforms.insert(0, _masking_transform(secrets, self.settings.get("static_url_prefix", "/static/")))
-
-    Flower.__init__ = __init__
-
-
 def run_flower(*, broker: str | None = None, port: int = 5555, address: str = "127.0.0.1",
                basic_auth: str | None = None) -> int:
     from . import app as app_mod
-    from .client import init
+    from .connection import init
+    from .engine.flower import transform_first
 
     basic_auth = basic_auth or os.environ.get("FLOWER_BASIC_AUTH")
     if not _loopback(address) and not basic_auth:
@@ -133,9 +121,10 @@ def run_flower(*, broker: str | None = None, port: int = 5555, address: str = "1
         raise ConfigError("--basic-auth must be user:password")
     settings = init(broker)
     # Flower names the broker by its URL's scheme to list queues; it takes no jobs, so kombu's own
-    # Redis transport serves it (gpulayer/broker.py only changes how workers take messages).
+    # Redis transport serves it (gpulayer/engine/transport.py only changes how workers take messages).
     app_mod.app.conf.broker_transport = None
-    _install_masking(_secrets_of(settings))
+    secrets = _secrets_of(settings)
+    transform_first(lambda static_prefix: _masking_transform(secrets, static_prefix))  # before gzip
     argv = ["flower", f"--port={port}", f"--address={address}"]
     if "FLOWER_TASKS_COLUMNS" not in os.environ:  # an operator's choice wins (argv would override it)
         argv.append(f"--tasks_columns={TASKS_COLUMNS}")
@@ -212,7 +201,7 @@ def serve_metrics(*, broker: str | None = None, port: int = 9808, address: str =
     """``gpulayer metrics``: serve ``/metrics`` until Ctrl-C."""
     from prometheus_client import start_http_server
 
-    from .client import connect
+    from .connection import connect
     from .config import load_settings
     from .errors import ClusterUnavailable
 

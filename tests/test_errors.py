@@ -105,7 +105,7 @@ def test_python_shows_the_remote_traceback_as_the_cause(fleet, tmp_path):
 
 
 def test_the_backend_methods_overridden_keep_celerys_signatures():
-    """store/results.py overrides these Celery methods; notice when upstream changes them."""
+    """engine/results.py overrides these Celery methods; notice when upstream changes them."""
     import inspect
 
     from celery.backends.asynchronous import AsyncBackendMixin

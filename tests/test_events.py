@@ -6,7 +6,7 @@ import base64
 import json
 
 from gpulayer import submit, submit_batch
-from gpulayer.worker.events import FLUSH_EVERY, EventPacer
+from gpulayer.engine.events import FLUSH_EVERY, EventPacer
 
 
 def tiny(i):

@@ -21,9 +21,10 @@ import pytest
 import redis
 
 import gpulayer
-from gpulayer import broker, distributed, submit
+from gpulayer import distributed, submit
 from gpulayer.app import app
 from gpulayer.config import load_settings, tls_options, with_tls
+from gpulayer.engine import transport
 from gpulayer.errors import ConfigError, JobFailed
 from gpulayer.store import connection
 from gpulayer.store.connection import TLSConnection, connect_redis
@@ -75,13 +76,13 @@ def tls_fleet(tmp_path, tls_files):
 
 def test_rediss_selects_gpulayers_transport_with_the_urls_tls_options(tls_files, gpulayer_home):
     url = with_tls("rediss://:pw@127.0.0.1:6380/0", **tls_files.client_options())
-    assert broker.transport_for(url) == broker.NAME == broker.transport_for("redis://127.0.0.1:6379/0")
+    assert transport.transport_for(url) == transport.NAME == transport.transport_for("redis://127.0.0.1:6379/0")
     opts = tls_options(url)
     assert opts == {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_ca_certs": str(tls_files.ca),
                     "ssl_certfile": str(tls_files.client_cert), "ssl_keyfile": str(tls_files.client_key)}
     # What configure() makes of it, in a process of its own (configure points this process's app elsewhere).
     probe = (
-        "import sys, gpulayer.app as a, gpulayer.broker as b\n"
+        "import sys, gpulayer.app as a, gpulayer.engine.transport as b\n"
         "from gpulayer.config import load_settings\n"
         "a.configure(load_settings(broker_url=sys.argv[1], secret='s'))\n"
         "c = a.app.connection_for_write()\n"
@@ -119,7 +120,7 @@ def test_what_gpulayer_cannot_make_safe_is_refused_with_the_way_out(url, env, me
         load_settings(broker_url=url)
     assert "pw" not in str(e.value), "the message never shows the broker's password"
     with pytest.raises(ConfigError, match="no transport with SIGKILL-safe takes"):
-        broker.transport_for("unix:///run/redis.sock")
+        transport.transport_for("unix:///run/redis.sock")
 
 
 # -- a real Redis that speaks TLS only -------------------------------------------------------------
@@ -152,9 +153,9 @@ def test_a_tls_fleet_serves_jobs_groups_gangs_and_cancels(tls_fleet, tls_files):
         connect_redis(fleet.url.replace("rediss://", "redis://").split("?")[0], socket_connect_timeout=2).ping()
     fleet.add_workers({"s1": dict(slots=2, zone="z1"), "s2": dict(slots=2, zone="z2")})
     fleet.connect()
-    assert app.conf.broker_transport == broker.NAME and app.conf.broker_use_ssl["ssl_ca_certs"] == str(tls_files.ca)
+    assert app.conf.broker_transport == transport.NAME and app.conf.broker_use_ssl["ssl_ca_certs"] == str(tls_files.ca)
     with app.connection_for_write() as conn:
-        assert isinstance(conn.transport, broker.Transport)
+        assert isinstance(conn.transport, transport.Transport)
         conn.ensure_connection(max_retries=1)
         assert issubclass(conn.default_channel.client.connection_pool.connection_class, TLSConnection)
     assert app.backend.client.connection_pool.connection_class is TLSConnection

@@ -6,7 +6,7 @@
   (``Registry.heartbeat_many``), with its busy and held slots.
 - Jobs: the transport's own take script (``store/lua/take.lua``) into the taking
   list of the emulated worker that will run the message, then kombu's unacked
-  entry and the worker's delivery record in one MULTI, as ``gpulayer/broker.py``
+  entry and the worker's delivery record in one MULTI, as ``gpulayer/engine/transport.py``
   does; completions store the result (``store_once.lua``) and ack, pipelined.
   Only priority-0 queue keys are read. Idle, it blocks on the capability queues'
   bells; private queues are swept every second.
@@ -36,7 +36,8 @@ from kombu import serialization
 from kombu.transport import redis as kredis
 
 from .. import app as app_mod
-from .. import broker, queues, signing
+from .. import queues, signing
+from ..engine import transport
 from ..config import load_settings
 from ..store import keys
 from ..store.gangs import GangStore
@@ -89,7 +90,7 @@ class Emulator:
         self.bells = [keys.bell(q) for q in self.shared]
         self._cursor = {q: 0 for q in self.readers}
         self.backlog: set[str] = set()  # queues left with messages while every reader was full
-        self.take = self.client.register_script(broker.TAKE)
+        self.take = self.client.register_script(transport.TAKE)
         self.store_once = load_script(self.client, "store_once")
         self.gangs = GangStore(self.client)
         self.timers: list = []  # (due, seq, kind, payload)
@@ -144,7 +145,7 @@ class Emulator:
         return total
 
     def record(self, got) -> None:
-        """kombu's unacked entries and the delivery records, one MULTI for the batch (as broker._record)."""
+        """kombu's unacked entries and the delivery records, one MULTI for the batch (as engine/transport.py Channel._record)."""
         pipe = self.client.pipeline()
         started = []
         for wid, (queue_key, item) in got:
@@ -156,7 +157,7 @@ class Emulator:
             pipe.hset(UNACKED, tag, json.dumps([message, info["exchange"], info["routing_key"]]))
             if job_id:
                 pipe.hset(keys.inflight(self.lives[wid]), tag, job_id)
-            pipe.lrem(keys.taking(self.lives[wid]), 1, broker.copy_of(queue_key, item))
+            pipe.lrem(keys.taking(self.lives[wid]), 1, transport.copy_of(queue_key, item))
             started.append((wid, tag, job_id, message))
         pipe.execute()
         now = time.monotonic()

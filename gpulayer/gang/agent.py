@@ -16,7 +16,6 @@ import socket
 import subprocess
 import threading
 import time
-from types import MethodType
 
 import redis
 from celery import bootsteps
@@ -24,6 +23,7 @@ from celery.worker import state as worker_state
 
 from .. import signing
 from ..app import settings as app_settings
+from ..engine.qos import gate_consumption
 from .launch import (RankLayout, die_with_parent, free_port, rank_env, socket_ifname_env, stop_group,
                       torchrun_command)
 from ..models import GangSpec
@@ -78,16 +78,8 @@ class SlotGate(bootsteps.StartStopStep):
     requires = {"celery.worker.consumer.tasks:Tasks"}
 
     def start(self, c) -> None:
-        qos = c.task_consumer.channel.qos
-        original = qos.can_consume
         total = runtime.current_worker().slots
-
-        def can_consume(self):
-            if len(worker_state.reserved_requests) >= total - slots.held:
-                return False
-            return original()
-
-        qos.can_consume = MethodType(can_consume, qos)
+        gate_consumption(c.task_consumer.channel.qos, lambda: len(worker_state.reserved_requests) < total - slots.held)
 
 
 class GangAgent(LoopStep):

@@ -18,7 +18,7 @@ import redis
 
 from ..config import with_tls
 
-# Written for redis-py 8.1 (tests/test_tls.py checks the method this overrides is still there).
+# Written for redis-py 8.1: engine/upstream.py pins the source of the method this overrides (tests/test_engine_contract.py).
 _contexts: dict[tuple, ssl.SSLContext] = {}
 _contexts_lock = threading.Lock()
 

@@ -76,7 +76,7 @@ def agent_orders(worker_id: str) -> str:
 
 # Reliability: which worker holds which message, and what happened to each job.
 #   gl:inflight:<life>         hash   kombu delivery tag -> job id, while that worker process holds the message
-#                                     (written with the take, removed with the ack: gpulayer/broker.py);
+#                                     (written with the take, removed with the ack: gpulayer/engine/transport.py);
 #                                     <life> is "<worker id>:<pid>": a restarted worker is a new life, so the
 #                                     janitor burying the old one never touches what the new one holds
 #   gl:job:<id>:lost           string how many deliveries of the job died with their process or worker
@@ -94,7 +94,7 @@ def inflight(life: str) -> str:
     return f"{NAMESPACE}:inflight:{life}"
 
 
-# Taking a message (gpulayer/broker.py): a message is always in a queue, a taking list, or kombu's
+# Taking a message (gpulayer/engine/transport.py): a message is always in a queue, a taking list, or kombu's
 # unacked hash with a delivery record, so a worker killed at any instant loses nothing.
 #   gl:taking:<life>           list   "<queue key>\n<message>" between the take and its record (~1 ms)
 #   gl:bell:<queue key>        list   wake-up tokens pushed with each message (capped); idle workers block on them

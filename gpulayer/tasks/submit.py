@@ -10,6 +10,7 @@ from kombu.exceptions import EncodeError
 from .. import app as app_mod
 from .. import canvas
 from ..app import RESOURCES_HEADER, SUBMIT, app
+from ..connection import ensure_connected
 from ..errors import PayloadError
 from ..models import Resources
 from ..payload import pack_function, resolve_function, summarize
@@ -71,7 +72,7 @@ class SubmitTask(Task):
     """
 
     typing = False
-    Request = "gpulayer.worker.request:JobRequest"
+    Request = "gpulayer.engine.request:JobRequest"
 
     def AsyncResult(self, task_id, **kwargs):
         return JobHandle(task_id, backend=self.backend, task_name=self.name, app=self._get_app(), **kwargs)
@@ -101,8 +102,6 @@ class SubmitTask(Task):
 
     def apply_async(self, args=None, kwargs=None, task_id=None, producer=None, link=None, link_error=None,
                     shadow=None, **options):
-        from ..client import ensure_connected
-
         args, kwargs = tuple(args or ()), dict(kwargs or {})
         if canvas.FUNCTION_OPTION in options:  # from a signature: args are all the function's
             fn = options.pop(canvas.FUNCTION_OPTION)

@@ -31,7 +31,7 @@ import sys
 import sysconfig
 import uuid
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import cloudpickle
 
@@ -47,9 +47,13 @@ _LIBRARY_DIRS = tuple(
 )
 
 
-def fit_on_cluster(config: TrainerConfig, module: Any, train: Any, val: Any, datamodule: Any,
-                   ckpt_path: str | None) -> dict[str, Any]:
-    """Run the fit as ``num_nodes x devices`` ranks on the connected cluster; rank 0's result."""
+def fit_on_cluster(fit_rank: Callable[..., Any], config: TrainerConfig, module: Any, train: Any, val: Any,
+                   datamodule: Any, ckpt_path: str | None) -> dict[str, Any]:
+    """Run the fit as ``num_nodes x devices`` ranks of ``fit_rank`` on the connected cluster; rank 0's result.
+
+    The caller hands ``fit_rank`` in (``trainer.fit_rank``, pickled by reference), so this module never
+    imports the Trainer back.
+    """
     import gpulayer  # the client layer, only to submit this fit
     from gpulayer.errors import JobFailed
 
@@ -57,7 +61,7 @@ def fit_on_cluster(config: TrainerConfig, module: Any, train: Any, val: Any, dat
         for what, obj in (("train_dataloaders", train), ("val_dataloaders", val), ("datamodule", datamodule)):
             _check_travels(what, obj, config)
         try:
-            blob = cloudpickle.dumps((config, module, train, val, datamodule, ckpt_path, _seed_env(),
+            blob = cloudpickle.dumps((fit_rank, config, module, train, val, datamodule, ckpt_path, _seed_env(),
                                       uuid.uuid4().hex))
         except Exception as err:
             raise TrainerError(
@@ -97,9 +101,8 @@ def _attempts(job: Any) -> list[dict[str, Any]]:
 def run_rank(blob: bytes) -> dict[str, Any] | None:
     """One rank of a cluster fit (runs on a worker, torchrun's environment set): rank 0 returns the result."""
     from gpulayer.trainer.seed import seed_everything
-    from gpulayer.trainer.trainer import fit_rank
 
-    config, module, train, val, datamodule, ckpt_path, seed_env, fit_id = cloudpickle.loads(blob)
+    fit_rank, config, module, train, val, datamodule, ckpt_path, seed_env, fit_id = cloudpickle.loads(blob)
     if SEED_ENV in seed_env:  # as the local launcher does: the caller's seed, in every rank
         seed_everything(int(seed_env[SEED_ENV]), workers=seed_env.get(SEED_WORKERS_ENV) == "1")
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # the gang was restarted after a failure

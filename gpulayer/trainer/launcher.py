@@ -154,23 +154,19 @@ def rank_main(tmp: str) -> None:
     os._exit(0)  # skip interpreter teardown: process-group destructors can hang after the parent has the result
 
 
-def _fit_entry(config, module, train, val, datamodule, ckpt_path):
-    from gpulayer.trainer.trainer import fit_rank
-    return fit_rank(config, module, train, val, datamodule, ckpt_path)
+def fit_in_processes(fit_rank: Callable[..., Any], config, module, train, val, datamodule,
+                     ckpt_path) -> dict[str, Any]:
+    """``Trainer(devices=M).fit`` on this machine: ``fit_rank`` in M ranks, rank 0's result back.
 
-
-def fit_in_processes(config, module, train, val, datamodule, ckpt_path) -> dict[str, Any]:
-    """``Trainer(devices=M).fit`` on this machine: M ranks, rank 0's result back."""
-    return run_ranks(_fit_entry, (config, module, train, val, datamodule, ckpt_path),
+    The caller hands ``fit_rank`` in (``trainer.fit_rank``), so this module never imports the Trainer back.
+    """
+    return run_ranks(fit_rank, (config, module, train, val, datamodule, ckpt_path),
                      nodes=1, procs_per_node=config.devices)[0]
 
 
-def _stage_entry(config, stage, module, loaders, datamodule, ckpt_path, kw):
-    from gpulayer.trainer.trainer import stage_rank
-    return stage_rank(config, stage, module, loaders, datamodule, ckpt_path, kw)
-
-
-def stage_in_processes(config, stage, module, loaders, datamodule, ckpt_path, kw) -> dict[str, Any]:
-    """``Trainer(devices=M).validate / test / predict`` on this machine: M ranks, rank 0's result back."""
-    return run_ranks(_stage_entry, (config, stage, module, loaders, datamodule, ckpt_path, kw),
+def stage_in_processes(stage_rank: Callable[..., Any], config, stage, module, loaders, datamodule, ckpt_path,
+                       kw) -> dict[str, Any]:
+    """``Trainer(devices=M).validate / test / predict`` on this machine: ``stage_rank`` in M ranks, rank 0's
+    result back."""
+    return run_ranks(stage_rank, (config, stage, module, loaders, datamodule, ckpt_path, kw),
                      nodes=1, procs_per_node=config.devices)[0]

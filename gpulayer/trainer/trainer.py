@@ -169,7 +169,7 @@ class Trainer:
             if cfg.logger is not None:
                 cfg.logger.version  # fix version_N here so every rank agrees on the directory
             run = cluster.fit_on_cluster if cfg.num_nodes > 1 else launcher.fit_in_processes
-            result = run(cfg, model, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
+            result = run(fit_rank, cfg, model, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
             self._take_result(model, result)
             return
         self._fit_here(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
@@ -222,7 +222,7 @@ class Trainer:
                     f"Trainer(num_nodes={cfg.num_nodes}).{stage}() is not supported yet: gpulayer runs validate/test/"
                     "predict on one machine; use Trainer(devices=M) (or devices=1) for this stage")
             from gpulayer.trainer import launcher
-            result = launcher.stage_in_processes(cfg, stage, model, dataloaders, datamodule, ckpt, kw)
+            result = launcher.stage_in_processes(stage_rank, cfg, stage, model, dataloaders, datamodule, ckpt, kw)
             model.trainer = self
             self.lightning_module = model
             self._store.load_result(result["callback_metrics"], result["logged_metrics"])

@@ -5,7 +5,7 @@ the visibility timeout (kept long here, so a long job is never delivered twice
 while it runs). Every worker runs a janitor; a Redis lock lets one act at a
 time. When a worker misses heartbeats for ``worker_dead_after`` seconds, the
 janitor hands back each message that worker held (recorded as it was taken,
-``gpulayer/broker.py``), counting the delivery as lost (a job lost
+``gpulayer/engine/transport.py``), counting the delivery as lost (a job lost
 ``max_deliveries`` times fails instead, saying why), and each message it was
 in the middle of taking.
 """
@@ -20,7 +20,7 @@ import redis
 from billiard.exceptions import WorkerLostError
 
 from ..app import settings as app_settings
-from .. import broker
+from ..engine import transport
 from ..store import keys
 from ..store.connection import connect_redis
 from ..store.gangs import GangStore
@@ -53,7 +53,7 @@ def put_back_takes(client: redis.Redis, life: str) -> int:
 
     Not counted as lost deliveries: the job never reached a process.
     """
-    items = broker.put_back_taking(client, life)
+    items = transport.put_back_taking(client, life)
     for item in items:
         log.warning("gpulayer janitor: put back job %s that %s was taking when it died", _job_id(item), life)
     return len(items)
@@ -110,7 +110,7 @@ def sweep_orphans(app, client: redis.Redis, older_than: float, max_deliveries: i
     """Requeue unacknowledged messages no live worker has a record of.
 
     Workers record each message in the same step as kombu's unacked entry
-    (gpulayer/broker.py), so only a consumer that is not a gpulayer worker (or a
+    (gpulayer/engine/transport.py), so only a consumer that is not a gpulayer worker (or a
     record lost with Redis's last writes) leaves such an orphan; without this
     sweep it would wait for the visibility timeout. Only messages older than
     ``older_than`` seconds count.

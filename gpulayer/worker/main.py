@@ -9,13 +9,14 @@ import socket
 import time
 from urllib.parse import urlparse
 
-from celery.app import trace as celery_trace
 from celery.signals import worker_process_init
 
 from .. import queues
-from ..broker import consume_as
 from ..app import app, configure, redis_client
 from ..config import load_settings
+from ..engine.events import EventPacer
+from ..engine.request import log_jobs_by_summary
+from ..engine.transport import consume_as
 from ..errors import ClusterUnavailable, ConfigError
 from ..gang.launch import die_with_parent
 from ..models import WorkerInfo
@@ -24,7 +25,6 @@ from ..store.registry import Registry
 from . import runtime
 from .detect import default_address, detect_gpus
 from ..gang.agent import GangAgent, SlotGate
-from .events import EventPacer
 from .heartbeat import Heartbeat
 from .janitor import Janitor, hand_back_lives
 from .reaper import Reaper
@@ -126,8 +126,7 @@ def run_worker(*, broker: str | None = None, slots: int | None = None, zone: str
     app.steps["worker"].add(Reaper)
     app.steps["consumer"].add(SlotGate)
     app.steps["consumer"].add(EventPacer)
-    # Log each job as its readable summary (never its pickled bytes): "fn=square(12) resources=cpu".
-    celery_trace.LOG_RECEIVED = "Job %(id)s received: fn=%(args)s resources=%(kwargs)s"
+    log_jobs_by_summary()  # each job as its readable summary, never its pickled bytes
 
     worker = app.Worker(
         hostname=f"{worker_id}@{host}",

@@ -1,5 +1,8 @@
 """gpulayer's kombu transport: Redis as kombu uses it, with takes that a SIGKILL cannot lose.
 
+It overrides kombu 5.7's Redis ``Channel`` (``_put``, ``_do_restore_message``, ``_brpop_start``,
+``_brpop_read``, ``conn_or_acquire``) and ``QoS``; ``engine/upstream.py`` pins each to its source.
+
 kombu's Redis transport takes a message with BRPOP and records it in its
 ``unacked`` hash with a second command; a worker killed between the two loses
 the message for good (benchmarks/soak.py saw it once in 10,000 jobs with 34
@@ -38,9 +41,9 @@ from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
 
-from .errors import ConfigError
-from .store import keys
-from .store.connection import TLSConnection
+from ..errors import ConfigError
+from ..store import keys
+from ..store.connection import TLSConnection
 
 log = logging.getLogger(__name__)
 

@@ -1,10 +1,11 @@
-"""The worker-side request for gpulayer's tasks: bounded redelivery.
+"""The worker-side request for gpulayer's tasks: bounded redelivery, and jobs logged by their summary.
 
 Runs in the worker's main process. Which worker holds which message is
-recorded by the transport as the message is taken (gpulayer/broker.py), so the
+recorded by the transport as the message is taken (engine/transport.py), so the
 janitor can hand a dead worker's messages back at once. A job whose process
 dies is delivered again, up to ``max_deliveries`` times in all, then fails
-saying so.
+saying so. Overrides Celery 5.7's ``Request.__init__``, ``info`` and
+``on_failure`` (pinned in engine/upstream.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 import redis
 from billiard.einfo import ExceptionWithTraceback
 from billiard.exceptions import WorkerLostError
+from celery.app import trace as celery_trace
 from celery.worker.request import Request
 
 from ..app import settings as app_settings
@@ -21,7 +23,11 @@ from ..store.jobs import JobRecords
 from ..store.results import process_died
 from ..store.connection import connect_redis
 from ..errors import JobStopped
-from . import reaper, runtime
+from ..worker import reaper, runtime
+from .upstream import patch
+
+# How a worker logs each job it takes: its readable summary, never its pickled bytes.
+LOG_RECEIVED = "Job %(id)s received: fn=%(args)s resources=%(kwargs)s"
 
 log = logging.getLogger(__name__)
 _records: JobRecords | None = None
@@ -86,3 +92,8 @@ class JobRequest(Request):
                 return
             exc_info.exception = WorkerLostError(process_died(str(exc), lost, limit))
         return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
+
+
+def log_jobs_by_summary() -> None:
+    """Make Celery's "Task received" log line show a job's summary: "fn=square(12) resources=cpu"."""
+    patch(celery_trace, "celery.app.trace:LOG_RECEIVED", LOG_RECEIVED)

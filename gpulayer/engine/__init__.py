@@ -1,0 +1,17 @@
+"""Every place gpulayer overrides, copies or patches a private part of Celery, kombu or Flower.
+
+- ``transport.py``: kombu's Redis transport with takes a SIGKILL cannot lose (the Channel's
+  ``_put``, ``_do_restore_message``, ``_brpop_start``, ``_brpop_read``; its QoS).
+- ``results.py``: Celery's Redis result backend, stored once, failures as ``JobFailed``.
+- ``request.py``: the worker's request (bounded redelivery) and its "received" log line.
+- ``events.py``: the consumer's task-event flushes, paced.
+- ``qos.py``: the slot gate's condition on kombu's ``QoS.can_consume``.
+- ``connections.py``: forgetting a Celery app's pooled connections.
+- ``flower.py``: a transform of ours ahead of Flower's own.
+- ``upstream.py``: each upstream method the above depend on, with the hash of its source for the
+  pinned versions; ``tests/test_engine_contract.py`` fails, naming it, when upstream changes one.
+
+Nothing outside this package overrides or patches Celery, kombu or Flower internals
+(``tests/test_engine_contract.py`` checks that too). Submodules are imported where used:
+this ``__init__`` imports none of them.
+"""

@@ -1,0 +1,255 @@
+"""What gpulayer borrows from Celery, kombu, Flower and redis-py, pinned to the source it was written against.
+
+Each entry names one upstream method (or attribute) that gpulayer overrides, copies, patches, or whose
+inside it relies on, where gpulayer's code for it lives, and a hash of the upstream source in the versions
+of ``WRITTEN_FOR`` (the ones ``pyproject.toml`` pins). ``tests/test_engine_contract.py`` hashes each in the
+installed packages and fails, naming the method, when one changed: an upgrade is then a decision (re-read
+our code against the new source, record the new hash here, move the pin), never a silent loss.
+
+    python -m gpulayer.engine.upstream        # every entry: recorded and installed hash, and what changed
+
+A hash covers the source as ``inspect.getsource`` gives it, dedented, without blank lines, comment-only
+lines or trailing spaces (so reindenting or commenting upstream does not count as a change). Patching
+goes through :func:`patch`, which refuses a target not listed here.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import importlib.metadata
+import inspect
+import sys
+import textwrap
+import types
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+# The versions whose source the hashes below were taken from; pyproject.toml pins each to its minor version.
+WRITTEN_FOR = {"celery": "5.7.0", "kombu": "5.7.0", "flower": "2.2.0", "redis": "8.1.0"}
+
+HOW = {"overrides": "our override", "copies": "our copy", "patches": "our patch", "relies on": "the code that relies on it"}
+
+
+@dataclass(frozen=True)
+class Borrowed:
+    """One upstream method or attribute gpulayer depends on the inside of."""
+
+    target: str  # "module:Class.name" (or "module:NAME" for a module attribute), as upstream defines it
+    digest: str  # the first 16 hex digits of sha256 over its normalised source, in WRITTEN_FOR's version
+    ours: str  # the file of gpulayer's code that depends on it
+    how: str  # a key of HOW
+
+    @property
+    def package(self) -> str:
+        return self.target.split(".", 1)[0].split(":", 1)[0]
+
+    @property
+    def name(self) -> str:
+        """Dotted, as a reader writes it: ``kombu.transport.redis.Channel._brpop_read``."""
+        return self.target.replace(":", ".")
+
+
+_T, _R, _Q, _E = ("gpulayer/engine/transport.py", "gpulayer/engine/results.py", "gpulayer/engine/request.py",
+                  "gpulayer/engine/events.py")
+
+BORROWED: tuple[Borrowed, ...] = (
+    # kombu's Redis transport: takes a SIGKILL cannot lose, bells, one client per pool
+    Borrowed("kombu.transport.redis:QoS.append", "c7daa00b15fd856c", _T, "overrides"),
+    Borrowed("kombu.transport.redis:QoS._remove_from_indices", "1d16cda1cc93f5ad", _T, "overrides"),
+    Borrowed("kombu.transport.redis:QoS.restore_by_tag", "da84a4be670b4345", _T, "relies on"),
+    Borrowed("kombu.transport.virtual.base:QoS.append", "f66e99e79deefec4", _T, "relies on"),
+    Borrowed("kombu.transport.redis:Channel.__init__", "c85cbfeb45bd4cb4", _T, "overrides"),
+    Borrowed("kombu.transport.redis:Channel.conn_or_acquire", "73c0765b5280564e", _T, "overrides"),
+    Borrowed("kombu.transport.redis:Channel._put", "b341c110d926fbb3", _T, "overrides"),
+    Borrowed("kombu.transport.redis:Channel._do_restore_message", "a3c0ee19848b62a2", _T, "overrides"),
+    Borrowed("kombu.transport.redis:Channel._brpop_start", "225ed3a7dba80b8d", _T, "overrides"),
+    Borrowed("kombu.transport.redis:Channel._brpop_read", "8dffdd33e02e92cf", _T, "overrides"),
+    # the slot gate
+    Borrowed("kombu.transport.virtual.base:QoS.can_consume", "49da5047156f5223", "gpulayer/engine/qos.py", "patches"),
+    # Celery's Redis result backend: stored once, failures as JobFailed
+    Borrowed("celery.backends.redis:RedisBackend.__init__", "b25298d88bf82498", _R, "overrides"),
+    Borrowed("celery.backends.redis:RedisBackend._set_with_state", "37db08ec94802d6e", _R, "overrides"),
+    Borrowed("celery.backends.base:Backend._get_result_meta", "eedbd98d0f7b1b25", _R, "overrides"),
+    Borrowed("celery.backends.base:Backend.meta_from_decoded", "4d526017ca11ce6d", _R, "overrides"),
+    Borrowed("celery.backends.asynchronous:AsyncBackendMixin.remove_pending_result", "744fbbd18bc30225", _R,
+             "overrides"),
+    # the worker's request: bounded redelivery, summaries instead of pickles
+    Borrowed("celery.worker.request:Request.__init__", "3bb3f5995d780969", _Q, "overrides"),
+    Borrowed("celery.worker.request:Request.info", "e3d30d7615008072", _Q, "overrides"),
+    Borrowed("celery.worker.request:Request.on_failure", "98f98c5f0542af2b", _Q, "overrides"),
+    Borrowed("celery.app.trace:LOG_RECEIVED", "1bd53e34652b424d", _Q, "patches"),
+    Borrowed("celery.worker.strategy:default", "571fb318589c876f", _Q, "relies on"),
+    # task events, paced
+    Borrowed("celery.bootsteps:Step.__init__", "1f7b8cd57cb9aee6", _E, "overrides"),
+    Borrowed("celery.bootsteps:StartStopStep.start", "90fe302ae41c3143", _E, "overrides"),
+    Borrowed("celery.worker.consumer.consumer:Consumer.on_send_event_buffered", "506493be4fe40822", _E, "patches"),
+    Borrowed("celery.worker.consumer.consumer:Consumer._flush_events", "9c88ccdd61f9062e", _E, "relies on"),
+    Borrowed("celery.worker.consumer.events:Events.start", "ebada5243c706e78", _E, "relies on"),
+    # pointing the app at another Redis
+    Borrowed("celery.app.base:Celery._after_fork", "95d61721ecb980d2", "gpulayer/engine/connections.py", "relies on"),
+    Borrowed("celery.app.base:Celery.pool", "c602313400413fda", "gpulayer/engine/connections.py", "relies on"),
+    Borrowed("celery.app.base:Celery._backend", "8b13cc34d82908ea", "gpulayer/engine/connections.py", "relies on"),
+    Borrowed("celery.app.amqp:AMQP.producer_pool", "56ab6c3b9fc55f33", "gpulayer/engine/connections.py", "relies on"),
+    # Flower's pages, masked
+    Borrowed("flower.app:Flower.__init__", "baa7ff74d616ec05", "gpulayer/engine/flower.py", "patches"),
+    # redis-py's TLS connection, one SSLContext per process (stays with the one way to connect to Redis)
+    Borrowed("redis.connection:SSLConnection._wrap_socket_with_ssl", "21d551d80815de5f",
+             "gpulayer/store/connection.py", "copies"),
+)
+
+_BY_TARGET = {b.target: b for b in BORROWED}
+_originals: dict[str, Any] = {}  # what patch() replaced on a class or module of this process, by target
+
+
+# -- hashing ---------------------------------------------------------------------------------------
+def normalise(source: str) -> str:
+    """``source`` dedented, without blank lines, comment-only lines or trailing spaces."""
+    lines = textwrap.dedent(source).splitlines()
+    return "\n".join(line.rstrip() for line in lines if line.strip() and not line.lstrip().startswith("#"))
+
+
+def digest(source: str) -> str:
+    return hashlib.sha256(normalise(source).encode()).hexdigest()[:16]
+
+
+def _split(target: str) -> tuple[str, list[str]]:
+    module, _, qualname = target.partition(":")
+    return module, qualname.split(".")
+
+
+def resolve(target: str) -> Any:
+    """The upstream object ``target`` names, as its module defines it (never a patch of this process)."""
+    if target in _originals:
+        return _originals[target]
+    module, parts = _split(target)
+    obj: Any = importlib.import_module(module)
+    for part in parts:
+        obj = inspect.getattr_static(obj, part)
+    return obj
+
+
+def source_of(obj: Any) -> str:
+    """The source text of a function, method, property or class; the ``repr`` of a plain value."""
+    if isinstance(obj, property):
+        return "\n".join(source_of(f) for f in (obj.fget, obj.fset, obj.fdel) if f is not None)
+    if isinstance(obj, (staticmethod, classmethod)):
+        return source_of(obj.__func__)
+    if isinstance(obj, functools.cached_property):
+        return source_of(obj.func)
+    if inspect.isfunction(obj) or inspect.ismethod(obj) or inspect.isclass(obj):
+        return inspect.getsource(obj)
+    return repr(obj)
+
+
+def upstream_source(target: str) -> str:
+    return source_of(resolve(target))
+
+
+# -- the check -------------------------------------------------------------------------------------
+def installed_version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@dataclass(frozen=True)
+class Change:
+    """An entry whose upstream source is not the one it was written against (or is gone)."""
+
+    entry: Borrowed
+    installed: str | None  # the installed version of its package
+    found: str | None  # the installed source's hash; None when the method no longer exists
+
+    def __str__(self) -> str:
+        e = self.entry
+        pinned = f"{e.package} {WRITTEN_FOR.get(e.package, '?')}"
+        now = f"{e.package} {self.installed or 'not installed'}"
+        todo = (f"then record its new hash in gpulayer/engine/upstream.py (`python -m gpulayer.engine.upstream` prints "
+                f"them) and update the {e.package} pin in pyproject.toml")
+        if self.found is None:
+            return (f"{e.name} no longer exists in {now} (gpulayer was written against {pinned}): rewrite "
+                    f"{HOW[e.how]} in {e.ours} for the new version, {todo}")
+        return (f"{e.name} changed upstream since {pinned} (installed: {now}; source hash {self.found}, recorded "
+                f"{e.digest}): re-read {HOW[e.how]} in {e.ours} against the new source, {todo}")
+
+
+def changes(entries: Iterable[Borrowed] = BORROWED,
+            source: Callable[[str], str] = upstream_source) -> list[Change]:
+    """The entries whose installed upstream source differs from the recorded one."""
+    out = []
+    for entry in entries:
+        try:
+            found: str | None = digest(source(entry.target))
+        except (ImportError, AttributeError, OSError, TypeError):
+            found = None
+        if found != entry.digest:
+            out.append(Change(entry, installed_version(entry.package), found))
+    return out
+
+
+UPSTREAM_PACKAGES = ("celery", "kombu", "flower", "redis", "billiard")
+
+
+def overrides_in(module: types.ModuleType) -> set[str]:
+    """Targets (``module:Class.name``) of every upstream method a class defined in ``module`` overrides."""
+    found = set()
+    for cls in vars(module).values():
+        if not inspect.isclass(cls) or cls.__module__ != module.__name__:
+            continue
+        for name in vars(cls):
+            for base in cls.__mro__[1:]:
+                if base.__module__.split(".")[0] in UPSTREAM_PACKAGES and name in vars(base):
+                    value = vars(cls)[name]  # a method; not a class attribute naming a class (Channel.QoS = QoS)
+                    if inspect.isfunction(value) or isinstance(value, (property, staticmethod, classmethod,
+                                                                       functools.cached_property)):
+                        found.add(f"{base.__module__}:{base.__name__}.{name}")
+                    break
+    return found
+
+
+def unlisted(modules: Iterable[types.ModuleType]) -> set[str]:
+    """Upstream methods the classes of ``modules`` override that ``BORROWED`` does not list."""
+    return {t for m in modules for t in overrides_in(m)} - set(_BY_TARGET)
+
+
+# -- patching --------------------------------------------------------------------------------------
+def patch(owner: Any, target: str, value: Any) -> None:
+    """Set ``target``'s attribute on ``owner`` (its class, an instance, or its module) to ``value``.
+
+    The one way engine/ replaces upstream code: ``target`` must be listed in ``BORROWED`` as patched,
+    so the contract test watches what the patch stands in for.
+
+    >>> patch(celery_trace, "celery.app.trace:LOG_RECEIVED", "Job %(id)s received")   # doctest: +SKIP
+    """
+    entry = _BY_TARGET.get(target)
+    if entry is None or entry.how != "patches":
+        raise LookupError(f"gpulayer.engine.upstream.patch: {target!r} is not listed as patched in "
+                          "gpulayer/engine/upstream.py BORROWED; add it there (with its source hash) so the contract "
+                          "test notices when upstream changes it")
+    name = _split(target)[1][-1]
+    if isinstance(owner, (type, types.ModuleType)):
+        _originals.setdefault(target, inspect.getattr_static(owner, name))
+    setattr(owner, name, value)
+
+
+def main(argv: list[str] | None = None) -> int:
+    for entry in BORROWED:
+        try:
+            found = digest(upstream_source(entry.target))
+        except (ImportError, AttributeError, OSError, TypeError) as err:
+            found = f"missing ({type(err).__name__})"
+        state = "ok" if found == entry.digest else "CHANGED"
+        print(f"{state:8} {entry.target:75} recorded {entry.digest} installed {found}  [{entry.how}: {entry.ours}]")
+    print("installed: " + ", ".join(f"{p} {installed_version(p)}" for p in WRITTEN_FOR) +
+          "; written for: " + ", ".join(f"{p} {v}" for p, v in WRITTEN_FOR.items()))
+    found_changes = changes()
+    for change in found_changes:
+        print(change, file=sys.stderr)
+    return 1 if found_changes else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,269 @@
+"""The engine contract: every upstream method gpulayer overrides, copies or patches is pinned to its source.
+
+``gpulayer/engine/upstream.py`` records, per method, a hash of the source it was written against
+(Celery 5.7, kombu 5.7, Flower 2.2, redis-py 8.1). These tests hash the installed packages and
+fail, naming the method and what to do, when upstream changed one; check that every override in
+``gpulayer/engine/`` is listed; check that nothing outside ``engine/`` overrides or patches
+upstream internals; and show each check failing against a modified upstream.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import inspect
+import pkgutil
+import textwrap
+import tomllib
+import types
+from pathlib import Path
+
+import pytest
+from celery.app import trace as celery_trace
+from kombu.transport import redis as kredis
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+import gpulayer
+import gpulayer.engine
+from gpulayer.engine import upstream
+from gpulayer.engine.upstream import BORROWED, WRITTEN_FOR, Borrowed, changes, digest, patch, unlisted
+
+PACKAGE = Path(gpulayer.__file__).parent
+ROOT = PACKAGE.parent
+
+# Outside engine/, on purpose, each with the reason; every one is listed in BORROWED all the same.
+OUTSIDE_ENGINE = {
+    "gpulayer.store.connection": "redis-py's TLS connection (one SSLContext per process), not Celery or kombu: it "
+                                 "stays with the one way gpulayer connects to Redis",
+}
+ALLOWED_OUTSIDE = {
+    ("gpulayer/store/connection.py", "TLSConnection._wrap_socket_with_ssl"): OUTSIDE_ENGINE["gpulayer.store.connection"],
+}
+UPSTREAM = ("celery", "kombu", "flower", "billiard", "redis", "tornado")
+
+
+def engine_modules() -> list[types.ModuleType]:
+    return [importlib.import_module(f"gpulayer.engine.{m.name}") for m in pkgutil.iter_modules(gpulayer.engine.__path__)]
+
+
+def assert_as_written(found) -> None:
+    assert not found, "upstream changed under gpulayer/engine:\n" + "\n".join(str(c) for c in found)
+
+
+# -- the hashes ------------------------------------------------------------------------------------
+def test_every_borrowed_method_is_as_written():
+    assert len(BORROWED) >= 30 and len({b.target for b in BORROWED}) == len(BORROWED)
+    assert all(b.how in upstream.HOW and b.package in WRITTEN_FOR and (ROOT / b.ours).is_file() for b in BORROWED)
+    assert_as_written(changes())
+
+
+def _modified_copy(func, tmp_path: Path, old: str, new: str):
+    """``func`` rebuilt from its own source with one line changed, in a module file (so it has source)."""
+    source = textwrap.dedent(inspect.getsource(func))
+    assert source.count(old) == 1, old
+    path = tmp_path / "modified_upstream.py"
+    path.write_text(source.replace(old, new))
+    spec = importlib.util.spec_from_file_location("modified_upstream", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, func.__name__)
+
+
+def test_the_contract_fails_against_a_modified_copy_of_one_upstream_method(tmp_path, monkeypatch):
+    """kombu's ``Channel._brpop_read`` with one line changed: the check names it, the version and the fix."""
+    modified = _modified_copy(kredis.Channel._brpop_read, tmp_path, "self._in_poll = None", "self._in_poll = False")
+    monkeypatch.setattr(kredis.Channel, "_brpop_read", modified)
+    found = changes()
+    assert [c.entry.target for c in found] == ["kombu.transport.redis:Channel._brpop_read"]
+    message = str(found[0])
+    assert message.startswith("kombu.transport.redis.Channel._brpop_read changed upstream since kombu 5.7.0 "
+                              "(installed: kombu "), message
+    assert "re-read our override in gpulayer/engine/transport.py" in message and "update the kombu pin" in message
+    assert "\n" not in message
+    with pytest.raises(AssertionError, match=r"kombu\.transport\.redis\.Channel\._brpop_read changed upstream"):
+        assert_as_written(found)
+
+
+def test_the_contract_fails_when_an_upstream_method_is_gone(monkeypatch):
+    monkeypatch.delattr(kredis.Channel, "_brpop_start")
+    found = changes()
+    assert [c.entry.target for c in found] == ["kombu.transport.redis:Channel._brpop_start"]
+    assert found[0].found is None and "no longer exists in kombu" in str(found[0])
+    assert "rewrite our override in gpulayer/engine/transport.py" in str(found[0])
+
+
+def test_a_changed_line_counts_and_comments_or_indentation_do_not():
+    source = "    def f(self):\n        x = 1\n        return x\n"
+    assert digest(source) == digest("def f(self):\n\n    # why x is 1\n    x = 1   \n    return x")
+    assert digest(source) != digest(source.replace("x = 1", "x = 2"))
+    entry = Borrowed("kombu.transport.redis:Channel._size", digest(source), "gpulayer/engine/transport.py", "overrides")
+    assert changes([entry], source=lambda target: source) == []
+    [change] = changes([entry], source=lambda target: source.replace("return x", "return -x"))
+    assert "kombu.transport.redis.Channel._size changed upstream since kombu 5.7.0" in str(change)
+
+
+# -- every override listed -------------------------------------------------------------------------
+def test_every_override_in_engine_is_listed():
+    modules = engine_modules() + [importlib.import_module(m) for m in OUTSIDE_ENGINE]
+    assert {m.__name__.rsplit(".", 1)[1] for m in modules} >= {"transport", "results", "request", "events"}
+    missing = unlisted(modules)
+    assert not missing, ("gpulayer/engine overrides upstream methods that gpulayer/engine/upstream.py BORROWED does "
+                         f"not list: {sorted(missing)}; add each with its source hash "
+                         "(`python -m gpulayer.engine.upstream` prints them)")
+
+
+def test_an_unlisted_override_is_found():
+    module = types.ModuleType("gpulayer.engine.fake")
+    exec("from kombu.transport import redis\nclass Channel(redis.Channel):\n"
+         "    def _size(self, queue):\n        return 0\n    def _ours(self):\n        return 1\n", module.__dict__)
+    assert unlisted([module]) == {"kombu.transport.redis:Channel._size"}
+
+
+def test_patch_refuses_an_unlisted_target_and_keeps_the_original_for_the_contract(monkeypatch):
+    with pytest.raises(LookupError, match="not listed as patched"):
+        patch(kredis.Channel, "kombu.transport.redis:Channel._size", lambda self, queue: 0)
+    with pytest.raises(LookupError, match="not listed as patched"):  # listed, but as overridden
+        patch(kredis.Channel, "kombu.transport.redis:Channel._put", lambda *a, **k: None)
+    monkeypatch.setattr(celery_trace, "LOG_RECEIVED", celery_trace.LOG_RECEIVED)  # restored afterwards
+    monkeypatch.setattr(upstream, "_originals", {})
+    patch(celery_trace, "celery.app.trace:LOG_RECEIVED", "Job %(id)s received")
+    assert celery_trace.LOG_RECEIVED == "Job %(id)s received"
+    assert_as_written(changes())  # the contract still reads Celery's own value, not ours
+
+
+# -- the pins --------------------------------------------------------------------------------------
+def test_pyproject_pins_each_package_to_the_minor_version_engine_was_written_for():
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    reqs = {r.name: r for r in map(Requirement, deps)}
+    for package, written in WRITTEN_FOR.items():
+        v = Version(written)
+        spec = reqs[package].specifier
+        assert spec.contains(written), f"{package}: pyproject pins {spec}, engine was written for {written}"
+        assert not spec.contains(f"{v.major}.{v.minor + 1}.0"), f"{package} {spec} lets the next minor version in"
+        if v.minor:
+            assert not spec.contains(f"{v.major}.{v.minor - 1}.999"), f"{package} {spec} lets an older minor in"
+
+
+# -- the fence: nothing outside engine/ overrides or patches upstream internals ----------------------
+def _upstream_names(tree: ast.Module) -> dict[str, str]:
+    """Names a module binds to upstream modules or objects -> the dotted name they stand for."""
+    names = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] in UPSTREAM:
+                    names[(a.asname or a.name).split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module.split(".")[0] in UPSTREAM:
+            for a in node.names:
+                names[a.asname or a.name] = f"{node.module}.{a.name}"
+    return names
+
+
+def _dotted(node: ast.AST) -> list[str] | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        return [node.id, *reversed(parts)]
+    return None
+
+
+def _upstream_object(dotted: str):
+    """Import ``a.b.C`` as far as it is a module, then take the rest as attributes."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ImportError(dotted)
+
+
+def fence_violations(path: Path, rel: str) -> list[str]:
+    """What ``path`` does that only engine/ may: override a private upstream method, patch upstream, set
+    another object's private attribute in a module that uses upstream, or bind a method onto an object."""
+    tree = ast.parse(path.read_text())
+    names = _upstream_names(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for base in node.bases:
+                dotted = _dotted(base)
+                if not dotted or dotted[0] not in names:
+                    continue
+                upstream_cls = _upstream_object(".".join([names[dotted[0]], *dotted[1:]]))
+                for item in node.body:
+                    if (isinstance(item, ast.FunctionDef) and item.name.startswith("_")
+                            and not item.name.startswith("__") and hasattr(upstream_cls, item.name)
+                            and (rel, f"{node.name}.{item.name}") not in ALLOWED_OUTSIDE):
+                        found.append(f"{rel}:{item.lineno}: {node.name}.{item.name} overrides "
+                                     f"{upstream_cls.__module__}.{upstream_cls.__name__}.{item.name}")
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        for target in targets:
+            dotted = _dotted(target) if isinstance(target, ast.Attribute) else None
+            if not dotted:
+                continue
+            if dotted[0] in names:
+                found.append(f"{rel}:{node.lineno}: assigns {'.'.join(dotted)} (an upstream attribute)")
+            elif names and dotted[-1].startswith("_") and dotted[:-1] not in (["self"], ["cls"]):
+                # in a module that uses upstream (Celery's app, a consumer): gpulayer's own objects do this
+                found.append(f"{rel}:{node.lineno}: assigns {'.'.join(dotted)} (another object's private attribute)")
+        if isinstance(node, ast.Call):
+            called = _dotted(node.func) or []
+            if called[-1:] == ["MethodType"] and (rel, "MethodType") not in ALLOWED_OUTSIDE:
+                found.append(f"{rel}:{node.lineno}: binds a method onto an object (MethodType)")
+            if called == ["setattr"] and node.args and (_dotted(node.args[0]) or [""])[0] in names:
+                found.append(f"{rel}:{node.lineno}: setattr on an upstream object")
+    return found
+
+
+ALLOWED_OUTSIDE[("gpulayer/trainer/cli.py", "MethodType")] = (
+    "binds LightningCLI's configure_optimizers onto the user's module (torch), as Lightning's CLI does; no Celery")
+
+
+def test_nothing_outside_engine_overrides_or_patches_upstream_internals():
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if not rel.startswith("gpulayer/engine/"):
+            found += fence_violations(path, rel)
+    assert not found, ("outside gpulayer/engine/ (move each into an engine/ module, list it in engine/upstream.py "
+                       "BORROWED, and patch through engine.upstream.patch): " + "; ".join(found))
+
+
+def test_the_fence_finds_each_kind_of_breach(tmp_path):
+    path = tmp_path / "breach.py"
+    path.write_text(textwrap.dedent("""\
+        from types import MethodType
+        from celery.app import trace as celery_trace
+        from flower.app import Flower
+        from kombu.transport import redis as kredis
+
+        class Channel(kredis.Channel):
+            def _put(self, queue, message, **kwargs): ...
+            def _ours(self): ...
+            def append(self): ...
+
+        def install(app, qos):
+            celery_trace.LOG_RECEIVED = "x"
+            Flower.__init__ = None
+            app._pool = None
+            qos.can_consume = MethodType(lambda self: True, qos)
+            setattr(kredis.Channel, "_size", None)
+        """))
+    found = fence_violations(path, "gpulayer/breach.py")
+    assert [f.split(": ", 1)[1] for f in found] == [
+        "Channel._put overrides kombu.transport.redis.Channel._put",
+        "assigns celery_trace.LOG_RECEIVED (an upstream attribute)",
+        "assigns Flower.__init__ (an upstream attribute)",
+        "assigns app._pool (another object's private attribute)",
+        "binds a method onto an object (MethodType)",
+        "setattr on an upstream object",
+    ], found
