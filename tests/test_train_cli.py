@@ -230,3 +230,31 @@ def test_torchrun_ranks_share_the_directory_and_leave_nothing_behind(fleet, proj
     assert "shared: ['r0', 'r1']" in out.stdout
     assert (project / "r0").read_text() == (project / "r1").read_text()  # one directory for the node's ranks
     assert_nothing_left(fleet, before)  # torchrun's own logs (torchelastic_*) included
+
+
+def test_a_stopping_worker_removes_its_directories_and_a_starting_one_sweeps_stale_ones(fresh_fleet, project):
+    from gpulayer import JobRejected, distributed
+    from gpulayer.gang import workdir
+    from gpulayer.train import run_script
+
+    tmp = fresh_fleet.worker_tmp("w-solo")
+    tmp.mkdir(parents=True)
+    stale = workdir.base_for(tmp, "0" * 32, "w-solo")  # of a gang Redis never heard of
+    not_mine = workdir.base_for(tmp, "0" * 32, "w-other")  # another worker's, sharing the temp root
+    for d in (stale, not_mine):
+        (d / "work").mkdir(parents=True)
+    fresh_fleet.add_worker("w-solo", slots=2)
+    wait_until(lambda: not stale.exists(), what="the agent's start-up sweep")
+    assert not_mine.exists()
+
+    fresh_fleet.connect()
+    (project / "sleep.py").write_text("import time\nopen('started', 'w').close()\ntime.sleep(600)\n")
+    # One restart left: only the worker's stop says the directory will not be used again.
+    job = distributed(run_script, "sleep.py", [], nodes=1, procs_per_node=2, max_restarts=1,
+                      workdir=workdir.ShippedDir(package_workdir(project)[0]))
+    base = workdir.base_for(tmp, job.id, "w-solo")
+    wait_until(lambda: (base / "work" / "started").exists(), timeout=120, what="the ranks to start")
+    fresh_fleet.stop_worker("w-solo")  # SIGTERM: a graceful stop
+    assert not base.exists()
+    with pytest.raises(JobRejected, match="no live worker"):  # the restart finds no worker
+        job.get(timeout=60)
