@@ -122,7 +122,7 @@ def collect(base: Path, max_bytes: int = MAX_PULL_BYTES) -> tuple[bytes, list[tu
                          f"{max_bytes / 2**20:.0f} MiB that can come back (biggest: {biggest}); write large "
                          "outputs to shared storage, or keep the directory with --keep-workdir")
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=5) as tar:
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:  # snapshots hardly compress
         for rel, _ in files:
             tar.add(base / "work" / rel, arcname=rel, recursive=False)
     return buf.getvalue(), files
