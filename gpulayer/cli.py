@@ -56,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--workdir", default=None, help="directory to package and send (default: current)")
     tr.add_argument("--max-restarts", type=int, default=0)
     tr.add_argument("--timeout", type=float, default=None, help="seconds to wait for free slots")
+    tr.add_argument("--keep-workdir", action="store_true",
+                    help="leave each node's working directory on its worker at the end (its path is printed)")
+    tr.add_argument("--no-pull", action="store_true",
+                    help="do not copy the files node 0's ranks created or changed back into --workdir")
     tr.add_argument("script")
     tr.add_argument("args", nargs=argparse.REMAINDER)
 
@@ -139,7 +143,8 @@ def _train(args) -> int:
 
     return train(args.script, args.args, nodes=args.nodes, procs_per_node=args.procs_per_node,
                  launcher=args.launcher, cuda=args.cuda, zone=args.zone, workdir=args.workdir,
-                 max_restarts=args.max_restarts, timeout=args.timeout)
+                 max_restarts=args.max_restarts, timeout=args.timeout, keep_workdir=args.keep_workdir,
+                 pull=not args.no_pull)
 
 
 def _flower(args) -> int:

@@ -99,6 +99,17 @@ class WorkerInfo(BaseModel):
         return f"{self.id} {kind} {where}"
 
 
+class WorkdirSpec(BaseModel):
+    """A gang that ships a working directory (``gpulayer train``): each node's agent unpacks it once,
+    and every rank of that node runs in it, across restarts (``gpulayer/gang/workdir.py``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    keep: bool = False  # leave the directories on the workers at the end (--keep-workdir)
+    pull: bool = True  # node 0's new and changed files come back to the client (--no-pull turns it off)
+    max_pull_bytes: int = Field(default=48 * 2**20, ge=0)
+
+
 class GangSpec(BaseModel):
     """A distributed job: ``nodes`` workers x ``procs_per_node`` processes each."""
 
@@ -113,6 +124,7 @@ class GangSpec(BaseModel):
     timeout: float | None = Field(default=None, gt=0)
     max_restarts: int = Field(default=0, ge=0, le=100)
     name: str = "job"
+    workdir: WorkdirSpec | None = None  # the archive is in Redis (keys.gang_workdir)
 
     @property
     def world_size(self) -> int:

@@ -9,6 +9,7 @@ Everything runs on loopback, on free ports, and is stopped by its own pid.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
@@ -111,11 +112,20 @@ class Fleet:
                    wait: bool = True, **kwargs) -> subprocess.Popen:
         spec = dict(slots=slots, zone=zone, region=region, **kwargs)
         self._specs[name] = spec
-        proc = local.start_worker(self.url, self.secret, name=name, log_file=self.workdir / f"{name}.log", **spec)
+        # Each worker gets its own temp root, so a test can list what its jobs left behind.
+        env = dict(os.environ, TMPDIR=str(self.worker_tmp(name))) if spec.get("env") is None else \
+            dict(spec["env"], TMPDIR=spec["env"].get("TMPDIR", str(self.worker_tmp(name))))
+        self.worker_tmp(name).mkdir(parents=True, exist_ok=True)
+        proc = local.start_worker(self.url, self.secret, name=name, log_file=self.workdir / f"{name}.log",
+                                  **{**spec, "env": env})
         self.workers[name] = proc
         if wait:
             self.wait_workers([name])
         return proc
+
+    def worker_tmp(self, name: str) -> Path:
+        """Worker ``name``'s temp root (its ``TMPDIR``)."""
+        return self.workdir / "tmp" / name
 
     def add_workers(self, specs: dict[str, dict]) -> None:
         """Start every worker of ``{name: spec}`` at once, then wait for all of them to register."""

@@ -1,9 +1,13 @@
 """``gpulayer train``: run a training script as a distributed job, from the command line.
 
 The working directory travels with the job (``.git``, caches, virtual
-environments and large files left out), every rank runs the script as
-``__main__`` with torchrun's environment, and every rank's output streams back
-live, prefixed with its rank. The command exits with the job's status.
+environments and large files left out). Every rank of one node runs the script
+as ``__main__`` with torchrun's environment, in one shared copy of that
+directory that is kept across ``--max-restarts`` attempts on that worker
+(``gpulayer/gang/workdir.py``). Every rank's output streams back live, prefixed
+with its rank; at the end the files node 0's ranks created or changed come back
+into the client's directory (``--no-pull`` turns it off), and the command exits
+with the job's status.
 """
 
 from __future__ import annotations
@@ -14,11 +18,11 @@ import os
 import runpy
 import sys
 import tarfile
-import tempfile
 import threading
 from pathlib import Path
 
 from .errors import ConfigError, JobFailed
+from .gang.workdir import ShippedDir, unpack_pulled
 from .progress import GangProgress
 
 MAX_ARCHIVE_BYTES = 48 * 2**20  # the packaged directory, compressed; under the 64 MiB message limit
@@ -56,12 +60,9 @@ def _too_big(workdir: Path, max_bytes: int):
                       "of it (read them from shared storage) or point --workdir at the code only")
 
 
-def run_script(archive: bytes, script: str, argv: list[str]) -> int:
-    """Runs in every rank: unpack the working directory, run ``script`` as ``__main__``."""
-    rank = os.environ.get("RANK", "0")
-    where = Path(tempfile.mkdtemp(prefix=f"gpulayer-train-r{rank}-"))
-    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as tar:
-        tar.extractall(where, filter="data")
+def run_script(script: str, argv: list[str]) -> int:
+    """Runs in every rank, in its node's working directory (the agent unpacked it): ``script`` as ``__main__``."""
+    where = Path(os.environ.get("GPULAYER_WORKDIR") or os.getcwd())
     os.chdir(where)
     sys.path.insert(0, str(where))
     sys.argv = [script, *argv]
@@ -75,7 +76,7 @@ def run_script(archive: bytes, script: str, argv: list[str]) -> int:
 
 def train(script: str, args: list[str], *, nodes: int, procs_per_node: int, launcher: str = "direct",
           cuda: bool = False, zone: str | None = None, workdir: str | None = None, max_restarts: int = 0,
-          timeout: float | None = None, out=None, err=None) -> int:
+          timeout: float | None = None, keep_workdir: bool = False, pull: bool = True, out=None, err=None) -> int:
     """The ``gpulayer train`` command; returns its exit status."""
     import gpulayer
     from gpulayer import Resources, distributed
@@ -95,9 +96,10 @@ def train(script: str, args: list[str], *, nodes: int, procs_per_node: int, laun
     for item in left_out:
         print(f"gpulayer train: left out (too large): {item}", file=err)
     gpulayer.init(workers=max(nodes, 2), slots=max(procs_per_node, 2))
-    job = distributed(run_script, archive, str(rel), list(args), nodes=nodes, procs_per_node=procs_per_node,
+    job = distributed(run_script, str(rel), list(args), nodes=nodes, procs_per_node=procs_per_node,
                       launcher=launcher, resources=Resources(cuda=cuda, zone=zone), timeout=timeout,
-                      max_restarts=max_restarts, backend="nccl" if cuda else "gloo")
+                      max_restarts=max_restarts, backend="nccl" if cuda else "gloo",
+                      workdir=ShippedDir(archive, keep=keep_workdir, pull=pull))
     stop = threading.Event()
     # At a terminal, a bar shows the gang's state and ranks; rank output is printed above it.
     bar = GangProgress(job, file=out, enabled=None if out is sys.stdout else False)
@@ -116,6 +118,30 @@ def train(script: str, args: list[str], *, nodes: int, procs_per_node: int, laun
         finally:
             stop.set()
             streamer.join(timeout=2)
+            try:
+                _after_job(job, wd, err)
+            except Exception as e:  # the job's status stands
+                print(f"gpulayer train: could not bring node 0's files back ({type(e).__name__}: {e}); "
+                      "rerun with --keep-workdir to copy them from the worker", file=err)
+
+
+def _after_job(job, wd: Path, err) -> None:
+    """What came back from node 0's working directory goes into ``wd``; kept directories are named."""
+    from .signing import verify
+
+    pulled = job.store.take_pulled(job.id)
+    if pulled and "error" in pulled:
+        print(f"gpulayer train: nothing came back: {pulled['error'].decode()}", file=err)
+    elif pulled:
+        names = unpack_pulled(verify(pulled["archive"]), wd)
+        if names:
+            shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+            print(f"gpulayer train: {len(names)} file{'s' if len(names) != 1 else ''} came back from node 0 "
+                  f"({pulled['worker'].decode()}) into {wd}: {shown}", file=err)
+    for node, report in sorted(job.store.nodes(job.id, job.attempt).items()):
+        if report.get("workdir"):
+            print(f"gpulayer train: kept node {node}'s working directory on {report['worker']}: "
+                  f"{report['workdir']}", file=err)
 
 
 def _stream(gang_id: str, out, err, stop: threading.Event) -> None:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +92,169 @@ def test_packaging_leaves_out_git_and_large_files(tmp_path):
     (tmp_path / "more.bin").write_bytes(os.urandom(900))
     with pytest.raises(ConfigError, match="packs to over"):
         package_workdir(tmp_path, max_bytes=500, max_file=1024)
+
+
+# -- the working directory: torchrun's contract ---------------------------------------------------
+
+RESUME = textwrap.dedent("""
+    import os
+    import torch, torch.distributed as dist
+    from helper import double   # leaves a __pycache__ in the working directory, which must not come back
+
+    dist.init_process_group("gloo")
+    rank, attempt = dist.get_rank(), os.environ["TORCHELASTIC_RESTART_COUNT"]
+    assert os.getcwd() == os.path.realpath(os.environ["GPULAYER_WORKDIR"]), os.getcwd()
+    if attempt == "0":
+        open(f"hello-a0-r{rank}", "w").write("attempt 0")   # every rank, in its node's shared directory
+        if os.environ["LOCAL_RANK"] == "0":
+            torch.save({"step": 5}, "snapshot.pt")
+        dist.barrier()
+        if rank == 3:
+            raise RuntimeError("failing on purpose after the snapshot")
+        dist.barrier()   # the others wait here until the agent stops them
+    state = torch.load("snapshot.pt")   # attempt 1: the snapshot of attempt 0 is in the working directory
+    t = torch.tensor([float(state["step"])])
+    dist.all_reduce(t)
+    if rank == 0:
+        seen = sorted(f for f in os.listdir(".") if f.startswith("hello-"))
+        open("result.txt", "w").write(f"resumed from step {state['step']} in attempt {attempt}; "
+                                      f"sum {t.item():.0f}; saw {' '.join(seen)}")
+        print(f"resumed from step {state['step']}", flush=True)
+    dist.barrier()
+""")
+
+FAILS = textwrap.dedent("""
+    import os
+    import torch, torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 0:
+        torch.save({"step": 7}, "snapshot.pt")
+        open("partial.txt", "w").write("written before the failure")
+        open("helper.py", "a").write("# changed by rank 0\\n")
+    dist.barrier()
+    if dist.get_rank() == 2:
+        raise RuntimeError("diverged at step 7")
+    dist.barrier()
+""")
+
+
+def wait_until(cond, timeout: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.1)
+
+
+def worker_tmp(fleet) -> dict[str, set[str]]:
+    """What is in every worker's temp root now."""
+    return {name: set(os.listdir(fleet.worker_tmp(name))) for name in fleet.workers}
+
+
+def assert_nothing_left(fleet, before: dict[str, set[str]]):
+    def new():
+        return {name: sorted(names - before.get(name, set())) for name, names in worker_tmp(fleet).items()
+                if names - before.get(name, set())}
+
+    wait_until(lambda: not new(), what="every worker's temp root to be as before the job")
+    assert not [n for names in worker_tmp(fleet).values() for n in names if n.startswith("gpulayer-")]
+
+
+def test_train_resumes_from_its_snapshot_after_a_restart(fleet, project):
+    (project / "resume.py").write_text(RESUME)
+    before = worker_tmp(fleet)
+    out = run_train(fleet, project, "--nodes", "2", "--procs-per-node", "2", "--max-restarts", "1", "resume.py")
+    assert out.returncode == 0, out.stderr
+    assert "[rank 0] resumed from step 5" in out.stdout
+    result = (project / "result.txt").read_text()
+    # Attempt 1 found attempt 0's snapshot (sum over 4 ranks of step 5), and both ranks of node 0 had
+    # written into the one directory they share.
+    assert result.startswith("resumed from step 5 in attempt 1; sum 20; saw "), result
+    assert result.split("saw ")[1] in ("hello-a0-r0 hello-a0-r1", "hello-a0-r2 hello-a0-r3"), result
+    assert (project / "snapshot.pt").is_file()
+    assert "came back from node 0" in out.stderr and "result.txt" in out.stderr
+    assert not (project / "__pycache__").exists()  # caches the ranks made stay behind
+    assert_nothing_left(fleet, before)
+
+
+def test_a_failed_job_brings_its_files_back_and_leaves_nothing_behind(fleet, project):
+    (project / "fails.py").write_text(FAILS)
+    before = worker_tmp(fleet)
+    out = run_train(fleet, project, "--nodes", "2", "--procs-per-node", "2", "fails.py")
+    assert out.returncode == 1, out.stderr
+    assert "rank 2" in out.stderr and "diverged at step 7" in out.stderr
+    assert (project / "partial.txt").read_text() == "written before the failure"
+    assert (project / "helper.py").read_text().endswith("# changed by rank 0\n")  # changed files come back
+    import torch
+
+    assert torch.load(project / "snapshot.pt") == {"step": 7}
+    assert_nothing_left(fleet, before)
+
+    # --no-pull: the job's files stay behind (and are removed with its directories).
+    for name in ("partial.txt", "snapshot.pt"):
+        (project / name).unlink()
+    out = run_train(fleet, project, "--nodes", "2", "--procs-per-node", "2", "--no-pull", "fails.py")
+    assert out.returncode == 1, out.stderr
+    assert not (project / "partial.txt").exists() and "came back" not in out.stderr
+    assert_nothing_left(fleet, before)
+
+
+def test_keep_workdir_leaves_the_directory_and_says_where(fleet, project):
+    before = worker_tmp(fleet)
+    out = run_train(fleet, project, "--nodes", "1", "--procs-per-node", "1", "--keep-workdir", "train.py",
+                    "--value", "1")
+    assert out.returncode == 0, out.stderr
+    kept = [line.rsplit(": ", 1)[1] for line in out.stderr.splitlines() if "kept node 0's working directory" in line]
+    assert len(kept) == 1, out.stderr
+    try:
+        assert (Path(kept[0]) / "train.py").read_text() == SCRIPT and (Path(kept[0]) / "helper.py").is_file()
+    finally:
+        shutil.rmtree(Path(kept[0]).parent)
+    assert_nothing_left(fleet, before)
+
+
+def test_torchrun_ranks_share_the_directory_and_leave_nothing_behind(fleet, project):
+    (project / "where.py").write_text(textwrap.dedent("""
+        import os
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        open(f"r{dist.get_rank()}", "w").write(os.getcwd())
+        dist.barrier()
+        if dist.get_rank() == 0:
+            print("shared:", sorted(f for f in os.listdir(".") if f in ("r0", "r1")), flush=True)
+    """))
+    before = worker_tmp(fleet)
+    out = run_train(fleet, project, "--nodes", "1", "--procs-per-node", "2", "--launcher", "torchrun", "where.py")
+    assert out.returncode == 0, out.stderr
+    assert "shared: ['r0', 'r1']" in out.stdout
+    assert (project / "r0").read_text() == (project / "r1").read_text()  # one directory for the node's ranks
+    assert_nothing_left(fleet, before)  # torchrun's own logs (torchelastic_*) included
+
+
+def test_a_stopping_worker_removes_its_directories_and_a_starting_one_sweeps_stale_ones(fresh_fleet, project):
+    from gpulayer import JobRejected, distributed
+    from gpulayer.gang import workdir
+    from gpulayer.train import run_script
+
+    tmp = fresh_fleet.worker_tmp("w-solo")
+    tmp.mkdir(parents=True)
+    stale = workdir.base_for(tmp, "0" * 32, "w-solo")  # of a gang Redis never heard of
+    not_mine = workdir.base_for(tmp, "0" * 32, "w-other")  # another worker's, sharing the temp root
+    for d in (stale, not_mine):
+        (d / "work").mkdir(parents=True)
+    fresh_fleet.add_worker("w-solo", slots=2)
+    wait_until(lambda: not stale.exists(), what="the agent's start-up sweep")
+    assert not_mine.exists()
+
+    fresh_fleet.connect()
+    (project / "sleep.py").write_text("import time\nopen('started', 'w').close()\ntime.sleep(600)\n")
+    # One restart left: only the worker's stop says the directory will not be used again.
+    job = distributed(run_script, "sleep.py", [], nodes=1, procs_per_node=2, max_restarts=1,
+                      workdir=workdir.ShippedDir(package_workdir(project)[0]))
+    base = workdir.base_for(tmp, job.id, "w-solo")
+    wait_until(lambda: (base / "work" / "started").exists(), timeout=120, what="the ranks to start")
+    fresh_fleet.stop_worker("w-solo")  # SIGTERM: a graceful stop
+    assert not base.exists()
+    with pytest.raises(JobRejected, match="no live worker"):  # the restart finds no worker
+        job.get(timeout=60)

@@ -7,6 +7,8 @@ Where things are:
 - ``agent.py``        the gang agent in each worker: takes orders, holds the slots, runs the local ranks.
 - ``launch.py``       torchrun's environment for one rank (the direct launcher), and torchrun's command line.
 - ``rank.py``         the entry point of one rank (``python -m gpulayer.gang.rank``).
+- ``workdir.py``      a gang's directory on one worker: the shipped working directory its ranks share
+                      across restarts, what comes back to the client, and its removal.
 
 A dead worker's delivered messages go back to their queues in ``gpulayer/worker/janitor.py``.
 """

@@ -22,11 +22,12 @@ from celery import bootsteps
 from celery.worker import state as worker_state
 
 from .. import signing
+from . import workdir
 from ..app import settings as app_settings
 from ..engine.qos import gate_consumption
 from .launch import (RankLayout, die_with_parent, free_port, rank_env, socket_ifname_env, stop_group,
                       torchrun_command)
-from ..models import GangSpec
+from ..models import GangSpec, GangState
 from ..store import keys
 from ..store.connection import connect_redis
 from ..store.gangs import GangStore
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 
 TAIL_LINES = 40
 POLL = 0.01  # seconds between checks of the local ranks and the gang's events
+SWEEP_EVERY = 2.0  # seconds between sweeps of this worker's gang directories whose gang ended elsewhere
 GRACE = 0.5  # seconds between SIGTERM and SIGKILL when a gang is cancelled or its worker stops
 FAIL_GRACE = 0.1  # the same once the gang has failed: nothing is left to save (torchrun ignores SIGTERM)
 
@@ -94,12 +96,24 @@ class GangAgent(LoopStep):
     def start(self, worker) -> None:
         client = connect_redis(self.url)
         GangStore(client).forget_worker(self.worker_info.id)
+        self._sweep(GangStore(client))  # a previous life's directories of gangs that ended meanwhile
         client.close()
         super().start(worker)
 
+    def _sweep(self, store: GangStore) -> None:
+        busy = {r.base for r in list(self.runs.values()) if r.base is not None and not r.ended.is_set()}
+        workdir.sweep(workdir.root(), self.worker_info.id, busy, lambda gang_id: store.state(gang_id).done)
+
     def loop(self) -> None:
         client = connect_redis(self.url, socket_timeout=10)
+        next_sweep = time.monotonic() + SWEEP_EVERY
         while not self.stopping.is_set():
+            if time.monotonic() > next_sweep:
+                next_sweep = time.monotonic() + SWEEP_EVERY
+                try:
+                    self._sweep(GangStore(client))
+                except (redis.RedisError, OSError) as err:
+                    log.warning("gpulayer agent: cannot sweep gang directories (%s); retrying", err)
             try:
                 item = client.brpop([keys.agent_orders(self.worker_info.id)], timeout=1)
             except redis.RedisError as err:
@@ -114,9 +128,16 @@ class GangAgent(LoopStep):
         client.close()
 
     def stop(self, worker) -> None:
-        for run in list(self.runs.values()):
+        runs = list(self.runs.values())
+        for run in runs:
             run.abort("the worker is shutting down")
         super().stop(worker)
+        deadline = time.monotonic() + GRACE + 2.0
+        for run in runs:  # each removes its own directory once its ranks are stopped
+            run.ended.wait(max(0.0, deadline - time.monotonic()))
+        # What is left (gangs between attempts, a run that did not end in time): nothing on a
+        # stopped worker resumes from it.
+        workdir.sweep(workdir.root(), self.worker_info.id, set(), lambda gang_id: True)
 
 
 class GangRun:
@@ -135,6 +156,12 @@ class GangRun:
         self.tails: dict[int, collections.deque] = {}
         self._aborted = threading.Event()
         self.abort_reason = ""
+        self.ended = threading.Event()
+        # This node's gang directory (``workdir.py``): the shipped working directory (the ranks' cwd)
+        # and torchrun's logs live in it, and nothing else of the gang's is left on this worker.
+        self.base = (workdir.base_for(workdir.root(), self.gang_id, info.id)
+                     if self.spec.workdir is not None or self.spec.launcher == "torchrun" else None)
+        self.cwd = None
 
     def abort(self, reason: str) -> None:
         self.abort_reason = reason
@@ -158,13 +185,15 @@ class GangRun:
             stopped_at = self._stop_all()
         finally:
             events.close()
+            kept = self._end_workdir(outcome)
             # Slots first, then the report: a client that saw every node report finds the slots free.
             self.store.release(self.gang_id, self.attempt, self.worker_info.id, m)
             slots.add(-m)
             self.store.node_report(self.gang_id, self.attempt, self.node, {
                 "worker": self.worker_info.id, "state": outcome, "exit_codes": codes, "stopped_at": stopped_at,
-                "finished_at": time.time()})
+                "finished_at": time.time(), "workdir": kept})
             self.client.close()
+            self.ended.set()
 
     # -- start ------------------------------------------------------------------------------------
     def _wait_for_room(self) -> bool:
@@ -194,6 +223,10 @@ class GangRun:
         return None
 
     def _launch(self) -> bool:
+        if self.spec.workdir is not None:  # before the rendezvous address is out: unpacking takes a while
+            self.cwd = workdir.prepare(self.base, self.gang_id, self.worker_info.id,
+                                       lambda: signing.verify(self.store.workdir(self.gang_id)),
+                                       self.spec.workdir.keep)
         master = self._master()
         if master is None:
             return False
@@ -205,11 +238,13 @@ class GangRun:
                     GPULAYER_GANG_ID=self.gang_id, PYTHONUNBUFFERED="1")
         base.pop("OMP_NUM_THREADS", None)  # the worker's per-slot value; ranks get cores / local ranks
         base.update(socket_ifname_env(self.worker_info.address, base))
+        if self.cwd is not None:
+            base["GPULAYER_WORKDIR"] = str(self.cwd)
         args = [self.gang_id, str(self.attempt)]
         if s.launcher == "torchrun":
             env = dict(base, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // m)))
             cmd = torchrun_command(s.nodes, m, self.node, addr, port, ["-m", "gpulayer.gang.rank", *args],
-                                   max_restarts=0, run_id=self.gang_id)
+                                   max_restarts=0, run_id=self.gang_id, log_dir=str(self.base / "torchrun"))
             self._spawn(self.node * m, cmd, env)
         else:
             for local in range(m):
@@ -222,7 +257,7 @@ class GangRun:
     def _spawn(self, rank: int, cmd: list[str], env: dict) -> None:
         # Own process group (so a stop reaches torchrun's children too), and dead with the worker:
         # a worker that dies must not leave ranks behind.
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=self.cwd,
                                 stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent)
         self.procs.append((rank, proc))
         self.tails[rank] = collections.deque(maxlen=TAIL_LINES)
@@ -246,6 +281,42 @@ class GangRun:
             except redis.RedisError:
                 pass
         pipe.close()
+
+    def _end_workdir(self, outcome: str) -> str | None:
+        """Node 0 packs what its ranks wrote for the client; the directory goes once the gang is over.
+
+        Returns the ranks' directory when it is kept for the user (``--keep-workdir``).
+        """
+        if self.base is None or not self.base.exists():
+            return None
+        if self.spec.workdir is None:  # torchrun's logs only: the stderr tails are already in the reports
+            workdir.remove(self.base)
+            return None
+        try:
+            cancelled = self.store.state(self.gang_id) == GangState.CANCELLED
+            all_results = outcome == "succeeded" and len(self.store.results(self.gang_id, self.attempt)) == \
+                self.spec.world_size
+            pull, over = workdir.end_of_attempt(outcome, self.attempt, self.spec.max_restarts, cancelled=cancelled,
+                                                aborted=self._aborted.is_set(), all_results=all_results)
+            if pull and self.node == 0 and self.spec.workdir.pull and self.cwd is not None:
+                self._pull()
+        except Exception:  # the ranks' outcome stands; only what comes back is lost (the sweep removes it)
+            log.exception("gpulayer agent: cannot pack gang %s's working directory", self.gang_id)
+            over = False
+        if self.spec.workdir.keep:
+            return str(self.base / "work")
+        if over:
+            workdir.remove(self.base)
+        return None
+
+    def _pull(self) -> None:
+        record = {"attempt": self.attempt, "worker": self.worker_info.id}
+        try:
+            blob, files = workdir.collect(self.base, self.spec.workdir.max_pull_bytes)
+            record.update(archive=signing.sign(blob), files=json.dumps(files))
+        except workdir.PullTooBig as too_big:
+            record["error"] = str(too_big)
+        self.store.set_pulled(self.gang_id, record)
 
     # -- watch and stop ---------------------------------------------------------------------------
     def _watch(self, events) -> tuple[str, float | None]:

@@ -30,6 +30,7 @@ from ..placement import check_gang_fits_fleet
 from ..store.gangs import GangStore
 from . import attempts
 from .coordinator import coordinate
+from .workdir import ShippedDir
 from ..tasks.submit import as_resources
 
 RETRY_EVERY = 0.2  # seconds between placement attempts while a gang waits for slots
@@ -53,25 +54,29 @@ def init_process_group(backend: str | None = None, **kwargs):
 
 def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int = 1,
                 resources: Resources | dict | None = None, backend: str = "gloo", launcher: str = "direct",
-                timeout: float | None = None, max_restarts: int = 0, **kwargs) -> GangHandle:
+                timeout: float | None = None, max_restarts: int = 0, workdir: ShippedDir | None = None,
+                **kwargs) -> GangHandle:
     """Run ``fn(*args, **kwargs)`` in every rank of a ``nodes`` x ``procs_per_node`` gang.
 
     All slots are reserved at once; a gang that can never fit on the live fleet
     raises ``JobRejected`` now; one that does not fit yet waits (its reason in
     ``handle.status()``) up to ``timeout`` seconds. ``fn`` calls
     ``torch.distributed.init_process_group`` itself, as under torchrun.
+    ``workdir`` (what ``gpulayer train`` ships): every node's agent unpacks it once
+    and its ranks run in it, across restarts (``gpulayer/gang/workdir.py``).
     """
     ensure_connected()
     try:
         spec = GangSpec(gang_id=uuid.uuid4().hex, nodes=nodes, procs_per_node=procs_per_node,
                         resources=as_resources(resources), backend=backend, launcher=launcher, timeout=timeout,
-                        max_restarts=max_restarts, name=function_name(fn) if not isinstance(fn, str) else fn)
+                        max_restarts=max_restarts, name=function_name(fn) if not isinstance(fn, str) else fn,
+                        workdir=workdir.spec() if workdir is not None else None)
     except ValueError as err:
         raise ValueError(f"invalid distributed job: {err}") from err
     check_gang_fits_fleet(spec, app_mod.registry().snapshot())
     payload = signing.dumps((pack_function(fn), args, kwargs))
     client = app_mod.redis_client()
-    GangStore(client).create(spec, payload)
+    GangStore(client).create(spec, payload, signing.sign(workdir.archive) if workdir is not None else None)
     return GangHandle(spec, client)
 
 

@@ -84,15 +84,17 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def torchrun_command(nodes: int, procs_per_node: int, node_rank: int, master_addr: str, master_port: int,
-                     target: list[str], *, max_restarts: int = 0, run_id: str = "gpulayer") -> list[str]:
+                     target: list[str], *, max_restarts: int = 0, run_id: str = "gpulayer",
+                     log_dir: str | None = None) -> list[str]:
     """torchrun on one machine with a static rendezvous at rank 0's address (``launcher="torchrun"``).
 
-    ``--tee 3`` prefixes every line with its local rank, so output can be told apart.
+    ``--tee 3`` prefixes every line with its local rank, so output can be told apart. ``log_dir``:
+    where torchrun writes its per-rank logs (else a ``torchelastic_*`` temp directory it never removes).
     """
     return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}",
             f"--nproc-per-node={procs_per_node}", f"--node-rank={node_rank}", f"--master-addr={master_addr}",
             f"--master-port={master_port}", f"--max-restarts={max_restarts}", f"--rdzv-id={run_id}",
-            "--monitor-interval=0.1", "--tee=3", *target]
+            "--monitor-interval=0.1", "--tee=3", *([f"--log-dir={log_dir}"] if log_dir else []), *target]
 
 
 def stop_group(procs: list[subprocess.Popen], grace: float = 0.5) -> None:

@@ -12,6 +12,7 @@ from . import keys
 from .registry import load_script
 
 KEEP_SECONDS = 86400
+PULLED_KEEP_SECONDS = 3600  # what came back from a gang's working directory waits this long for its client
 
 
 class GangStore:
@@ -21,9 +22,12 @@ class GangStore:
         self._release = load_script(client, "release")
 
     # -- the record -------------------------------------------------------------------------------
-    def create(self, spec: GangSpec, payload: bytes) -> None:
+    def create(self, spec: GangSpec, payload: bytes, workdir: bytes | None = None) -> None:
+        """``workdir``: the signed archive of the working directory the gang ships (``spec.workdir``)."""
         now = time.time()
         pipe = self.r.pipeline()
+        if workdir is not None:
+            pipe.set(keys.gang_workdir(spec.gang_id), workdir)
         pipe.hset(keys.gang(spec.gang_id), mapping={
             "spec": spec.model_dump_json(), "state": GangState.WAITING.value, "attempt": 0,
             "reason": "waiting for the coordinator", "created": now})
@@ -64,6 +68,7 @@ class GangStore:
         pipe.zrem(keys.GANGS, gang_id)
         for key in (keys.gang(gang_id), keys.gang_payload(gang_id)):
             pipe.expire(key, KEEP_SECONDS)
+        pipe.delete(keys.gang_workdir(gang_id))  # no attempt starts after this
         pipe.execute()
 
     def active(self) -> list[dict]:
@@ -74,6 +79,29 @@ class GangStore:
         if data is None:
             raise KeyError(f"gang {gang_id} has no payload in Redis")
         return data
+
+    def workdir(self, gang_id: str) -> bytes:
+        data = self.r.get(keys.gang_workdir(gang_id))
+        if data is None:
+            raise KeyError(f"gang {gang_id} has no working directory in Redis (it finished, or shipped none)")
+        return data
+
+    def set_pulled(self, gang_id: str, record: dict) -> None:
+        """What node 0's ranks wrote in their working directory: ``archive`` (signed bytes) or ``error``."""
+        key = keys.gang_pulled(gang_id)
+        pipe = self.r.pipeline()
+        pipe.delete(key)
+        pipe.hset(key, mapping=record)
+        pipe.expire(key, PULLED_KEEP_SECONDS)
+        pipe.execute()
+
+    def take_pulled(self, gang_id: str) -> dict[str, bytes] | None:
+        """The pulled record, read once (the client writes it into its directory)."""
+        pipe = self.r.pipeline()
+        pipe.hgetall(keys.gang_pulled(gang_id))
+        pipe.delete(keys.gang_pulled(gang_id))
+        raw = pipe.execute()[0]
+        return {k.decode(): v for k, v in raw.items()} or None
 
     # -- the slot ledger --------------------------------------------------------------------------
     def held(self) -> dict[str, int]:

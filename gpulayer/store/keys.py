@@ -39,6 +39,10 @@ SLOTS_HELD = f"{NAMESPACE}:slots:held"
 #   gl:gangs                   zset   gang id -> created (time); the index `gpulayer status` reads
 #   gl:gang:<id>               hash   spec, state, reason, placement, attempt, created, finished
 #   gl:gang:<id>:payload       string the signed (function, args, kwargs)
+#   gl:gang:<id>:workdir       string the signed gzipped tar of the shipped working directory (`gpulayer train`);
+#                                     deleted when the gang finishes
+#   gl:gang:<id>:pulled        hash   what node 0's ranks wrote in that directory, for the client: attempt, worker,
+#                                     files (JSON), archive (signed gzipped tar) or error (one line); expires in an hour
 #   gl:gang:<id>:<a>:master    string "addr:port" of rank 0's TCP store, written by node 0's agent
 #   gl:gang:<id>:<a>:results   hash   rank -> signed return value
 #   gl:gang:<id>:<a>:failures  list   JSON failure reports, in the order Redis received them
@@ -56,6 +60,14 @@ def gang(gang_id: str) -> str:
 
 def gang_payload(gang_id: str) -> str:
     return f"{gang(gang_id)}:payload"
+
+
+def gang_workdir(gang_id: str) -> str:
+    return f"{gang(gang_id)}:workdir"
+
+
+def gang_pulled(gang_id: str) -> str:
+    return f"{gang(gang_id)}:pulled"
 
 
 def gang_attempt(gang_id: str, attempt: int, what: str) -> str:
