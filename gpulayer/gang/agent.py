@@ -24,6 +24,7 @@ from celery.worker import state as worker_state
 
 from .. import signing
 from ..app import settings as app_settings
+from .coordinator import node_stopped, worker_lost
 from .launch import (RankLayout, die_with_parent, free_port, rank_env, socket_ifname_env, stop_group,
                       torchrun_command)
 from ..models import GangSpec
@@ -62,10 +63,8 @@ slots = Slots()
 
 
 def ordinary_active() -> int:
-    """Jobs running on this worker's pool, not counting the (millisecond) gang coordinator."""
-    from .coordinator import COORDINATE
-
-    return sum(1 for r in list(worker_state.active_requests) if r.name != COORDINATE)
+    """Jobs running on this worker's pool (the coordinator runs beside it, in ``control.py``)."""
+    return len(worker_state.active_requests)
 
 
 class SlotGate(bootsteps.StartStopStep):
@@ -101,6 +100,8 @@ class GangAgent(LoopStep):
 
     def start(self, worker) -> None:
         client = connect_redis(self.url)
+        # A previous life's nodes died with it: they fail (their gangs restart or end), then the slate is clean.
+        worker_lost(client, self.worker_info.id, "its worker restarted")
         GangStore(client).forget_worker(self.worker_info.id)
         client.close()
         super().start(worker)
@@ -169,7 +170,8 @@ class GangRun:
             # Slots first, then the report: a client that saw every node report finds the slots free.
             self.store.release(self.gang_id, self.attempt, self.worker_info.id, m)
             slots.add(-m)
-            self.store.node_report(self.gang_id, self.attempt, self.node, {
+            # The last node to report ends the attempt, and the waiting gangs are tried on the freed slots.
+            node_stopped(self.client, self.gang_id, self.attempt, self.node, {
                 "worker": self.worker_info.id, "state": outcome, "exit_codes": codes, "stopped_at": stopped_at,
                 "finished_at": time.time()})
             self.client.close()
