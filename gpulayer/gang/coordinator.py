@@ -33,12 +33,12 @@ from .outcome import gang_failure
 
 log = logging.getLogger(__name__)
 
-COORDINATE = "gpulayer.gang.coordinate"
+COORDINATE = app_mod.COORDINATE
 LOCK_MS = 10_000  # a pass takes milliseconds; a holder that died frees the lock after this
 _UNLOCK = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 
 
-@app_mod.app.task(name=COORDINATE, queue=queues.CONTROL, ignore_result=True)
+@app_mod.app.task(name=COORDINATE, ignore_result=True)  # routed to queues.CONTROL (app.route_task)
 def coordinate(gang_id: str | None = None, attempt: int | None = None) -> dict:
     """One coordinator pass over every waiting gang (the message names the gang that asked)."""
     client = app_mod.redis_client()
