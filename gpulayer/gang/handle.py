@@ -18,6 +18,8 @@ import time
 import uuid
 from typing import Any, Callable
 
+import redis
+
 from .. import app as app_mod
 from .. import signing
 from ..client import ensure_connected
@@ -32,6 +34,7 @@ from .outcome import gang_failure
 from ..tasks.submit import as_resources
 
 LOOK_EVERY = 1.0  # seconds between reads of the gang's record when no event arrives (a missed one)
+REDIS_PATIENCE = 60.0  # seconds the handle keeps reconnecting to an unreachable Redis before it gives up
 NO_COORDINATOR_GRACE = 30.0  # past its timeout by this much, a gang no coordinator ended is ended by its client
 
 
@@ -129,17 +132,28 @@ class GangHandle:
 
     # -- the watcher -----------------------------------------------------------------------------
     def _drive(self) -> None:
-        events = self.store.r.pubsub(ignore_subscribe_messages=True)
+        lost_since = None  # Redis unreachable since (monotonic): the handle outlives a Redis restart
         try:
-            events.subscribe(keys.gang_events(self.id))
-            self._listening.set()
-            while not self._settle(self.store.record(self.id), events):
-                events.get_message(timeout=LOOK_EVERY)
+            while True:
+                events = self.store.r.pubsub(ignore_subscribe_messages=True)
+                try:
+                    events.subscribe(keys.gang_events(self.id))
+                    self._listening.set()
+                    while not self._settle(self.store.record(self.id), events):
+                        events.get_message(timeout=LOOK_EVERY)
+                        lost_since = None
+                    return
+                except (redis.ConnectionError, redis.TimeoutError):
+                    lost_since = lost_since or time.monotonic()
+                    if time.monotonic() - lost_since > REDIS_PATIENCE:
+                        raise
+                    time.sleep(0.5)
+                finally:
+                    events.close()
         except BaseException as err:  # never leave a waiter hanging
             self._error = err
         finally:
             self._listening.set()
-            events.close()
             self._done.set()
             self._placed.set()
 
