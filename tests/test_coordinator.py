@@ -78,7 +78,7 @@ def test_a_gang_is_placed_while_job_queues_are_backed_up_and_a_pool_is_full(flee
     jobs = [submit.delay(blocks_until_released, release, resources=on_c1) for _ in range(5)]
     client = redis_client()
     # c1's pool is full (2 running) and its queue backed up (3 waiting behind them).
-    wait_until(lambda: client.llen(f"gl.q.w.c1") == 3 and client.llen(release) == 0 and
+    wait_until(lambda: client.llen("gl.q.w.c1") == 3 and client.llen(release) == 0 and
                {w.id: w.busy for w in gpulayer.app.registry().snapshot()}.get("c1") == 2, 60, "c1 full and backed up")
     free_gang = distributed(stamped, "c2", nodes=1, procs_per_node=2, resources=Resources(worker_ids=["c2"]))
     assert free_gang.placement.workers == ("c2",)
@@ -190,3 +190,31 @@ def test_the_control_queue_runs_only_signed_coordinator_messages(fleet2):
     assert read_message(raw) == (coordinator.COORDINATE, ("gang-x", 3), {})
     client.delete(keys.bell("gl.q.test-control-copy"))
     client.close()
+
+
+def where_on_attempt():
+    """Attempt 0 blocks (its worker is killed under it); the restarted attempt says where it ran."""
+    import time as _t
+
+    if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+        _t.sleep(300)
+    return os.environ["GPULAYER_WORKER_ID"], int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+
+
+def test_a_gang_whose_worker_dies_restarts_on_live_workers_through_the_cluster(tmp_path):
+    with Fleet(tmp_path / "f") as f:
+        f.add_workers({"r1": dict(slots=1), "r2": dict(slots=1), "r3": dict(slots=1)})
+        f.connect()
+        job = distributed(where_on_attempt, nodes=2, procs_per_node=1, max_restarts=1)
+        victim = job.placement.workers[1]
+        client = redis_client()
+        wait_until(lambda: client.exists(keys.gang_attempt(job.id, 0, "master")), 60, "node 0 to publish its address")
+        f.kill_worker(victim)
+        out = job.get(timeout=120)
+        assert [attempt for _, attempt in out] == [1, 1]
+        assert victim not in {w for w, _ in out} and len({w for w, _ in out}) == 2
+        rec = job.status()
+        assert rec["state"] == "succeeded" and rec["attempt"] == 1 and victim not in rec["placement"]["workers"]
+        reports = GangStore(client).failures(job.id, 0)
+        assert any(r["kind"] == "worker_lost" and r["worker"] == victim for r in reports)
+        client.close()
