@@ -218,3 +218,27 @@ def test_a_gang_whose_worker_dies_restarts_on_live_workers_through_the_cluster(t
         reports = GangStore(client).failures(job.id, 0)
         assert any(r["kind"] == "worker_lost" and r["worker"] == victim for r in reports)
         client.close()
+
+
+def test_a_pass_asked_for_while_one_runs_is_not_lost(fresh_fleet, monkeypatch):
+    """The second caller leaves its request to the pass under way, which goes round once more for it."""
+    client, other = fresh_fleet.client(), fresh_fleet.client()
+    try:
+        client.zadd(keys.GANGS_WAITING, {"g": 1})
+        passes, deferred = [], []
+
+        def fake_pass(c):
+            passes.append(c)
+            if len(passes) == 1:  # while the first pass runs, a node gives slots back and asks
+                deferred.append(coordinator.try_waiting(other))
+            return []
+
+        monkeypatch.setattr(coordinator, "one_pass", fake_pass)
+        coordinator.try_waiting(client)
+        assert deferred == [{"placed": [], "left_to": "the pass under way"}] and len(passes) == 2
+        assert not client.exists(keys.COORDINATOR_LOCK) and not client.exists(keys.COORDINATOR_AGAIN)
+        client.delete(keys.GANGS_WAITING)
+        assert coordinator.try_waiting(client) == {"placed": []} and len(passes) == 2  # an empty line: no pass
+    finally:
+        client.close()
+        other.close()
