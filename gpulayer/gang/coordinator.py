@@ -151,11 +151,11 @@ def conclude(store: GangStore, spec: GangSpec, attempt: int) -> None:
     try:
         if rec["state"] != GangState.RUNNING.value or rec["attempt"] != attempt:
             return  # cancelled (or ended) while it ran: nothing to decide
-        failures = store.failures(gang_id, attempt)
         results = store.result_count(gang_id, attempt)
-        if not failures and results >= spec.world_size:
+        if results >= spec.world_size:  # every rank returned: a worker lost after that changes nothing
             store.finish(gang_id, GangState.SUCCEEDED, rec["reason"])
             return
+        failures = store.failures(gang_id, attempt)
         if failures:
             message = gang_failure(gang_id, failures).message
         else:
