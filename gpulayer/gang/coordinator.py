@@ -152,10 +152,11 @@ def conclude(store: GangStore, spec: GangSpec, attempt: int) -> None:
         if rec["state"] != GangState.RUNNING.value or rec["attempt"] != attempt:
             return  # cancelled (or ended) while it ran: nothing to decide
         results = store.result_count(gang_id, attempt)
-        if results >= spec.world_size:  # every rank returned: a worker lost after that changes nothing
+        failures = store.failures(gang_id, attempt)
+        # Every rank returned and none failed: a worker lost after that (its node never reported) changes nothing.
+        if results >= spec.world_size and all(f["kind"] == "worker_lost" for f in failures):
             store.finish(gang_id, GangState.SUCCEEDED, rec["reason"])
             return
-        failures = store.failures(gang_id, attempt)
         if failures:
             message = gang_failure(gang_id, failures).message
         else:
