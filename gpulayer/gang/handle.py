@@ -59,8 +59,9 @@ def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int =
     """Run ``fn(*args, **kwargs)`` in every rank of a ``nodes`` x ``procs_per_node`` gang.
 
     All slots are reserved at once; a gang that can never fit on the live fleet
-    raises ``JobRejected`` now; one that does not fit yet waits (its reason in
-    ``handle.status()``) up to ``timeout`` seconds. ``fn`` calls
+    raises ``JobRejected`` now; one that does not fit yet waits in the cluster's
+    line (its reason in ``handle.status()``) up to ``timeout`` seconds, and is
+    placed when slots come free even if this process has exited. ``fn`` calls
     ``torch.distributed.init_process_group`` itself, as under torchrun.
     """
     ensure_connected()
@@ -160,6 +161,10 @@ class GangHandle:
     def _settle(self, rec: dict, events) -> bool:
         """Take in the record's state; True once the gang has ended (result or error set)."""
         state, attempt = rec["state"], rec["attempt"]
+        if state is None:
+            self._error = JobFailed("GangLost", f"distributed job {self.id} has no record in Redis (expired, or Redis "
+                                    "lost its data); submit it again", job_id=self.id)
+            return True
         if rec.get("placement"):
             placement = GangPlacement.model_validate(rec["placement"])
         else:
