@@ -24,6 +24,7 @@ from .store.connection import connect_redis
 from .store.registry import CachedSnapshot, Registry
 
 SUBMIT = "gpulayer.submit"
+COORDINATE = "gpulayer.gang.coordinate"  # gang/coordinator.py; always to queues.CONTROL
 RESOURCES_HEADER = "gl_resources"
 
 signing.register_serializer()
@@ -148,6 +149,8 @@ def route_task(name, args, kwargs, options, task=None, **kw):
                            "process, outside gpulayer's routing and slots, so gpulayer does not send it; use "
                            "submit.map(fn, items), submit.starmap(fn, items) or submit.chunks(fn, items, n), which "
                            "run as gpulayer jobs")
+    if name == COORDINATE:
+        return {"queue": queues.CONTROL}  # served by every worker's control consumer, outside its job slots
     if name != SUBMIT:
         return None
     spec = (options.get("headers") or {}).get(RESOURCES_HEADER)

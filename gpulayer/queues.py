@@ -10,6 +10,9 @@ A worker consumes the queues of what it can do:
   k = 1..G on a worker with G GPUs: a job asking for k GPUs per process goes
   to ``cuda<k>``, which only workers with at least k GPUs read;
 - ``gl.q.w.<worker id>``: its private queue, for pinned work.
+
+Beside them, every worker serves ``gl.q.control`` outside its job slots: the
+gang coordinator's messages (``gpulayer/gang/control.py``), never a user's job.
 """
 
 from __future__ import annotations
@@ -47,3 +50,4 @@ def for_worker(worker_id: str, gpus: int, zone: str | None, region: str | None) 
 
 
 DEFAULT = capability()
+CONTROL = f"{_Q}.control"  # the coordinator's queue: read by every worker's control consumer, not by its pool

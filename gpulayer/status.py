@@ -56,6 +56,7 @@ def collect(full: bool | None = True, top: int = TOP) -> dict:
     lengths = queue_lengths(client, read)
     gangs = GangStore(client).active()
     held = GangStore(client).held()
+    line = {g: i + 1 for i, g in enumerate(GangStore(client).waiting())}  # gang id -> place in the waiting line
     client.close()
     if full is None:
         full = len(workers) <= SUMMARY_ABOVE
@@ -73,7 +74,8 @@ def collect(full: bool | None = True, top: int = TOP) -> dict:
         "gangs": [
             {"id": g["gang_id"], "name": g.get("spec", {}).get("name"), "state": g["state"], "reason": g["reason"],
              "nodes": g.get("spec", {}).get("nodes"), "procs_per_node": g.get("spec", {}).get("procs_per_node"),
-             "workers": (g.get("placement") or {}).get("workers", []), "attempt": g["attempt"]}
+             "workers": (g.get("placement") or {}).get("workers", []), "attempt": g["attempt"],
+             "in_line": line.get(g["gang_id"])}
             for g in gangs
         ],
     }
@@ -116,7 +118,7 @@ def summarize(workers, held: dict[str, int], dead: dict[str, float], busiest) ->
 
 def read_queues(workers) -> set[str]:
     """Every queue the ``workers`` read (``app.queues_read``'s keys, with the shared names built once per kind)."""
-    out: set[str] = set()
+    out: set[str] = {queues.CONTROL} if workers else set()  # every worker's control consumer reads it
     kinds = set()
     for w in workers:
         out.add(queues.private(w.id))
@@ -195,7 +197,8 @@ def renderables(report: dict, full: bool | None = None) -> list:
         for col in ("id", "function", "shape", "state", "workers", "why"):
             g.add_column(col)
         for job in report["gangs"]:
-            g.add_row(job["id"][:12], job["name"] or "-", f"{job['nodes']} x {job['procs_per_node']}", job["state"],
+            state = job["state"] + (f" (#{job['in_line']} in line)" if job.get("in_line") else "")
+            g.add_row(job["id"][:12], job["name"] or "-", f"{job['nodes']} x {job['procs_per_node']}", state,
                       ", ".join(job["workers"]) or "-", job["reason"])
         out.append(g)
     return out

@@ -1,6 +1,6 @@
 """A gang's attempts (``gpulayer/gang/attempts.py``): a dead worker's node, and the failure that names it.
 
-Pure units over stand-ins for the gang store and the registry; the real thing, a worker SIGKILLed mid-fit,
+Pure units over the attempt's reports; the real thing, a worker SIGKILLed mid-fit,
 is ``tests/trainer/test_fault_tolerance.py``.
 """
 
@@ -11,42 +11,22 @@ from gpulayer.gang import attempts
 from gpulayer.models import GangPlacement
 
 
-class Store:
-    def __init__(self, reported):
-        self.reported = reported
-
-    def nodes(self, gang_id, attempt):
-        return {n: {"worker": f"w{n}"} for n in self.reported}
-
-
-class Registry:
-    dead_after = 5.0
-
-    def __init__(self, ages):
-        self._ages = ages
-        self.asked = []
-
-    def ages(self, ids):
-        self.asked.append(list(ids))
-        return {w: self._ages[w] for w in ids if w in self._ages}
+def test_only_nodes_a_janitor_reported_for_a_dead_worker_are_lost():
+    nodes = {0: {"worker": "w0", "state": "failed"}, 1: {"worker": "w1", "state": "lost"},
+             2: {"worker": "w2", "state": "stopped"}}
+    assert attempts.lost_nodes(nodes) == [(1, "w1")]
+    assert attempts.lost_nodes({0: {"worker": "w0", "state": "succeeded"}}) == []
 
 
-WORKERS = ["w0", "w1", "w2"]
-
-
-def test_every_node_reported_nothing_is_lost():
-    assert attempts.wait_stopped(Store([0, 1, 2]), Registry({}), "g", 0, WORKERS, timeout=5) == []
-
-
-def test_a_node_whose_worker_was_buried_is_lost_at_once_and_only_the_missing_are_asked_about():
-    reg = Registry({"w0": 0.1, "w2": 0.2})  # w1 is no longer in the registry: a janitor buried it
-    assert attempts.wait_stopped(Store([0, 2]), reg, "g", 0, WORKERS, timeout=60) == [(1, "w1")]
-    assert reg.asked == [["w1"]]
-
-
-def test_a_silent_worker_not_yet_buried_is_waited_for_and_lost_at_the_deadline():
-    assert attempts.wait_stopped(Store([0]), Registry({"w1": 9.0, "w2": 0.1}), "g", 0, WORKERS,
-                                 timeout=0.1) == [(1, "w1")]  # w2 heartbeats: late, not lost
+def test_the_attempts_error_names_a_lost_worker_over_the_peer_that_lost_its_connection():
+    peer = {"rank": 0, "worker": "w0", "address": "127.0.0.1", "kind": "exception", "type": "RuntimeError",
+            "message": "Connection closed by peer", "traceback": "tb"}
+    lost = {0: {"worker": "w0", "state": "failed"}, 1: {"worker": "w1", "state": "lost"}}
+    err = attempts.failure("g", [peer], lost, procs_per_node=2)
+    assert err.type_name == "WorkerLost" and err.rank == 2 and err.worker == "w1"
+    plain = attempts.failure("g", [peer], {0: {"worker": "w0", "state": "failed"}}, procs_per_node=2)
+    assert plain.type_name == "RuntimeError" and plain.rank == 0
+    assert attempts.failure("g", [], lost, procs_per_node=2) is None
 
 
 def test_the_failure_names_the_lost_worker_and_its_node_first_rank():

@@ -14,6 +14,8 @@
   acknowledges (node 0 publishes a rendezvous address), waits its scripted time
   and stores its ranks' results, or the scripted failure; then gives its slots
   back and reports, as the gang agent does.
+- The coordinator: each process serves the control queue as a worker does
+  (``gang/control.py``), for real.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ import signal
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import redis
 from celery import states
@@ -42,7 +43,8 @@ from ..config import load_settings
 from ..store import keys
 from ..store.gangs import GangStore
 from ..store.registry import Registry, load_script, static_record
-from ..gang.coordinator import COORDINATE, coordinate
+from ..gang.control import ControlConsumer
+from ..gang.coordinator import node_stopped
 from .fleet import emulated_workers
 from .jobs import REF
 
@@ -96,9 +98,6 @@ class Emulator:
         self.timers: list = []  # (due, seq, kind, payload)
         self._seq = itertools.count()
         self.stopping = threading.Event()
-        self.pool = ThreadPoolExecutor(2, thread_name_prefix="emu-coordinator")
-        self.finished: list = []  # coordinator results from the pool: (worker, tag, job id, value)
-        self._lock = threading.Lock()
         self.taken = self.done = 0
 
     # -- heartbeats -------------------------------------------------------------------------------
@@ -189,18 +188,8 @@ class Emulator:
                 self.schedule(now, "job", (wid, tag, job_id, None,
                                            f"emulated worker {wid} runs no user code (got {getattr(fn, 'name', fn)!r}); "
                                            f"submit {REF} jobs to emulated workers, or pin real ones with worker_ids"))
-        elif task == COORDINATE:  # gpulayer's own cluster task: run it for real
-            self.pool.submit(self._coordinate, wid, tag, job_id, args)
         else:
             self.schedule(now, "job", (wid, tag, job_id, None, f"emulated worker {wid} does not know task {task!r}"))
-
-    def _coordinate(self, wid, tag, job_id, args) -> None:
-        try:
-            value, error = coordinate(*args), None
-        except Exception as err:
-            value, error = None, f"{type(err).__name__}: {err}"
-        with self._lock:
-            self.finished.append((wid, tag, job_id, value, error))
 
     def schedule(self, due: float, kind: str, payload) -> None:
         heapq.heappush(self.timers, (due, next(self._seq), kind, payload))
@@ -271,15 +260,18 @@ class Emulator:
                 self.gangs.set_result(gid, attempt, rank, signing.dumps(script["value"]))
         self.gangs.release(gid, attempt, wid, m)
         self.held[wid] -= m
-        self.gangs.node_report(gid, attempt, node, {"worker": wid, "state": "failed" if failed else "succeeded",
-                                                    "exit_codes": [script["exit_code"] if failed else 0] * m,
-                                                    "stopped_at": None, "finished_at": time.time()})
+        node_stopped(self.client, gid, attempt, node, {"worker": wid, "state": "failed" if failed else "succeeded",
+                                                       "exit_codes": [script["exit_code"] if failed else 0] * m,
+                                                       "stopped_at": None, "finished_at": time.time()})
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> None:
         self.beat()
         beater = threading.Thread(target=self.heartbeat_loop, name="emu-heartbeat", daemon=True)
         beater.start()
+        control = threading.Thread(target=ControlConsumer(self.settings.broker_url).serve, args=(self.stopping,),
+                                   name="emu-control", daemon=True)
+        control.start()
         next_sweep = next_gangs = 0.0
         try:
             while not self.stopping.is_set():
@@ -291,9 +283,6 @@ class Emulator:
                         due.append(payload)
                     else:
                         self.finish_node(*payload)
-                with self._lock:
-                    due += self.finished
-                    self.finished = []
                 self.complete(due)
                 if now >= next_gangs:
                     self.poll_gangs()
@@ -313,7 +302,7 @@ class Emulator:
         finally:
             self.stopping.set()
             beater.join(5)
-            self.pool.shutdown(wait=True)
+            control.join(5)
             self.deregister()
 
     def sweep(self) -> int:

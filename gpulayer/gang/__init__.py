@@ -3,7 +3,10 @@
 Where things are:
 
 - ``handle.py``       ``distributed(...)`` and ``GangHandle``: what the client calls and holds.
-- ``coordinator.py``  the coordinator task: place a gang from a snapshot and reserve all its slots at once.
+- ``coordinator.py``  the coordinator task: place the waiting gangs, in order of arrival, from a snapshot and
+                      reserve all their slots at once; end, restart or time out an attempt, in the cluster.
+- ``control.py``      the control consumer: every worker serves the coordinator's queue outside its job slots.
+- ``outcome.py``      the error a failed attempt raises: the rank that failed first, from its reports.
 - ``agent.py``        the gang agent in each worker: takes orders, holds the slots, runs the local ranks.
 - ``launch.py``       torchrun's environment for one rank (the direct launcher), and torchrun's command line.
 - ``rank.py``         the entry point of one rank (``python -m gpulayer.gang.rank``).

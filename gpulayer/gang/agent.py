@@ -25,6 +25,7 @@ from .. import signing
 from . import workdir
 from ..app import settings as app_settings
 from ..engine.qos import gate_consumption
+from .coordinator import node_stopped, worker_lost
 from .launch import (RankLayout, die_with_parent, free_port, rank_env, socket_ifname_env, stop_group,
                       torchrun_command)
 from ..models import GangSpec, GangState
@@ -64,10 +65,8 @@ slots = Slots()
 
 
 def ordinary_active() -> int:
-    """Jobs running on this worker's pool, not counting the (millisecond) gang coordinator."""
-    from .coordinator import COORDINATE
-
-    return sum(1 for r in list(worker_state.active_requests) if r.name != COORDINATE)
+    """Jobs running on this worker's pool (the coordinator runs beside it, in ``control.py``)."""
+    return len(worker_state.active_requests)
 
 
 class SlotGate(bootsteps.StartStopStep):
@@ -95,6 +94,8 @@ class GangAgent(LoopStep):
 
     def start(self, worker) -> None:
         client = connect_redis(self.url)
+        # A previous life's nodes died with it: they fail (their gangs restart or end), then the slate is clean.
+        worker_lost(client, self.worker_info.id, "its worker restarted")
         GangStore(client).forget_worker(self.worker_info.id)
         self._sweep(GangStore(client))  # a previous life's directories of gangs that ended meanwhile
         client.close()
@@ -189,7 +190,8 @@ class GangRun:
             # Slots first, then the report: a client that saw every node report finds the slots free.
             self.store.release(self.gang_id, self.attempt, self.worker_info.id, m)
             slots.add(-m)
-            self.store.node_report(self.gang_id, self.attempt, self.node, {
+            # The last node to report ends the attempt, and the waiting gangs are tried on the freed slots.
+            node_stopped(self.client, self.gang_id, self.attempt, self.node, {
                 "worker": self.worker_info.id, "state": outcome, "exit_codes": codes, "stopped_at": stopped_at,
                 "finished_at": time.time(), "workdir": kept})
             self.client.close()

@@ -1,23 +1,18 @@
 """The attempts of a gang: where each ran and how it ended, and the nodes whose worker died.
 
 Each node reports once its ranks have stopped; a node whose worker died never
-does. Such a node counts as stopped once a janitor has buried its worker
-(``worker/janitor.py``): from then on no registry snapshot holds that worker,
-so a restart (``distributed(max_restarts=K)``) is placed on live workers only,
-and the failure names the worker that was lost rather than the rank that
-merely lost its connection to it.
+does. Its report is written when a janitor buries the worker
+(``coordinator.worker_lost``): from then on no registry snapshot holds that
+worker, so a restart (``distributed(max_restarts=K)``), which waits for every
+node's report, is placed on live workers only, and the failure names the worker
+that was lost rather than the rank that merely lost its connection to it.
 """
 
 from __future__ import annotations
 
-import time
-
 from ..errors import GangFailed
 from ..models import GangPlacement
-from ..store.gangs import GangStore
-from ..store.registry import Registry
-
-POLL = 0.02  # seconds between looks at the node reports and the lost workers' heartbeats
+from .outcome import gang_failure
 
 
 def record(attempt: int, placement: GangPlacement) -> dict:
@@ -33,24 +28,18 @@ def ended(entry: dict, outcome: str, error: GangFailed | None = None, lost: list
     entry["lost_workers"] = [w for _, w in lost]
 
 
-def wait_stopped(store: GangStore, registry: Registry, gang_id: str, attempt: int, workers: list[str],
-                 timeout: float) -> list[tuple[int, str]]:
-    """Wait until every node reported its ranks stopped, or its worker was buried; the ``(node, worker)`` lost.
+def lost_nodes(nodes: dict[int, dict]) -> list[tuple[int, str]]:
+    """The ``(node, worker)`` of an attempt's node reports that a janitor wrote for a dead worker."""
+    return sorted((node, r["worker"]) for node, r in nodes.items() if r.get("state") == "lost")
 
-    At the deadline, a node still silent counts as lost only if its worker is past ``dead_after`` too.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        reported = store.nodes(gang_id, attempt)
-        missing = [(node, w) for node, w in enumerate(workers) if node not in reported]
-        if not missing:
-            return []
-        ages = registry.ages([w for _, w in missing])
-        if all(w not in ages for _, w in missing):
-            return missing
-        if time.monotonic() > deadline:
-            return [(node, w) for node, w in missing if ages.get(w, registry.dead_after + 1) > registry.dead_after]
-        time.sleep(POLL)
+
+def failure(gang_id: str, reports: list[dict], nodes: dict[int, dict], procs_per_node: int) -> GangFailed | None:
+    """The attempt's error from its failure reports and node reports; None without a failure report."""
+    if not reports:
+        return None
+    error = gang_failure(gang_id, reports)
+    lost = lost_nodes(nodes)
+    return naming_lost(error, lost, procs_per_node) if lost else error
 
 
 def naming_lost(error: GangFailed, lost: list[tuple[int, str]], procs_per_node: int) -> GangFailed:

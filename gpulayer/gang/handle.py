@@ -18,23 +18,25 @@ import time
 import uuid
 from typing import Any, Callable
 
-from celery.exceptions import TimeoutError as CeleryTimeout
+import redis
 
 from .. import app as app_mod
 from .. import signing
 from ..client import ensure_connected
-from ..errors import GangFailed, JobFailed, JobRejected
+from ..errors import JobFailed, JobRejected
 from ..models import GangPlacement, GangSpec, GangState, Resources
 from ..payload import function_name, pack_function
 from ..placement import check_gang_fits_fleet
+from ..store import keys
 from ..store.gangs import GangStore
 from . import attempts
-from .coordinator import coordinate
+from .coordinator import ask
 from .workdir import ShippedDir
 from ..tasks.submit import as_resources
 
-RETRY_EVERY = 0.2  # seconds between placement attempts while a gang waits for slots
-COORDINATOR_WAIT = 1.0  # seconds to wait for a worker to run the coordinator before running it here
+LOOK_EVERY = 1.0  # seconds between reads of the gang's record when no event arrives (a missed one)
+REDIS_PATIENCE = 60.0  # seconds the handle keeps reconnecting to an unreachable Redis before it gives up
+NO_COORDINATOR_GRACE = 30.0  # past its timeout by this much, a gang no coordinator ended is ended by its client
 
 
 def init_process_group(backend: str | None = None, **kwargs):
@@ -59,8 +61,9 @@ def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int =
     """Run ``fn(*args, **kwargs)`` in every rank of a ``nodes`` x ``procs_per_node`` gang.
 
     All slots are reserved at once; a gang that can never fit on the live fleet
-    raises ``JobRejected`` now; one that does not fit yet waits (its reason in
-    ``handle.status()``) up to ``timeout`` seconds. ``fn`` calls
+    raises ``JobRejected`` now; one that does not fit yet waits in the cluster's
+    line (its reason in ``handle.status()``) up to ``timeout`` seconds, and is
+    placed when slots come free even if this process has exited. ``fn`` calls
     ``torch.distributed.init_process_group`` itself, as under torchrun.
     ``workdir`` (what ``gpulayer train`` ships): every node's agent unpacks it once
     and its ranks run in it, across restarts (``gpulayer/gang/workdir.py``).
@@ -81,21 +84,29 @@ def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int =
 
 
 class GangHandle:
-    """A running distributed job: ``placement``, ``status()``, ``get()``, ``cancel()``."""
+    """A running distributed job: ``placement``, ``status()``, ``get()``, ``cancel()``.
+
+    The cluster owns the gang: its coordinator places it, restarts it (``max_restarts``)
+    and ends it, whether or not this handle is still there. The handle only watches:
+    it wakes on the gang's events channel (placed, waiting, stopped, done) and reads
+    the record.
+    """
 
     def __init__(self, spec: GangSpec, client):
         self.spec = spec
         self.id = spec.gang_id
         self.store = GangStore(client)
         self.attempt = 0
-        self.attempts: list[dict] = []  # per attempt: workers, placement, outcome, failure, lost_workers
         self._placed = threading.Event()
         self._done = threading.Event()
         self._placement: GangPlacement | None = None
         self._result: list[Any] | None = None
         self._error: BaseException | None = None
+        self._listening = threading.Event()
         self._thread = threading.Thread(target=self._drive, name=f"gang-{self.id[:8]}", daemon=True)
         self._thread.start()
+        self._listening.wait(30)  # subscribed before the coordinator is asked: no event can be missed
+        ask(self.id, 0)
 
     # -- public ----------------------------------------------------------------------------------
     @property
@@ -112,6 +123,18 @@ class GangHandle:
         """The gang's record: state, reason (why it waits, or where it runs), attempt, placement."""
         return self.store.record(self.id)
 
+    @property
+    def attempts(self) -> list[dict]:
+        """Every attempt so far, in order: ``attempt``, ``workers``, ``placement``, ``outcome`` (``running``,
+        ``succeeded``, ``failed``), ``failure``, ``failed_rank``, ``lost_workers``. The cluster records each
+        attempt as it ends (``coordinator.conclude``); a running one comes from the gang's record."""
+        done = self.store.attempts(self.id)
+        rec = self.store.record(self.id)
+        if rec.get("state") == GangState.RUNNING.value and rec.get("placement") and \
+                all(a["attempt"] != rec["attempt"] for a in done):
+            done.append(attempts.record(rec["attempt"], GangPlacement.model_validate(rec["placement"])))
+        return done
+
     def get(self, timeout: float | None = None) -> list[Any]:
         """Per-rank return values (index = rank), or ``JobFailed`` naming the failed rank."""
         if not self._done.wait(timeout):
@@ -125,122 +148,85 @@ class GangHandle:
         self.store.cancel(self.id)
         self._done.wait(30)
 
-    # -- the driver ------------------------------------------------------------------------------
+    # -- the watcher -----------------------------------------------------------------------------
     def _drive(self) -> None:
+        lost_since = None  # Redis unreachable since (monotonic): the handle outlives a Redis restart
         try:
             while True:
-                if not self._place():
+                events = self.store.r.pubsub(ignore_subscribe_messages=True)
+                try:
+                    events.subscribe(keys.gang_events(self.id))
+                    self._listening.set()
+                    while not self._settle(self.store.record(self.id), events):
+                        events.get_message(timeout=LOOK_EVERY)
+                        lost_since = None
                     return
-                entry = attempts.record(self.attempt, self._placement)
-                self.attempts.append(entry)
-                outcome = self._wait_attempt()
-                if outcome == "succeeded":
-                    self._wait_nodes_stopped()  # get() returns once every slot is free again
-                    attempts.ended(entry, outcome)
-                    self.store.finish(self.id, GangState.SUCCEEDED, self._placement.reason)
-                    return
-                if outcome == "cancelled":
-                    attempts.ended(entry, outcome)
-                    self._error = JobFailed("Cancelled", f"distributed job {self.id} was cancelled", job_id=self.id)
-                    return
-                error = self._failure()
-                lost = self._wait_nodes_stopped()  # a dead worker's node: until it is out of every snapshot
-                if lost:
-                    error = attempts.naming_lost(error, lost, self.spec.procs_per_node)
-                attempts.ended(entry, outcome, error, lost)
-                if self.attempt >= self.spec.max_restarts:
-                    self.store.finish(self.id, GangState.FAILED, error.message)
-                    self._error = error
-                    return
-                self.attempt += 1  # restart the whole gang, like torchrun
-                self.store.set_waiting(self.id, f"restarting after: {error.message}")
-                self._placed.clear()
+                except (redis.ConnectionError, redis.TimeoutError):
+                    lost_since = lost_since or time.monotonic()
+                    if time.monotonic() - lost_since > REDIS_PATIENCE:
+                        raise
+                    time.sleep(0.5)
+                finally:
+                    events.close()
         except BaseException as err:  # never leave a waiter hanging
             self._error = err
         finally:
+            self._listening.set()
             self._done.set()
             self._placed.set()
 
-    def _place(self) -> bool:
-        deadline = None if self.spec.timeout is None else time.monotonic() + self.spec.timeout
-        queued = None
-        while True:
-            state = self.store.state(self.id)
-            if state == GangState.CANCELLED:
-                self._error = JobFailed("Cancelled", f"distributed job {self.id} was cancelled", job_id=self.id)
-                return False
-            queued = queued or coordinate.delay(self.id, self.attempt)
-            try:
-                out = queued.get(timeout=COORDINATOR_WAIT)
-                queued = None
-            except CeleryTimeout:  # no worker has a free slot for it: run the same step here
-                out = coordinate.apply((self.id, self.attempt)).get()
-            if out["state"] == "running" and "placement" not in out:  # placed by the other coordinator
-                out["placement"] = self.status()["placement"]
-            if out["state"] != "waiting" and queued is not None:
-                # The queued coordinator will find the gang placed and do nothing; stop listening for it.
-                queued.backend.remove_pending_result(queued)
-                queued = None
-            if out["state"] == "running":
-                self._placement = GangPlacement.model_validate(out["placement"])
-                self._placed.set()
-                return True
-            if out["state"] == "failed":
-                self._error = JobRejected(out["reason"])
-                return False
-            if out["state"] != "waiting":
-                self._error = JobFailed("GangState", f"unexpected gang state {out['state']}", job_id=self.id)
-                return False
-            if deadline is not None and time.monotonic() > deadline:
-                reason = out.get("reason", "")
-                self.store.finish(self.id, GangState.FAILED, f"timed out waiting: {reason}")
-                self._error = JobRejected(f"distributed job {self.id} did not fit within {self.spec.timeout}s: "
-                                          f"{reason}")
-                return False
-            time.sleep(RETRY_EVERY)
-
-    def _wait_attempt(self) -> str:
-        world = self.spec.world_size
-        while True:
-            if self.store.state(self.id) == GangState.CANCELLED:
-                self._wait_nodes_stopped()
-                return "cancelled"
-            if self.store.failures(self.id, self.attempt):
-                return "failed"
-            results = self.store.results(self.id, self.attempt)
-            if len(results) == world:
-                self._result = [signing.loads(results[r]) for r in range(world)]
-                return "succeeded"
-            time.sleep(0.01)
-
-    def _wait_nodes_stopped(self, timeout: float = 30.0) -> list[tuple[int, str]]:
-        """Until every node's ranks stopped (a dead worker's: until it is buried); the (node, worker) lost."""
-        return attempts.wait_stopped(self.store, app_mod.registry(), self.id, self.attempt,
-                                     list(self._placement.workers), timeout)
-
-    def _failure(self) -> JobFailed:
-        reports = self.store.failures(self.id, self.attempt)
-        # The first report that is not a rank losing its connection to the rank that really failed.
-        first = next((r for r in reports if not r.get("collateral")), reports[0])
-        rank = first["rank"]
-        mine = [r for r in reports if r.get("rank") == rank]
-        exc = next((r for r in mine if r["kind"] == "exception"), None)
-        exit_code = next((r["exit_code"] for r in mine if r.get("exit_code") is not None), None)
-        tail = max((r.get("stderr_tail") or "" for r in mine), key=len)
-        where = f"{first.get('worker')} ({first.get('address') or first.get('host')})"
-        if exc:
-            what = f"{exc['type']}: {exc['message']}"
-            type_name = exc["type"]
-        elif first["kind"] == "worker_lost":
-            what, type_name = first["message"], "WorkerLost"
+    def _settle(self, rec: dict, events) -> bool:
+        """Take in the record's state; True once the gang has ended (result or error set)."""
+        state, attempt = rec["state"], rec["attempt"]
+        if state is None:
+            self._error = JobFailed("GangLost", f"distributed job {self.id} has no record in Redis (expired, or Redis "
+                                    "lost its data); submit it again", job_id=self.id)
+            return True
+        if rec.get("placement"):
+            placement = GangPlacement.model_validate(rec["placement"])
         else:
-            what = first.get("message") or "the process died"
-            type_name = "RankExited"
-        code = f", exit code {exit_code}" if exit_code is not None else ""
-        message = f"rank {rank} on {where} failed{code}: {what}"
-        detail = (exc or {}).get("traceback") or ""
-        if tail:
-            detail += f"\n--- last lines of rank {rank}'s stderr ---\n{tail}"
-        err = GangFailed(type_name, message, detail or None, job_id=self.id, worker=first.get("worker"))
-        err.rank, err.exit_code = rank, exit_code
-        return err
+            placement = None
+        if state == GangState.RUNNING.value:
+            if not self._placed.is_set() or self.attempt != attempt:
+                self.attempt, self._placement = attempt, placement
+                self._placed.set()
+            return False
+        if state == GangState.WAITING.value:
+            if self.attempt != attempt:  # restarting: the whole gang is placed again
+                self.attempt = attempt
+                self._placed.clear()
+            self._check_stranded(rec)
+            return False
+        self.attempt = attempt
+        self._placement = placement or self._placement
+        if state == GangState.SUCCEEDED.value:
+            results = self.store.results(self.id, attempt)
+            self._result = [signing.loads(results[r]) for r in range(self.spec.world_size)]
+        elif state == GangState.CANCELLED.value:
+            if self._placement is not None:
+                self._wait_nodes_stopped(events)  # cancel() returns once every slot is free again
+            self._error = JobFailed("Cancelled", f"distributed job {self.id} was cancelled", job_id=self.id)
+        elif self._placement is None:  # never placed: refused, or timed out waiting
+            self._error = JobRejected(rec["reason"])
+        else:
+            error = attempts.failure(self.id, self.store.failures(self.id, attempt), self.store.nodes(self.id, attempt),
+                                     self.spec.procs_per_node)
+            self._error = error or JobFailed("GangFailed", rec["reason"], job_id=self.id)
+        return True
+
+    def _check_stranded(self, rec: dict) -> None:
+        """A gang far past its timeout that no coordinator ended (no live worker left): end it here."""
+        since = rec.get("waiting_since")
+        if self.spec.timeout is None or since is None:
+            return
+        secs, micros = self.store.r.time()
+        if secs + micros / 1e6 - since > self.spec.timeout + NO_COORDINATOR_GRACE:
+            self.store.finish_if_waiting(self.id, GangState.FAILED,
+                                         f"distributed job {self.id} did not fit within {self.spec.timeout}s and "
+                                         f"no coordinator ended it (no live worker?): {rec['reason']}")
+
+    def _wait_nodes_stopped(self, events, timeout: float = 30.0) -> None:
+        """Until every node of the attempt reported (announced as ``stopped:<attempt>``), or ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while len(self.store.nodes(self.id, self.attempt)) < self.spec.nodes and time.monotonic() < deadline:
+            events.get_message(timeout=min(LOOK_EVERY, max(0.0, deadline - time.monotonic())))

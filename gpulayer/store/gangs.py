@@ -23,16 +23,21 @@ class GangStore:
 
     # -- the record -------------------------------------------------------------------------------
     def create(self, spec: GangSpec, payload: bytes, workdir: bytes | None = None) -> None:
-        """``workdir``: the signed archive of the working directory the gang ships (``spec.workdir``)."""
+        """Record a new gang and put it in the waiting line (numbered by arrival, across every client).
+
+        ``workdir``: the signed archive of the working directory the gang ships (``spec.workdir``).
+        """
         now = time.time()
+        arrival = self.r.incr(keys.GANG_ARRIVALS)
         pipe = self.r.pipeline()
         if workdir is not None:
             pipe.set(keys.gang_workdir(spec.gang_id), workdir)
         pipe.hset(keys.gang(spec.gang_id), mapping={
             "spec": spec.model_dump_json(), "state": GangState.WAITING.value, "attempt": 0,
-            "reason": "waiting for the coordinator", "created": now})
+            "reason": "waiting for the coordinator", "created": now, "arrival": arrival})
         pipe.set(keys.gang_payload(spec.gang_id), payload)
         pipe.zadd(keys.GANGS, {spec.gang_id: now})
+        pipe.zadd(keys.GANGS_WAITING, {spec.gang_id: arrival})
         pipe.execute()
 
     def spec(self, gang_id: str) -> GangSpec:
@@ -45,6 +50,8 @@ class GangStore:
         raw = {k.decode(): v.decode() for k, v in self.r.hgetall(keys.gang(gang_id)).items()}
         out = {"gang_id": gang_id, "state": raw.get("state"), "reason": raw.get("reason", ""),
                "attempt": int(raw.get("attempt", 0)), "created": float(raw.get("created", 0))}
+        if raw.get("waiting_since"):
+            out["waiting_since"] = float(raw["waiting_since"])
         if raw.get("placement"):
             out["placement"] = json.loads(raw["placement"])
         if raw.get("spec"):
@@ -55,21 +62,71 @@ class GangStore:
         raw = self.r.hget(keys.gang(gang_id), "state")
         return GangState(raw.decode()) if raw else GangState.FAILED
 
-    def set_waiting(self, gang_id: str, reason: str) -> None:
-        self.r.hset(keys.gang(gang_id), mapping={"state": GangState.WAITING.value, "reason": reason})
-
-    def set_running(self, gang_id: str, attempt: int, placement: GangPlacement) -> None:
-        self.r.hset(keys.gang(gang_id), mapping={"state": GangState.RUNNING.value, "reason": placement.reason,
-                                                 "placement": placement.model_dump_json(), "attempt": attempt})
+    def set_waiting(self, gang_id: str, reason: str, since: float | None = None) -> None:
+        """Why the gang waits; ``since`` (Redis's clock) starts its timeout if none started yet."""
+        pipe = self.r.pipeline()
+        pipe.hset(keys.gang(gang_id), mapping={"state": GangState.WAITING.value, "reason": reason})
+        if since is not None:
+            pipe.hsetnx(keys.gang(gang_id), "waiting_since", since)
+        pipe.execute()
 
     def finish(self, gang_id: str, state: GangState, reason: str = "") -> None:
         pipe = self.r.pipeline()
+        self._finish(pipe, gang_id, state, reason)
+        pipe.execute()
+
+    def finish_if_waiting(self, gang_id: str, state: GangState, reason: str) -> bool:
+        """End a gang that still waits (its timeout, or a refusal); False if a coordinator placed it meanwhile."""
+        key = keys.gang(gang_id)
+        with self.r.pipeline() as pipe:
+            try:
+                pipe.watch(key)
+                if pipe.hget(key, "state") != GangState.WAITING.value.encode():
+                    return False
+                pipe.multi()
+                self._finish(pipe, gang_id, state, reason)
+                pipe.execute()
+                return True
+            except redis.WatchError:  # reserve.lua made it run first
+                return False
+
+    def _finish(self, pipe, gang_id: str, state: GangState, reason: str) -> None:
         pipe.hset(keys.gang(gang_id), mapping={"state": state.value, "reason": reason, "finished": time.time()})
         pipe.zrem(keys.GANGS, gang_id)
+        pipe.zrem(keys.GANGS_WAITING, gang_id)
         for key in (keys.gang(gang_id), keys.gang_payload(gang_id)):
             pipe.expire(key, KEEP_SECONDS)
         pipe.delete(keys.gang_workdir(gang_id))  # no attempt starts after this
+        pipe.publish(keys.gang_events(gang_id), f"done:{state.value}")
+
+    def restart(self, gang_id: str, attempt: int, reason: str) -> None:
+        """The whole gang waits again, as attempt ``attempt``, in its first arrival's place in line."""
+        key = keys.gang(gang_id)
+        arrival = float(self.r.hget(key, "arrival") or 0)
+        pipe = self.r.pipeline()
+        pipe.hset(key, mapping={"state": GangState.WAITING.value, "attempt": attempt, "reason": reason})
+        pipe.hdel(key, "placement", "waiting_since")
+        pipe.zadd(keys.GANGS_WAITING, {gang_id: arrival})
+        pipe.publish(keys.gang_events(gang_id), f"waiting:{attempt}")
         pipe.execute()
+
+    def waiting(self) -> list[str]:
+        """Gangs waiting for slots, in order of arrival."""
+        return [g.decode() for g in self.r.zrange(keys.GANGS_WAITING, 0, -1)]
+
+    def add_attempt(self, gang_id: str, summary: dict) -> None:
+        """Keep an ended attempt's summary (``gang/attempts.py``), as long as the gang's record."""
+        key = keys.gang_attempts(gang_id)
+        pipe = self.r.pipeline()
+        pipe.rpush(key, json.dumps(summary))
+        pipe.expire(key, KEEP_SECONDS)
+        pipe.execute()
+
+    def attempts(self, gang_id: str) -> list[dict]:
+        return [json.loads(x) for x in self.r.lrange(keys.gang_attempts(gang_id), 0, -1)]
+
+    def announce(self, gang_id: str, event: str) -> None:
+        self.r.publish(keys.gang_events(gang_id), event)
 
     def active(self) -> list[dict]:
         return [self.record(g.decode()) for g in self.r.zrange(keys.GANGS, 0, -1)]
@@ -110,15 +167,20 @@ class GangStore:
     def reserve(self, gang_id: str, attempt: int, placement: GangPlacement, procs: int) -> tuple[str, str, int]:
         """All or nothing, in one Lua script.
 
-        Returns ("ok", "", 0), ("already", "", 0) if another coordinator reserved this
-        attempt first, or ("full", worker that lacked room, its free slots).
+        On success the gang's record says running, with the placement, and it leaves the
+        waiting line. Returns ("ok", "", 0), ("already", "", 0) if another coordinator
+        reserved this attempt first, ("gone", "", 0) if the gang no longer waits (cancelled,
+        timed out), or ("full", worker that lacked room, its free slots).
         """
-        out = self._reserve(keys=[keys.SLOTS_HELD, keys.WORKERS_INFO, keys.gang(gang_id)],
-                            args=[procs, attempt, *placement.workers])
+        out = self._reserve(keys=[keys.SLOTS_HELD, keys.WORKERS_INFO, keys.gang(gang_id), keys.GANGS_WAITING],
+                            args=[procs, attempt, placement.model_dump_json(), placement.reason, gang_id,
+                                  *placement.workers])
         if int(out[0]) == 1:
             return "ok", "", 0
         if int(out[0]) == 2:
             return "already", "", 0
+        if int(out[0]) == 3:
+            return "gone", "", 0
         return "full", out[1].decode(), int(out[2])
 
     def release(self, gang_id: str, attempt: int, worker_id: str, procs: int) -> bool:
@@ -178,12 +240,21 @@ class GangStore:
     def results(self, gang_id: str, attempt: int) -> dict[int, bytes]:
         return {int(k): v for k, v in self.r.hgetall(keys.gang_attempt(gang_id, attempt, "results")).items()}
 
-    def node_report(self, gang_id: str, attempt: int, node: int, report: dict) -> None:
+    def node_report(self, gang_id: str, attempt: int, node: int, report: dict) -> int:
+        """Record that a node's ranks stopped; returns how many nodes of the attempt have reported."""
         key = keys.gang_attempt(gang_id, attempt, "nodes")
         pipe = self.r.pipeline()
         pipe.hset(key, str(node), json.dumps(report))
         pipe.expire(key, KEEP_SECONDS)
-        pipe.execute()
+        pipe.hlen(key)
+        return int(pipe.execute()[-1])
+
+    def claim_conclusion(self, gang_id: str, attempt: int) -> bool:
+        """True for exactly one caller per attempt: the one that ends it (succeeded, failed or restarted)."""
+        return bool(self.r.set(keys.gang_attempt(gang_id, attempt, "concluded"), 1, nx=True, ex=KEEP_SECONDS))
+
+    def result_count(self, gang_id: str, attempt: int) -> int:
+        return int(self.r.hlen(keys.gang_attempt(gang_id, attempt, "results")))
 
     def nodes(self, gang_id: str, attempt: int) -> dict[int, dict]:
         return {int(k): json.loads(v) for k, v in self.r.hgetall(keys.gang_attempt(gang_id, attempt, "nodes")).items()}

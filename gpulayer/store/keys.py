@@ -48,10 +48,22 @@ SLOTS_HELD = f"{NAMESPACE}:slots:held"
 #   gl:gang:<id>:<a>:failures  list   JSON failure reports, in the order Redis received them
 #   gl:gang:<id>:<a>:nodes     hash   node rank -> JSON node report (worker, state, stopped_at)
 #   gl:gang:<id>:<a>:released  hash   worker id -> 1 once its slots for this attempt went back
-#   gl:gang:<id>:events        channel "fail" / "cancel" for every agent of the gang
+#   gl:gang:<id>:<a>:concluded string set once by whoever ends the attempt (its last node report)
+#   gl:gang:<id>:events        channel "fail:<a>" / "cancel" for every agent of the gang; "placed:<a>",
+#                                     "waiting:<a>", "stopped:<a>", "done:<state>" for the client's handle
 #   gl:gang:<id>:out           channel JSON lines of every rank's output
 #   gl:agent:<worker id>       list   gang orders for that worker's agent
+#   gl:gangs:waiting           zset   gang id -> arrival number: the gangs the coordinator tries, in that order
+#   gl:gangs:arrivals          string counter that numbers the arrivals
+#   gl:coordinator:lock        string one coordinator pass at a time (gang/coordinator.py)
+#   gl:coordinator:again       string "try again": set by whoever asks for a pass, taken by the pass
+#   gl:coordinator:sweep       string at most one sweep of the waiting gangs per second, fleet-wide
 GANGS = f"{NAMESPACE}:gangs"
+GANGS_WAITING = f"{NAMESPACE}:gangs:waiting"
+GANG_ARRIVALS = f"{NAMESPACE}:gangs:arrivals"
+COORDINATOR_LOCK = f"{NAMESPACE}:coordinator:lock"
+COORDINATOR_AGAIN = f"{NAMESPACE}:coordinator:again"
+COORDINATOR_SWEEP = f"{NAMESPACE}:coordinator:sweep"
 
 
 def gang(gang_id: str) -> str:
@@ -71,8 +83,13 @@ def gang_pulled(gang_id: str) -> str:
 
 
 def gang_attempt(gang_id: str, attempt: int, what: str) -> str:
-    """``what``: master, results, failures, nodes or released."""
+    """``what``: master, results, failures, nodes, released or concluded."""
     return f"{gang(gang_id)}:{attempt}:{what}"
+
+
+def gang_attempts(gang_id: str) -> str:
+    """List: one JSON summary per ended attempt (where it ran, how it ended, the workers lost)."""
+    return f"{gang(gang_id)}:attempts"
 
 
 def gang_events(gang_id: str) -> str:

@@ -21,6 +21,7 @@ from billiard.exceptions import WorkerLostError
 
 from ..app import settings as app_settings
 from ..engine import transport
+from ..gang.coordinator import worker_lost
 from ..store import keys
 from ..store.connection import connect_redis
 from ..store.gangs import GangStore
@@ -155,6 +156,7 @@ def bury(app, client: redis.Redis, worker_id: str, life: str | None, why: str, m
     else:
         requeued, failed = hand_back_lives(app, client, worker_id, why, max_deliveries)
     Registry(client).remove(worker_id)  # every record of it: liveness, info, static, load, change marks
+    worker_lost(client, worker_id, why)  # its gang nodes fail and give their slots back; waiting gangs are tried
     GangStore(client).forget_worker(worker_id)
     log.warning("gpulayer janitor: worker %s is dead (%s); requeued %d message(s), failed %d job(s)",
                 worker_id, why, requeued, failed)

@@ -25,6 +25,7 @@ from ..store.registry import Registry
 from . import runtime
 from .detect import default_address, detect_gpus
 from ..gang.agent import GangAgent, SlotGate
+from ..gang.control import ControlStep
 from .heartbeat import Heartbeat
 from .janitor import Janitor, hand_back_lives
 from .reaper import Reaper
@@ -122,6 +123,7 @@ def run_worker(*, broker: str | None = None, slots: int | None = None, zone: str
     runtime.registry = registry
     app.steps["worker"].add(Heartbeat)
     app.steps["worker"].add(GangAgent)
+    app.steps["worker"].add(ControlStep)  # the coordinator's queue, served outside the job slots
     app.steps["worker"].add(Janitor)
     app.steps["worker"].add(Reaper)
     app.steps["consumer"].add(SlotGate)
