@@ -113,6 +113,7 @@ class GangSpec(BaseModel):
     timeout: float | None = Field(default=None, gt=0)
     max_restarts: int = Field(default=0, ge=0, le=100)
     name: str = "job"
+    warm: bool = True  # direct launcher: fork ranks from the worker's warm template (False: fresh interpreters)
 
     @property
     def world_size(self) -> int:

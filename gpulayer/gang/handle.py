@@ -29,6 +29,7 @@ from ..payload import function_name, pack_function
 from ..placement import check_gang_fits_fleet
 from ..store.gangs import GangStore
 from .coordinator import coordinate
+from .ranks import first_failure
 from ..tasks.submit import as_resources
 
 RETRY_EVERY = 0.2  # seconds between placement attempts while a gang waits for slots
@@ -52,19 +53,23 @@ def init_process_group(backend: str | None = None, **kwargs):
 
 def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int = 1,
                 resources: Resources | dict | None = None, backend: str = "gloo", launcher: str = "direct",
-                timeout: float | None = None, max_restarts: int = 0, **kwargs) -> GangHandle:
+                timeout: float | None = None, max_restarts: int = 0, warm: bool = True, **kwargs) -> GangHandle:
     """Run ``fn(*args, **kwargs)`` in every rank of a ``nodes`` x ``procs_per_node`` gang.
 
     All slots are reserved at once; a gang that can never fit on the live fleet
     raises ``JobRejected`` now; one that does not fit yet waits (its reason in
     ``handle.status()``) up to ``timeout`` seconds. ``fn`` calls
     ``torch.distributed.init_process_group`` itself, as under torchrun.
+    With the direct launcher, ranks fork from each worker's warm template
+    (torch already imported); ``warm=False`` (or ``GPULAYER_WARM_RANKS=0`` on
+    the worker) starts fresh interpreters instead.
     """
     ensure_connected()
     try:
         spec = GangSpec(gang_id=uuid.uuid4().hex, nodes=nodes, procs_per_node=procs_per_node,
                         resources=as_resources(resources), backend=backend, launcher=launcher, timeout=timeout,
-                        max_restarts=max_restarts, name=function_name(fn) if not isinstance(fn, str) else fn)
+                        max_restarts=max_restarts, warm=warm,
+                        name=function_name(fn) if not isinstance(fn, str) else fn)
     except ValueError as err:
         raise ValueError(f"invalid distributed job: {err}") from err
     check_gang_fits_fleet(spec, app_mod.registry().snapshot())
@@ -132,8 +137,8 @@ class GangHandle:
                 if outcome == "cancelled":
                     self._error = JobFailed("Cancelled", f"distributed job {self.id} was cancelled", job_id=self.id)
                     return
+                self._wait_nodes_stopped()  # every node's failure reports are in before one is named
                 error = self._failure()
-                self._wait_nodes_stopped()
                 if self.attempt >= self.spec.max_restarts:
                     self.store.finish(self.id, GangState.FAILED, error.message)
                     self._error = error
@@ -206,8 +211,8 @@ class GangHandle:
 
     def _failure(self) -> JobFailed:
         reports = self.store.failures(self.id, self.attempt)
-        # The first report that is not a rank losing its connection to the rank that really failed.
-        first = next((r for r in reports if not r.get("collateral")), reports[0])
+        # The earliest failure that is not a rank losing its connection to the rank that really failed.
+        first = first_failure(reports)
         rank = first["rank"]
         mine = [r for r in reports if r.get("rank") == rank]
         exc = next((r for r in mine if r["kind"] == "exception"), None)
