@@ -251,9 +251,7 @@ class GangRun:
         while True:
             out = runner.wait(0)
             if out is not None:
-                if out.state == "failed" and out.failures:
-                    # The first report went out at once (on_failure); this one has the complete stderr tail.
-                    self._report(dict(out.failures[0].to_dict(), kind="stderr"))
+                self._report_final(out)
                 return out.state, out.stopped_at, out.exit_codes
             msg = events.get_message(timeout=POLL)
             data = str(msg["data"], "utf-8", "replace") if msg else ""
@@ -280,6 +278,7 @@ class GangRun:
             if stop is not None:
                 if stop.state == "failed":  # our own failure's event came back to us: already handled
                     continue
+                self._report_final(stop)
                 return "stopped", stop.stopped_at, stop.exit_codes
 
     def _lost_peer(self) -> tuple[int, str] | None:
@@ -294,6 +293,14 @@ class GangRun:
             if age is None or age > self.registry.dead_after:
                 return node, worker_id
         return None
+
+    def _report_final(self, outcome) -> None:
+        """Every local failure, with the complete stderr tails: the client names the earliest of all nodes'.
+
+        Also when this node was stopped by a peer's event: its own ranks may have failed first.
+        """
+        for failure in outcome.failures:
+            self._report(dict(failure.to_dict(), final=True))
 
     def _first_failure(self, failure: RankFailure) -> None:
         """The runner's first local failure: tell every other node now (they stop on the event)."""

@@ -35,7 +35,8 @@ from typing import Callable, Sequence
 
 from .launch import die_with_parent, stop_group
 
-REPORTS_ENV = "GPULAYER_RANK_REPORTS"  # the folder a rank writes its failure report to
+REPORTS_ENV = "GPULAYER_RANK_REPORTS"  # the runner's unix datagram socket for failure reports
+MAX_REPORT = 64 * 1024  # bytes of one report; a longer traceback keeps its end
 TAIL_LINES = 40
 FAIL_GRACE = 0.1  # seconds between SIGTERM and SIGKILL once a rank failed: nothing is left to save
 DRAIN_S = 0.5  # at most this long for the pipes to empty after the ranks are gone
@@ -59,11 +60,12 @@ def peer_lost(exc: BaseException) -> bool:
 
 def report_failure(exc: BaseException | None = None, *, exit_code: int | None = None, message: str | None = None,
                    tb: str | None = None) -> dict:
-    """In a rank: record why it fails, with the time, before exiting; the runner reads it after the exit.
+    """In a rank: tell the runner why it fails, with the time, before exiting.
 
     Call it from the ``except`` that catches the rank's exception (the time is
-    taken first). Returns the report; writes it to ``$GPULAYER_RANK_REPORTS``
-    when the runner set it.
+    taken first). The report goes at once to the runner's socket
+    (``$GPULAYER_RANK_REPORTS``), so the runner stops the other ranks without
+    waiting for this one to tear down; returns the report.
     """
     failed_at, failed_at_boot = time.time(), boot_clock()
     rank = int(os.environ.get("RANK", "0"))
@@ -72,18 +74,23 @@ def report_failure(exc: BaseException | None = None, *, exit_code: int | None = 
     if exc is not None:
         report.update(kind="exception", type=type(exc).__name__, message=str(exc), collateral=peer_lost(exc),
                       traceback=tb if tb is not None else "".join(traceback.format_exception(exc)))
+        if exit_code is None:
+            report["exit_code"] = 1  # what the interpreter exits with (the runner may stop it first)
     else:
         report.update(kind="exit", type=None, message=message or f"exit code {exit_code}", collateral=False,
                       traceback=tb or "")
-    folder = os.environ.get(REPORTS_ENV)
-    if folder:
-        path = os.path.join(folder, f"rank-{rank}.json")
+    address = os.environ.get(REPORTS_ENV)
+    if address:
+        data = json.dumps(report).encode()
+        if len(data) > MAX_REPORT:
+            cut = len(data) - MAX_REPORT + 100
+            report["traceback"] = "...\n" + report["traceback"][cut:]
+            data = json.dumps(report).encode()
         try:
-            with open(path + ".tmp", "w") as f:
-                json.dump(report, f)
-            os.replace(path + ".tmp", path)
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+                s.sendto(data, address)
         except OSError:
-            pass  # the runner dates the exit itself
+            pass  # no runner listening: it dates the exit itself
     return report
 
 
@@ -220,12 +227,18 @@ class RankRunner:
         self._ending: str | None = None  # "failure" or "stop": who ends the run
         self._stop_grace = grace
         self._outcome: RunOutcome | None = None
-        self._reports = tempfile.mkdtemp(prefix="gpulayer-ranks-")
+        self._folder = tempfile.mkdtemp(prefix="gpulayer-ranks-")
+        self._address = os.path.join(self._folder, "reports")
+        self._inbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self._inbox.bind(self._address)
+        self._reports: dict[int, dict] = {}  # rank -> its failure report
+        self._closing = False
         self._watcher: threading.Thread | None = None
 
     # -- public ------------------------------------------------------------------------------------
     def start(self) -> None:
         """Start every rank (warm where possible), then watch them in a thread."""
+        threading.Thread(target=self._listen, name="gpulayer-rank-reports", daemon=True).start()
         try:
             for command in self.commands:
                 self._start_one(command)
@@ -265,7 +278,7 @@ class RankRunner:
 
     # -- starting ------------------------------------------------------------------------------------
     def _start_one(self, command: RankCommand) -> None:
-        env = dict(command.env, **{REPORTS_ENV: self._reports})
+        env = dict(command.env, **{REPORTS_ENV: self._address})
         if self.capture:
             out_r, out_w = os.pipe()
             err_r, err_w = os.pipe()
@@ -302,6 +315,24 @@ class RankRunner:
                                      name="gpulayer-rank-output")
                 t.start()
                 self._pumps.append(t)
+
+    def _listen(self) -> None:
+        """Failure reports from the ranks, as they are sent (before the rank has exited)."""
+        while True:
+            try:
+                data = self._inbox.recv(MAX_REPORT + 4096)
+            except OSError:
+                return
+            if not data:
+                if self._closing:
+                    return
+                continue
+            try:
+                report = json.loads(data)
+                self._reports.setdefault(int(report["rank"]), report)
+            except (ValueError, KeyError, TypeError):
+                continue
+            self._wake.set()
 
     def _reap(self, proc: subprocess.Popen) -> None:
         proc.wait()
@@ -340,7 +371,8 @@ class RankRunner:
             self._wake.wait()
             self._wake.clear()
             seen_at, seen_at_boot = time.time(), boot_clock()
-            failed = {i for i, p in enumerate(self.procs) if p.poll() not in (None, 0)}
+            failed = {i for i, (c, p) in enumerate(zip(self.commands, self.procs))
+                      if p.poll() not in (None, 0) or any(r in self._reports for r in c.ranks)}
             with self._lock:
                 if self._ending is None and failed:
                     self._ending = "failure"
@@ -375,17 +407,17 @@ class RankRunner:
     def _failures(self, failed: set[int], seen_at: float, seen_at_boot: float,
                   only_failed: bool = False) -> list[RankFailure]:
         """Failure reports, first failure first: every rank that reported one, and the processes in
-        ``failed`` (seen ending non-zero before any stop) that died without a report."""
+        ``failed`` (seen failing before any stop) that died without a report."""
         out = []
         for i, (command, proc) in enumerate(zip(self.commands, self.procs)):
             code = proc.poll()
-            if code in (None, 0) or (only_failed and i not in failed):
+            if only_failed and i not in failed:
                 continue
-            reports = [r for r in (self._read_report(rank) for rank in command.ranks) if r is not None]
+            reports = [dict(self._reports[r]) for r in command.ranks if r in self._reports]
             for r in reports:
                 if r.get("exit_code") is None:
                     r["exit_code"] = code
-            if not reports and i in failed:  # dated when the runner saw it: it could not say more
+            if not reports and i in failed and code not in (None, 0):  # dated when seen: it could say no more
                 how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
                 reports = [{"rank": command.ranks[0], "kind": "exit", "exit_code": code,
                             "message": f"the process ended with {how} before reporting an error "
@@ -396,13 +428,6 @@ class RankRunner:
         return [RankFailure(**{k: r[k] for k in _FIELDS if r.get(k) is not None},
                             stderr_tail="\n".join(self.tails.get(r["rank"], ()))) for r in out]
 
-    def _read_report(self, rank: int) -> dict | None:
-        try:
-            with open(os.path.join(self._reports, f"rank-{rank}.json")) as f:
-                return json.load(f)
-        except (OSError, ValueError):
-            return None
-
     def _drain(self) -> None:
         """Let the output threads read what the ranks wrote before they ended (a grandchild may hold a pipe)."""
         deadline = time.monotonic() + DRAIN_S
@@ -410,7 +435,14 @@ class RankRunner:
             t.join(max(0.0, deadline - time.monotonic()))
 
     def _cleanup(self) -> None:
-        shutil.rmtree(self._reports, ignore_errors=True)
+        self._closing = True
+        try:  # an empty datagram wakes the listener, which then ends
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+                s.sendto(b"", self._address)
+        except OSError:
+            pass
+        self._inbox.close()
+        shutil.rmtree(self._folder, ignore_errors=True)
 
 
 _FIELDS = ("rank", "kind", "exit_code", "type", "message", "traceback", "failed_at", "failed_at_boot",
