@@ -215,11 +215,12 @@ class GangRun:
         base.pop("OMP_NUM_THREADS", None)  # the worker's per-slot value; ranks get cores / local ranks
         base.update(socket_ifname_env(self.worker_info.address, base))
         args = [self.gang_id, str(self.attempt)]
+        cwd = self.order.get("cwd")  # where the ranks run (None: the worker's directory)
         if s.launcher == "torchrun":
             env = dict(base, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // m)))
             cmd = torchrun_command(s.nodes, m, self.node, addr, port, ["-m", "gpulayer.gang.rank", *args],
                                    max_restarts=0, run_id=self.gang_id)
-            commands = [RankCommand(tuple(range(self.node * m, self.node * m + m)), tuple(cmd[1:]), env,
+            commands = [RankCommand(tuple(range(self.node * m, self.node * m + m)), tuple(cmd[1:]), env, cwd,
                                     warm=False)]
         else:
             commands = []
@@ -227,7 +228,7 @@ class GangRun:
                 layout = RankLayout(self.node, local, s.nodes, m)
                 env = rank_env(layout, master_addr=addr, master_port=port, run_id=self.gang_id,
                                restart_count=self.attempt, max_restarts=s.max_restarts, base_env=base)
-                commands.append(RankCommand((layout.rank,), ("-m", "gpulayer.gang.rank", *args), env))
+                commands.append(RankCommand((layout.rank,), ("-m", "gpulayer.gang.rank", *args), env, cwd))
         template = warm.shared_template() if s.warm and s.launcher == "direct" else None
         self.runner = RankRunner(commands, on_output=self._publish_line, on_failure=self._first_failure,
                                  template=template, grace=FAIL_GRACE,
