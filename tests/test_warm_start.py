@@ -141,6 +141,16 @@ def test_argv_and_main_are_the_scripts_as_torchrun_gives_them(seen):
     _check(seen, fact)
 
 
+def test_ps_shows_each_ranks_own_command_line(seen):
+    """A naive fork shows the parent's command line in /proc/<pid>/cmdline (ps, psutil, failstop's leak check)."""
+
+    def fact(summary, ranks):
+        """/proc/self/cmdline is the rank's python command line"""
+        return all(r["cmdline"] == [r["executable"], *r["argv"]] for r in ranks)
+
+    _check(seen, fact)
+
+
 def test_signal_handlers_are_a_fresh_interpreters(seen):
     """A naive fork keeps the parent's handlers (SIGTERM caught: the runner's stop would not stop the rank)."""
 

@@ -49,6 +49,8 @@ def probe(outfile: str) -> None:
                     for name in ("SIGUSR1", "SIGTERM", "SIGINT", "SIGPIPE")},
         "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
         "pdeathsig": pdeathsig.value,
+        "cmdline": [a.decode() for a in open("/proc/self/cmdline", "rb").read().rstrip(b"\0").split(b"\0")],
+        "executable": sys.executable,
     }
     with open(outfile + ".tmp", "w") as f:
         json.dump(facts, f)

@@ -56,6 +56,8 @@ PRELOAD_ENV = "GPULAYER_PRELOAD"
 READY_TIMEOUT = 120.0  # seconds a template may take to import everything
 SPAWN_TIMEOUT = 10.0
 MAX_MESSAGE = 4 * 2**20
+# Room in the template's command line for each rank's own (``ps`` and /proc/<pid>/cmdline show it).
+CMDLINE_ROOM = 4096
 # torch reads these when it is imported: the template imports it without them, each rank applies its own.
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -210,7 +212,8 @@ class WarmTemplate:
             started = time.monotonic()
             try:
                 self._proc = subprocess.Popen(
-                    [sys.executable, "-m", "gpulayer.gang.warm", str(theirs.fileno())], env=self._env,
+                    [sys.executable, "-m", "gpulayer.gang.warm", str(theirs.fileno()), " " * CMDLINE_ROOM],
+                    env=self._env,
                     stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), preexec_fn=die_with_parent)
             except OSError as err:
                 log.warning("gpulayer: cannot start the warm rank template (%s); ranks start fresh", err)
@@ -401,10 +404,28 @@ def _become_rank(request: dict, fresh_signals: dict, base_path: list[str], templ
     os.chdir(request["cwd"])
     _reopen_stdio(env)
     argv = request["argv"]
+    _set_cmdline([sys.executable, *argv])
     sys.path[:] = _fresh_path(argv, env, base_path)
     _reseed()
     _apply_threads(env)
     return _run_argv(argv)
+
+
+def _set_cmdline(args: list[str]) -> None:
+    """Write the rank's command line where the kernel reads /proc/self/cmdline (the template's argv area)."""
+    import ctypes
+
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        start, end = int(fields[45]), int(fields[46])  # fields 48 and 49 of proc(5): arg_start, arg_end
+    except (OSError, ValueError, IndexError):
+        return
+    size = end - start
+    if size <= 1:
+        return
+    data = b"\0".join(os.fsencode(a) for a in args)[:size - 1]
+    ctypes.memmove(start, data + b"\0" * (size - len(data)), size)
 
 
 def _reopen_stdio(env: dict[str, str]) -> None:
