@@ -263,6 +263,9 @@ class RankRunner:
 
         If a failure is already being handled, waits for its outcome instead.
         """
+        if self._watcher is None:  # never started (or start failed): nothing is watched, nothing to wait for
+            stop_group(self.procs, grace=grace)
+            return RunOutcome("stopped", [p.poll() for p in self.procs], [], time.time())
         with self._lock:
             if self._ending is None:
                 self._ending, self._stop_grace = reason, grace

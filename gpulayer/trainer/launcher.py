@@ -64,7 +64,7 @@ def run_ranks(fn: Callable[..., Any], args: tuple = (), *, nodes: int = 1, procs
                                                      run_id=run_id, base_env=base)))
         # A template of our own, for this call: it imports torch while this process pickles, and
         # it is gone when run_ranks returns (nothing outlives the call).
-        template = warm.WarmTemplate(restart=False).start() if warm.warm_enabled() and world > 1 else None
+        template = warm.WarmTemplate(base, restart=False).start() if warm.warm_enabled() and world > 1 else None
         runner = RankRunner(commands, template=template, capture=False)
         try:
             runner.start()
