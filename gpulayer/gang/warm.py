@@ -224,6 +224,7 @@ class WarmTemplate:
             self.pid = self._proc.pid
             self._sock = ours
             self._read(ours)
+            was_ready = self._ready.is_set()
             self._ready.clear()
             self._sock = None
             ours.close()
@@ -232,8 +233,9 @@ class WarmTemplate:
             self._orphans_gone()
             if self._closed or not self._restart:
                 break
-            # A template that dies at once (an import that crashes it) is not restarted in a tight loop.
-            self.failures = self.failures + 1 if time.monotonic() - started < 5 else 0
+            # A template that dies before it is ready (an import that crashes it, a thread or CUDA at
+            # import) or soon after is not restarted in a loop.
+            self.failures = self.failures + 1 if not was_ready or time.monotonic() - started < 5 else 0
             if self.failures >= 3:
                 log.warning("gpulayer: the warm rank template died %d times at start; ranks start fresh",
                             self.failures)
@@ -514,6 +516,11 @@ def main(argv: list[str]) -> int:
     if threads != 1:  # a fork copies only the forking thread: refuse rather than hand out broken ranks
         print(f"gpulayer warm template: {threads} Python threads after preloading; not forking",
               file=sys.stderr, flush=True)
+        return 1
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():  # CUDA does not survive a fork
+        print("gpulayer warm template: a preloaded module initialised CUDA; not forking", file=sys.stderr,
+              flush=True)
         return 1
     template_pid = os.getpid()
     sock.send(json.dumps({"ready": True}).encode())
