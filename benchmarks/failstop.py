@@ -7,17 +7,19 @@ rank 3 raises ``ValueError`` while ranks 0-2 block in an ``all_reduce``.
 
 Per run:
 
-- *failure*: the earliest report in ``GangStore.failures(job, 0)`` (``at``: rank
-  3's own report, written just before it exits);
+- *failure*: the time rank 3 recorded when it caught its exception (its
+  report's ``failed_at``, taken before it reports and exits);
 - *all stopped*: the latest node report's ``stopped_at`` (its agent's time once
   every local rank was reaped); a node whose ranks all exited by themselves has
   ``stopped_at`` None and counts at its ``finished_at``;
 - *client raised*: when ``.get()`` raised ``JobFailed`` in this script.
 
-It also checks that the failure names rank 3, that no rank process is left
-under the workers, and that the slot ledger is empty after each run and at the end.
+It also counts the runs whose failure names rank 3 (the rank that failed
+first: the others fail later, collateral, once it is gone), and checks that no
+rank process is left under the workers and that the slot ledger is empty after
+each run and at the end.
 
-    python benchmarks/failstop.py [--runs 5] [--launcher direct|torchrun]
+    python benchmarks/failstop.py [--runs 20] [--launcher direct|direct-fresh|torchrun]
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from startup import NODES, PROCS, Report, header, start_fleet, stop_fleet  # sam
 
 GET_TIMEOUT = 180.0
 FREE_TIMEOUT = 10.0
-GOAL_S = 1.0
+GOAL_S = 0.1
+VARIANTS = {"direct": ("direct", True), "direct-fresh": ("direct", False), "torchrun": ("torchrun", False)}
 
 
 def rank3_raises():
@@ -57,10 +60,11 @@ def rank3_raises():
     time.sleep(120)
 
 
-def run_one(launcher: str, store, worker_pids: list[int]) -> dict:
+def run_one(variant: str, store, worker_pids: list[int]) -> dict:
     from gpulayer import JobFailed, distributed
 
-    job = distributed(rank3_raises, nodes=NODES, procs_per_node=PROCS, launcher=launcher)
+    launcher, warm = VARIANTS[variant]
+    job = distributed(rank3_raises, nodes=NODES, procs_per_node=PROCS, launcher=launcher, warm=warm)
     try:
         job.get(timeout=GET_TIMEOUT)
     except JobFailed as err:
@@ -68,10 +72,10 @@ def run_one(launcher: str, store, worker_pids: list[int]) -> dict:
         error = err
     else:
         raise AssertionError(f"job {job.id} succeeded; rank 3 should have failed it")
-    if getattr(error, "rank", None) != 3 or error.type_name != "ValueError":
-        raise AssertionError(f"job {job.id}: expected rank 3's ValueError, got: {error.message}")
-
-    failed_at = min(f["at"] for f in store.failures(job.id, 0))
+    named = getattr(error, "rank", None) if error.type_name == "ValueError" else None
+    reports = store.failures(job.id, 0)
+    rank3 = [f["failed_at"] for f in reports if f.get("rank") == 3 and f.get("failed_at")]
+    failed_at = min(rank3) if rank3 else min(f["at"] for f in reports)
     nodes = store.nodes(job.id, 0)
     if len(nodes) != NODES:
         raise AssertionError(f"job {job.id}: {len(nodes)} node reports after .get() raised, expected {NODES}")
@@ -82,7 +86,7 @@ def run_one(launcher: str, store, worker_pids: list[int]) -> dict:
     while store.held() and time.monotonic() - t0 < FREE_TIMEOUT:
         time.sleep(0.01)
     free_after = time.monotonic() - t0
-    return {"stopped": max(node_stop.values()), "raised": raised_at - failed_at, "nodes": node_stop,
+    return {"stopped": max(node_stop.values()), "raised": raised_at - failed_at, "nodes": node_stop, "named": named,
             "states": [nodes[n]["state"] for n in sorted(nodes)], "held": store.held(), "free_after": free_after,
             "leftover": leftover_ranks(worker_pids)}
 
@@ -114,7 +118,7 @@ def benchmark(args: argparse.Namespace) -> list[str]:
     out = Report()
     header(out, "failstop.py")
     out(f"# {NODES} workers x {PROCS} slots (one zone), job {NODES} x {PROCS} ranks, gloo, launcher "
-        f"{args.launcher}; rank 3 raises after a barrier, ranks 0-2 block in all_reduce; runs {args.runs} "
+        f"{args.launcher} ({'fresh interpreters' if args.launcher == 'direct-fresh' else 'warm' if args.launcher == 'direct' else 'torchrun'}); rank 3 raises after a barrier, ranks 0-2 block in all_reduce; runs {args.runs} "
         f"(+1 warm-up)")
     workdir = Path(tempfile.mkdtemp(prefix="gl-failstop-"))
     rows: list[dict] = []
@@ -126,13 +130,13 @@ def benchmark(args: argparse.Namespace) -> list[str]:
         run_one(args.launcher, store, worker_pids)  # warm-up: page cache, worker imports
         out()
         out(f"{'run':>3}  {'all stopped s':>13} {'client raised s':>15}  {'node stops s (state)':<38} "
-            f"{'slots free s':>12}  leftover ranks")
+            f"{'slots free s':>12}  {'named':>5}  leftover ranks")
         for r in range(args.runs):
             row = run_one(args.launcher, store, worker_pids)
             rows.append(row)
             stops = ", ".join(f"{n}: {s:.3f} ({st})" for (n, s), st in zip(row["nodes"].items(), row["states"]))
             out(f"{r + 1:>3}  {row['stopped']:>13.3f} {row['raised']:>15.3f}  {stops:<38} "
-                f"{row['free_after']:>12.3f}  {len(row['leftover'])}")
+                f"{row['free_after']:>12.3f}  {str(row['named']):>5}  {len(row['leftover'])}")
         held_end = store.held()
     finally:
         stop_fleet(fleet)
@@ -141,9 +145,11 @@ def benchmark(args: argparse.Namespace) -> list[str]:
     stopped = [r["stopped"] for r in rows]
     raised = [r["raised"] for r in rows]
     out()
-    out(f"over {args.runs} runs, seconds after rank 3's failure report:")
+    named = sum(1 for r in rows if r["named"] == 3)
+    out(f"the failure names rank 3 (the first to fail) in {named} of {args.runs} runs")
+    out(f"over {args.runs} runs, seconds after rank 3 caught its exception:")
     out(f"  every rank stopped:  median {statistics.median(stopped):.3f}  max {max(stopped):.3f}  (goal <= "
-        f"{GOAL_S:.0f} s: {'met' if max(stopped) <= GOAL_S else 'NOT met'} by the max, "
+        f"{GOAL_S:.1f} s: {'met' if max(stopped) <= GOAL_S else 'NOT met'} by the max, "
         f"{'met' if statistics.median(stopped) <= GOAL_S else 'NOT met'} by the median)")
     out(f"  client .get() raised: median {statistics.median(raised):.3f}  max {max(raised):.3f}")
     dirty = [i + 1 for i, r in enumerate(rows) if r["held"] or r["leftover"]]
@@ -154,8 +160,9 @@ def benchmark(args: argparse.Namespace) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--runs", type=int, default=5, help="measured runs; median and max are quoted (default 5)")
-    p.add_argument("--launcher", choices=("direct", "torchrun"), default="direct", help="default direct")
+    p.add_argument("--runs", type=int, default=20, help="measured runs; median and max are quoted (default 20)")
+    p.add_argument("--launcher", choices=tuple(VARIANTS), default="direct",
+                   help="direct (warm ranks, the default), direct-fresh (warm=False) or torchrun")
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error("--runs must be at least 1")

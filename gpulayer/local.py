@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import ctypes
 import json
 import os
 import secrets
@@ -34,10 +33,8 @@ import redis
 
 from .config import STATE_FILE_NAME, home_dir, read_state
 from .errors import ClusterUnavailable, ConfigError
-from .gang.launch import free_port
+from .gang.launch import die_with_parent, free_port
 from .store.connection import connect_redis
-
-_PR_SET_PDEATHSIG = 1
 
 
 def find_redis_server() -> str:
@@ -57,10 +54,7 @@ def find_redis_server() -> str:
 
 def _die_with_parent() -> None:
     """Linux: the child gets SIGTERM (a clean stop) when the process that started it dies."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
+    die_with_parent(signal.SIGTERM)
 
 
 def _conf_value(value: str) -> str:

@@ -125,6 +125,7 @@ class GangSpec(BaseModel):
     max_restarts: int = Field(default=0, ge=0, le=100)
     name: str = "job"
     workdir: WorkdirSpec | None = None  # the archive is in Redis (keys.gang_workdir)
+    warm: bool = True  # direct launcher: fork ranks from the worker's warm template (False: fresh interpreters)
 
     @property
     def world_size(self) -> int:

@@ -175,6 +175,17 @@ def sleepy_gang(seconds):
     return start, _t.time()
 
 
+def gang_until_released(key):
+    """Holds its slots until the test sets ``key`` (warm ranks start in milliseconds: no sleep is long enough)."""
+    import time as _t
+
+    gpulayer.init_process_group("gloo")
+    r = gpulayer.app.redis_client()
+    deadline = _t.monotonic() + 120
+    while not r.exists(key) and _t.monotonic() < deadline:
+        _t.sleep(0.02)
+
+
 def test_two_gangs_that_cannot_both_fit_both_complete(gangs):
     a = distributed(sleepy_gang, 2.0, nodes=3, procs_per_node=2, timeout=300)
     b = distributed(sleepy_gang, 2.0, nodes=3, procs_per_node=2, timeout=300)
@@ -186,7 +197,8 @@ def test_two_gangs_that_cannot_both_fit_both_complete(gangs):
 
 
 def test_waiting_gang_shows_its_reason(gangs):
-    hold = distributed(sleepy_gang, 4.0, nodes=4, procs_per_node=2)
+    release = f"test:release:{time.time()}"
+    hold = distributed(gang_until_released, release, nodes=4, procs_per_node=2)
     hold.placement
     waiting = distributed(sleepy_gang, 0.1, nodes=1, procs_per_node=1)
     deadline = time.monotonic() + 30
@@ -194,6 +206,7 @@ def test_waiting_gang_shows_its_reason(gangs):
         assert time.monotonic() < deadline, waiting.status()
         time.sleep(0.05)
     assert waiting.status()["state"] == "waiting"
+    redis_client().set(release, 1, ex=600)
     hold.get(timeout=120)
     waiting.get(timeout=120)
 
@@ -211,10 +224,12 @@ def count_concurrency(key):
 
 def test_reserved_slots_take_no_ordinary_jobs(gangs):
     key = f"test:conc:{time.time()}"
-    job = distributed(sleepy_gang, 3.0, nodes=1, procs_per_node=1, resources=Resources(worker_ids=["g4"]))
+    job = distributed(gang_until_released, key + ":release", nodes=1, procs_per_node=1,
+                      resources=Resources(worker_ids=["g4"]))
     job.placement  # reserved: one of g4's two slots
     hs = [submit.delay(count_concurrency, key, resources=Resources(worker_ids=["g4"])) for _ in range(5)]
     [h.get(timeout=60) for h in hs]
+    redis_client().set(key + ":release", 1, ex=600)
     job.get(timeout=60)
     # Ordinary jobs kept flowing on g4's other slot, but never on the reserved one.
     assert int(redis_client().get(key + ":max")) == 1
@@ -262,7 +277,8 @@ def test_status_json_shows_workers_slots_and_a_waiting_gangs_reason(gangs):
     import subprocess
     import sys
 
-    hold = distributed(sleepy_gang, 5.0, nodes=4, procs_per_node=2)
+    release = f"test:release:{time.time()}"
+    hold = distributed(gang_until_released, release, nodes=4, procs_per_node=2)
     hold.placement
     waiting = distributed(sleepy_gang, 0.1, nodes=2, procs_per_node=2)
     deadline = time.monotonic() + 30
@@ -284,6 +300,7 @@ def test_status_json_shows_workers_slots_and_a_waiting_gangs_reason(gangs):
     assert by_id[waiting.id]["state"] == "waiting"
     assert "waiting for 2 workers with 2 free slots" in by_id[waiting.id]["reason"]
     assert gangs.secret not in out.stdout and "fleet-pw" not in out.stdout
+    redis_client().set(release, 1, ex=600)
     hold.get(timeout=120)
     waiting.get(timeout=120)
 

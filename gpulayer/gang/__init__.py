@@ -8,7 +8,11 @@ Where things are:
 - ``control.py``      the control consumer: every worker serves the coordinator's queue outside its job slots.
 - ``outcome.py``      the error a failed attempt raises: the rank that failed first, from its reports.
 - ``agent.py``        the gang agent in each worker: takes orders, holds the slots, runs the local ranks.
-- ``launch.py``       torchrun's environment for one rank (the direct launcher), and torchrun's command line.
+- ``ranks.py``        the rank runner: start a machine's ranks, stream their output, stop them all on the first
+                      failure, and say who failed first (the agent and the local ``Trainer(devices=M)`` use it).
+- ``warm.py``         warm starts: a template that imported torch once forks each rank, as a fresh process.
+- ``launch.py``       torchrun's environment for one rank (the direct launcher), torchrun's command line, the
+                      one process stopper (``stop_group``) and parent-death helper (``die_with_parent``).
 - ``rank.py``         the entry point of one rank (``python -m gpulayer.gang.rank``).
 - ``workdir.py``      a gang's directory on one worker: the shipped working directory its ranks share
                       across restarts, what comes back to the client, and its removal.

@@ -1,19 +1,19 @@
 """The gang agent: runs in each worker's main process, beside Celery's consumer.
 
 It takes gang orders from the worker's order list, holds the reserved slots
-(the consumer takes no ordinary job on them), starts the local ranks with the
-direct launcher or torchrun, streams their output, and on the first failure
-anywhere stops every local rank: SIGTERM, then SIGKILL after a short grace.
+(the consumer takes no ordinary job on them), and hands the local ranks to the
+rank runner (``ranks.py``: forked from the worker's warm template, or started
+fresh, or under torchrun), which streams their output and stops them all on
+the first local failure. The agent tells the other nodes (a failure report in
+Redis, which publishes the gang's event) and stops its ranks on theirs.
 """
 
 from __future__ import annotations
 
-import collections
 import json
 import logging
 import os
 import socket
-import subprocess
 import threading
 import time
 
@@ -25,9 +25,10 @@ from .. import signing
 from . import workdir
 from ..app import settings as app_settings
 from ..engine.qos import gate_consumption
+from . import warm
 from .coordinator import node_stopped, worker_lost
-from .launch import (RankLayout, die_with_parent, free_port, rank_env, socket_ifname_env, stop_group,
-                      torchrun_command)
+from .launch import RankLayout, free_port, rank_env, socket_ifname_env, torchrun_command
+from .ranks import RankCommand, RankFailure, RankRunner
 from ..models import GangSpec, GangState
 from ..store import keys
 from ..store.connection import connect_redis
@@ -38,7 +39,6 @@ from ..worker.loopstep import LoopStep
 
 log = logging.getLogger(__name__)
 
-TAIL_LINES = 40
 POLL = 0.01  # seconds between checks of the local ranks and the gang's events
 SWEEP_EVERY = 2.0  # seconds between sweeps of this worker's gang directories whose gang ended elsewhere
 GRACE = 0.5  # seconds between SIGTERM and SIGKILL when a gang is cancelled or its worker stops
@@ -99,6 +99,7 @@ class GangAgent(LoopStep):
         GangStore(client).forget_worker(self.worker_info.id)
         self._sweep(GangStore(client))  # a previous life's directories of gangs that ended meanwhile
         client.close()
+        warm.shared_template()  # imports torch in the background; the first gang forks from it
         super().start(worker)
 
     def _sweep(self, store: GangStore) -> None:
@@ -139,6 +140,7 @@ class GangAgent(LoopStep):
         # What is left (gangs between attempts, a run that did not end in time): nothing on a
         # stopped worker resumes from it.
         workdir.sweep(workdir.root(), self.worker_info.id, set(), lambda gang_id: True)
+        warm.close_shared_template()
 
 
 class GangRun:
@@ -153,8 +155,7 @@ class GangRun:
         self.client = connect_redis(url, socket_timeout=10)
         self.store = GangStore(self.client)
         self.registry = Registry(self.client, _dead_after())
-        self.procs: list[tuple[int, subprocess.Popen]] = []  # (first global rank it runs, process)
-        self.tails: dict[int, collections.deque] = {}
+        self.runner: RankRunner | None = None
         self._aborted = threading.Event()
         self.abort_reason = ""
         self.ended = threading.Event()
@@ -178,12 +179,12 @@ class GangRun:
             if not self._wait_for_room() or not self._launch():
                 outcome = "stopped"
             else:
-                outcome, stopped_at = self._watch(events)
-            codes = [p.returncode for _, p in self.procs]
+                outcome, stopped_at, codes = self._watch(events)
         except Exception as err:
             log.exception("gpulayer agent: gang %s failed on this worker", self.gang_id)
-            self._report_failure(self.node * m, "agent", message=f"{type(err).__name__}: {err}")
-            stopped_at = self._stop_all()
+            self._report({"rank": self.node * m, "kind": "agent", "message": f"{type(err).__name__}: {err}"})
+            if self.runner is not None:
+                stopped_at = self.runner.stop(FAIL_GRACE).stopped_at
         finally:
             events.close()
             kept = self._end_workdir(outcome)
@@ -220,8 +221,8 @@ class GangRun:
             if self.store.failures(self.gang_id, self.attempt):
                 return None
             time.sleep(POLL)
-        self._report_failure(self.node * self.spec.procs_per_node, "agent",
-                             message="node 0 did not publish its rendezvous address within 120 s")
+        self._report({"rank": self.node * self.spec.procs_per_node, "kind": "agent",
+                      "message": "node 0 did not publish its rendezvous address within 120 s"})
         return None
 
     def _launch(self) -> bool:
@@ -243,46 +244,34 @@ class GangRun:
         if self.cwd is not None:
             base["GPULAYER_WORKDIR"] = str(self.cwd)
         args = [self.gang_id, str(self.attempt)]
+        cwd = str(self.cwd) if self.cwd is not None else None  # the shipped workdir (None: the worker's)
         if s.launcher == "torchrun":
             env = dict(base, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // m)))
             cmd = torchrun_command(s.nodes, m, self.node, addr, port, ["-m", "gpulayer.gang.rank", *args],
                                    max_restarts=0, run_id=self.gang_id, log_dir=str(self.base / "torchrun"))
-            self._spawn(self.node * m, cmd, env)
+            commands = [RankCommand(tuple(range(self.node * m, self.node * m + m)), tuple(cmd[1:]), env, cwd,
+                                    warm=False)]
         else:
+            commands = []
             for local in range(m):
                 layout = RankLayout(self.node, local, s.nodes, m)
                 env = rank_env(layout, master_addr=addr, master_port=port, run_id=self.gang_id,
                                restart_count=self.attempt, max_restarts=s.max_restarts, base_env=base)
-                self._spawn(layout.rank, [_python(), "-m", "gpulayer.gang.rank", *args], env)
+                commands.append(RankCommand((layout.rank,), ("-m", "gpulayer.gang.rank", *args), env, cwd))
+        template = warm.shared_template() if s.warm and s.launcher == "direct" else None
+        self.runner = RankRunner(commands, on_output=self._publish_line, on_failure=self._first_failure,
+                                 template=template, grace=FAIL_GRACE,
+                                 split_line=_torchrun_line if s.launcher == "torchrun" else None)
+        self.runner.start()
         return True
 
-    def _spawn(self, rank: int, cmd: list[str], env: dict) -> None:
-        # Own process group (so a stop reaches torchrun's children too), and dead with the worker:
-        # a worker that dies must not leave ranks behind.
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=self.cwd,
-                                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent)
-        self.procs.append((rank, proc))
-        self.tails[rank] = collections.deque(maxlen=TAIL_LINES)
-        for stream, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
-            threading.Thread(target=self._pump, args=(rank, stream, pipe), daemon=True).start()
-
-    def _pump(self, rank: int, stream: str, pipe) -> None:
-        """Forward a rank's output line by line to the gang's output channel; keep a tail of stderr."""
-        torchrun = self.spec.launcher == "torchrun"
-        channel = keys.gang_output(self.gang_id)
-        for raw in iter(pipe.readline, b""):
-            line = raw.decode(errors="replace").rstrip("\n")
-            who = rank
-            if torchrun and line.startswith("[default") and "]:" in line:  # torchrun --tee prefix
-                tag, _, line = line.partition("]:")
-                who = self.node * self.spec.procs_per_node + int(tag[len("[default"):] or 0)
-            if stream == "stderr":
-                self.tails.setdefault(who, collections.deque(maxlen=TAIL_LINES)).append(line)
-            try:
-                self.client.publish(channel, json.dumps({"rank": who, "stream": stream, "line": line}))
-            except redis.RedisError:
-                pass
-        pipe.close()
+    def _publish_line(self, rank: int, stream: str, line: str) -> None:
+        """Forward a rank's output line to the gang's output channel."""
+        try:
+            self.client.publish(keys.gang_output(self.gang_id), json.dumps({"rank": rank, "stream": stream,
+                                                                            "line": line}))
+        except redis.RedisError:
+            pass
 
     def _end_workdir(self, outcome: str) -> str | None:
         """Node 0 packs what its ranks wrote for the client; the directory goes once the gang is over.
@@ -321,37 +310,42 @@ class GangRun:
         self.store.set_pulled(self.gang_id, record)
 
     # -- watch and stop ---------------------------------------------------------------------------
-    def _watch(self, events) -> tuple[str, float | None]:
+    def _watch(self, events) -> tuple[str, float | None, list]:
+        """Until the ranks end, a peer fails (its agent's event), the gang is cancelled or a peer is lost."""
+        runner = self.runner
         next_peer_check = time.monotonic() + 1.0
         while True:
-            done = True
-            for rank, proc in self.procs:
-                code = proc.poll()
-                if code is None:
-                    done = False
-                elif code != 0:
-                    self._report_failure(rank, "exit", exit_code=code)  # at once: the others stop on it
-                    stopped = self._stop_all()
-                    self._report_failure(rank, "stderr", exit_code=code, drained=True)
-                    return "failed", stopped
-            if done:
-                return "succeeded", None
+            out = runner.wait(0)
+            if out is not None:
+                self._report_final(out)
+                return out.state, out.stopped_at, out.exit_codes
             msg = events.get_message(timeout=POLL)
-            if msg and str(msg["data"], "utf-8", "replace") == f"fail:{self.attempt}":
-                return "stopped", self._stop_all()
-            if msg and str(msg["data"], "utf-8", "replace") == "cancel":
-                return "stopped", self._stop_all(GRACE)
-            if self._aborted.is_set():
-                self._report_failure(self.node * self.spec.procs_per_node, "agent", message=self.abort_reason)
-                return "failed", self._stop_all(GRACE)
-            if time.monotonic() > next_peer_check:
+            data = str(msg["data"], "utf-8", "replace") if msg else ""
+            stop = None
+            if data == f"fail:{self.attempt}":
+                stop = runner.stop(FAIL_GRACE, reason="peer failed")
+            elif data == "cancel":
+                stop = runner.stop(GRACE, reason="cancelled")
+            elif self._aborted.is_set():
+                self._report({"rank": self.node * self.spec.procs_per_node, "kind": "agent",
+                              "message": self.abort_reason})
+                stop = runner.stop(GRACE, reason="aborted")
+                return "failed", stop.stopped_at, stop.exit_codes
+            elif time.monotonic() > next_peer_check:
                 next_peer_check = time.monotonic() + 1.0
                 lost = self._lost_peer()
                 if lost is not None:
                     node, worker_id = lost
-                    self._report_failure(node * self.spec.procs_per_node, "worker_lost", worker=worker_id,
-                                         message=f"worker {worker_id} (node {node}) stopped heartbeating")
-                    return "failed", self._stop_all()
+                    self._report({"rank": node * self.spec.procs_per_node, "kind": "worker_lost",
+                                  "worker": worker_id,
+                                  "message": f"worker {worker_id} (node {node}) stopped heartbeating"})
+                    stop = runner.stop(FAIL_GRACE, reason="peer lost")
+                    return "failed", stop.stopped_at, stop.exit_codes
+            if stop is not None:
+                if stop.state == "failed":  # our own failure's event came back to us: already handled
+                    continue
+                self._report_final(stop)
+                return "stopped", stop.stopped_at, stop.exit_codes
 
     def _lost_peer(self) -> tuple[int, str] | None:
         """The first node whose worker is silent past ``worker_dead_after`` (or buried), by Redis's clock.
@@ -366,18 +360,36 @@ class GangRun:
                 return node, worker_id
         return None
 
-    def _stop_all(self, grace: float = FAIL_GRACE) -> float:
-        stop_group([p for _, p in self.procs], grace=grace)
-        return time.time()
+    def _report_final(self, outcome) -> None:
+        """Every local failure, with the complete stderr tails: the client names the earliest of all nodes'.
 
-    def _report_failure(self, rank: int, kind: str, exit_code: int | None = None, worker: str | None = None,
-                        message: str = "", drained: bool = False) -> None:
-        if drained:
-            time.sleep(0.05)  # the rank is gone; let its pipes drain so the stderr tail is complete
-        self.store.push_failure(self.gang_id, self.attempt, {
-            "rank": rank, "worker": worker or self.worker_info.id, "address": self.worker_info.address,
-            "host": socket.gethostname(), "kind": kind, "exit_code": exit_code, "message": message,
-            "stderr_tail": "\n".join(self.tails.get(rank, ())), "at": time.time()})
+        Also when this node was stopped by a peer's event: its own ranks may have failed first.
+        """
+        for failure in outcome.failures:
+            self._report(dict(failure.to_dict(), final=True))
+
+    def _first_failure(self, failure: RankFailure) -> None:
+        """The runner's first local failure: tell every other node now (they stop on the event)."""
+        self._report(failure.to_dict())
+
+    def _report(self, report: dict) -> None:
+        report = dict(report)
+        report.setdefault("worker", self.worker_info.id)
+        report.setdefault("host", socket.gethostname())
+        report.update(address=self.worker_info.address, at=time.time())
+        if report.get("worker") is None:
+            report["worker"] = self.worker_info.id
+        self.store.push_failure(self.gang_id, self.attempt, report)
+
+
+def _torchrun_line(command: RankCommand, line: str) -> tuple[int, str]:
+    """torchrun's ``--tee 3`` prefixes each line with ``[default<local rank>]:``."""
+    if line.startswith("[default") and "]:" in line:
+        tag, _, rest = line.partition("]:")
+        local = tag[len("[default"):]
+        if local.isdigit():
+            return command.ranks[0] + int(local), rest
+    return command.ranks[0], line
 
 
 def _dead_after() -> float:
@@ -387,7 +399,3 @@ def _dead_after() -> float:
     return app_settings().worker_dead_after
 
 
-def _python() -> str:
-    import sys
-
-    return sys.executable

@@ -56,8 +56,8 @@ def init_process_group(backend: str | None = None, **kwargs):
 
 def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int = 1,
                 resources: Resources | dict | None = None, backend: str = "gloo", launcher: str = "direct",
-                timeout: float | None = None, max_restarts: int = 0, workdir: ShippedDir | None = None,
-                **kwargs) -> GangHandle:
+                timeout: float | None = None, max_restarts: int = 0, warm: bool = True,
+                workdir: ShippedDir | None = None, **kwargs) -> GangHandle:
     """Run ``fn(*args, **kwargs)`` in every rank of a ``nodes`` x ``procs_per_node`` gang.
 
     All slots are reserved at once; a gang that can never fit on the live fleet
@@ -67,12 +67,15 @@ def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int =
     ``torch.distributed.init_process_group`` itself, as under torchrun.
     ``workdir`` (what ``gpulayer train`` ships): every node's agent unpacks it once
     and its ranks run in it, across restarts (``gpulayer/gang/workdir.py``).
+    With the direct launcher, ranks fork from each worker's warm template
+    (torch already imported); ``warm=False`` (or ``GPULAYER_WARM_RANKS=0`` on
+    the worker) starts fresh interpreters instead.
     """
     ensure_connected()
     try:
         spec = GangSpec(gang_id=uuid.uuid4().hex, nodes=nodes, procs_per_node=procs_per_node,
                         resources=as_resources(resources), backend=backend, launcher=launcher, timeout=timeout,
-                        max_restarts=max_restarts, name=function_name(fn) if not isinstance(fn, str) else fn,
+                        max_restarts=max_restarts, warm=warm, name=function_name(fn) if not isinstance(fn, str) else fn,
                         workdir=workdir.spec() if workdir is not None else None)
     except ValueError as err:
         raise ValueError(f"invalid distributed job: {err}") from err

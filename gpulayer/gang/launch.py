@@ -98,7 +98,10 @@ def torchrun_command(nodes: int, procs_per_node: int, node_rank: int, master_add
 
 
 def stop_group(procs: list[subprocess.Popen], grace: float = 0.5) -> None:
-    """Stop process groups started with ``start_new_session``: SIGTERM, SIGKILL after ``grace`` s; reap all."""
+    """Stop process groups started with ``start_new_session``: SIGTERM, SIGKILL after ``grace`` s; reap all.
+
+    The one process stopper for ranks; ``procs`` may also be warm ranks (``warm.WarmProcess``).
+    """
     for p in procs:
         _signal_group(p, signal.SIGTERM)
     deadline = time.monotonic() + grace
@@ -119,12 +122,15 @@ def _signal_group(p: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def die_with_parent() -> None:
-    """In a child before exec (Linux): get SIGKILL when the thread that started it dies."""
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """In a child before exec, or after a fork (Linux): get ``sig`` when the thread that started it dies.
+
+    The one parent-death mechanism: ranks, the warm template, pool processes and local workers use it.
+    """
     import ctypes
 
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
     except OSError:
         pass
 

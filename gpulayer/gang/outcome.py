@@ -6,13 +6,32 @@ restarts) the attempt, and the client raises the same ``GangFailed``.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from ..errors import GangFailed
+
+
+def first_failure(reports: Sequence[dict]) -> dict:
+    """The report of the rank that failed first, among reports from one or several machines.
+
+    Genuine failures beat collateral ones (a rank that lost its peer). Reports
+    from one host compare on that host's shared clock; across hosts, on wall
+    clocks. Reports without a time (an agent's) keep their order of arrival.
+    """
+    if not reports:
+        raise ValueError("no failure reports")
+    pool = [r for r in reports if not r.get("collateral")] or list(reports)
+    hosts = {r.get("host") for r in pool}
+    if len(hosts) == 1 and all(r.get("failed_at_boot") for r in pool):
+        return min(pool, key=lambda r: r["failed_at_boot"])
+    order = {id(r): i for i, r in enumerate(pool)}
+    return min(pool, key=lambda r: (r.get("failed_at") or r.get("at") or float("inf"), order[id(r)]))
 
 
 def gang_failure(gang_id: str, reports: list[dict]) -> GangFailed:
     """The error for an attempt with failure ``reports`` (in the order Redis received them; at least one)."""
-    # The first report that is not a rank losing its connection to the rank that really failed.
-    first = next((r for r in reports if not r.get("collateral")), reports[0])
+    # The earliest failure that is not a rank losing its connection to the rank that really failed.
+    first = first_failure(reports)
     rank = first["rank"]
     mine = [r for r in reports if r.get("rank") == rank]
     exc = next((r for r in mine if r["kind"] == "exception"), None)

@@ -2,15 +2,17 @@
 
 Started by a worker's gang agent (directly, or under torchrun) with torchrun's
 environment already set. It loads the signed function, runs it, and stores the
-return value, or the exception with its traceback, under its rank.
+return value under its rank; a failure is recorded for the rank runner
+(``ranks.report_failure``), which reports it through its agent.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-import time
 import traceback
+
+from gpulayer.gang.ranks import fast_exit, report_failure
 
 
 def main(argv: list[str]) -> int:
@@ -37,35 +39,18 @@ def main(argv: list[str]) -> int:
         if code == 0:
             store.set_result(gang_id, attempt, rank, signing.dumps(None))
             return 0
-        store.push_failure(gang_id, attempt, {
-            "rank": rank, "worker": os.environ.get("GPULAYER_WORKER_ID"), "address": os.environ.get("GPULAYER_WORKER_ADDR"),
-            "kind": "exit", "exit_code": code, "message": f"sys.exit({exit_.code!r})", "at": time.time()})
+        report_failure(exit_code=code, message=f"sys.exit({exit_.code!r})")
         return code
-    except BaseException as exc:  # report, then exit non-zero: the agent stops the other ranks
+    except BaseException as exc:  # record (with the time), then exit non-zero: the runner stops the others
         tb = traceback.format_exc()
+        report_failure(exc, tb=tb)
         sys.stderr.write(tb)
         sys.stderr.flush()
-        collateral = _peer_lost(exc)
-        if collateral:
-            # Most likely a peer died first and this rank only lost its connection: give the
-            # peer's own report a head start (we are usually stopped before ours is sent).
-            time.sleep(0.3)
-        store.push_failure(gang_id, attempt, {"collateral": collateral,
-            "rank": rank, "worker": os.environ.get("GPULAYER_WORKER_ID"), "address": os.environ.get("GPULAYER_WORKER_ADDR"),
-            "kind": "exception", "type": type(exc).__name__, "message": str(exc), "traceback": tb, "at": time.time()})
         return 1
     finally:
         _destroy_process_group()
     store.set_result(gang_id, attempt, rank, signing.dumps(result))
     return 0
-
-
-def _peer_lost(exc: BaseException) -> bool:
-    """Does ``exc`` look like a lost connection to another rank (gloo/NCCL), not a failure of this rank?"""
-    text = f"{type(exc).__name__}: {exc}"
-    return type(exc).__name__ in ("DistBackendError", "DistNetworkError") or any(
-        s in text for s in ("Connection closed by peer", "Connection reset by peer", "gloo/transport",
-                            "NCCL communicator was aborted", "Broken pipe"))
 
 
 def _destroy_process_group() -> None:
@@ -78,4 +63,4 @@ def _destroy_process_group() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    fast_exit(main(sys.argv[1:]))

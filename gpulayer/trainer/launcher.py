@@ -1,28 +1,29 @@
 """Start the ranks of a multi-process fit on this machine and collect what they return.
 
-Each rank is a fresh ``python`` process with the environment torchrun would give
-it (``gpulayer.gang.launch.rank_env``: the direct launcher, no elastic agent). The
-function and its arguments travel by cloudpickle through a private temporary
-directory, so closures and classes defined in ``__main__`` work. The first rank
-to fail stops the others, and the caller gets ``RankFailed`` with that rank's
-traceback; no process outlives ``run_ranks``.
+Each rank gets the environment torchrun would give it (``gpulayer.gang.launch.rank_env``:
+the direct launcher, no elastic agent) and is started by the rank runner
+(``gpulayer.gang.ranks``): forked from a warm template that has imported torch
+and gpulayer once (``gpulayer.gang.warm``), or a fresh interpreter with
+``GPULAYER_WARM_RANKS=0``. The function and its arguments travel by cloudpickle
+through a private temporary directory, so closures and classes defined in
+``__main__`` work. The first rank to fail stops the others, and the caller gets
+``RankFailed`` with that rank's traceback; no process outlives ``run_ranks``.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 import traceback
 import uuid
 from typing import Any, Callable
 
 import cloudpickle
 
+from gpulayer.gang import warm
 from gpulayer.gang.launch import RankLayout, free_port, rank_env
+from gpulayer.gang.ranks import RankCommand, RankRunner, report_failure
 from gpulayer.trainer.errors import RankFailed, TrainerError
 
 _BOOT = "import sys; from gpulayer.trainer.launcher import rank_main; rank_main(sys.argv[1])"
@@ -54,84 +55,42 @@ def run_ranks(fn: Callable[..., Any], args: tuple = (), *, nodes: int = 1, procs
         paths = [p for p in dict.fromkeys([os.getcwd(), *sys.path]) if p]
         base["PYTHONPATH"] = os.pathsep.join(paths)
         port, run_id = free_port(), f"gpulayer-{uuid.uuid4().hex[:12]}"
-        procs: dict[int, subprocess.Popen] = {}
+        commands = []
+        for node in range(nodes):
+            for local in range(procs_per_node):
+                layout = RankLayout(node, local, nodes, procs_per_node)
+                commands.append(RankCommand((layout.rank,), ("-c", _BOOT, tmp),
+                                            rank_env(layout, master_addr="127.0.0.1", master_port=port,
+                                                     run_id=run_id, base_env=base)))
+        # A template of our own, for this call: it imports torch while this process pickles, and
+        # it is gone when run_ranks returns (nothing outlives the call).
+        template = warm.WarmTemplate(base, restart=False).start() if warm.warm_enabled() and world > 1 else None
+        runner = RankRunner(commands, template=template, capture=False)
         try:
-            for node in range(nodes):
-                for local in range(procs_per_node):
-                    layout = RankLayout(node, local, nodes, procs_per_node)
-                    rank_environ = rank_env(layout, master_addr="127.0.0.1", master_port=port, run_id=run_id,
-                                            base_env=base)
-                    procs[layout.rank] = subprocess.Popen([sys.executable, "-c", _BOOT, tmp], env=rank_environ)
-            _wait(procs, tmp, timeout_s)
+            runner.start()
+            outcome = runner.wait(timeout_s)
+            if outcome is None:
+                runner.stop(_GRACE_S, reason="timeout")
+                raise TrainerError(f"the ranks did not finish within {timeout_s:.0f} s; they were stopped")
+            if outcome.state != "succeeded":
+                first = outcome.failures[0] if outcome.failures else None
+                if first is None:
+                    raise TrainerError(f"the ranks ended {outcome.state} (exit codes {outcome.exit_codes})")
+                raise RankFailed(first.rank, first.traceback or first.message)
             results = []
             for rank in range(world):
                 with open(os.path.join(tmp, f"result_{rank}.pkl"), "rb") as f:
                     results.append(cloudpickle.load(f))
             return results
         finally:
-            _stop(procs)
-
-
-def _wait(procs: dict[int, subprocess.Popen], tmp: str, timeout_s: float | None) -> None:
-    deadline = time.monotonic() + timeout_s if timeout_s else None
-    while True:
-        codes = {rank: p.poll() for rank, p in procs.items()}
-        failed = {rank: rc for rank, rc in codes.items() if rc not in (None, 0)}
-        if failed:
-            time.sleep(0.3)  # let the other ranks write their errors, then blame the first one
-            raise _root_cause(procs, tmp)
-        if all(rc == 0 for rc in codes.values()):
-            return
-        if deadline is not None and time.monotonic() > deadline:
-            raise TrainerError(f"the ranks did not finish within {timeout_s:.0f} s; they were stopped")
-        time.sleep(0.02)
-
-
-def _root_cause(procs: dict[int, subprocess.Popen], tmp: str) -> RankFailed:
-    """The rank whose error was written first: the others usually fail because it left the collective."""
-    errors = []
-    for rank in procs:
-        path = os.path.join(tmp, f"error_{rank}.txt")
-        if os.path.exists(path):
-            errors.append((os.stat(path).st_mtime_ns, rank, path))
-    if errors:
-        _, rank, path = min(errors)
-        with open(path) as f:
-            return RankFailed(rank, f.read())
-    rank, rc = next((r, p.poll()) for r, p in procs.items() if p.poll() not in (None, 0))
-    how = f"killed by signal {-rc}" if rc < 0 else f"exit code {rc}"
-    return RankFailed(rank, f"the process ended with {how} before reporting an error (out of memory? killed?)")
-
-
-def _stop(procs: dict[int, subprocess.Popen]) -> None:
-    for p in procs.values():
-        if p.poll() is None:
-            p.terminate()
-    deadline = time.monotonic() + _GRACE_S
-    for p in procs.values():
-        try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+            if runner.started_at is not None:
+                runner.stop(_GRACE_S, reason="interrupted")  # a no-op once they all ended
+            if template is not None:
+                template.close()
 
 
 # -- inside a rank --------------------------------------------------------------------------------
-def _exit_with_parent() -> None:
-    """A rank whose launcher died exits too (the launcher cannot clean up after a SIGKILL)."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while True:
-            time.sleep(0.5)
-            if os.getppid() != parent:
-                os._exit(1)
-
-    threading.Thread(target=watch, daemon=True, name="gpulayer-parent-watch").start()
-
-
 def rank_main(tmp: str) -> None:
-    _exit_with_parent()
     rank = int(os.environ["RANK"])
     try:
         from gpulayer.trainer.seed import SEED_ENV, seed_everything
@@ -144,9 +103,8 @@ def rank_main(tmp: str) -> None:
         with open(out + ".tmp", "wb") as f:
             cloudpickle.dump(result, f)
         os.replace(out + ".tmp", out)
-    except BaseException:
-        with open(os.path.join(tmp, f"error_{rank}.txt"), "w") as f:
-            f.write(traceback.format_exc())
+    except BaseException as exc:
+        report_failure(exc, tb=traceback.format_exc())
         sys.stderr.flush()
         os._exit(1)
     sys.stdout.flush()
