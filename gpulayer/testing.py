@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,6 +62,8 @@ class TlsFiles:
 
 
 class Fleet:
+    live: "weakref.WeakSet[Fleet]" = weakref.WeakSet()  # fleets not yet stopped (a leak check spares their processes)
+
     def __init__(self, workdir: Path, *, secret: str = "fleet-secret", password: str | None = "fleet-pw",
                  appendonly: bool = False, bind: str = "127.0.0.1", host: str = "127.0.0.1",
                  redis_directives: list[tuple[str, ...]] | None = None):
@@ -84,6 +87,12 @@ class Fleet:
         self.tls: TlsFiles | None = None
         self.workers: dict[str, subprocess.Popen] = {}
         self._specs: dict[str, dict] = {}
+        Fleet.live.add(self)
+
+    def pids(self) -> set[int]:
+        """The processes this fleet runs now: Redis and every worker."""
+        procs = [self.redis_proc, *self.workers.values()]
+        return {p.pid for p in procs if p is not None and p.poll() is None}
 
     # -- Redis ----------------------------------------------------------------------------------
     def start_redis(self, tls: TlsFiles | None = None) -> None:
@@ -182,6 +191,7 @@ class Fleet:
         for name in list(self.workers):
             self.stop_worker(name)
         self.stop_redis()
+        Fleet.live.discard(self)
 
     def __enter__(self) -> Fleet:
         self.start_redis()

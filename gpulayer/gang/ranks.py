@@ -22,14 +22,13 @@ from __future__ import annotations
 import collections
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
+import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
@@ -88,10 +87,15 @@ def report_failure(exc: BaseException | None = None, *, exit_code: int | None = 
             data = json.dumps(report).encode()
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-                s.sendto(data, address)
+                s.sendto(data, _sockaddr(address))
         except OSError:
             pass  # no runner listening: it dates the exit itself
     return report
+
+
+def _sockaddr(address: str) -> str:
+    """The runner's report address as the socket API takes it: ``@name`` is Linux's abstract ``\\0name``."""
+    return "\0" + address[1:] if address.startswith("@") else address
 
 
 def fast_exit(code: int) -> None:
@@ -210,10 +214,10 @@ class RankRunner:
         self._ending: str | None = None  # "failure" or "stop": who ends the run
         self._stop_grace = grace
         self._outcome: RunOutcome | None = None
-        self._folder = tempfile.mkdtemp(prefix="gpulayer-ranks-")
-        self._address = os.path.join(self._folder, "reports")
+        # An abstract socket (Linux): no file, so no path-length limit under a deep TMPDIR and nothing to remove.
+        self._address = f"@gpulayer-ranks-{os.getpid()}-{uuid.uuid4().hex}"
         self._inbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self._inbox.bind(self._address)
+        self._inbox.bind(_sockaddr(self._address))
         self._reports: dict[int, dict] = {}  # rank -> its failure report
         self._closing = False
         self._watcher: threading.Thread | None = None
@@ -424,11 +428,10 @@ class RankRunner:
         self._closing = True
         try:  # an empty datagram wakes the listener, which then ends
             with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-                s.sendto(b"", self._address)
+                s.sendto(b"", _sockaddr(self._address))
         except OSError:
             pass
         self._inbox.close()
-        shutil.rmtree(self._folder, ignore_errors=True)
 
 
 _FIELDS = ("rank", "kind", "exit_code", "type", "message", "traceback", "failed_at", "failed_at_boot",

