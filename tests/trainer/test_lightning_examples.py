@@ -232,3 +232,38 @@ def test_example_on_two_devices_matches_lightnings_ddp(example, tmp_path):
     assert tested[0].keys() == theirs["tested"][0].keys()
     for k in tested[0]:
         assert tested[0][k] == pytest.approx(theirs["tested"][0][k], rel=1e-5)
+
+
+LIGHTNING_DDP_TRANSFORMER = """
+import sys, torch
+sys.path.insert(0, sys.argv[3])
+from tests.trainer.test_lightning_examples import _as_lightning
+example = _as_lightning("tests.trainer.lightning_examples.basics_transformer")
+model, trainer, tested = example.main(max_epochs=1, enable_checkpointing=False, accelerator="cpu", devices=2,
+                                      strategy="ddp", logger=False, enable_progress_bar=False,
+                                      enable_model_summary=False, default_root_dir=sys.argv[2])
+if trainer.is_global_zero:
+    torch.save({"weights": model.state_dict(), "tested": tested, "step": trainer.global_step}, sys.argv[1])
+"""
+
+
+@needs_lightning
+def test_basics_transformer_on_two_devices_matches_lightnings_ddp(tmp_path):
+    """Lightning's basics/transformer.py (fit, then test) on devices=2 against its own DDP, within float tolerance."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "lightning_ddp_transformer.py"
+    script.write_text(LIGHTNING_DDP_TRANSFORMER)
+    out = tmp_path / "lightning.pt"
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, str(script), str(out), str(tmp_path / "pl"), repo], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    theirs = torch.load(out, weights_only=False)
+    ours = importlib.import_module("tests.trainer.lightning_examples.basics_transformer").main(
+        max_epochs=1, enable_checkpointing=False, default_root_dir=tmp_path / "gl", **dict(QUIET, devices=2))
+    assert ours[1].global_step == theirs["step"]
+    for k, v in ours[0].state_dict().items():
+        torch.testing.assert_close(v, theirs["weights"][k])
+    assert ours[2][0]["test_loss"] == pytest.approx(theirs["tested"][0]["test_loss"], rel=1e-5)
