@@ -17,6 +17,7 @@ from celery.result import AsyncResult, GroupResult
 import gpulayer
 from gpulayer import JobFailed, Resources, group, submit
 from gpulayer.app import app as celery_app
+from gpulayer.testing import wait_until
 
 CELERY = [sys.executable, "-m", "celery", "-A", "gpulayer.app"]
 WORKTREE = str(Path(__file__).resolve().parents[1])
@@ -35,17 +36,6 @@ def train(lr, epochs=1, gate=""):
     while not os.path.exists(gate):
         time.sleep(0.02)
     return lr * epochs
-
-
-def wait_until(cond, timeout=60.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not met within {timeout}s")
-        time.sleep(0.05)
 
 
 def cli_env(fleet=None, home: Path | None = None) -> dict:
@@ -70,7 +60,7 @@ def running_job(fleet, tmp_path):
     h = submit.delay(train, 0.1, epochs=3, gate=str(gate), resources=Resources(worker_ids=["w-b"]))
     inspector = celery_app.control.inspect(timeout=1)
     wait_until(lambda: any(j["id"] == h.id for jobs in (inspector.active() or {}).values() for j in jobs),
-               what="the job running")
+               timeout=60, what="the job running")
     try:
         yield h, gate
     finally:
@@ -111,13 +101,13 @@ def test_revoke_terminate_stops_a_running_job(fleet, tmp_path):
     h = submit.delay(train, 1.0, gate=str(gate), resources=Resources(worker_ids=["w-a"]))
     inspector = celery_app.control.inspect(timeout=1)
     wait_until(lambda: any(j["id"] == h.id for jobs in (inspector.active() or {}).values() for j in jobs),
-               what="the job running")
+               timeout=60, what="the job running")
     celery_app.control.revoke(h.id, terminate=True)
     with pytest.raises(JobFailed) as err:
         AsyncResult(h.id).get(timeout=60)
     assert err.value.type_name == "JobStopped"
     wait_until(lambda: not any(j["id"] == h.id for jobs in (inspector.active() or {}).values() for j in jobs),
-               what="the job gone from active")
+               timeout=60, what="the job gone from active")
     assert submit.delay(add, 1, 1, resources=Resources(worker_ids=["w-a"])).get(timeout=60) == 2
 
 

@@ -163,6 +163,7 @@ def sleepy_gang(seconds):
     import time as _t
 
     gpulayer.init_process_group("gloo")
+    redis_client().rpush(f"test:running:{os.environ['GPULAYER_GANG_ID']}", os.environ["RANK"])  # see all_running
     start = _t.time()
     _t.sleep(seconds)
     return start, _t.time()
@@ -194,10 +195,8 @@ def test_waiting_gang_shows_its_reason(gangs):
     hold = distributed(gang_until_released, release, nodes=4, procs_per_node=2)
     hold.placement
     waiting = distributed(sleepy_gang, 0.1, nodes=1, procs_per_node=1)
-    deadline = time.monotonic() + 30
-    while "waiting for 1 workers with 1 free slots" not in waiting.status()["reason"]:
-        assert time.monotonic() < deadline, waiting.status()
-        time.sleep(0.05)
+    wait_until(lambda: "waiting for 1 workers with 1 free slots" in waiting.status()["reason"], 30,
+               "the gang to wait for a free slot")
     assert waiting.status()["state"] == "waiting"
     redis_client().set(release, 1, ex=600)
     hold.get(timeout=120)
@@ -228,10 +227,15 @@ def test_reserved_slots_take_no_ordinary_jobs(gangs):
     assert int(redis_client().get(key + ":max")) == 1
 
 
+def all_running(job) -> None:
+    """Until every rank of a ``sleepy_gang`` job is in its sleep (its group is up)."""
+    wait_until(lambda: redis_client().llen(f"test:running:{job.id}") == job.spec.world_size, 120,
+               "every rank to be running")
+
+
 def test_cancel_stops_the_ranks_and_frees_the_slots(gangs):
     job = distributed(sleepy_gang, 60.0, nodes=2, procs_per_node=1)
-    job.placement
-    time.sleep(1.5)
+    all_running(job)
     job.cancel()
     with pytest.raises(JobFailed, match="cancelled"):
         job.get(timeout=30)
@@ -258,7 +262,7 @@ def test_dead_worker_fails_its_gang(tmp_path):
         f.connect()
         job = distributed(sleepy_gang, 60.0, nodes=2, procs_per_node=1)
         victim = job.placement.workers[1]
-        time.sleep(2.0)
+        all_running(job)
         f.kill_worker(victim)
         with pytest.raises(JobFailed) as e:
             job.get(timeout=60)
@@ -274,10 +278,7 @@ def test_status_json_shows_workers_slots_and_a_waiting_gangs_reason(gangs):
     hold = distributed(gang_until_released, release, nodes=4, procs_per_node=2)
     hold.placement
     waiting = distributed(sleepy_gang, 0.1, nodes=2, procs_per_node=2)
-    deadline = time.monotonic() + 30
-    while "waiting for 2 workers" not in waiting.status()["reason"]:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_until(lambda: "waiting for 2 workers" in waiting.status()["reason"], 30, "the gang to wait for 2 workers")
     env = dict(os.environ, GPULAYER_BROKER_URL=gangs.url, GPULAYER_SECRET=gangs.secret)
     out = subprocess.run([sys.executable, "-m", "gpulayer", "status", "--json"], env=env, capture_output=True,
                          text=True, timeout=60)

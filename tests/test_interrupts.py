@@ -21,6 +21,7 @@ import pytest
 import gpulayer
 from gpulayer import BatchHandle, JobFailed, submit
 from gpulayer.cancel import unfinished
+from gpulayer.testing import wait_until
 
 SCRIPTS = {
     "handle": ("h = submit.delay(nap_in_child, KEY)\nids = [h.id]", "h.get()", 1, "handle.cancel()"),
@@ -60,17 +61,6 @@ def script_for(fleet, case: str, key: str) -> str:
         gpulayer.init({fleet.url!r}, secret={fleet.secret!r})
     """) + send + "\nprint('IDS', json.dumps(ids), flush=True)\n" + \
         "threading.Thread(target=say_when_waiting, daemon=True).start()\n" + wait + "\n"
-
-
-def wait_until(cond, timeout: float, what: str, every: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(every)
 
 
 def alive(pid: int) -> bool:

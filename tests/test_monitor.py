@@ -29,6 +29,7 @@ from gpulayer.errors import ConfigError
 from gpulayer.gang.launch import free_port
 from gpulayer.local import stop_process, wait_for_port
 from gpulayer.monitor import mask_text, run_flower
+from gpulayer.testing import wait_until
 from tests.fleets import need
 
 from .browser import Chromium, chromium_executable
@@ -101,17 +102,6 @@ def output_dir() -> Path:
     out = REPO / "test-output"
     out.mkdir(exist_ok=True)
     return out
-
-
-def wait_until(probe, timeout: float, what: str):
-    """``probe()``'s first truthy value, polled until ``timeout`` seconds have passed."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        assert time.monotonic() < deadline, what
-        time.sleep(0.3)
 
 
 JOB_SCRIPT = textwrap.dedent("""
