@@ -13,12 +13,10 @@ with the job's status.
 from __future__ import annotations
 
 import io
-import json
 import os
 import runpy
 import sys
 import tarfile
-import threading
 from pathlib import Path
 
 from .errors import ConfigError, JobFailed
@@ -96,17 +94,21 @@ def train(script: str, args: list[str], *, nodes: int, procs_per_node: int, laun
     for item in left_out:
         print(f"gpulayer train: left out (too large): {item}", file=err)
     gpulayer.init(workers=max(nodes, 2), slots=max(procs_per_node, 2))
+    sink = {"stdout": out, "stderr": err}  # the bar's wrapped streams once it is up
+
+    def show(rank: int, stream: str, line: str) -> None:
+        print(f"[rank {rank}] {line}", file=sink[stream], flush=True)
+
+    # on_output subscribes before the gang can start: warm ranks print their first lines within milliseconds.
     job = distributed(run_script, str(rel), list(args), nodes=nodes, procs_per_node=procs_per_node,
                       launcher=launcher, resources=Resources(cuda=cuda, zone=zone), timeout=timeout,
                       max_restarts=max_restarts, backend="nccl" if cuda else "gloo",
-                      workdir=ShippedDir(archive, keep=keep_workdir, pull=pull))
-    stop = threading.Event()
+                      workdir=ShippedDir(archive, keep=keep_workdir, pull=pull), on_output=show)
     # At a terminal, a bar shows the gang's state and ranks; rank output is printed above it.
     bar = GangProgress(job, file=out, enabled=None if out is sys.stdout else False)
     out, err = bar.wrap(out), bar.wrap(err)
-    streamer = threading.Thread(target=_stream, args=(job.id, out, err, stop), daemon=True)
+    sink.update(stdout=out, stderr=err)
     with bar:
-        streamer.start()
         print(f"gpulayer train: {job.id} {nodes} x {procs_per_node} ({launcher}): {job.placement}", file=err)
         try:
             job.get()
@@ -116,8 +118,6 @@ def train(script: str, args: list[str], *, nodes: int, procs_per_node: int, laun
             code = getattr(failure, "exit_code", None)
             return code if isinstance(code, int) and 0 < code < 256 else 1
         finally:
-            stop.set()
-            streamer.join(timeout=2)
             try:
                 _after_job(job, wd, err)
             except Exception as e:  # the job's status stands
@@ -144,22 +144,3 @@ def _after_job(job, wd: Path, err) -> None:
                   f"{report['workdir']}", file=err)
 
 
-def _stream(gang_id: str, out, err, stop: threading.Event) -> None:
-    from . import app as app_mod
-    from .store import keys
-
-    client = app_mod.redis_client()
-    sub = client.pubsub(ignore_subscribe_messages=True)
-    sub.subscribe(keys.gang_output(gang_id))
-    try:
-        while True:
-            msg = sub.get_message(timeout=0.1 if not stop.is_set() else 0.2)
-            if msg:
-                line = json.loads(msg["data"])
-                print(f"[rank {line['rank']}] {line['line']}", file=err if line["stream"] == "stderr" else out,
-                      flush=True)
-            elif stop.is_set():  # done, and nothing more in flight
-                break
-    finally:
-        sub.close()
-        client.close()

@@ -327,3 +327,22 @@ def test_a_gang_node_judges_its_peers_by_the_configured_death_line(fresh_fleet, 
             run.client.close()
     finally:
         client.close()
+
+
+def prints_at_once():
+    import sys
+
+    print(f"hello from rank {os.environ['RANK']}", flush=True)
+    print(f"warning from rank {os.environ['RANK']}", file=sys.stderr, flush=True)
+    return int(os.environ["RANK"])
+
+
+def test_on_output_gets_every_line_even_of_ranks_that_print_at_once(gangs):
+    """Warm ranks print within milliseconds of placement: the output channel is subscribed before the gang starts,
+    and ``get()`` returns after the last line was handed over."""
+    lines = []
+    job = distributed(prints_at_once, nodes=2, procs_per_node=2, on_output=lambda *line: lines.append(line))
+    assert job.get(timeout=120) == [0, 1, 2, 3]
+    for rank in range(4):
+        assert (rank, "stdout", f"hello from rank {rank}") in lines
+        assert (rank, "stderr", f"warning from rank {rank}") in lines

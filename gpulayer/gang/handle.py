@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -57,7 +58,7 @@ def init_process_group(backend: str | None = None, **kwargs):
 def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int = 1,
                 resources: Resources | dict | None = None, backend: str = "gloo", launcher: str = "direct",
                 timeout: float | None = None, max_restarts: int = 0, warm: bool = True,
-                workdir: ShippedDir | None = None, **kwargs) -> GangHandle:
+                workdir: ShippedDir | None = None, on_output: OutputFn | None = None, **kwargs) -> GangHandle:
     """Run ``fn(*args, **kwargs)`` in every rank of a ``nodes`` x ``procs_per_node`` gang.
 
     All slots are reserved at once; a gang that can never fit on the live fleet
@@ -65,6 +66,8 @@ def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int =
     line (its reason in ``handle.status()``) up to ``timeout`` seconds, and is
     placed when slots come free even if this process has exited. ``fn`` calls
     ``torch.distributed.init_process_group`` itself, as under torchrun.
+    ``on_output(rank, stream, line)`` gets every line the ranks print, from the
+    first (subscribed before the gang can start); ``get()`` returns after the last.
     ``workdir`` (what ``gpulayer train`` ships): every node's agent unpacks it once
     and its ranks run in it, across restarts (``gpulayer/gang/workdir.py``).
     With the direct launcher, ranks fork from each worker's warm template
@@ -83,7 +86,11 @@ def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int =
     payload = signing.dumps((pack_function(fn), args, kwargs))
     client = app_mod.redis_client()
     GangStore(client).create(spec, payload, signing.sign(workdir.archive) if workdir is not None else None)
-    return GangHandle(spec, client)
+    return GangHandle(spec, client, on_output)
+
+
+OutputFn = Callable[[int, str, str], None]  # (rank, "stdout" | "stderr", line)
+OUTPUT_QUIET = 0.2  # seconds without a line, once the gang has ended, before the output is over
 
 
 class GangHandle:
@@ -95,7 +102,7 @@ class GangHandle:
     the record.
     """
 
-    def __init__(self, spec: GangSpec, client):
+    def __init__(self, spec: GangSpec, client, on_output: OutputFn | None = None):
         self.spec = spec
         self.id = spec.gang_id
         self.store = GangStore(client)
@@ -106,6 +113,13 @@ class GangHandle:
         self._result: list[Any] | None = None
         self._error: BaseException | None = None
         self._listening = threading.Event()
+        self._output: threading.Thread | None = None
+        if on_output is not None:  # subscribed before the gang can start: warm ranks print within milliseconds
+            ready = threading.Event()
+            self._output = threading.Thread(target=self._pump_output, args=(on_output, ready),
+                                            name=f"gang-{self.id[:8]}-output", daemon=True)
+            self._output.start()
+            ready.wait(30)
         self._thread = threading.Thread(target=self._drive, name=f"gang-{self.id[:8]}", daemon=True)
         self._thread.start()
         self._listening.wait(30)  # subscribed before the coordinator is asked: no event can be missed
@@ -142,6 +156,8 @@ class GangHandle:
         """Per-rank return values (index = rank), or ``JobFailed`` naming the failed rank."""
         if not self._done.wait(timeout):
             raise TimeoutError(f"distributed job {self.id} still {self.status()['state']} after {timeout}s")
+        if self._output is not None:
+            self._output.join(OUTPUT_QUIET + 5.0)  # every line handed to on_output first
         if self._error is not None:
             raise self._error
         return self._result
@@ -152,6 +168,26 @@ class GangHandle:
         self._done.wait(30)
 
     # -- the watcher -----------------------------------------------------------------------------
+    def _pump_output(self, on_output: OutputFn, ready: threading.Event) -> None:
+        """Hand the ranks' lines (the agents publish them on the gang's output channel) to ``on_output``."""
+        sub = self.store.r.pubsub(ignore_subscribe_messages=True)
+        try:
+            sub.subscribe(keys.gang_output(self.id))
+            ready.set()
+            while True:
+                msg = sub.get_message(timeout=OUTPUT_QUIET if self._done.is_set() else 0.1)
+                if msg:
+                    line = json.loads(msg["data"])
+                    on_output(line["rank"], line["stream"], line["line"])
+                elif self._done.is_set():  # ended, and nothing more in flight
+                    return
+        except redis.RedisError:
+            pass  # the output is best effort; the result and the failure come from the record
+        finally:
+            ready.set()
+            sub.close()
+
+
     def _drive(self) -> None:
         lost_since = None  # Redis unreachable since (monotonic): the handle outlives a Redis restart
         try:
