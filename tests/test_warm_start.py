@@ -245,6 +245,27 @@ def test_exit_codes_come_back_and_no_zombie_is_left():
         template.close()
 
 
+def test_a_preloaded_module_runs_with_m_as_quietly_as_in_a_fresh_interpreter(tmp_path):
+    """``-m gpulayer.gang.rank`` is preloaded in the template: a naive ``runpy.run_module`` of it prints
+    runpy's "found in sys.modules ... unpredictable behaviour" RuntimeWarning on every rank's stderr."""
+    template = WarmTemplate(restart=False).start()
+    try:
+        assert template.wait_ready()
+        err = tmp_path / "stderr"
+        null = os.open(os.devnull, os.O_WRONLY)
+        fd = os.open(err, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:  # the rank module without its arguments: it fails at once, after runpy has had its say
+            proc = template.spawn(["-m", "gpulayer.gang.rank"], _env(), None, null, fd)
+        finally:
+            os.close(null)
+            os.close(fd)
+        proc.wait(60)
+        assert "RuntimeWarning" not in err.read_text()
+        assert "found in sys.modules" not in err.read_text()
+    finally:
+        template.close()
+
+
 def test_the_template_is_restarted_when_it_dies():
     template = WarmTemplate().start()
     try:

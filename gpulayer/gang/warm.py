@@ -491,6 +491,9 @@ def _run_argv(argv: list[str]) -> int:
 
     if argv and argv[0] == "-m":
         sys.argv = [argv[1], *argv[2:]]  # runpy puts the module's file in argv[0], as ``-m`` does
+        # A fresh ``python -m`` has not imported its module yet; the template may have (a preload): run it
+        # fresh, without runpy's "found in sys.modules" RuntimeWarning on every rank's stderr.
+        sys.modules.pop(argv[1], None)
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
     elif argv and argv[0] == "-c":
         sys.argv = ["-c", *argv[2:]]
