@@ -128,34 +128,10 @@ def start_fleet(fleet) -> None:
     fleet.connect()
 
 
-def drop_pending_results() -> None:
-    """Let go of the client's Celery results while Redis is still up.
-
-    A ``coordinate`` result left pending (see the report on ``GangHandle._place``) and freed only
-    at interpreter exit, after Redis is stopped, makes Celery retry its unsubscribe and hold the
-    exit for tens of seconds.
-    """
-    import gc
-
-    from gpulayer.app import app
-
-    gc.collect()  # results only reachable through cycles (a JobFailed's traceback frames) go now
-    pending = getattr(app.backend, "_pending_results", None)
-    if pending is None:
-        return
-    for result in [*pending.concrete.values(), *pending.weak.values()]:
-        try:
-            app.backend.remove_pending_result(result)
-        except Exception:  # best effort: only the exit's speed depends on it
-            pass
-
-
 def stop_fleet(fleet) -> None:
     """Stop every process by pid; a second Ctrl-C must not cut the cleanup short."""
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        if fleet.redis_proc is not None:
-            drop_pending_results()
         fleet.stop()
     finally:
         signal.signal(signal.SIGINT, previous)

@@ -163,14 +163,11 @@ def conclude(store: GangStore, spec: GangSpec, attempt: int) -> None:
         nodes = store.nodes(gang_id, attempt)
         # Told as what caused it: a worker that died, not a peer that lost its connection to it.
         error = attempts.failure(gang_id, failures, nodes, spec.procs_per_node)
-        if error is not None:
-            message = error.message
-        else:
-            message = (f"every node stopped with {results} of {spec.world_size} rank results and no failure "
-                       "report; see the workers' logs")
+        message = error.message if error is not None else (
+            f"every node stopped with {results} of {spec.world_size} rank results and no failure report; "
+            "see the workers' logs")
         attempts.ended(entry, "failed", error, attempts.lost_nodes(nodes))
-        if error is None:
-            entry["failure"] = message
+        entry["failure"] = message
         store.add_attempt(gang_id, entry)
         if attempt < spec.max_restarts:  # the whole gang again, like torchrun, placed on live workers
             store.restart(gang_id, attempt + 1, f"restarting after: {message}")

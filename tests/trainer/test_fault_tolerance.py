@@ -51,10 +51,8 @@ def fleet(ft_fleet):
 
     ft_fleet.connect()
     yield ft_fleet
-    deadline = time.monotonic() + 30  # a dead worker's holds go once a janitor buries it
-    while GangStore(redis_client()).held() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert GangStore(redis_client()).held() == {}
+    # a dead worker's holds go once a janitor buries it
+    wait_until(lambda: GangStore(redis_client()).held() == {}, 30, "every slot to be free after the test")
 
 
 def _dataset() -> TensorDataset:
