@@ -18,6 +18,10 @@ class Heartbeat(LoopStep):
     """Runs in the worker's main process, beside the consumer."""
 
     thread_name = "gpulayer-heartbeat"
+    # After the gang agent: the worker is advertised only once it can take gang orders, and (steps stop in
+    # reverse) it leaves the registry before the agent stops its gangs, so a gang restarted on the way out
+    # is placed on live workers, not on this one.
+    requires = LoopStep.requires | {"gpulayer.gang.agent:GangAgent"}
 
     def __init__(self, worker, **kwargs):
         super().__init__(worker, **kwargs)
