@@ -1,8 +1,9 @@
-"""What every benchmark script shares: where results go, and how Ctrl-C / SIGTERM unwind."""
+"""What every benchmark script shares: where results go, the ``result {json}`` line, and how Ctrl-C / SIGTERM unwind."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import signal
 import socket
 from pathlib import Path
@@ -28,3 +29,12 @@ def unwind_on_signals() -> None:
     """
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _terminate)
+
+
+def result_line(bench: str, case: str, **numbers) -> str:
+    """One figure as ``result {json}``: the machine-readable line that ``scripts/make_perf_charts.py`` reads.
+
+    ``bench`` names the benchmark, ``case`` the side or variant measured; ``numbers`` carry the figures
+    (units in the key: ``wall_s``, ``median_ms``, ``jobs_s``), in the order given (a nested dict keeps its order too).
+    """
+    return "result " + json.dumps({"bench": bench, "case": case, **numbers})

@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import unwind_on_signals, write_results  # same folder
+from common import result_line, unwind_on_signals, write_results  # same folder
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -102,6 +102,7 @@ def outcome(fn):
 class Table:
     def __init__(self, out: list[str]):
         self.out = out
+        self.results: list[str] = []  # `result {json}` per row, written at the end for scripts/make_perf_charts.py
 
     def header(self, title: str) -> None:
         self.line("")
@@ -116,6 +117,8 @@ class Table:
         else:
             extra = f"{'':>10} {'':>9}"
         self.line(f"{what:<44} {n:>7} {med:>10.4f} {p99:>9.4f} {extra}  {result}")
+        self.results.append(result_line("placement_scale", what, workers=n, median_ms=round(med, 5), p99_ms=round(p99, 5),
+                                        before_ms=round(stats(before)[0], 5) if before else None, result=result or None))
 
     def line(self, s: str) -> None:
         print(s, flush=True)
@@ -231,6 +234,8 @@ def main() -> None:
             if n >= 1000:
                 bench_snapshot(t, n, args.repeat)
     t.line("")
+    for line in t.results:
+        t.line(line)
     t.line(f"goals at 10,000 workers (ms): {GOALS}")
     t.line(f"load average at the end {os.getloadavg()[0]:.1f} (the figures above are noisy when it is high)")
     print("wrote", write_results(out, "placement_scale.txt"))

@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import unwind_on_signals, write_results  # same folder
+from common import result_line, unwind_on_signals, write_results  # same folder
 
 VARIANTS = {"direct": ("direct", True), "torchrun": ("torchrun", False), "direct-fresh": ("direct", False)}
 LAUNCHERS = tuple(VARIANTS)
@@ -184,6 +184,11 @@ def benchmark(args: argparse.Namespace) -> list[str]:
     for i, stage in enumerate(STAGES):
         cells = [statistics.median(o[i] for _, o in rows[name]) for name in LAUNCHERS]
         out(f"  {stage:<27} " + " ".join(f"{c:>12.3f}" for c in cells))
+    out()
+    for name in LAUNCHERS:  # the same figures for scripts/make_perf_charts.py
+        stages = {stage: round(statistics.median(o[i] for _, o in rows[name]), 4) for i, stage in enumerate(STAGES)}
+        out(result_line("startup", name, median_s=round(med[name], 4),
+                        runs_s=[round(e, 4) for e, _ in rows[name]], stages_s=stages))
     return out.lines
 
 

@@ -281,6 +281,9 @@ def main() -> None:
     repeats = args.repeats or (1 if args.quick else 3)
     import lightning
 
+    sys.path.insert(0, os.path.dirname(HERE))  # benchmarks/, for common (only here: the measured processes skip it)
+    from common import result_line
+
     core = pin_core(args.threads)
     header = (f"# lightning_comparison  {datetime.datetime.now().isoformat(timespec='seconds')}  host {socket.gethostname()}\n"
               f"# torch {torch.__version__}  lightning {lightning.__version__}  python {platform.python_version()}  "
@@ -314,7 +317,8 @@ def main() -> None:
               flush=True)
         done = "" if len(rows) == len(todo) else f"# partial: {len(rows)} of {len(todo)} cases measured so far\n"
         with open(path, "w") as f:  # after every case: a failure later keeps what was measured
-            f.write(header + done + "\n" + _table(rows) + "\n\n# raw measurements\n" + "\n".join(raw_lines) + "\n")
+            f.write(header + done + "\n" + _table(rows) + "\n\n" + _results(rows, result_line) + "\n\n# raw measurements\n"
+                    + "\n".join(raw_lines) + "\n")
 
     print("\n" + _table(rows))
     print(f"\nwritten to {path}")
@@ -331,6 +335,12 @@ def _table(rows: list) -> str:
     for name, _, st in rows:
         table.append(f"{name:<44}{st['raw']:>12.2f}{st['lightning']:>11.2f}{st['gpulayer']:>10.2f}")
     return "\n".join(table)
+
+
+def _results(rows: list, result_line) -> str:
+    """The table's figures as ``result {json}`` lines, one per case, for scripts/make_perf_charts.py."""
+    return "\n".join(result_line("lightning_comparison", name, **{f"{f}_ms_per_step": round(ms[f], 4) for f in FRAMEWORKS},
+                                  **{f"{f}_startup_s": round(st[f], 3) for f in FRAMEWORKS}) for name, ms, st in rows)
 
 
 def _results_path(args: argparse.Namespace) -> str:
