@@ -118,13 +118,16 @@ def draw_trainer(cases, source: Source) -> Figure:
 
 def draw_scaling(rows, source: Source) -> Figure:
     fig, (ax, ratio_ax) = figure("One training job on more machines: gpulayer against Lightning + torchrun",
-                                 source, ncols=2, width=12.0)
+                                 source, ncols=2, width=12.0, height=5.5, bottom=0.25)
     cases = ordered([r.case for r in rows], ("gpulayer-two-level", "gpulayer-flat", "lightning"))
     machines = sorted({r.machines for r in rows})
     wall = {(r.case, r.machines): r.wall_s for r in rows}
+    loss = {(r.case, r.machines): r.loss for r in rows if r.loss is not None}
     for i, case in enumerate(cases):
         pts = [(m, wall[(case, m)]) for m in machines if (case, m) in wall]
-        ax.plot([m for m, _ in pts], [w for _, w in pts], "o-", color=color(case, i), label=label(case))
+        last = max((m for c, m in loss if c == case), default=None)
+        name = label(case) + (f" (final loss {loss[(case, last)]:.4g} at {last})" if last else "")
+        ax.plot([m for m, _ in pts], [w for _, w in pts], "o-", color=color(case, i), label=name)
         for m, w in pts:
             ax.annotate(f"{w:.1f}", (m, w), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
     ax.set(xlabel="simulated machines", ylabel="wall time, s (lower is better)", title="wall time, start to last exit")
@@ -140,10 +143,12 @@ def draw_scaling(rows, source: Source) -> Figure:
         for m, r in pts:
             ratio_ax.annotate(f"{r:.2f}x", (m, r), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8)
     ratio_ax.axhline(1.0, color="#616161", lw=0.8, ls=":")
-    ratio_ax.set(xlabel="simulated machines", ylabel=f"wall time relative to {label(base)}",
-                 title=f"how much longer than {label(base)} (above 1: {label(base)} is faster)")
+    lo, hi = ratio_ax.get_ylim()
+    ratio_ax.set_ylim(min(lo, 0.9), hi + (hi - min(lo, 0.9)) * 0.15)
+    ratio_ax.set(xlabel="simulated machines", ylabel=f"wall time / {label(base)}",
+                 title=f"ratio (above 1: {label(base)} is faster)")
     ratio_ax.set_xticks(machines)
-    ratio_ax.legend(loc="upper left")
+    legend_below(ratio_ax, ncol=1)
     return fig
 
 
@@ -156,6 +161,8 @@ def draw_locality(rows, source: Source) -> Figure:
     bar_labels(ax, bars, "{:.2f} s")
     ax.set_xticks(range(len(cases)), [label(c) for c in cases])
     ax.set_ylabel("wall time, s (lower is better)")
+    if "one-zone" in by_case and "two-regions" in by_case:
+        ax.set_title(f"two regions / one zone: {by_case['two-regions'].wall_s / by_case['one-zone'].wall_s:.2f}x")
     reasons = [f"{label(c)}: {by_case[c].reason}" for c in cases if by_case[c].reason]
     if reasons:
         ax.set_xlabel(textwrap.fill("; ".join(reasons), 110), fontsize=8.5)
@@ -216,21 +223,29 @@ def draw_placement(p, source: Source) -> Figure:
     series = [w for w in PLACEMENT_SERIES if any(r.what == w for r in p.rows)]
     if not series:
         raise LogError(source.shown, None, f"no placement rows named any of {list(PLACEMENT_SERIES)}")
+    refused_any = False
     for what in series:
         rows = sorted((r for r in p.rows if r.what == what), key=lambda r: r.workers)
+        placed = [r for r in rows if r.result in (None, "ok")]  # a gang too big for a small fleet costs nothing
+        refused = [r for r in rows if r.result not in (None, "ok")]
         c = PLACEMENT_SERIES[what]
-        ax.plot([r.workers for r in rows], [r.median_ms for r in rows], "o-", color=c, label=what)
-        before = [r for r in rows if r.before_ms is not None]
+        ax.plot([r.workers for r in placed], [r.median_ms for r in placed], "o-", color=c, label=what)
+        ax.plot([r.workers for r in refused], [r.median_ms for r in refused], "o", color=c, mfc="white")
+        refused_any = refused_any or bool(refused)
+        before = [r for r in placed if r.before_ms is not None]
         if before:
             ax.plot([r.workers for r in before], [r.before_ms for r in before], "x--", color=c, alpha=0.6,
                     label=f"{what}, before the index")
-        ax.annotate(f"{rows[-1].median_ms:.3g} ms", (rows[-1].workers, rows[-1].median_ms), textcoords="offset points",
-                    xytext=(5, -3), fontsize=7.5, color=c)
+        if placed:
+            ax.annotate(f"{placed[-1].median_ms:.3g} ms", (placed[-1].workers, placed[-1].median_ms),
+                        textcoords="offset points", xytext=(5, -3), fontsize=7.5, color=c)
         if GOAL_OF.get(what) in goals:
             ax.axhline(goals[GOAL_OF[what]], color=c, lw=0.8, ls=":")
             ax.annotate(f"goal for {GOAL_OF[what]} at 10,000: {goals[GOAL_OF[what]]:g} ms",
                         (rows[0].workers, goals[GOAL_OF[what]]), textcoords="offset points", xytext=(0, 3),
                         fontsize=7.5, color=c)
+    if refused_any:
+        ax.plot([], [], "o", color="#616161", mfc="white", label="hollow: the gang does not fit (refused or waits)")
     ax.set(xscale="log", yscale="log", xlabel="workers in the snapshot (8 slots each)",
            ylabel="ms per call (log scale)", title="route and place_gang (pure, in one process)")
     legend_below(ax)

@@ -157,6 +157,17 @@ def _block(lines: list[str], start: int) -> list[tuple[int, str]]:
     return out
 
 
+def _rows(lines: list[str], start: int, pattern: re.Pattern, expected: str, path: str) -> list[tuple[int, re.Match]]:
+    """The table rows from ``start`` up to the next blank line, each matched by ``pattern``; at least one."""
+    rows = [(no, pattern.match(line), line) for no, line in _block(lines, start)]
+    for no, m, line in rows:
+        if not m:
+            raise LogError(path, no, f"expected {expected}, found {line!r}")
+    if not rows:
+        raise LogError(path, start + 1, f"expected {expected}, found no rows")
+    return [(no, m) for no, m, _ in rows]
+
+
 NUM = r"-?\d+(?:\.\d+)?"
 
 
@@ -185,15 +196,8 @@ def parse_lightning_comparison(text: str, path: str) -> tuple[TrainerCase, ...]:
     if head is None:
         raise LogError(path, None, "no `result` lines with bench 'lightning_comparison' and no "
                                    "'case  raw ms/step  lightning  gpulayer' table (written by lightning_comparison/bench.py)")
-    cases = []
-    for no, line in _block(lines, head + 1):
-        m = TRAINER_ROW.match(line)
-        if not m:
-            raise LogError(path, no, f"expected '<case> <raw> <lightning> <gpulayer> <N.NNx> <+N.N%>', found {line!r}")
-        cases.append(TrainerCase(m["name"], float(m["raw"]), float(m["lightning"]), float(m["gpulayer"])))
-    if not cases:
-        raise LogError(path, head + 1, "the ms/step table has no rows")
-    return tuple(cases)
+    rows = _rows(lines, head + 1, TRAINER_ROW, "'<case> <raw> <lightning> <gpulayer> <N.NNx> <+N.N%>'", path)
+    return tuple(TrainerCase(m["name"], float(m["raw"]), float(m["lightning"]), float(m["gpulayer"])) for _, m in rows)
 
 
 RUN_ROW = re.compile(rf"^\s*\d+\s+(?P<variant>\S+)\s+(?P<elapsed>{NUM})\s+{NUM}$")
@@ -219,11 +223,10 @@ def parse_startup(text: str, path: str) -> Startup:
         medians.append(float(m["s"]))
     runs: dict[str, list[float]] = {v: [] for v in variants}
     head = _find(lines, lambda s: re.match(r"^run\s+(variant|launcher)\s", s) is not None)
-    for no, line in _block(lines, head + 1) if head is not None else ():
-        m = RUN_ROW.match(line)
-        if not m or m["variant"] not in runs:
-            raise LogError(path, no, f"expected '<run> <variant> <submit->result s> <placed s>' for one of "
-                                     f"{variants}, found {line!r}")
+    expected = f"'<run> <variant> <submit->result s> <placed s>' for one of {variants}"
+    for no, m in _rows(lines, head + 1, RUN_ROW, expected, path) if head is not None else ():
+        if m["variant"] not in runs:
+            raise LogError(path, no, f"expected {expected}, found {lines[no - 1]!r}")
         runs[m["variant"]].append(float(m["elapsed"]))
     stages = []
     where = _find(lines, lambda s: s.startswith("where the time goes"))
@@ -276,13 +279,10 @@ def parse_placement_scale(text: str, path: str) -> Placement:
     for i, line in enumerate(lines):
         if not line.startswith("what ") or "median ms" not in line:
             continue
-        for no, row in _block(lines, i + 1):
-            m = PLACEMENT_ROW.match(row)
-            if not m:
-                raise LogError(path, no, f"expected '<what> <workers> <median ms> <p99 ms> [<before ms> <N.Nx>] "
-                                         f"[ok|waits|rejected]', found {row!r}")
-            rows.append(PlacementRow(m["what"], int(m["workers"]), float(m["median"]), float(m["p99"]),
-                                     float(m["before"]) if m["before"] else None, m["result"]))
+        expected = "'<what> <workers> <median ms> <p99 ms> [<before ms> <N.Nx>] [ok|waits|rejected]'"
+        rows += [PlacementRow(m["what"], int(m["workers"]), float(m["median"]), float(m["p99"]),
+                              float(m["before"]) if m["before"] else None, m["result"])
+                 for _, m in _rows(lines, i + 1, PLACEMENT_ROW, expected, path)]
     if not rows:
         raise LogError(path, None, "no `result` lines with bench 'placement_scale' and no 'what  workers  median ms' "
                                    "table (written by benchmarks/placement_scale.py)")
@@ -320,15 +320,8 @@ def parse_throughput(text: str, path: str) -> tuple[Throughput, ...]:
         raise LogError(path, at + 2 if at is not None else None,
                        "no `result` lines with bench 'throughput' and no 'medians over N rounds' table with a "
                        "'side ... jobs/s' header (written by benchmarks/throughput.py)")
-    out = []
-    for no, line in _block(lines, at + 2):
-        m = THROUGHPUT_ROW.match(line)
-        if not m:
-            raise LogError(path, no, f"expected '<side> <submit s> <end-to-end s> <jobs/s>', found {line!r}")
-        out.append(Throughput(THROUGHPUT_SIDES.get(m["side"], m["side"]), config, float(m["rate"])))
-    if not out:
-        raise LogError(path, at + 2, "the medians table has no rows")
-    return tuple(out)
+    rows = _rows(lines, at + 2, THROUGHPUT_ROW, "'<side> <submit s> <end-to-end s> <jobs/s>'", path)
+    return tuple(Throughput(THROUGHPUT_SIDES.get(m["side"], m["side"]), config, float(m["rate"])) for _, m in rows)
 
 
 def parse_scaling(text: str, path: str) -> tuple[Scaling, ...]:
