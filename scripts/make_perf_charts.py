@@ -6,10 +6,11 @@
     python scripts/make_perf_charts.py --logs trainer=benchmarks/results/2026-12-01-vm/lightning_comparison_ddp.txt ...
 
 Each log is taken from the newest ``benchmarks/results/*-vm`` folder that has it, or from the folders given with
-``--logs`` (searched in the order given); a file given with ``--logs`` is used for the chart its name belongs to
-(or the one named with ``KIND=FILE``). Every chart has a fixed file name and names its log in its footer; the
-same logs give the same bytes (Agg, fixed fonts and sizes, no date or version in the PNG). A malformed log
-fails with its file and line (exit 1). Nothing is measured here: the figures are the logs'.
+``--logs`` (searched in the order given); a file given with ``--logs`` is used for the chart its name belongs to,
+``lightning_comparison_ddp.txt`` for ``lightning_comparison.txt``'s (or the one named with ``KIND=FILE``).
+Every chart has a fixed file name and names its log in its footer; the same logs give the same bytes (Agg,
+fixed fonts and sizes, no date or version in the PNG). A malformed log fails with its file and line (exit 1),
+before any chart is written. Nothing is measured here: the figures are the logs'.
 """
 
 from __future__ import annotations
@@ -325,25 +326,38 @@ def shown(path: Path) -> str:
     return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
 
 
+def kind_of(name: str) -> str:
+    """The chart kind a log file's name belongs to ('' if none): its own name, or a variant such as
+    ``lightning_comparison_ddp.txt`` or ``startup-coordinator-after.txt``."""
+    for kind, spec in KINDS.items():
+        stems = [n.removesuffix(".txt") for n in spec.names]
+        if name in spec.names or any(name.startswith((stem + "_", stem + "-")) for stem in stems):
+            return kind
+    return ""
+
+
 def choose_logs(entries: list[str] | None) -> dict[str, Path]:
-    """Chart kind -> log file: pinned files first, then each kind from the first folder that has it."""
+    """Chart kind -> log file: pinned files first, then each kind from the first folder that has it.
+
+    Raises ValueError for an entry that is neither a folder nor a file of a known kind.
+    """
     pinned: dict[str, Path] = {}
     folders: list[Path] = []
     for entry in entries or []:
         kind, _, file = entry.partition("=") if "=" in entry else ("", "", entry)
         path = Path(file)
         if kind and kind not in KINDS:
-            raise SystemExit(f"--logs {entry}: unknown chart kind {kind!r} (kinds: {', '.join(KINDS)})")
+            raise ValueError(f"--logs {entry}: unknown chart kind {kind!r} (kinds: {', '.join(KINDS)})")
         if path.is_dir() and not kind:
             folders.append(path)
         elif path.is_file():
-            kind = kind or next((k for k, v in KINDS.items() if path.name in v.names), "")
+            kind = kind or kind_of(path.name)
             if not kind:
-                raise SystemExit(f"--logs {entry}: which chart is it for? Name it as KIND={file} "
+                raise ValueError(f"--logs {entry}: which chart is it for? Name it as KIND={file} "
                                  f"(kinds: {', '.join(KINDS)})")
             pinned[kind] = path
         else:
-            raise SystemExit(f"--logs {entry}: no such {'file' if kind else 'file or folder'}")
+            raise ValueError(f"--logs {entry}: no such {'file' if kind else 'file or folder'}")
     if entries is None:
         folders = sorted((d for d in RESULTS.glob("*-vm") if d.is_dir()), reverse=True)  # newest date first
     found = dict(pinned)
@@ -356,17 +370,15 @@ def choose_logs(entries: list[str] | None) -> dict[str, Path]:
     return found
 
 
-def render(chart: Chart, log: Path, out: Path) -> Path:
-    """Parse ``log`` and write ``out/chart.file``; raises LogError for a malformed log."""
-    text = log.read_text()
-    data = KINDS[chart.kind].parse(text, shown(log))
+def render(chart: Chart, data, source: Source, out: Path) -> Path:
+    """Draw ``data`` (what the chart's parser returned) into ``out/chart.file``."""
     with matplotlib.rc_context():
         matplotlib.rcdefaults()
         matplotlib.rcParams.update(STYLE)
-        fig = chart.draw(data, Source(shown(log), meta(text)))
+        fig = chart.draw(data, source)
         try:
             target = out / chart.file
-            fig.savefig(target, format="png", metadata={"Software": None})
+            fig.savefig(target, format="png", metadata={"Software": None})  # no matplotlib version in the bytes
         finally:
             plt.close(fig)
     return target
@@ -381,7 +393,10 @@ def main(argv: list[str] | None = None) -> int:
                         "benchmarks/results/*-vm folder, newest first)")
     p.add_argument("--skip-missing", action="store_true", help="draw the charts whose logs exist and list the rest")
     args = p.parse_args(argv)
-    logs = choose_logs(args.logs)
+    try:
+        logs = choose_logs(args.logs)
+    except ValueError as err:
+        p.error(str(err))
     missing = [c for c in CHARTS if c.kind not in logs]
     for c in missing:
         spec = KINDS[c.kind]
@@ -391,14 +406,21 @@ def main(argv: list[str] | None = None) -> int:
         print("run those benchmarks (and commit their logs), point --logs at them, or pass --skip-missing",
               file=sys.stderr)
         return 2
+    parsed = []
+    for c in (c for c in CHARTS if c.kind in logs):  # every log is read before any chart is written
+        text = logs[c.kind].read_text()
+        try:
+            parsed.append((c, KINDS[c.kind].parse(text, shown(logs[c.kind])), Source(shown(logs[c.kind]), meta(text))))
+        except LogError as err:
+            print(f"malformed log: {err}", file=sys.stderr)
+            return 1
     args.out.mkdir(parents=True, exist_ok=True)
-    for c in CHARTS:
-        if c.kind in logs:
-            try:
-                print(f"{render(c, logs[c.kind], args.out)}  from {shown(logs[c.kind])}")
-            except LogError as err:
-                print(f"malformed log: {err}", file=sys.stderr)
-                return 1
+    for c, data, source in parsed:
+        try:
+            print(f"{render(c, data, source, args.out)}  from {source.shown}")
+        except LogError as err:  # a log that parses but lacks what its chart draws
+            print(f"malformed log: {err}", file=sys.stderr)
+            return 1
     return 0
 
 

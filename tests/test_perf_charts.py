@@ -267,6 +267,7 @@ def test_a_malformed_log_exits_1_naming_file_and_line(logs, tmp_path, capsys):
     line = len((logs / "scaling.txt").read_text().splitlines())
     assert charts.main(["--logs", str(logs), "--out", str(tmp_path / "out")]) == 1
     assert f"scaling.txt:{line}: 'wall_s' in a 'scaling' result must be a finite number" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing drawn from a set of logs with a bad one
 
 
 def test_each_log_comes_from_the_newest_folder_that_has_it(tmp_path, monkeypatch):
@@ -283,7 +284,8 @@ def test_each_log_comes_from_the_newest_folder_that_has_it(tmp_path, monkeypatch
     assert charts.choose_logs([str(old)]) == {"startup": old / "startup.txt", "throughput": old / "throughput.txt"}
     pinned = charts.choose_logs([f"startup={old / 'startup.txt'}", str(new)])
     assert pinned["startup"] == old / "startup.txt" and pinned["throughput"] == new / "throughput-ray.txt"
-    with pytest.raises(SystemExit, match="which chart is it for"):
+    assert charts.choose_logs([str(NEW / "lightning_comparison_ddp.txt")]) == {"trainer": NEW / "lightning_comparison_ddp.txt"}
+    with pytest.raises(ValueError, match="which chart is it for"):
         charts.choose_logs([str(NEW / "failstop.txt")])
-    with pytest.raises(SystemExit, match="unknown chart kind 'speed'"):
+    with pytest.raises(ValueError, match="unknown chart kind 'speed'"):
         charts.choose_logs([f"speed={NEW / 'failstop.txt'}"])
