@@ -341,7 +341,8 @@ def parse_locality(text: str, path: str) -> tuple[Locality, ...]:
     _require(records, path, "locality", "benchmarks/lightning_comparison/locality_run.py")
     out = []
     for (case,), recs in grouped(records, ("case",)):
-        reasons = [r["reason"] for _, r in recs if isinstance(r.get("reason"), str)]
+        reasons = [r.get("reason", r.get("placement")) for _, r in recs]  # locality_run.py writes "placement"
+        reasons = [r for r in reasons if isinstance(r, str)]
         out.append(Locality(case, median_of(recs, "wall_s", path), reasons[0] if reasons else None))
     return tuple(out)
 
