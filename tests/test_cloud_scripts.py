@@ -11,6 +11,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -158,6 +159,92 @@ def test_bad_arguments_are_refused_before_anything_runs(tmp_path, args, message)
     proc = subprocess.run([BASH, str(GCP), "--dry-run", *args], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 2 and message in proc.stderr
     assert "gcloud" not in proc.stdout
+
+
+# -- benchmarks/gpu ---------------------------------------------------------------------------------------
+RUN_ALL = REPO / "benchmarks" / "gpu" / "run_all.sh"
+CASES = REPO / "benchmarks" / "gpu" / "cases.py"
+
+
+def run_all(*args: str, tmp_path: Path, gpus: list[str] = ()) -> subprocess.CompletedProcess:
+    """run_all.sh ARGS with this interpreter, on a PATH whose nvidia-smi (if any) lists ``gpus``."""
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    if gpus:
+        (fake / "nvidia-smi").write_text("#!/bin/sh\nprintf '%s\\n' " + " ".join(shlex.quote(g) for g in gpus) + "\n")
+        (fake / "nvidia-smi").chmod(0o755)
+    system = ":".join(p for p in os.environ["PATH"].split(":") if not (Path(p) / "nvidia-smi").exists())
+    env = dict(os.environ, PATH=f"{fake}:{system}", PYTHON=sys.executable)
+    return subprocess.run([BASH, str(RUN_ALL), *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_check_prints_the_plan_within_eight_minutes_and_exits_0(tmp_path):
+    proc = run_all("--check", tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    for step in ("env", "cuda-tests", "routing", "nccl", "trainer"):
+        assert f"  {step} " in proc.stdout
+    total = int(proc.stdout.split("total limit ")[1].split()[0])
+    assert total < 8 * 60  # the steps' limits: the whole run stays under 8 minutes
+    assert "fp32" in proc.stdout and "16-mixed" in proc.stdout and "bf16-mixed" in proc.stdout
+    assert "backend='nccl'" in proc.stdout and "--cuda on" in proc.stdout
+    assert "no CUDA GPU here" in proc.stdout and "-no-gpu/" in proc.stdout
+    assert not (tmp_path / "out").exists()
+
+
+def test_without_a_gpu_it_refuses_to_measure(tmp_path):
+    proc = run_all("--out", str(tmp_path / "out"), tmp_path=tmp_path)
+    assert proc.returncode == 1 and "no CUDA GPU" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_logs_are_named_after_the_gpu_and_a_cpu_torch_is_refused(tmp_path):
+    one = run_all("--check", tmp_path=tmp_path, gpus=["NVIDIA H200"])
+    assert one.returncode == 0 and "GPUs here: 1 (NVIDIA H200)" in one.stdout
+    assert "-nvidia-h200/" in one.stdout
+    eight = run_all("--check", tmp_path=tmp_path, gpus=["NVIDIA A100-SXM4-80GB"] * 8)
+    assert "-nvidia-a100-sxm4-80gbx8/" in eight.stdout
+    import torch
+
+    if not torch.cuda.is_available():  # nvidia-smi lists a GPU, torch sees none: said, and nothing measured
+        proc = run_all("--out", str(tmp_path / "out"), tmp_path=tmp_path, gpus=["NVIDIA H200"])
+        assert proc.returncode == 1 and "torch sees no CUDA GPU" in proc.stderr
+        assert not (tmp_path / "out").exists()
+
+
+def test_cases_plan_is_pure_and_names_every_case():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_cases", CASES)
+    cases = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cases)
+    cuda = cases.trainer_cases()
+    assert [(c["model"], c["precision"]) for c in cuda] == [
+        ("mlp", "32-true"), ("mlp", "16-mixed"), ("mlp", "bf16-mixed"), ("cnn", "32-true"), ("cnn", "32-true")]
+    assert [(c.get("cudnn_benchmark"), c.get("prefetch")) for c in cuda[3:]] == [(True, True), (False, False)]
+    assert all(cases.FILTER in c["name"] and c["device"] == "cuda" for c in cuda)
+    assert all(c["device"] == "cpu" and cases.FILTER in c["name"] for c in cases.trainer_cases("cpu"))
+    text = "\n".join(cases.plan(gpus=2))
+    assert "procs_per_node=2" in text and f"{len(cuda) * 3 * 2 * cases.TRAINER_REPEATS} processes" in text
+
+
+@pytest.mark.parametrize("case", ["routing", "nccl"])
+def test_the_gpu_cases_run_rehearsed_on_cpu(tmp_path, case):
+    """The code run_all.sh runs on a GPU, run here on CPU (gloo, --cuda off): its fleet, jobs and log."""
+    from tests.fleets import need_redis
+
+    need_redis()
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, str(CASES), case, "--rehearse", "--out", str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    log = (tmp_path / f"gpu_{case}-rehearsal.txt").read_text()
+    if case == "routing":
+        assert "cuda jobs off the GPU worker or with a non-finite product: 0" in log
+        assert "refused: no live worker has CUDA" in log
+    else:
+        for variant in ("direct warm", "direct fresh", "torchrun"):
+            assert f"| {variant} | wall" in log and f"{variant:<13} median wall" in log
+        assert "wrong ranks none" in log and "wrong ranks [" not in log
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
