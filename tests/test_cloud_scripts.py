@@ -153,6 +153,7 @@ def test_keep_leaves_everything_running_and_cleanup_finds_it_by_label(tmp_path):
     (["--project", "my-proj-1", "--bench", "true", "--tag", "Bad_Tag"], "--tag Bad_Tag"),
     (["--project", "my-proj-1", "--bench", "true", "--gpus-per-worker", "2"], "needs --gpu-type"),
     (["--project", "my-proj-1", "--bench", "true", "--torch", "torch>=2.3,<3"], "a comma would split it"),
+    (["--project", "my-proj-1", "--bench", "true", "--wheel", "missing.whl"], "is not a wheel file"),
 ])
 def test_bad_arguments_are_refused_before_anything_runs(tmp_path, args, message):
     env = {"PATH": str(tmp_path / "empty"), "TMPDIR": str(tmp_path)}
@@ -189,6 +190,13 @@ def test_check_prints_the_plan_within_eight_minutes_and_exits_0(tmp_path):
     assert "backend='nccl'" in proc.stdout and "--cuda on" in proc.stdout
     assert "no CUDA GPU here" in proc.stdout and "-no-gpu/" in proc.stdout
     assert not (tmp_path / "out").exists()
+
+
+def test_the_rehearsal_plan_runs_the_cases_on_cpu_without_the_cuda_tests(tmp_path):
+    proc = run_all("--check", "--rehearse", tmp_path=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "  cuda-tests " not in proc.stdout and "--rehearse (on CPU)" in proc.stdout
+    assert "-cpu-rehearsal/" in proc.stdout
 
 
 def test_without_a_gpu_it_refuses_to_measure(tmp_path):

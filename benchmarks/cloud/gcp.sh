@@ -166,6 +166,7 @@ if [[ -z $tag ]]; then printf -v tag 'gl-%(%m%d-%H%M)T' -1; fi
     || die "--tag $tag: lowercase letters, digits and '-', starting with a letter, at most 20 characters"
 zone_ok "$redis_zone" || die "--redis-zone $redis_zone is not a zone (e.g. us-central1-a)"
 [[ -z $git_url || -z $wheel ]] || die "--git and --wheel exclude each other"
+[[ -z $wheel || $wheel == *.whl && -f $wheel ]] || die "--wheel $wheel is not a wheel file"
 [[ -z $git_url || $git_url == https://* ]] || die "--git takes an https:// URL (optionally URL@REF)"
 for value in "$torch_spec" "$torch_cuda_index" "$git_url"; do  # they go in --metadata, which splits at commas
     [[ $value != *,* ]] || die "'$value' goes in the VMs' metadata, where a comma would split it; give it without one"

@@ -143,6 +143,7 @@ def run_routing(out: Path, rehearse: bool, jobs: int) -> None:
 
     gpus = 0 if rehearse else _gpu_count()
     device = "cpu" if rehearse else "cuda"
+    n = 256 if rehearse else 2048  # the matrix of each timed CUDA job
     # Rehearsed, the "GPU" worker is a CPU worker the CUDA jobs are pinned to: the plumbing, not the routing.
     cuda_res = Resources(worker_ids=("gpu-1",)) if rehearse else Resources(cuda=True)
     lines = header("routing") + [f"# {jobs} CUDA jobs and {jobs} CPU jobs one at a time, then a submit_batch of CUDA "
@@ -153,13 +154,13 @@ def run_routing(out: Path, rehearse: bool, jobs: int) -> None:
                            "cpu-1": dict(slots=2, cuda="off", zone="lab-a", region="lab")})
         fleet.connect()
         first_t = time.perf_counter()
-        first = submit.delay(gpu_job, device, resources=cuda_res).get(timeout=120)
+        first = submit.delay(gpu_job, device, n, resources=cuda_res).get(timeout=120)
         first_t = time.perf_counter() - first_t
         lines.append(f"first CUDA job (initialises CUDA in its pool process): {1000 * first_t:.0f} ms on "
                      f"{first['worker']} gpus {first['gpus']} CUDA_VISIBLE_DEVICES={first['visible']} "
                      f"device {first['device']}")
         rows = {"cuda": [], "cpu": []}
-        for kind, fn, args, res in (("cuda", gpu_job, (device,), cuda_res), ("cpu", cpu_job, (), Resources())):
+        for kind, fn, args, res in (("cuda", gpu_job, (device, n), cuda_res), ("cpu", cpu_job, (), Resources())):
             for _ in range(jobs):
                 t = time.perf_counter()
                 r = submit.delay(fn, *args, resources=res).get(timeout=60)
@@ -171,7 +172,7 @@ def run_routing(out: Path, rehearse: bool, jobs: int) -> None:
         misrouted = [r for _, r in rows["cuda"] if r["worker"] != "gpu-1" or not r["finite"]]
         lines.append(f"cuda jobs off the GPU worker or with a non-finite product: {len(misrouted)}")
         compute = [r["compute_s"] for _, r in rows["cuda"]]
-        lines.append(f"2048 x 2048 matmul inside a warm CUDA job (incl. randn, sum, sync): median {median_ms(compute)}")
+        lines.append(f"{n} x {n} matmul inside a warm CUDA job (incl. randn, sum, sync): median {median_ms(compute)}")
         batch = 4 * jobs if rehearse else ROUTING_BATCH
         t = time.perf_counter()
         results = submit_batch([submit.s(gpu_job, device, 256) for _ in range(batch)],

