@@ -282,7 +282,8 @@ gc compute firewall-rules create "$tag-internal" --network="$network" --directio
     --description="gpulayer-tag=$tag: Redis, the wheel and rank traffic between the VMs of this cluster only"
 
 vm_flags=(--image-family="$image_family" --image-project="$image_project" --boot-disk-size="$disk_size"
-    --network="$network" --tags="$tag" --metadata-from-file="startup-script=$HERE/node.sh,gpulayer-env=$work/cluster.env")
+    --network="$network" --tags="$tag"
+    --metadata-from-file="startup-script=$HERE/node.sh,gpulayer-env=$work/cluster.env")
 created+=("$redis_zone $redis_vm")
 gc compute instances create "$redis_vm" --zone="$redis_zone" --machine-type="$redis_machine_type" "${vm_flags[@]}" \
     --labels="gpulayer-tag=$tag,gpulayer-role=redis" --metadata="$(metadata redis "$redis_zone" 0)"

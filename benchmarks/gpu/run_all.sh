@@ -130,8 +130,9 @@ mkdir -p "$out"
 log=$out/run_all.log
 summary=$out/summary.txt
 : >"$log"
-echo "# run_all.sh $(date -Is) on $(hostname): $count x ${first:-no GPU}$( ((rehearse)) && echo ', rehearsed on CPU');" \
-    "load $(cut -d' ' -f1 /proc/loadavg)" | tee "$summary"
+what="$count x ${first:-no GPU}"
+((rehearse == 0)) || what+=", rehearsed on CPU"
+echo "# run_all.sh $(date -Is) on $(hostname): $what; load $(cut -d' ' -f1 /proc/loadavg)" | tee "$summary"
 rehearsal=()
 ((rehearse == 0)) || rehearsal=(--rehearse)
 
