@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import heapq
+import sys
 from urllib.parse import urlparse
 
-from . import app as app_mod
 from . import queues
-from .client import connect
-from .config import load_settings
+from .config import Settings, load_settings
 from .errors import ClusterUnavailable, ConfigError
 from .store import keys
+from .store.connection import reachable
 from .store.gangs import GangStore
+from .store.registry import Registry
 
 
 def mask_url(url: str) -> str:
@@ -23,15 +24,27 @@ def mask_url(url: str) -> str:
     return url
 
 
-def _connect() -> None:
-    """Connect to the configured cluster; never start one just to describe it."""
-    if app_mod.is_configured():
-        return
-    settings = load_settings()
-    if not settings.broker_url:
-        raise ClusterUnavailable("no cluster to show: set GPULAYER_BROKER_URL (and GPULAYER_SECRET), "
-                                 "or start one with `gpulayer up`")
-    connect(settings)
+_standalone: tuple[Settings, Registry] | None = None  # this process's own read of the cluster (a --watch keeps it)
+
+
+def _cluster() -> tuple[Settings, Registry]:
+    """The cluster to describe and its registry; never start one just to describe it.
+
+    A process connected already (``gpulayer.init()``) is described through its connection.
+    Otherwise only Redis is opened: status needs neither the Celery app nor the cluster
+    secret, so ``gpulayer status`` starts without importing them.
+    """
+    global _standalone
+    app_mod = sys.modules.get("gpulayer.app")
+    if app_mod is not None and app_mod.is_configured():
+        return app_mod.settings(), app_mod.registry()
+    if _standalone is None:
+        settings = load_settings()
+        if not settings.broker_url:
+            raise ClusterUnavailable("no cluster to show: set GPULAYER_BROKER_URL, or start one with `gpulayer up`")
+        client = reachable(settings.broker_url, settings.connect_timeout, socket_timeout=30.0)
+        _standalone = settings, Registry(client, settings.worker_dead_after)
+    return _standalone
 
 
 SUMMARY_ABOVE = 50  # a fleet of more live workers is shown as a summary unless --all is asked
@@ -48,16 +61,15 @@ def collect(full: bool | None = True, top: int = TOP) -> dict:
     ``full=False``, ``workers`` lists only the busiest instead of every worker
     (``None``: every worker up to ``SUMMARY_ABOVE`` of them, else the busiest).
     """
-    _connect()
-    registry = app_mod.registry()
+    settings, registry = _cluster()
     workers = registry.current()
     read = read_queues(workers)
-    client = app_mod.redis_client()
+    client = registry.client  # this process's; left open for the next call (--watch)
     lengths = queue_lengths(client, read)
-    gangs = GangStore(client).active()
-    held = GangStore(client).held()
-    line = {g: i + 1 for i, g in enumerate(GangStore(client).waiting())}  # gang id -> place in the waiting line
-    client.close()
+    gangs = GangStore(client)
+    held = gangs.held()
+    line = {g: i + 1 for i, g in enumerate(gangs.waiting())}  # gang id -> place in the waiting line
+    gangs = gangs.active()
     if full is None:
         full = len(workers) <= SUMMARY_ABOVE
     busiest = heapq.nsmallest(top, workers, key=lambda w: (-(w.busy + held.get(w.id, 0)) / max(w.slots, 1),
@@ -66,7 +78,7 @@ def collect(full: bool | None = True, top: int = TOP) -> dict:
     # Exact ages for the rows shown only: 10,000 scores cost more to read than the whole summary.
     ages = registry.ages() if full and len(shown) > SUMMARY_ABOVE else registry.ages(w.id for w in shown)
     return {
-        "broker": mask_url(app_mod.settings().broker_url),
+        "broker": mask_url(settings.broker_url),
         "workers": [_row(w, held, ages) for w in shown],
         "summary": summarize(workers, held, registry.dead(), busiest),
         "queues": lengths,
