@@ -12,9 +12,12 @@ every fifth worker with 8 GPUs, one host per worker, a fixed random mix of busy 
   looked at again), ``cold`` on a fresh snapshot (index build and every group's first pick
   included), against the reference;
 - ``snapshot``: from a real Redis (started on a free port, stopped by pid) holding the fleet's
-  heartbeats: the full read (``Registry.read``), the previous full read (one HGET per worker in
-  Lua, one pydantic parse per record), and ``FleetView.refresh`` after nothing changed, after 1%
-  and 10% of the workers changed their busy count, and after 1% re-registered with new records.
+  heartbeats: the full read (``Registry.read``, packed records: ``gpulayer/store/packed.py``)
+  against the previous one (the JSON records, one array parsed by pydantic), and the one before
+  (one HGET per worker in Lua, one pydantic parse per record); where the full read's time goes
+  (Redis's CPU per call from ``INFO commandstats``, the bytes moved, the parse in Python); and
+  ``FleetView.refresh`` after nothing changed, after 1% and 10% of the workers changed their busy
+  count, and after 1% re-registered with new records.
 
 Median and p99 per call in milliseconds; every figure is printed and written to
 ``results/<date>-<host>/placement_scale.txt``.
@@ -164,7 +167,8 @@ def bench_placement(t: Table, n: int, repeat: int) -> None:
 
 def bench_snapshot(t: Table, n: int, repeat: int) -> None:
     from gpulayer.store import keys
-    from gpulayer.store.registry import FleetView, Registry, static_record
+    from gpulayer.store import packed
+    from gpulayer.store.registry import _RECORDS, _SNAP_KEYS, FleetView, Registry, static_record
     from gpulayer.testing import Fleet
 
     fleet = list(synthetic_fleet(n))
@@ -182,8 +186,40 @@ def bench_snapshot(t: Table, n: int, repeat: int) -> None:
             ws = [WorkerInfo.model_validate_json(i).model_copy(update={"heartbeat_age": max(0.0, now - float(s))})
                   for s, i in zip(raw[1::2], raw[2::2])]
             return tuple(sorted(ws, key=lambda w: w.id))
+
+        # The previous full read: the same script with the packed records out of sync (a key that never
+        # matches the version) returns every record as JSON, parsed as Registry.read parsed it before.
+        never = f"{keys.NAMESPACE}:bench:never-synced"
+        client.set(never, "-1")
+        json_keys = [*_SNAP_KEYS[:-1], never]
+
+        def json_call():
+            return reg._snap(keys=json_keys, args=[600.0])
+
+        def json_read():
+            return tuple(sorted(_RECORDS.validate_json(json_call()[4]), key=lambda w: w.id))
+
+        def packed_call():
+            return reg._snap(keys=_SNAP_KEYS, args=[600.0])
+
+        assert [w.model_dump(exclude={"heartbeat_age"}) for w in reg.read()[1]] == \
+               [w.model_dump(exclude={"heartbeat_age"}) for w in json_read()], "the packed read differs from JSON"
         reps = max(3, min(repeat, 100000 // n))
-        t.row("full read (Registry.read)", n, timed(reg.read, reps), timed(old_read, reps))
+        t.row("full read (Registry.read, packed)", n, timed(reg.read, reps), timed(json_read, reps))
+        t.row("full read before the packed records (JSON)", n, timed(json_read, reps), timed(old_read, reps))
+        for what, call in (("packed", packed_call), ("JSON", json_call)):
+            client.config_resetstat()
+            wall = timed(call, reps)
+            stat = client.info("commandstats").get("cmdstat_evalsha", {})
+            raw = call()
+            size = len(raw[3]) + len(raw[4])
+            t.line(f"  {what:<6} script: {stat.get('usec_per_call', 0) / 1e3:7.1f} ms of Redis CPU per call, "
+                   f"{stats(wall)[0]:7.1f} ms call and transfer, {size / 1e6:.2f} MB")
+        raw = packed_call()
+        text, now = raw[3].decode(), float(raw[0])
+        t.row("  parse: packed (store/packed.unpack)", n, timed(lambda: packed.unpack(text, now), reps))
+        blob = json_call()[4]
+        t.row("  parse: JSON (pydantic, one array)", n, timed(lambda: _RECORDS.validate_json(blob), reps))
         t.row("heartbeat of every worker (batched)", n, timed(lambda: reg.heartbeat_many(fleet, statics), reps))
         view = FleetView(reg)
         view.refresh()
