@@ -136,6 +136,10 @@ def test_a_worker_of_an_older_gpulayer_still_shows_in_the_full_read(registry):
     registry.client.hset(keys.WORKERS_INFO, old.id, old.model_dump_json())
     assert [w.id for w in registry.snapshot()] == ["w001", "w009"]
     assert [w.id for w in FleetView(registry).refresh()] == ["w001", "w009"]
+    registry.client.set(keys.WORKERS_PACKED_SYNCED, "-1")  # a read that packs every record again...
+    assert [w.id for w in registry.snapshot()] == ["w001", "w009"]
+    assert registry.client.hget(keys.WORKERS_PACKED, "w001") is not None
+    assert registry.client.hget(keys.WORKERS_PACKED, "w009") is None  # ...leaves it: nothing would say it went stale
 
 
 def test_cached_snapshot_refreshes_incrementally_after_its_ttl(registry):
@@ -257,14 +261,3 @@ def test_a_write_of_an_older_gpulayer_puts_the_read_on_json_until_it_packs_every
     assert r.hget(keys.WORKERS_PACKED, "w002").split(b"\x1f")[7] == b"16"
     _same(registry.snapshot(), _json_read(registry))
 
-
-def test_the_packed_read_leaves_a_worker_that_writes_json_alone_unpacked(registry):
-    registry.heartbeat(info(1))
-    old = info(9, busy=1)
-    sec, usec = registry.client.time()
-    registry.client.zadd(keys.WORKERS, {old.id: sec + usec / 1e6})
-    registry.client.hset(keys.WORKERS_INFO, old.id, old.model_dump_json())
-    registry.client.set(keys.WORKERS_PACKED_SYNCED, "-1")
-    assert [w.id for w in registry.snapshot()] == ["w001", "w009"]
-    assert registry.client.hget(keys.WORKERS_PACKED, "w009") is None  # nothing would tell it went stale
-    assert registry.client.hget(keys.WORKERS_PACKED, "w001") is not None
