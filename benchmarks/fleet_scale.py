@@ -14,13 +14,16 @@ every fifth worker with 8 GPUs), heartbeating once per second. Then, measured:
 - ``ping``: a Redis PING round trip from the same process, the floor under the latencies;
 - ``status``: the wall time of ``gpulayer status`` (the summary), ``--json`` and ``--all`` (every
   worker) in a new process, of the imports alone (the floor), and of the summary's read and render in this
-  process, first and refreshed (``--status-only`` measures only these);
+  process, first and refreshed (``--status-only`` measures only these); with ``--before DIR`` (a
+  checkout of older code, e.g. ``git worktree add /tmp/before <commit>``) the new-process figures
+  of that code too, side by side on the same fleet;
 - ``connections``: Redis clients per emulator process, and per real worker (one real worker
   started into the same cluster, counted by ``CLIENT LIST`` before and after);
 - ``jobs``: ``--jobs`` emulated jobs (``submit_batch`` of ``emulated(0, i)``) end to end, every
   result checked.
 
     python benchmarks/fleet_scale.py [--sizes 1000,5000,10000] [--processes 4] [--jobs 20000] [--status-only]
+                                     [--before DIR]
 """
 
 from __future__ import annotations
@@ -126,16 +129,24 @@ def gang_reservations(client, seconds: float = 3.0) -> tuple[int, float, list[fl
     return len(lat), sum(lat) / 1e3, lat
 
 
-def status_time(url: str, secret: str, *args: str, code: str | None = None) -> float:
-    """Wall time of ``gpulayer status *args`` in a new process (or of ``python -c code``), median of 3."""
-    env = dict(os.environ, GPULAYER_BROKER_URL=url, GPULAYER_SECRET=secret, PYTHONPATH=str(ROOT), COLUMNS="120")
+def status_time(url: str, secret: str, *args: str, code: str | None = None, tree: Path = ROOT) -> tuple[float, float]:
+    """Wall time and CPU time (user + sys) of ``gpulayer status *args`` in a new process (or of
+    ``python -c code``), medians of 3, with the gpulayer of ``tree``. On a loaded machine the wall
+    time is mostly waiting for a core; the process's own CPU time is what the code costs."""
+    env = dict(os.environ, GPULAYER_BROKER_URL=url, GPULAYER_SECRET=secret, PYTHONPATH=str(tree), COLUMNS="120")
     cmd = [sys.executable, "-c", code] if code else [sys.executable, "-m", "gpulayer", "status", *args]
-    times = []
+    walls, cpus = [], []
     for _ in range(3):
         t = time.perf_counter()
-        subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        # cwd: python puts it first on sys.path (-c, -m), ahead of PYTHONPATH
+        proc = subprocess.Popen(cmd, env=env, cwd=tree, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        walls.append(time.perf_counter() - t)
+        cpus.append(usage.ru_utime + usage.ru_stime)
+        if proc.returncode:
+            raise subprocess.CalledProcessError(proc.returncode, cmd)
+    return statistics.median(walls), statistics.median(cpus)
 
 
 def status_in_process() -> tuple[float, float]:
@@ -160,12 +171,20 @@ def status_in_process() -> tuple[float, float]:
     return out[0], out[1]
 
 
-def status_lines(url: str, secret: str, line) -> None:
-    line(f"  gpulayer status (summary)           {status_time(url, secret):.2f} s in a new process")
-    line(f"  gpulayer status --json (every row)  {status_time(url, secret, '--json'):.2f} s")
-    line(f"  gpulayer status --all (every row)   {status_time(url, secret, '--all'):.2f} s")
-    line(f"  python -c 'import gpulayer.cli'     {status_time(url, secret, code='import gpulayer.cli'):.2f} s "
-         f"(the floor under a new process)")
+def status_lines(url: str, secret: str, line, before: Path | None = None) -> None:
+    def timed(what: str, *args: str, code: str | None = None, note: str = "") -> None:
+        now, cpu = status_time(url, secret, *args, code=code)
+        if before is None:
+            line(f"  {what:<35} {now:.2f} s{note} ({cpu:.2f} s of CPU)")
+            return
+        then, then_cpu = status_time(url, secret, *args, code=code, tree=before)  # side by side, on the same fleet
+        line(f"  {what:<35} {now:.2f} s{note} ({cpu:.2f} s of CPU); before {then:.2f} s ({then_cpu:.2f} s of CPU), "
+             f"{then / now:.1f}x wall, {then_cpu / cpu:.1f}x CPU")
+
+    timed("gpulayer status (summary)", note=" in a new process")
+    timed("gpulayer status --json (every row)", "--json")
+    timed("gpulayer status --all (every row)", "--all")
+    timed("python -c 'import gpulayer.cli'", code="import gpulayer.cli", note=" (the floor under a new process)")
     first, again = status_in_process()
     line(f"  status summary in process           {first:.2f} s first (the full read), {again:.2f} s a refresh "
          f"(--watch, a metrics scrape)")
@@ -188,7 +207,7 @@ def run_size(n: int, args, out) -> None:
             redis_fleet.connect()
             if args.status_only:
                 time.sleep(args.steady)  # let the registration burst settle, as the full run does before it
-                status_lines(redis_fleet.url, redis_fleet.secret, line)
+                status_lines(redis_fleet.url, redis_fleet.secret, line, args.before)
                 client.close()
                 return
             submit.delay(REF, 0.0, 0).get(timeout=120)  # warm: routes, connections
@@ -236,6 +255,8 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=20000)
     p.add_argument("--real-worker", action="store_true", help="also start one real worker and count its connections")
     p.add_argument("--status-only", action="store_true", help="measure only `gpulayer status` on each size")
+    p.add_argument("--before", type=Path, default=None, metavar="DIR",
+                   help="a checkout of older code: time its `gpulayer status` too, on the same fleet")
     args = p.parse_args()
     unwind_on_signals()
     out: list[str] = []
@@ -243,6 +264,8 @@ def main() -> None:
             f"{os.cpu_count()} CPUs  load average {os.getloadavg()[0]:.1f}")
     print(head)
     out.append(head)
+    if args.before is not None:
+        out.append(f"before = the gpulayer in {args.before}")
     for n in [int(s) for s in args.sizes.split(",")]:
         run_size(n, args, out)
     out.append(f"\ngoals: {GOALS}")

@@ -12,14 +12,17 @@ every fifth worker with 8 GPUs, one host per worker, a fixed random mix of busy 
   looked at again), ``cold`` on a fresh snapshot (index build and every group's first pick
   included), against the reference;
 - ``snapshot``: from a real Redis (started on a free port, stopped by pid) holding the fleet's
-  heartbeats: the full read (``Registry.read``), the previous full read (one HGET per worker in
-  Lua, one pydantic parse per record), and ``FleetView.refresh`` after nothing changed, after 1%
-  and 10% of the workers changed their busy count, and after 1% re-registered with new records.
+  heartbeats: the full read (``Registry.read``, packed records: ``gpulayer/store/packed.py``)
+  against the previous one (the JSON records, one array parsed by pydantic), and the one before
+  (one HGET per worker in Lua, one pydantic parse per record); where the full read's time goes
+  (Redis's CPU per call from ``INFO commandstats``, the bytes moved, the parse in Python); and
+  ``FleetView.refresh`` after nothing changed, after 1% and 10% of the workers changed their busy
+  count, and after 1% re-registered with new records.
 
 Median and p99 per call in milliseconds; every figure is printed and written to
 ``results/<date>-<host>/placement_scale.txt``.
 
-    python benchmarks/placement_scale.py [--sizes 10,100,1000,10000] [--repeat 200]
+    python benchmarks/placement_scale.py [--sizes 10,100,1000,10000] [--repeat 200] [--no-redis | --redis-only]
 """
 
 from __future__ import annotations
@@ -76,13 +79,13 @@ def synthetic_fleet(n: int, seed: int = 1) -> tuple[WorkerInfo, ...]:
     return tuple(out)
 
 
-def timed(fn, repeat: int) -> list[float]:
-    """Milliseconds per call, ``repeat`` calls."""
+def timed(fn, repeat: int, clock=time.perf_counter) -> list[float]:
+    """Milliseconds per call, ``repeat`` calls (``clock=time.process_time``: this process's CPU time)."""
     out = []
     for _ in range(repeat):
-        t = time.perf_counter()
+        t = clock()
         fn()
-        out.append((time.perf_counter() - t) * 1e3)
+        out.append((clock() - t) * 1e3)
     return out
 
 
@@ -167,7 +170,8 @@ def bench_placement(t: Table, n: int, repeat: int) -> None:
 
 def bench_snapshot(t: Table, n: int, repeat: int) -> None:
     from gpulayer.store import keys
-    from gpulayer.store.registry import FleetView, Registry, static_record
+    from gpulayer.store import packed
+    from gpulayer.store.registry import _RECORDS, _SNAP_KEYS, FleetView, Registry, static_record
     from gpulayer.testing import Fleet
 
     fleet = list(synthetic_fleet(n))
@@ -185,8 +189,42 @@ def bench_snapshot(t: Table, n: int, repeat: int) -> None:
             ws = [WorkerInfo.model_validate_json(i).model_copy(update={"heartbeat_age": max(0.0, now - float(s))})
                   for s, i in zip(raw[1::2], raw[2::2])]
             return tuple(sorted(ws, key=lambda w: w.id))
+
+        # The previous full read: the same script with the packed records out of sync (a key that never
+        # matches the version) returns every record as JSON, parsed as Registry.read parsed it before.
+        never = f"{keys.NAMESPACE}:bench:never-synced"
+        client.set(never, "-1")
+        json_keys = [*_SNAP_KEYS[:-1], never]
+
+        def json_call():
+            return reg._snap(keys=json_keys, args=[600.0])
+
+        def json_read():
+            return tuple(sorted(_RECORDS.validate_json(json_call()[4]), key=lambda w: w.id))
+
+        def packed_call():
+            return reg._snap(keys=_SNAP_KEYS, args=[600.0])
+
+        assert [w.model_dump(exclude={"heartbeat_age"}) for w in reg.read()[1]] == \
+               [w.model_dump(exclude={"heartbeat_age"}) for w in json_read()], "the packed read differs from JSON"
         reps = max(3, min(repeat, 100000 // n))
-        t.row("full read (Registry.read)", n, timed(reg.read, reps), timed(old_read, reps))
+        t.row("full read (Registry.read, packed)", n, timed(reg.read, reps), timed(json_read, reps))
+        t.row("full read before the packed records (JSON)", n, timed(json_read, reps), timed(old_read, reps))
+        for what, call in (("packed", packed_call), ("JSON", json_call)):
+            client.config_resetstat()
+            wall = timed(call, reps)
+            stat = client.info("commandstats").get("cmdstat_evalsha", {})
+            raw = call()
+            size = len(raw[3]) + len(raw[4])
+            t.line(f"  {what:<6} script: {stat.get('usec_per_call', 0) / 1e3:7.1f} ms of Redis CPU per call, "
+                   f"{stats(wall)[0]:7.1f} ms call and transfer, {size / 1e6:.2f} MB")
+        raw = packed_call()
+        text, now = raw[3].decode(), float(raw[0])
+        blob = json_call()[4]
+        cpu = time.process_time  # the parse is this process's CPU alone: a loaded machine inflates its wall time
+        t.row("  parse: packed (store/packed.unpack), CPU ms", n, timed(lambda: packed.unpack(text, now), reps, cpu),
+              timed(lambda: _RECORDS.validate_json(blob), reps, cpu))
+        t.row("  parse: JSON (pydantic, one array), CPU ms", n, timed(lambda: _RECORDS.validate_json(blob), reps, cpu))
         t.row("heartbeat of every worker (batched)", n, timed(lambda: reg.heartbeat_many(fleet, statics), reps))
         view = FleetView(reg)
         view.refresh()
@@ -218,6 +256,7 @@ def main() -> None:
     p.add_argument("--sizes", default="10,100,1000,10000")
     p.add_argument("--repeat", type=int, default=200)
     p.add_argument("--no-redis", action="store_true", help="skip the snapshot reads from a real Redis")
+    p.add_argument("--redis-only", action="store_true", help="only the snapshot reads from a real Redis")
     args = p.parse_args()
     unwind_on_signals()
     out: list[str] = []
@@ -227,7 +266,7 @@ def main() -> None:
     t.line("median and p99 per call; 'before' = the implementation before the index (tests/placement_reference.py) "
            "or the previous full snapshot read; result: ok / waits (GangWaiting) / rejected")
     sizes = [int(s) for s in args.sizes.split(",")]
-    for n in sizes:
+    for n in sizes if not args.redis_only else ():
         bench_placement(t, n, args.repeat)
     if not args.no_redis:
         for n in sizes:
@@ -238,7 +277,7 @@ def main() -> None:
         t.line(line)
     t.line(f"goals at 10,000 workers (ms): {GOALS}")
     t.line(f"load average at the end {os.getloadavg()[0]:.1f} (the figures above are noisy when it is high)")
-    print("wrote", write_results(out, "placement_scale.txt"))
+    print("wrote", write_results(out, "placement_scale_registry.txt" if args.redis_only else "placement_scale.txt"))
 
 
 if __name__ == "__main__":

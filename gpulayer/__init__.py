@@ -5,17 +5,38 @@
 >>> gpulayer.init()                      # GPULAYER_BROKER_URL, else `gpulayer up`, else an embedded cluster
 >>> submit.delay(pow, 2, 10).get()
 1024
+
+The public names load on first use (PEP 562): ``import gpulayer`` and ``gpulayer status``
+import neither the Celery app nor the client until a name that needs them is touched.
 """
 
-from celery import group
+from __future__ import annotations
 
-from .client import BatchHandle, connect, init, submit_batch, wait_for_workers
-from .gang.handle import GangHandle, distributed, init_process_group
-from .errors import (ClusterUnavailable, ConfigError, GangFailed, GpulayerError, JobFailed, JobRejected,
-                     JobStopped, PayloadError, PayloadRejected, UnsupportedOption)
-from .models import Resources, WorkerInfo
-from .tasks.submit import submit
-from .worker.runtime import current_job, current_worker
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name loads on first use
+    from celery import group
+
+    from .client import BatchHandle, connect, init, submit_batch, wait_for_workers
+    from .errors import (ClusterUnavailable, ConfigError, GangFailed, GpulayerError, JobFailed, JobRejected,
+                         JobStopped, PayloadError, PayloadRejected, UnsupportedOption)
+    from .gang.handle import GangHandle, distributed, init_process_group
+    from .models import Resources, WorkerInfo
+    from .tasks.submit import submit
+    from .worker.runtime import current_job, current_worker
+
+# public name -> the module that defines it (names of errors and models are cheap: no Celery, no torch)
+_WHERE = {
+    "group": "celery",
+    **dict.fromkeys(("BatchHandle", "connect", "init", "submit_batch", "wait_for_workers"), "gpulayer.client"),
+    **dict.fromkeys(("ClusterUnavailable", "ConfigError", "GangFailed", "GpulayerError", "JobFailed", "JobRejected",
+                     "JobStopped", "PayloadError", "PayloadRejected", "UnsupportedOption"), "gpulayer.errors"),
+    **dict.fromkeys(("GangHandle", "distributed", "init_process_group"), "gpulayer.gang.handle"),
+    **dict.fromkeys(("Resources", "WorkerInfo"), "gpulayer.models"),
+    "submit": "gpulayer.tasks.submit",
+    **dict.fromkeys(("current_job", "current_worker"), "gpulayer.worker.runtime"),
+}
 
 __all__ = [
     "BatchHandle", "ClusterUnavailable", "GangHandle", "distributed", "init_process_group", "ConfigError", "GpulayerError", "JobFailed", "JobRejected",
@@ -23,3 +44,16 @@ __all__ = [
     "group", "init", "submit", "submit_batch", "wait_for_workers",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'gpulayer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(where), name)
+    globals()[name] = value  # the next lookup is a plain module attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

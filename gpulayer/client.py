@@ -153,7 +153,7 @@ def wait_for_workers(count: int, timeout: float = 30.0) -> None:
     ensure_connected()
     deadline = time.monotonic() + timeout
     while True:
-        live = app_mod.registry().snapshot()
+        live = app_mod.registry().current()
         if len(live) >= count:
             return
         if time.monotonic() > deadline:

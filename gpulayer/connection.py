@@ -6,15 +6,13 @@ on first use: neither imports the other for it.
 
 from __future__ import annotations
 
+import importlib
 import threading
-from urllib.parse import urlparse
-
-import redis
 
 from . import app as app_mod
 from .config import Settings, load_settings
 from .errors import ClusterUnavailable, ConfigError
-from .store.connection import connect_redis
+from .store.connection import reachable
 
 _init_lock = threading.RLock()
 _local = None  # the process-scoped embedded cluster init() started, if any
@@ -22,32 +20,13 @@ _local = None  # the process-scoped embedded cluster init() started, if any
 
 def connect(settings: Settings) -> Settings:
     """Point this process at the cluster ``settings`` names; fail fast if Redis is unreachable."""
-    client = connect_redis(settings.broker_url, socket_connect_timeout=settings.connect_timeout,
-                           socket_timeout=settings.connect_timeout)
-    where = urlparse(settings.broker_url)
-    try:
-        client.ping()
-    except redis.AuthenticationError as err:
-        if not where.password:
-            raise ClusterUnavailable(f"Redis at {where.hostname}:{where.port} needs a password: put it in the "
-                                     "broker URL, redis://:PASSWORD@host:port/0") from err
-        raise ClusterUnavailable(f"Redis at {where.hostname}:{where.port} refused the password in the broker URL: "
-                                 f"{err}; check GPULAYER_BROKER_URL") from err
-    except redis.ResponseError as err:
-        if "NOAUTH" in str(err) or "AUTH" in str(err):
-            raise ClusterUnavailable(f"Redis at {where.hostname}:{where.port} needs a password: put it in the "
-                                     "broker URL, redis://:PASSWORD@host:port/0") from err
-        raise
-    except (redis.ConnectionError, redis.TimeoutError, OSError) as err:
-        raise ClusterUnavailable(f"cannot reach Redis at {where.hostname}:{where.port} within "
-                                 f"{settings.connect_timeout:.0f}s ({err}); is it running, and is the "
-                                 "broker URL right?") from err
-    finally:
-        client.close()
+    reachable(settings.broker_url, settings.connect_timeout).close()
     if not settings.secret:
         raise ConfigError("no cluster secret: set GPULAYER_SECRET to the secret the workers use "
                           "(`gpulayer up` writes one to its state file)")
     app_mod.configure(settings)
+    for module in app_mod.app.conf.imports:  # gpulayer's tasks, registered for senders by name, as a worker has them
+        importlib.import_module(module)
     return settings
 
 

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import heapq
+import sys
 from urllib.parse import urlparse
 
-from . import app as app_mod
 from . import queues
-from .client import connect
-from .config import load_settings
+from .config import Settings, load_settings
 from .errors import ClusterUnavailable, ConfigError
 from .store import keys
+from .store.connection import reachable
 from .store.gangs import GangStore
+from .store.registry import Registry
 
 
 def mask_url(url: str) -> str:
@@ -23,15 +24,27 @@ def mask_url(url: str) -> str:
     return url
 
 
-def _connect() -> None:
-    """Connect to the configured cluster; never start one just to describe it."""
-    if app_mod.is_configured():
-        return
-    settings = load_settings()
-    if not settings.broker_url:
-        raise ClusterUnavailable("no cluster to show: set GPULAYER_BROKER_URL (and GPULAYER_SECRET), "
-                                 "or start one with `gpulayer up`")
-    connect(settings)
+_standalone: tuple[Settings, Registry] | None = None  # this process's own read of the cluster (a --watch keeps it)
+
+
+def _cluster() -> tuple[Settings, Registry]:
+    """The cluster to describe and its registry; never start one just to describe it.
+
+    A process connected already (``gpulayer.init()``) is described through its connection.
+    Otherwise only Redis is opened: status needs neither the Celery app nor the cluster
+    secret, so ``gpulayer status`` starts without importing them.
+    """
+    global _standalone
+    app_mod = sys.modules.get("gpulayer.app")
+    if app_mod is not None and app_mod.is_configured():
+        return app_mod.settings(), app_mod.registry()
+    if _standalone is None:
+        settings = load_settings()
+        if not settings.broker_url:
+            raise ClusterUnavailable("no cluster to show: set GPULAYER_BROKER_URL, or start one with `gpulayer up`")
+        client = reachable(settings.broker_url, settings.connect_timeout, socket_timeout=30.0)
+        _standalone = settings, Registry(client, settings.worker_dead_after)
+    return _standalone
 
 
 SUMMARY_ABOVE = 50  # a fleet of more live workers is shown as a summary unless --all is asked
@@ -48,16 +61,15 @@ def collect(full: bool | None = True, top: int = TOP) -> dict:
     ``full=False``, ``workers`` lists only the busiest instead of every worker
     (``None``: every worker up to ``SUMMARY_ABOVE`` of them, else the busiest).
     """
-    _connect()
-    registry = app_mod.registry()
+    settings, registry = _cluster()
     workers = registry.current()
     read = read_queues(workers)
-    client = app_mod.redis_client()
+    client = registry.client  # this process's; left open for the next call (--watch)
     lengths = queue_lengths(client, read)
-    gangs = GangStore(client).active()
-    held = GangStore(client).held()
-    line = {g: i + 1 for i, g in enumerate(GangStore(client).waiting())}  # gang id -> place in the waiting line
-    client.close()
+    gangs = GangStore(client)
+    held = gangs.held()
+    line = {g: i + 1 for i, g in enumerate(gangs.waiting())}  # gang id -> place in the waiting line
+    gangs = gangs.active()
     if full is None:
         full = len(workers) <= SUMMARY_ABOVE
     busiest = heapq.nsmallest(top, workers, key=lambda w: (-(w.busy + held.get(w.id, 0)) / max(w.slots, 1),
@@ -66,7 +78,7 @@ def collect(full: bool | None = True, top: int = TOP) -> dict:
     # Exact ages for the rows shown only: 10,000 scores cost more to read than the whole summary.
     ages = registry.ages() if full and len(shown) > SUMMARY_ABOVE else registry.ages(w.id for w in shown)
     return {
-        "broker": mask_url(app_mod.settings().broker_url),
+        "broker": mask_url(settings.broker_url),
         "workers": [_row(w, held, ages) for w in shown],
         "summary": summarize(workers, held, registry.dead(), busiest),
         "queues": lengths,
@@ -90,24 +102,25 @@ def _row(w, held: dict[str, int], ages: dict[str, float]) -> dict:
 def summarize(workers, held: dict[str, int], dead: dict[str, float], busiest) -> dict:
     """The fleet by zone and by region (workers, slots, busy, gang-held, GPUs), its busiest and its dead."""
     zones: dict[tuple, list[int]] = {}
+    for w in workers:  # one pass over the fleet; regions and totals add up the zones
+        acc = zones.get((w.zone, w.region))
+        if acc is None:
+            acc = zones[(w.zone, w.region)] = [0, 0, 0, 0, 0]
+        acc[0] += 1
+        acc[1] += w.slots
+        acc[2] += w.busy
+        acc[3] += held.get(w.id, 0)
+        acc[4] += w.gpus
     regions: dict[str | None, list[int]] = {}
-    for w in workers:
-        h = held.get(w.id, 0)
-        for acc in (zones.setdefault((w.zone, w.region), [0, 0, 0, 0, 0]),
-                    regions.setdefault(w.region, [0, 0, 0, 0, 0])):
-            acc[0] += 1
-            acc[1] += w.slots
-            acc[2] += w.busy
-            acc[3] += h
-            acc[4] += w.gpus
+    for (_, region), acc in zones.items():
+        regions[region] = [a + b for a, b in zip(regions.get(region, (0, 0, 0, 0, 0)), acc)]
+    total = [sum(col) for col in zip(*regions.values())] or [0, 0, 0, 0, 0]
 
     def counts(acc: list[int]) -> dict:
         return dict(zip(("workers", "slots", "busy", "held", "gpus"), acc))
 
     return {
-        "workers": len(workers),
-        **{k: sum(getattr(w, k) for w in workers) for k in ("slots", "busy", "gpus")},
-        "held": sum(held.get(w.id, 0) for w in workers),
+        **counts(total),
         "regions": [{"region": r, **counts(acc)} for r, acc in sorted(regions.items(), key=lambda kv: kv[0] or "")],
         "zones": [{"zone": z, "region": r, **counts(acc)}
                   for (z, r), acc in sorted(zones.items(), key=lambda kv: (kv[0][1] or "", kv[0][0] or ""))],
@@ -160,15 +173,14 @@ def queue_lengths(client, read) -> dict[str, int]:
 def renderables(report: dict, full: bool | None = None) -> list:
     """The report as rich tables: workers (each one, or a summary above ``SUMMARY_ABOVE``), queues, gangs.
 
-    ``full`` None: every worker when the fleet is small and the report lists them all.
+    ``full`` None: every worker when the fleet is small and the report lists them all. A summary
+    is aligned plain lines (``_Lines``), so a one-shot ``gpulayer status`` of a big fleet prints
+    without importing rich, and rich's tables (~3 ms a row) are kept for the small ones.
     """
-    from rich.table import Table
-    from rich.text import Text
-
     summary = report.get("summary")
     if full is None:
         full = summary is None or len(report["workers"]) == summary["workers"] <= SUMMARY_ABOVE
-    out: list = [Text(f"broker {report['broker']}")]
+    out: list = [_Lines(f"broker {report['broker']}")]
     if full:
         out.append(_worker_table(report["workers"], f"{len(report['workers'])} live workers"))
     else:
@@ -181,10 +193,14 @@ def renderables(report: dict, full: bool | None = None) -> list:
             continue
         rows.append((name, str(n), "nobody reads this queue" if name in unread else ""))
     if quiet and not rows:
-        out.append(Text(f"queues: nothing waiting in any of {quiet} (--all lists them)"))
-    elif len(rows) > SUMMARY_ABOVE:
-        out.append(_Lines("queues", [("queue", "waiting", ""), *rows]))
+        out.append(_Lines(f"queues: nothing waiting in any of {quiet} (--all lists them)"))
+    elif not full or len(rows) > SUMMARY_ABOVE:
+        out.append(_Lines("queues", [("queue", "waiting", ""), *rows],
+                          f"and {quiet} empty queues (--all lists them)" if quiet else None))
     else:
+        from rich.table import Table
+        from rich.text import Text
+
         q = Table(title="queues", caption=f"and {quiet} empty queues (--all lists them)" if quiet else None)
         q.add_column("queue")
         q.add_column("waiting", justify="right")
@@ -193,6 +209,8 @@ def renderables(report: dict, full: bool | None = None) -> list:
             q.add_row(name, n, Text(note, style="red"))
         out.append(q)
     if report["gangs"]:
+        from rich.table import Table
+
         g = Table(title="distributed jobs")
         for col in ("id", "function", "shape", "state", "workers", "why"):
             g.add_column(col)
@@ -231,9 +249,14 @@ def _worker_table(rows: list[dict], title: str):
 class _Lines:
     """A title and rows of cells as aligned text, one segment per line: 10,000 rows in a tenth of a second."""
 
-    def __init__(self, title: str, rows: list[tuple[str, ...]]):
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    def __init__(self, title: str, rows: list[tuple[str, ...]] = (), caption: str | None = None):
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))] if rows else []
         self.lines = [title] + ["  ".join(v.ljust(n) for v, n in zip(r, widths)).rstrip() for r in rows]
+        if caption:
+            self.lines.append(caption)
+
+    def text(self) -> str:
+        return "".join(line + "\n" for line in self.lines)
 
     def __rich_console__(self, console, options):
         from rich.segment import Segment
@@ -244,40 +267,31 @@ class _Lines:
 
 def _summary_tables(report: dict) -> list:
     """A big fleet: by region, by zone, the busiest workers, the dead ones."""
-    from rich.table import Table
-    from rich.text import Text
-
     s = report["summary"]
     out = []
     for kind, rows in (("region", s["regions"]), ("zone", s["zones"])):
-        t = Table(title=f"{s['workers']} live workers by {kind}" + (" (--all lists every worker)" if kind == "region"
-                                                                     else ""))
-        t.add_column(kind)
-        if kind == "zone":
-            t.add_column("region")
-        for col in ("workers", "slots used/total", "gang-held", "GPUs"):
-            t.add_column(col, justify="right")
-        for r in rows:
-            where = [r[kind] or "-"] + ([r["region"] or "-"] if kind == "zone" else [])
-            t.add_row(*where, str(r["workers"]), f"{r['busy'] + r['held']}/{r['slots']}", str(r["held"]),
-                      str(r["gpus"]))
-        out.append(t)
-    out.append(_worker_table(report["workers"], f"{len(report['workers'])} busiest workers"))
+        title = f"{s['workers']} live workers by {kind}" + (" (--all lists every worker)" if kind == "region" else "")
+        head = (kind, *(("region",) if kind == "zone" else ()), "workers", "slots used/total", "gang-held", "GPUs")
+        out.append(_Lines(title, [head, *(
+            (r[kind] or "-", *((r["region"] or "-",) if kind == "zone" else ()), str(r["workers"]),
+             f"{r['busy'] + r['held']}/{r['slots']}", str(r["held"]), str(r["gpus"])) for r in rows)]))
+    out.append(_Lines(f"{len(report['workers'])} busiest workers", [_WORKER_COLUMNS, *map(_worker_cells,
+                                                                                        report["workers"])]))
     if s["dead"]:
-        d = Table(title=f"{len(s['dead'])} dead workers (silent, not yet buried)")
-        d.add_column("worker")
-        d.add_column("last heartbeat")
-        for w in s["dead"]:
-            d.add_row(Text(w["id"], style="red"), f"{w['heartbeat_age']:.1f}s ago")
-        out.append(d)
+        out.append(_Lines(f"{len(s['dead'])} dead workers (silent, not yet buried)", [
+            ("worker", "last heartbeat"), *((w["id"], f"{w['heartbeat_age']:.1f}s ago") for w in s["dead"])]))
     return out
 
 
 def render(report: dict, full: bool | None = None) -> None:
+    items = renderables(report, full)
+    if all(isinstance(item, _Lines) for item in items):  # a summary: no rich to import
+        sys.stdout.write("\n".join(item.text() for item in items))
+        return
     from rich.console import Console
 
     console = Console()
-    for item in renderables(report, full):
+    for item in items:
         console.print(item)
 
 

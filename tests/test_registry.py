@@ -136,6 +136,10 @@ def test_a_worker_of_an_older_gpulayer_still_shows_in_the_full_read(registry):
     registry.client.hset(keys.WORKERS_INFO, old.id, old.model_dump_json())
     assert [w.id for w in registry.snapshot()] == ["w001", "w009"]
     assert [w.id for w in FleetView(registry).refresh()] == ["w001", "w009"]
+    registry.client.set(keys.WORKERS_PACKED_SYNCED, "-1")  # a read that packs every record again...
+    assert [w.id for w in registry.snapshot()] == ["w001", "w009"]
+    assert registry.client.hget(keys.WORKERS_PACKED, "w001") is not None
+    assert registry.client.hget(keys.WORKERS_PACKED, "w009") is None  # ...leaves it: nothing would say it went stale
 
 
 def test_cached_snapshot_refreshes_incrementally_after_its_ttl(registry):
@@ -192,7 +196,8 @@ def test_the_janitors_burial_leaves_no_registry_record_behind(registry):
     bury(None, registry.client, "w001", None, "no heartbeat for 5s", 3)  # nothing held: no Celery app needed
     r = registry.client
     assert [r.zscore(k, "w001") for k in (keys.WORKERS, keys.WORKERS_CHANGED, keys.WORKERS_LOAD_CHANGED)] == [None] * 3
-    assert [r.hget(k, "w001") for k in (keys.WORKERS_INFO, keys.WORKERS_STATIC, keys.WORKERS_LOAD)] == [None] * 3
+    assert [r.hget(k, "w001") for k in (keys.WORKERS_INFO, keys.WORKERS_STATIC, keys.WORKERS_LOAD,
+                                        keys.WORKERS_PACKED)] == [None] * 4
     assert [w.id for w in view.refresh()] == ["w000", "w002"] and view.full_reads == 1
     registry.heartbeat(info(1))  # the same worker, restarted: registered again in full
     assert [w.id for w in view.refresh()] == ["w000", "w001", "w002"]
@@ -206,3 +211,53 @@ def test_ages_of_named_workers_and_the_dead_by_redis_clock(registry):
     assert set(ages) == {"w000", "w002"} and ages["w000"] < 5 < 59 < ages["w002"]
     assert set(registry.ages()) == {"w000", "w001", "w002"}
     assert set(registry.dead()) == {"w002"} and registry.dead()["w002"] >= 59
+
+
+# --- the full read's packed records (store/packed.py) ---------------------------------------------
+
+def _json_read(registry) -> tuple[WorkerInfo, ...]:
+    """The full read as it is without packed records: every record from its JSON."""
+    registry.client.set(keys.WORKERS_PACKED_SYNCED, "-1")  # out of sync: the read takes the JSON path
+    return registry.snapshot()
+
+
+def _same(a, b, fields_set=True) -> None:
+    assert [w.model_dump(exclude={"heartbeat_age"}) for w in a] == [w.model_dump(exclude={"heartbeat_age"}) for w in b]
+    if fields_set:
+        assert [w.__pydantic_fields_set__ for w in a] == [w.__pydantic_fields_set__ for w in b]
+    assert all(abs(x.heartbeat_age - y.heartbeat_age) < 1.0 for x, y in zip(a, b))
+
+
+def test_the_packed_full_read_equals_the_json_one(registry):
+    odd = [info(900, zone=None, region=None, gpu_names=()), info(901, gpus=2, gpu_names=("A100", "A100 80GB"),
+                                                                  started_at=1764590000.123456, held=3),
+           info(902, hostname="h\x1fsep"), info(903, zone=""), info(904, gpu_names=("",), gpus=1),
+           info(905, id="with space é", hostname="hôte")]
+    fleet = [info(i, busy=i % 8, held=i % 3) for i in range(30)] + odd
+    registry.heartbeat_many(fleet)
+    packed = registry.client.hgetall(keys.WORKERS_PACKED)
+    assert b"w001" in packed and "with space é".encode() in packed
+    assert not {b"w902", b"w903", b"w904"} & set(packed)  # values a packed record cannot tell apart: JSON
+    fast = registry.snapshot()
+    assert [w.id for w in fast] == sorted(w.id for w in fleet)
+    _same(fast, _json_read(registry))
+    _same(fast, sorted(fleet, key=lambda w: w.id), fields_set=False)
+    assert fast[1].model_copy(update={"busy": 0}).busy == 0  # a record of the read is a model like any other
+
+
+def test_a_write_of_an_older_gpulayer_puts_the_read_on_json_until_it_packs_everything_again(registry):
+    registry.heartbeat_many([info(i, busy=1) for i in range(5)])
+    before = registry.snapshot()
+    # The previous gpulayer's heartbeat: static, load and version, no packed record.
+    changed = info(2, busy=6, slots=16)
+    r = registry.client
+    r.hset(keys.WORKERS_STATIC, "w002", changed.model_dump_json(exclude={"busy", "held", "heartbeat_age"}))
+    r.hset(keys.WORKERS_LOAD, "w002", "6 0")
+    r.incr(keys.WORKERS_VERSION)
+    assert r.hget(keys.WORKERS_PACKED, "w002").split(b"\x1f")[7] == b"8"  # stale: 8 slots
+    got = {w.id: w for w in registry.snapshot()}
+    assert (got["w002"].slots, got["w002"].busy) == (16, 6) and len(got) == len(before)
+    assert r.get(keys.WORKERS_PACKED_SYNCED) == r.get(keys.WORKERS_VERSION)  # the read packed them again
+    assert r.hget(keys.WORKERS_PACKED, "w002").split(b"\x1f")[7] == b"16"
+    _same(registry.snapshot(), _json_read(registry))
+

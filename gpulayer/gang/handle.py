@@ -82,7 +82,7 @@ def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int =
                         workdir=workdir.spec() if workdir is not None else None)
     except ValueError as err:
         raise ValueError(f"invalid distributed job: {err}") from err
-    check_gang_fits_fleet(spec, app_mod.registry().snapshot())
+    check_gang_fits_fleet(spec, app_mod.registry().current())  # incremental: a submit never pays the full read
     payload = signing.dumps((pack_function(fn), args, kwargs))
     client = app_mod.redis_client()
     GangStore(client).create(spec, payload, signing.sign(workdir.archive) if workdir is not None else None)

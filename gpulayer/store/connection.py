@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 import redis
 
 from ..config import with_tls
+from ..errors import ClusterUnavailable
 
 # Written for redis-py 8.1: engine/upstream.py pins the source of the method this overrides (tests/test_engine_contract.py).
 _contexts: dict[tuple, ssl.SSLContext] = {}
@@ -80,3 +81,34 @@ def connect_redis(url: str, **kwargs) -> redis.Redis:
     if urlsplit(url).scheme == "rediss":
         kwargs.setdefault("connection_class", TLSConnection)
     return redis.Redis.from_url(url, **kwargs)
+
+
+def reachable(url: str, connect_timeout: float, socket_timeout: float | None = None) -> redis.Redis:
+    """A client of the Redis at ``url`` that has answered a PING; else ``ClusterUnavailable`` saying why.
+
+    ``socket_timeout``: for the client's later commands (default ``connect_timeout``). The caller
+    closes it (``gpulayer.connect`` checks with it; ``gpulayer status`` reads with it).
+    """
+    client = connect_redis(url, socket_connect_timeout=connect_timeout, socket_timeout=socket_timeout or connect_timeout)
+    where = urlsplit(url)
+    try:
+        client.ping()
+    except redis.AuthenticationError as err:
+        client.close()
+        if not where.password:
+            raise ClusterUnavailable(f"Redis at {where.hostname}:{where.port} needs a password: put it in the "
+                                     "broker URL, redis://:PASSWORD@host:port/0") from err
+        raise ClusterUnavailable(f"Redis at {where.hostname}:{where.port} refused the password in the broker URL: "
+                                 f"{err}; check GPULAYER_BROKER_URL") from err
+    except redis.ResponseError as err:
+        client.close()
+        if "NOAUTH" in str(err) or "AUTH" in str(err):
+            raise ClusterUnavailable(f"Redis at {where.hostname}:{where.port} needs a password: put it in the "
+                                     "broker URL, redis://:PASSWORD@host:port/0") from err
+        raise
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as err:
+        client.close()
+        raise ClusterUnavailable(f"cannot reach Redis at {where.hostname}:{where.port} within "
+                                 f"{connect_timeout:.0f}s ({err}); is it running, and is the "
+                                 "broker URL right?") from err
+    return client

@@ -10,6 +10,9 @@ Key schema (``gl`` is ``NAMESPACE``):
     gl:workers:changed         zset   worker id -> version of its last static change (registration,
                                       new capabilities, coming back after it was dead)
     gl:workers:load:changed    zset   worker id -> version of its last busy/held change
+    gl:workers:compact:1       hash   worker id -> the record packed in layout 1 (store/registry.py PACKED)
+    gl:workers:compact:1:synced string the version the packed records reflect (the full read uses them
+                                      only while it equals gl:workers:version)
     gl.q.<...>                 list   kombu queues; names built in ``gpulayer/queues.py``
     celery-task-meta-<job id>  string job results, owned by Celery's Redis result backend
     _kombu.binding.<exchange>  set    kombu's exchange bindings, owned by kombu
@@ -30,6 +33,10 @@ WORKERS_LOAD = f"{NAMESPACE}:workers:load"
 WORKERS_VERSION = f"{NAMESPACE}:workers:version"
 WORKERS_CHANGED = f"{NAMESPACE}:workers:changed"
 WORKERS_LOAD_CHANGED = f"{NAMESPACE}:workers:load:changed"
+# The full read's records, packed (no JSON to build in Lua or parse in Python); the layout number
+# is in the name, so a reader or writer of another layout never mixes with this one.
+WORKERS_PACKED = f"{NAMESPACE}:workers:compact:1"
+WORKERS_PACKED_SYNCED = f"{WORKERS_PACKED}:synced"
 
 # Slot ledger: how many slots gangs hold on each worker (reserved or running).
 #   gl:slots:held              hash   worker id -> slots held by gangs

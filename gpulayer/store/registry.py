@@ -25,6 +25,7 @@ from pydantic import TypeAdapter
 
 from ..models import WorkerInfo
 from . import keys
+from .packed import pack, pack_static_json, trusted, unpack
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,9 @@ _RECORDS = TypeAdapter(list[WorkerInfo])
 _DYNAMIC = {"busy", "held", "heartbeat_age"}  # what a worker's static record leaves out
 _BEAT_CHUNK = 500  # workers per heartbeat script call (an emulator beats thousands at once)
 _BEAT_KEYS = [keys.WORKERS, keys.WORKERS_INFO, keys.WORKERS_STATIC, keys.WORKERS_LOAD, keys.WORKERS_VERSION,
-              keys.WORKERS_CHANGED, keys.WORKERS_LOAD_CHANGED]
+              keys.WORKERS_CHANGED, keys.WORKERS_LOAD_CHANGED, keys.WORKERS_PACKED, keys.WORKERS_PACKED_SYNCED]
+_SNAP_KEYS = [keys.WORKERS, keys.WORKERS_INFO, keys.WORKERS_STATIC, keys.WORKERS_LOAD, keys.WORKERS_VERSION,
+              keys.WORKERS_PACKED, keys.WORKERS_PACKED_SYNCED]
 
 
 def load_script(client: redis.Redis, name: str):
@@ -54,6 +57,7 @@ class Registry:
         self._beat = load_script(client, "heartbeat")
         self._snap = load_script(client, "snapshot")
         self._changes = load_script(client, "snapshot_changes")
+        self._pack_all = load_script(client, "pack_all")
         self._current: FleetView | None = None
         self._current_lock = threading.Lock()
 
@@ -73,8 +77,8 @@ class Registry:
         calls = []
         for i in range(0, len(rows), _BEAT_CHUNK):
             args: list = [self.dead_after]
-            for row in rows[i:i + _BEAT_CHUNK]:
-                args.extend(row)
+            for wid, static, busy, held in rows[i:i + _BEAT_CHUNK]:
+                args += (wid, static, pack_static_json(static), busy, held)
             calls.append(args)
         if len(calls) == 1:
             self._beat(keys=_BEAT_KEYS, args=calls[0])
@@ -93,7 +97,7 @@ class Registry:
         for wid in worker_ids:
             for key in (keys.WORKERS, keys.WORKERS_CHANGED, keys.WORKERS_LOAD_CHANGED):
                 pipe.zrem(key, wid)
-            for key in (keys.WORKERS_INFO, keys.WORKERS_STATIC, keys.WORKERS_LOAD):
+            for key in (keys.WORKERS_INFO, keys.WORKERS_STATIC, keys.WORKERS_LOAD, keys.WORKERS_PACKED):
                 pipe.hdel(key, wid)
         pipe.execute()
 
@@ -114,10 +118,21 @@ class Registry:
             return self._current.refresh()
 
     def read(self) -> tuple[int, tuple[WorkerInfo, ...]]:
-        """The full read: the registry's version and every live worker, sorted by id."""
-        _, version, blob = self._snap(keys=[keys.WORKERS, keys.WORKERS_INFO, keys.WORKERS_STATIC,
-                                            keys.WORKERS_LOAD, keys.WORKERS_VERSION], args=[self.dead_after])
-        return int(version), tuple(sorted(_RECORDS.validate_json(blob), key=_by_id))
+        """The full read: the registry's version and every live worker, sorted by id.
+
+        Packed records (``store/packed.py``) where the registry has them in sync, JSON for the
+        rest; a read that found them out of sync (a writer of an older gpulayer changed something)
+        writes them all back, so the next read is packed again.
+        """
+        now, version, synced, packed, blob = self._snap(keys=_SNAP_KEYS, args=[self.dead_after])
+        workers = unpack(packed.decode(), float(now))
+        if len(blob) > 2:
+            workers += _RECORDS.validate_json(blob)
+        workers.sort(key=_by_id)
+        if not synced and workers:
+            self._pack_all(keys=[keys.WORKERS_VERSION, keys.WORKERS_PACKED, keys.WORKERS_PACKED_SYNCED, keys.WORKERS_STATIC],
+                           args=[version, *itertools.chain.from_iterable((w.id, pack(w)) for w in workers)])
+        return int(version), tuple(workers)
 
     def changes(self, since: int) -> Changes:
         """What changed after version ``since`` (see ``snapshot_changes.lua``)."""
@@ -205,14 +220,9 @@ def _with_load(w: WorkerInfo, busy: int, held: int) -> WorkerInfo:
 
     A refresh may carry thousands of these; the values are ints from our own Lua script.
     """
-    out = WorkerInfo.__new__(WorkerInfo)
     fields = dict(w.__dict__)
     fields["busy"], fields["held"] = busy, held
-    object.__setattr__(out, "__dict__", fields)
-    object.__setattr__(out, "__pydantic_fields_set__", w.__pydantic_fields_set__ | {"busy", "held"})
-    object.__setattr__(out, "__pydantic_extra__", None)
-    object.__setattr__(out, "__pydantic_private__", None)
-    return out
+    return trusted(fields, w.__pydantic_fields_set__ | {"busy", "held"})
 
 
 class FleetView:

@@ -1,0 +1,126 @@
+"""The registry's packed records (layout 1): what the full read moves instead of JSON.
+
+At 10,000 workers JSON cost the full read twice: Redis's Lua built 2.5 MB of it and Python
+parsed it back into ``WorkerInfo`` (issue 14, item 3). A packed record is a worker's values in
+``FIELDS`` order joined by ``SEP`` (``gpu_names`` joined by ``NAMES_SEP``), followed by busy and
+held; the heartbeat script stores it beside the JSON record (``keys.WORKERS_PACKED``), and the full
+read returns the live ones joined by ``SEP`` with each one's heartbeat time, so Lua concatenates
+and Python splits once and fills in objects. A record whose values could not be told apart packed
+(a separator inside a string, an empty zone or GPU name) is not packed: it is read from its JSON.
+
+The layout is in the key's name: a new field in ``WorkerInfo`` needs a new layout (a test checks
+``FIELDS`` against the model), never a change to this one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+
+from ..models import WorkerInfo
+
+LAYOUT = 1
+SEP = "\x1f"
+NAMES_SEP = "\x1d"
+FIELDS = ("id", "hostname", "address", "zone", "region", "gpus", "gpu_names", "slots", "pid", "started_at")
+DYNAMIC = ("busy", "held")  # appended by the heartbeat script; the full read appends the heartbeat time
+_ALL = set(WorkerInfo.model_fields)  # what a record parsed from the registry's JSON has set
+_STRINGS = ("id", "hostname", "address")
+_PLACES = ("zone", "region")
+_INTS = ("gpus", "slots", "pid")
+
+
+def pack_static(record: dict) -> str:
+    """A static record (``registry.static_record``'s fields, as a dict) packed; ``''`` if it cannot be."""
+    try:
+        strings = [record[k] for k in _STRINGS]
+        places = [record[k] for k in _PLACES]
+        ints = [record[k] for k in _INTS]
+        names, started = record["gpu_names"], record["started_at"]
+    except KeyError:
+        return ""
+    texts = strings + [p for p in places if p is not None] + list(names)
+    if not all(type(s) is str and SEP not in s and NAMES_SEP not in s for s in texts) or "" in places \
+            or (names and "" in names) or not all(type(i) is int for i in ints) \
+            or type(started) not in (int, float):
+        return ""
+    gpus, slots, pid = ints
+    return SEP.join((*strings, *(p or "" for p in places), str(gpus), NAMES_SEP.join(names), str(slots), str(pid),
+                     repr(float(started))))
+
+
+_memo: dict[str, str] = {}
+
+
+def pack_static_json(static: str) -> str:
+    """``pack_static`` of a static JSON record, remembered: a heartbeat sends the same one every second."""
+    out = _memo.get(static)
+    if out is None:
+        try:
+            record = json.loads(static)
+        except ValueError:
+            record = None
+        out = pack_static(record) if isinstance(record, dict) else ""
+        if len(_memo) > 100_000:  # an emulator carries 10,000 workers; more is churn
+            _memo.clear()
+        _memo[static] = out
+    return out
+
+
+def pack(w: WorkerInfo) -> str:
+    """The whole packed record of ``w`` (static fields, busy, held), as the heartbeat script stores it."""
+    static = pack_static({k: getattr(w, k) for k in FIELDS})
+    return static and SEP.join((static, str(w.busy), str(w.held)))
+
+
+def trusted(fields: dict, fields_set: set | None = None) -> WorkerInfo:
+    """A ``WorkerInfo`` of values already of the model's types, without validating them again.
+
+    For values the registry's own scripts produced: pydantic's validation of 10,000 records costs
+    more than the read.
+    """
+    out = WorkerInfo.__new__(WorkerInfo)
+    object.__setattr__(out, "__dict__", fields)
+    # One set shared by the records of a read: a frozen model never adds to it, and model_copy copies it first.
+    object.__setattr__(out, "__pydantic_fields_set__", _ALL if fields_set is None else fields_set)
+    object.__setattr__(out, "__pydantic_extra__", None)
+    object.__setattr__(out, "__pydantic_private__", None)
+    return out
+
+
+_WIDTH = len(FIELDS) + len(DYNAMIC) + 1  # and the heartbeat time
+
+
+def unpack(text: str, now: float) -> list[WorkerInfo]:
+    """The full read's packed part: records and heartbeat times joined by ``SEP``; ages from Redis's ``now``."""
+    if not text:
+        return []
+    flat = text.split(SEP)
+    if len(flat) % _WIDTH:
+        raise ValueError(f"packed registry records: {len(flat)} fields is not a multiple of {_WIDTH}")
+    ids, hosts, addresses, zones, regions, gpus, names, slots, pids, started, busy, held, beats = (
+        flat[i::_WIDTH] for i in range(_WIDTH))
+    gpu_names = {n: tuple(n.split(NAMES_SEP)) if n else () for n in set(names)}  # workers of a kind share them
+    places = {"": None}
+    rows = zip(ids, hosts, addresses, map(places.get, zones, zones), map(places.get, regions, regions),
+               map(int, gpus), map(gpu_names.__getitem__, names), map(int, slots), map(int, busy), map(int, held),
+               map(int, pids), map(float, started), (round(max(0.0, now - float(b)), 6) for b in beats))
+    with _collector_paused():
+        return [trusted(dict(zip(_ORDER, row))) for row in rows]
+
+
+_ORDER = tuple(WorkerInfo.model_fields)  # the order pydantic keeps a model's values in, as unpack's columns
+
+
+@contextlib.contextmanager
+def _collector_paused():
+    """10,000 records are 30,000 new objects, none in a cycle: without the cyclic collector walking the
+    young ones again and again while they are made, the read takes a third less."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
