@@ -87,6 +87,11 @@ BORROWED: tuple[Borrowed, ...] = (
     Borrowed("celery.worker.consumer.consumer:Consumer.on_send_event_buffered", "506493be4fe40822", _E, "patches"),
     Borrowed("celery.worker.consumer.consumer:Consumer._flush_events", "9c88ccdd61f9062e", _E, "relies on"),
     Borrowed("celery.worker.consumer.events:Events.start", "ebada5243c706e78", _E, "relies on"),
+    # events off until a monitor asks: a lazy dispatcher connection, enable/disable that turn it on and off
+    Borrowed("celery.worker.consumer.consumer:Consumer.connection_for_write", "9dae6bfb3d79cbfe", _E, "patches"),
+    Borrowed("celery.worker.control:enable_events", "4bf3886114b13bc4", _E, "overrides"),
+    Borrowed("celery.worker.control:disable_events", "d9da4f561d4bfa78", _E, "overrides"),
+    Borrowed("celery.worker.consumer.heart:Heart.__init__", "2e58cea77ed6bfdc", _E, "relies on"),
     # pointing the app at another Redis
     Borrowed("celery.app.base:Celery._after_fork", "95d61721ecb980d2", "gpulayer/engine/connections.py", "relies on"),
     Borrowed("celery.app.base:Celery.pool", "c602313400413fda", "gpulayer/engine/connections.py", "relies on"),

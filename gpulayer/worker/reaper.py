@@ -17,7 +17,8 @@ import redis
 from celery.worker import state as worker_state
 
 from ..store import keys
-from ..store.connection import connect_redis
+from ..store.connection import client_name, connect_redis
+from . import runtime
 from .loopstep import LoopStep
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,8 @@ class Reaper(LoopStep):
     thread_name = "gpulayer-reaper"
 
     def loop(self) -> None:
-        client = connect_redis(self.app.conf.broker_url, socket_timeout=10)
+        client = connect_redis(self.app.conf.broker_url, socket_timeout=10,
+                               name=client_name(runtime.current_worker().id, "reaper"))
         sub = None
         cancelled: dict[str, float] = {}  # job id -> when the cancel arrived
         while not self.stopping.is_set():
