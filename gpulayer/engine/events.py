@@ -6,10 +6,11 @@ bigger the fleet, whether or not anything listens. So a worker starts with both 
 (``GPULAYER_EVENTS=1`` turns them on from the start) and without the Redis connection they
 would use, and turns them on when a monitor asks: Flower broadcasts ``enable_events``
 every 5 s, and ``celery -A gpulayer.app control enable_events`` does the same for
-``celery events``. Celery's own ``enable_events`` only adds the task group to a dispatcher
-that is already on, so gpulayer's replaces it: it turns the dispatcher on, and the worker
-heartbeats with it (Flower shows a worker as online from those); ``disable_events`` turns
-both off again unless the worker was started with events on.
+``celery events``. Celery's own ``enable_events`` adds the task group to a dispatcher that
+sends the worker group (heartbeats) from the start; gpulayer's dispatcher starts with no
+group at all, and its ``enable_events`` turns on both (Flower shows a worker as online from
+its heartbeats); ``disable_events`` turns both off again unless the worker was started
+with events on.
 
 **Paced.** Celery buffers a worker's task events (received, started, succeeded, failed)
 and flushes the buffer on the event loop's next turn, so a worker running tiny jobs sends
@@ -27,12 +28,15 @@ import logging
 
 from celery import bootsteps
 from celery.worker import control
-from celery.worker.heartbeat import Heart
+from celery.worker.consumer.events import Events
 
 from .upstream import patch
 
 log = logging.getLogger(__name__)
 FLUSH_EVERY = 0.1  # seconds
+
+
+OFF = "gpulayer-off"  # an event group no event belongs to: a dispatcher with only this group sends nothing
 
 
 def events_on_at_start(app) -> bool:
@@ -41,8 +45,8 @@ def events_on_at_start(app) -> bool:
 
 
 class EventPacer(bootsteps.StartStopStep):
-    """Consumer step: replace Celery's flush-on-the-next-turn with a flush within ``FLUSH_EVERY``;
-    with events off, Celery's event dispatcher gets a connection that connects only once events are on."""
+    """Consumer step: replace Celery's flush-on-the-next-turn with a flush within ``FLUSH_EVERY``; with
+    events off, Celery's dispatcher starts filtering every event out, on a connection not yet opened."""
 
     requires = {"celery.worker.consumer.events:Events"}
 
@@ -53,10 +57,20 @@ class EventPacer(bootsteps.StartStopStep):
         if c.hub is not None:  # Events.start reads it when it builds the dispatcher
             patch(c, "celery.worker.consumer.consumer:Consumer.on_send_event_buffered", self.on_send_buffered)
         if not events_on_at_start(c.app):
-            # Events.start connects its dispatcher's connection at once, on or off: lazily, nothing
-            # is opened until a monitor turns events on (the dispatcher's first publish connects).
-            patch(c, "celery.worker.consumer.consumer:Consumer.connection_for_write",
-                  lambda url=None, heartbeat=None: c.app.connection_for_write(url=url, heartbeat=heartbeat))
+            # The dispatcher is built on (Celery's task strategies decide once, at start, whether a worker
+            # may ever send task events) but sends no group; Events.start connects it at once, so it gets
+            # a lazy connection: nothing is opened until a monitor turns events on.
+            c.blueprint.steps[Events.name].groups = [OFF]
+            patch(c, "celery.worker.consumer.consumer:Consumer.connection_for_write", self.lazy_connection)
+
+    def lazy_connection(self, url=None, heartbeat=None):
+        """A kombu connection for the dispatcher that connects on its first publish, not before."""
+        conn = self.consumer.app.connection_for_write(url=url, heartbeat=heartbeat)
+        # The event loop asks its broker-heartbeat interval (celery.worker.loops._enable_amqheartbeats),
+        # which connects; the Redis transport has none, whatever the connection (0).
+        patch(conn, "kombu.connection:Connection.get_heartbeat_interval",
+              lambda: conn.transport.get_heartbeat_interval(None))
+        return conn
 
     def start(self, c) -> None:
         self.pending = False  # a (re)started consumer: a flush scheduled before a reconnect does not count
@@ -72,50 +86,33 @@ class EventPacer(bootsteps.StartStopStep):
 
     def shutdown(self, c) -> None:
         c._flush_events()  # what waits in the buffer goes out before Events closes the dispatcher
-        if getattr(c, "gl_heart", None) is not None:  # the heart enable_events started says worker-offline
-            c.gl_heart.stop()
-            c.gl_heart = None
+
+
+_celery_enable_events = control.Panel.data["enable_events"]
+_celery_disable_events = control.Panel.data["disable_events"]
 
 
 @control.control_command()
 def enable_events(state):
-    """Tell worker(s) to send task events and worker heartbeats (gpulayer: both start off)."""
-    c = state.consumer
-    dispatcher = c.event_dispatcher
-    if dispatcher is None:
-        return control.nok("event dispatcher unavailable")
-    was_on = dispatcher.enabled and "task" in (dispatcher.groups or {"task"})
-    if not dispatcher.enabled:
-        dispatcher.enable()
-    if dispatcher.groups and "task" not in dispatcher.groups:
-        dispatcher.groups.add("task")
-    if c.heart is None and getattr(c, "gl_heart", None) is None:  # started without Celery's heartbeat step
-        c.gl_heart = Heart(c.timer, dispatcher)
-        c.gl_heart.start()
-    if was_on:
-        return control.ok("task events already enabled")
+    """Tell worker(s) to send task events (gpulayer: and worker heartbeats, both off at start)."""
+    dispatcher = state.consumer.event_dispatcher
+    if dispatcher is None or events_on_at_start(state.app) or OFF not in dispatcher.groups:
+        return _celery_enable_events(state)
+    dispatcher.groups.clear()
+    dispatcher.groups.update({"worker", "task"})
     log.info("gpulayer: task events and worker heartbeats enabled by remote")
     return control.ok("task events enabled")
 
 
 @control.control_command()
 def disable_events(state):
-    """Tell worker(s) to stop sending task events (and worker heartbeats, unless started with events on)."""
-    c = state.consumer
-    dispatcher = c.event_dispatcher
-    if dispatcher is None:
-        return control.nok("event dispatcher unavailable")
-    if events_on_at_start(c.app):  # Celery's own behaviour: the task group goes, heartbeats stay
-        if "task" not in dispatcher.groups:
-            return control.ok("task events already disabled")
-        dispatcher.groups.discard("task")
-    elif not dispatcher.enabled:
+    """Tell worker(s) to stop sending task events (gpulayer: and worker heartbeats, unless started with them)."""
+    dispatcher = state.consumer.event_dispatcher
+    if dispatcher is None or events_on_at_start(state.app):
+        return _celery_disable_events(state)
+    if OFF in dispatcher.groups:
         return control.ok("task events already disabled")
-    else:
-        if getattr(c, "gl_heart", None) is not None:
-            c.gl_heart.stop()  # says worker-offline while the dispatcher is still on
-            c.gl_heart = None
-        dispatcher.groups.discard("task")
-        dispatcher.disable()
-    log.info("gpulayer: task events disabled by remote")
+    dispatcher.groups.clear()
+    dispatcher.groups.add(OFF)
+    log.info("gpulayer: task events and worker heartbeats disabled by remote")
     return control.ok("task events disabled")

@@ -91,7 +91,11 @@ BORROWED: tuple[Borrowed, ...] = (
     Borrowed("celery.worker.consumer.consumer:Consumer.connection_for_write", "9dae6bfb3d79cbfe", _E, "patches"),
     Borrowed("celery.worker.control:enable_events", "4bf3886114b13bc4", _E, "overrides"),
     Borrowed("celery.worker.control:disable_events", "d9da4f561d4bfa78", _E, "overrides"),
-    Borrowed("celery.worker.consumer.heart:Heart.__init__", "2e58cea77ed6bfdc", _E, "relies on"),
+    Borrowed("kombu.connection:Connection.get_heartbeat_interval", "3b5bd32c4e47a06d", _E, "patches"),
+    Borrowed("kombu.transport.base:Transport.get_heartbeat_interval", "67cd00d11471e9c5", _E, "relies on"),
+    Borrowed("celery.worker.loops:_enable_amqheartbeats", "ade575d3813b0bdb", _E, "relies on"),
+    Borrowed("celery.worker.consumer.events:Events.__init__", "65c6b03527e3f5fc", _E, "relies on"),
+    Borrowed("celery.events.dispatcher:EventDispatcher.send", "f7d28b95b3ee8802", _E, "relies on"),
     # pointing the app at another Redis
     Borrowed("celery.app.base:Celery._after_fork", "95d61721ecb980d2", "gpulayer/engine/connections.py", "relies on"),
     Borrowed("celery.app.base:Celery.pool", "c602313400413fda", "gpulayer/engine/connections.py", "relies on"),

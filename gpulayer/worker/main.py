@@ -145,8 +145,6 @@ def run_worker(*, broker: str | None = None, slots: int | None = None, zone: str
         optimization="fair",
         without_mingle=True,
         without_gossip=True,
-        # Celery's worker-heartbeat events stay off with task events until a monitor asks (engine/events.py).
-        without_heartbeat=not settings.events,
         # A CUDA job gets a fresh process, so CUDA_VISIBLE_DEVICES takes effect
         # before anything initialises CUDA.
         max_tasks_per_child=1 if gpu_ids else None,
