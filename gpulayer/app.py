@@ -17,6 +17,7 @@ from celery import Celery, signals
 from . import placement, queues, signing
 from .engine import transport
 from .engine.connections import drop_connections
+from .engine.control import Control
 from .config import Settings, tls_options
 from .errors import ClusterUnavailable, JobRejected, PayloadError, UnsupportedOption
 from .models import Resources
@@ -29,7 +30,8 @@ RESOURCES_HEADER = "gl_resources"
 
 signing.register_serializer()
 
-app = Celery("gpulayer", set_as_current=False)
+# control: `celery inspect` and app.control.* wait for as many replies as live workers (engine/control.py).
+app = Celery("gpulayer", set_as_current=False, control="gpulayer.engine.control:Control")
 app.conf.update(
     task_serializer=signing.NAME,
     result_serializer=signing.NAME,
@@ -122,6 +124,14 @@ def registry() -> Registry:
     if _snapshot is None:
         raise ClusterUnavailable("gpulayer is not connected; call gpulayer.init() first")
     return _snapshot.registry
+
+
+def live_worker_count() -> int | None:
+    """How many workers are alive now, from the cached snapshot; None when not connected."""
+    return len(_snapshot.get()) if _snapshot is not None else None
+
+
+Control.live_workers = staticmethod(live_worker_count)
 
 
 def route_for(resources: Resources) -> placement.Route:

@@ -96,6 +96,8 @@ BORROWED: tuple[Borrowed, ...] = (
     Borrowed("celery.worker.loops:_enable_amqheartbeats", "ade575d3813b0bdb", _E, "relies on"),
     Borrowed("celery.worker.consumer.events:Events.__init__", "65c6b03527e3f5fc", _E, "relies on"),
     Borrowed("celery.events.dispatcher:EventDispatcher.send", "f7d28b95b3ee8802", _E, "relies on"),
+    # celery inspect: replies awaited until every live worker answered
+    Borrowed("celery.app.control:Control.broadcast", "cc294dfcc1ec4cad", "gpulayer/engine/control.py", "overrides"),
     # pointing the app at another Redis
     Borrowed("celery.app.base:Celery._after_fork", "95d61721ecb980d2", "gpulayer/engine/connections.py", "relies on"),
     Borrowed("celery.app.base:Celery.pool", "c602313400413fda", "gpulayer/engine/connections.py", "relies on"),
