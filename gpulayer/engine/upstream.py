@@ -71,6 +71,9 @@ BORROWED: tuple[Borrowed, ...] = (
     # Celery's Redis result backend: stored once, failures as JobFailed
     Borrowed("celery.backends.redis:RedisBackend.__init__", "b25298d88bf82498", _R, "overrides"),
     Borrowed("celery.backends.redis:RedisBackend._set_with_state", "37db08ec94802d6e", _R, "overrides"),
+    Borrowed("celery.backends.redis:RedisBackend.on_task_call", "cc5438d6a248cc13", _R, "overrides"),
+    Borrowed("celery.backends.redis:ResultConsumer.on_wait_for_pending", "a530b00bb90811f7", _R, "relies on"),
+    Borrowed("celery.result:AsyncResult.get", "03853d62e5dc75e1", _R, "relies on"),
     Borrowed("celery.backends.base:Backend._get_result_meta", "eedbd98d0f7b1b25", _R, "overrides"),
     Borrowed("celery.backends.base:Backend.meta_from_decoded", "4d526017ca11ce6d", _R, "overrides"),
     Borrowed("celery.backends.asynchronous:AsyncBackendMixin.remove_pending_result", "744fbbd18bc30225", _R,
