@@ -1,7 +1,7 @@
 """Cancel and time limits for ordinary jobs: kill the job's whole process tree, record why.
 
-Runs in the worker's main process. A cancel is broadcast on one channel (no
-per-job cost); a job's ``timeout`` travels in its headers. Either way the
+Runs in the worker's main process. A cancel is broadcast on one channel, one
+message naming up to 1,000 jobs (gpulayer/cancel.py); a job's ``timeout`` travels in its headers. Either way the
 reaper kills the pool process running the job and every process below it, and
 remembers why, so the request records "cancelled" or "timed out" instead of
 delivering the job again.
@@ -61,7 +61,8 @@ class Reaper(LoopStep):
                     sub.subscribe(keys.CANCEL_CHANNEL)
                 msg = sub.get_message(timeout=POLL)
                 while msg:
-                    cancelled[msg["data"].decode()] = time.monotonic()
+                    for job_id in msg["data"].decode().split("\n"):  # one message names up to 1,000 jobs
+                        cancelled[job_id] = time.monotonic()
                     msg = sub.get_message(timeout=0)
             except redis.RedisError:
                 sub = None
