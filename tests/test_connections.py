@@ -2,9 +2,9 @@
 with a budget). Redis's default ``maxclients`` is 10,000, so each connection per worker is a fleet-size limit.
 
 A worker holds, by name (``gpulayer:<worker>:<use>``):
-- ``celery`` x4: kombu's task consumer (its blocking take, and its commands) and the control mailbox
-  (its pattern subscription, and its commands); Celery's event dispatcher opens its own only once a
-  monitor turns events on (engine/events.py);
+- ``celery`` x4: kombu's: the task consumer's blocking take, the control mailbox's pattern
+  subscription, and two for their other commands; Celery's event dispatcher opens its own only once
+  a monitor turns events on (engine/events.py);
 - ``worker``: registry checks, heartbeats and the janitor, one connection shared by all three;
 - ``gang-agent`` and ``control``: a blocking read each (gang orders; the coordinator's queue);
 - ``reaper``: the cancel channel's subscription;
@@ -15,25 +15,11 @@ from __future__ import annotations
 
 import time
 
-import psutil
-
 from gpulayer import Resources, submit
 
 from .fleets import running_fleet
 
 IDLE = 8  # the main process's connections, above
-
-
-def worker_connections(client, pid: int) -> list[dict]:
-    """The ``CLIENT LIST`` entries of the worker ``pid`` and its processes (matched by their local ports)."""
-    ports = set()
-    root = psutil.Process(pid)
-    for proc in [root, *root.children(recursive=True)]:
-        try:
-            ports |= {c.laddr.port for c in proc.net_connections(kind="tcp") if c.raddr}
-        except psutil.NoSuchProcess:
-            pass
-    return [c for c in client.client_list() if int(c["addr"].rsplit(":", 1)[1]) in ports]
 
 
 def test_a_worker_holds_eight_connections_and_one_per_pool_process_that_ran_a_job(tmp_path):
@@ -42,14 +28,9 @@ def test_a_worker_holds_eight_connections_and_one_per_pool_process_that_ran_a_jo
         jobs = [submit.delay(time.sleep, 1.0, resources=Resources(worker_ids=["w-four"])) for _ in range(4)]
         for job in jobs:
             job.get(timeout=60)
-        client = fleet.client()
-        try:
-            for name, slots in (("w-one", 1), ("w-four", 4)):
-                conns = worker_connections(client, fleet.workers[name].pid)
-                names = sorted(c["name"] for c in conns)
-                assert len(conns) <= IDLE + slots, (name, names)
-                assert all(n.startswith(f"gpulayer:{name}:") for n in names), names
-                assert names.count(f"gpulayer:{name}:worker") == 1, names  # heartbeat and janitor share one
-                assert f"gpulayer:{name}:results" in names, names  # the count saw the pool processes too
-        finally:
-            client.close()
+        for name, slots in (("w-one", 1), ("w-four", 4)):
+            names = sorted(c["name"] for c in fleet.connections(name))
+            assert len(names) <= IDLE + slots, (name, names)
+            assert all(n.startswith(f"gpulayer:{name}:") for n in names), names
+            assert names.count(f"gpulayer:{name}:worker") == 1, names  # heartbeat and janitor share one
+            assert f"gpulayer:{name}:results" in names, names  # the count saw the pool processes too
