@@ -7,7 +7,9 @@ every fifth worker with 8 GPUs), heartbeating once per second. Then, measured:
 - ``redis cpu``: Redis's own CPU (``INFO cpu``, user + sys) per second of wall time over
   ``--steady`` seconds of steady state (heartbeats only), and again while jobs flow;
 - ``submit``: the latency of ``submit.delay`` (publish; the router's cached snapshot refreshes
-  incrementally once a second) for ``--submits`` calls paced over the steady window, p50/p99;
+  incrementally once a second) for ``--submits`` calls paced over the steady window, p50/p99, and
+  the Redis round trips this process made meanwhile per call (redis-py sends, the snapshot's
+  background refreshes included);
 - ``gang reservations``: the coordinator's step from this process, back to back for 3 s:
   read the slot ledger, place a 2 x 2 gang from the incrementally refreshed snapshot, reserve it
   with ``reserve.lua`` (the slots go back after each, untimed); per second of that work, p50/p99;
@@ -17,8 +19,9 @@ every fifth worker with 8 GPUs), heartbeating once per second. Then, measured:
   process, first and refreshed (``--status-only`` measures only these); with ``--before DIR`` (a
   checkout of older code, e.g. ``git worktree add /tmp/before <commit>``) the new-process figures
   of that code too, side by side on the same fleet;
-- ``connections``: Redis clients per emulator process, and per real worker (one real worker
-  started into the same cluster, counted by ``CLIENT LIST`` before and after);
+- ``connections``: Redis clients per emulator process, and per real worker (``--real-worker``: one
+  with 1 slot and one with 4 started into the same cluster, their ``CLIENT LIST`` entries counted
+  by their processes' ports, idle);
 - ``jobs``: ``--jobs`` emulated jobs (``submit_batch`` of ``emulated(0, i)``) end to end, every
   result checked.
 
@@ -75,14 +78,35 @@ def cpu_share(client, seconds: float, during=None) -> float:
     return (redis_cpu(client) - c0) / (time.monotonic() - t0)
 
 
+class RoundTrips:
+    """Counts redis-py's sends from this process (one per command or pipeline) while ``on``."""
+
+    def __init__(self):
+        import redis.connection as rc
+
+        self.count, self.on = 0, False
+        original = rc.AbstractConnection.send_packed_command
+
+        def send_packed_command(conn, command, check_health=True):
+            self.count += self.on
+            return original(conn, command, check_health)
+
+        rc.AbstractConnection.send_packed_command = send_packed_command
+
+
+ROUND_TRIPS = RoundTrips()
+
+
 def submit_latencies(count: int, deadline: float) -> list[float]:
     out = []
+    ROUND_TRIPS.count, ROUND_TRIPS.on = 0, True
     gap = max(0.0, (deadline - time.monotonic()) / max(1, count))
     for i in range(count):
         t = time.perf_counter()
         submit.delay(REF, 0.0, i)
         out.append((time.perf_counter() - t) * 1e3)
         time.sleep(gap)
+    ROUND_TRIPS.on = False
     return out
 
 
@@ -218,7 +242,7 @@ def run_size(n: int, args, out) -> None:
             line(f"  redis cpu, heartbeats only          {steady * 100:6.1f} % of one core")
             line(f"  redis cpu, with {args.submits / args.steady:.0f} submits/s        {during * 100:6.1f} % of one core")
             line(f"  submit.delay latency                p50 {statistics.median(lat):.2f} ms  p99 {pct(lat, 0.99):.2f} ms "
-                 f"({len(lat)} calls)")
+                 f"({len(lat)} calls; {ROUND_TRIPS.count / len(lat):.2f} Redis round trips per call)")
             ping = ping_latencies(client, 300)
             line(f"  redis PING (the floor)              p50 {statistics.median(ping):.2f} ms  p99 {pct(ping, 0.99):.2f} ms")
             count, secs, glat = gang_reservations(client)
@@ -229,12 +253,14 @@ def run_size(n: int, args, out) -> None:
             line(f"  redis connections                   {clients} in all: {clients / len(fleet.procs):.1f} per emulator "
                  f"process ({n / len(fleet.procs):.0f} workers each)")
             if args.real_worker:
-                before = len(client.client_list())
-                redis_fleet.add_worker("real-1", slots=1, zone="emu-zone-00", region="emu-region-0")
-                time.sleep(3)
-                after = len(client.client_list())
-                line(f"  connections of one real worker      {after - before} (slots=1; real and emulated share the cluster)")
-                redis_fleet.stop_worker("real-1")
+                for name, slots in (("real-1", 1), ("real-4", 4)):
+                    redis_fleet.add_worker(name, slots=slots, zone="emu-zone-00", region="emu-region-0")
+                time.sleep(3)  # every step started
+                counts = {name: len(redis_fleet.connections(name)) for name in ("real-1", "real-4")}
+                line(f"  connections of one real worker      {counts['real-1']} (slots=1), {counts['real-4']} (slots=4), "
+                     f"idle; +1 per pool process once it has stored a result")
+                for name in counts:
+                    redis_fleet.stop_worker(name)
             t = time.perf_counter()
             hs = submit_batch([submit.s(REF, 0.0, i) for i in range(args.jobs)], resources=Resources())
             published = time.perf_counter() - t
@@ -253,7 +279,7 @@ def main() -> None:
     p.add_argument("--steady", type=float, default=10.0, help="seconds per CPU window")
     p.add_argument("--submits", type=int, default=500)
     p.add_argument("--jobs", type=int, default=20000)
-    p.add_argument("--real-worker", action="store_true", help="also start one real worker and count its connections")
+    p.add_argument("--real-worker", action="store_true", help="also start real workers and count their connections")
     p.add_argument("--status-only", action="store_true", help="measure only `gpulayer status` on each size")
     p.add_argument("--before", type=Path, default=None, metavar="DIR",
                    help="a checkout of older code: time its `gpulayer status` too, on the same fleet")

@@ -17,6 +17,7 @@ from celery import Celery, signals
 from . import placement, queues, signing
 from .engine import transport
 from .engine.connections import drop_connections
+from .engine.control import Control
 from .config import Settings, tls_options
 from .errors import ClusterUnavailable, JobRejected, PayloadError, UnsupportedOption
 from .models import Resources
@@ -29,7 +30,8 @@ RESOURCES_HEADER = "gl_resources"
 
 signing.register_serializer()
 
-app = Celery("gpulayer", set_as_current=False)
+# control: `celery inspect` and app.control.* wait for as many replies as live workers (engine/control.py).
+app = Celery("gpulayer", set_as_current=False, control="gpulayer.engine.control:Control")
 app.conf.update(
     task_serializer=signing.NAME,
     result_serializer=signing.NAME,
@@ -51,10 +53,11 @@ app.conf.update(
     # messages are handed back by the janitor, not by this timeout.
     broker_transport_options={"visibility_timeout": 12 * 3600},
     worker_hijack_root_logger=False,
-    # Task events (received/started/succeeded/failed; engine/events.py paces their flushes) so Flower and
-    # `celery events` show jobs from the first one; task-sent stays off: it would add a publish
-    # per job to submit_batch's pipelined sends, and task-received carries the same fields.
-    worker_send_task_events=True,
+    # Task events and Celery's worker-heartbeat events stay off until a monitor asks (Flower broadcasts
+    # enable_events; engine/events.py turns both on then) or GPULAYER_EVENTS=1: each is a PUBLISH per
+    # worker whether or not anyone listens. task-sent stays off: it would add a publish per job to
+    # submit_batch's pipelined sends, and task-received carries the same fields.
+    worker_send_task_events=False,
     task_send_sent_event=False,
     imports=("gpulayer.tasks.submit", "gpulayer.gang.coordinator"),
 )
@@ -89,6 +92,7 @@ def configure(settings: Settings) -> None:
             broker_transport_options={**app.conf.broker_transport_options, **timeouts},
             redis_socket_connect_timeout=settings.connect_timeout,
             redis_socket_timeout=30.0,
+            worker_send_task_events=settings.events,
         )
         signing.configure(settings.secret_bytes(), settings.max_payload_bytes)
         # Celery's own entry points (celery.result.AsyncResult(id), GroupResult.restore, signatures
@@ -108,17 +112,26 @@ def is_configured() -> bool:
     return _settings is not None
 
 
-def redis_client(s: Settings | None = None) -> redis.Redis:
+def redis_client(s: Settings | None = None, **kwargs) -> redis.Redis:
+    """A new redis-py client for the cluster; ``kwargs`` go to ``store.connection.connect_redis``."""
     s = s or _settings
     if s is None or not s.broker_url:
         raise ClusterUnavailable("gpulayer is not connected; call gpulayer.init() first")
-    return connect_redis(s.broker_url, socket_connect_timeout=s.connect_timeout, socket_timeout=30.0)
+    return connect_redis(s.broker_url, socket_connect_timeout=s.connect_timeout, socket_timeout=30.0, **kwargs)
 
 
 def registry() -> Registry:
     if _snapshot is None:
         raise ClusterUnavailable("gpulayer is not connected; call gpulayer.init() first")
     return _snapshot.registry
+
+
+def live_worker_count() -> int | None:
+    """How many workers are alive now, from the cached snapshot; None when not connected."""
+    return len(_snapshot.get()) if _snapshot is not None else None
+
+
+Control.live_workers = staticmethod(live_worker_count)
 
 
 def route_for(resources: Resources) -> placement.Route:

@@ -1,9 +1,12 @@
 """Stopping many jobs at once, and what Ctrl-C says about the jobs it leaves behind.
 
-A cancel has two halves, both one round trip however many jobs it names:
-one revoke broadcast (Celery's; every worker drops the queued ones on sight)
-and one pipeline of publishes on the cancel channel (each worker's reaper
-kills the process tree of the ones it runs, worker/reaper.py). Jobs whose
+A cancel has two halves, each one message per ``_CHUNK`` ids however many jobs
+it names: a revoke broadcast (Celery's; every worker drops the queued ones on
+sight) and a publish of the ids on the cancel channel (each worker's reaper
+kills the process tree of the ones it runs, worker/reaper.py). Both reach every
+worker: the client does not know which worker took a job (the delivery record
+is kept per worker, ``store/keys.py`` ``inflight``), so a cancel costs one
+message per worker per chunk, never one per worker per job. Jobs whose
 results are stored are left out, found with one MGET per ``_CHUNK`` ids.
 
 Ctrl-C while waiting on jobs does not stop them: they run on the workers
@@ -47,16 +50,13 @@ def cancel_jobs(ids: Sequence[str], only_unfinished: bool = True) -> int:
     targets = unfinished(ids) if only_unfinished else list(ids)
     if not targets:
         return 0
-    for start in range(0, len(targets), _CHUNK):  # queued: every worker drops them on sight
-        app_mod.app.control.revoke(targets[start:start + _CHUNK])
-    client = app_mod.redis_client()
-    try:
-        pipe = client.pipeline(transaction=False)
-        for job_id in targets:  # running: their workers' reapers kill them
-            pipe.publish(keys.CANCEL_CHANNEL, job_id)
-        pipe.execute()
-    finally:
-        client.close()
+    client = app_mod.app.backend.client  # pooled: no new connection per cancel
+    pipe = client.pipeline(transaction=False)
+    for start in range(0, len(targets), _CHUNK):
+        chunk = targets[start:start + _CHUNK]
+        app_mod.app.control.revoke(chunk)  # queued: every worker drops them on sight
+        pipe.publish(keys.CANCEL_CHANNEL, "\n".join(chunk))  # running: their workers' reapers kill them
+    pipe.execute()
     return len(targets)
 
 

@@ -130,6 +130,9 @@ def run_flower(*, broker: str | None = None, port: int = 5555, address: str = "1
         argv.append(f"--tasks_columns={TASKS_COLUMNS}")
     if basic_auth:
         os.environ["FLOWER_BASIC_AUTH"] = basic_auth  # not in argv, where `ps` would show it
+    # Workers send events only once a monitor asks; Flower asks every 5 s from 5 s on: ask now, so the
+    # jobs of its first seconds show too (engine/events.py).
+    app_mod.app.control.enable_events()
     app_mod.app.start(argv)
     return 0
 

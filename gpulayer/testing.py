@@ -152,6 +152,23 @@ class Fleet:
         proc.send_signal(sig)
         proc.wait(30)
 
+    def connections(self, name: str) -> list[dict]:
+        """The ``CLIENT LIST`` entries of worker ``name``'s processes (matched by their local ports)."""
+        import psutil
+
+        ports = set()
+        root = psutil.Process(self.workers[name].pid)
+        for proc in [root, *root.children(recursive=True)]:
+            try:
+                ports |= {c.laddr.port for c in proc.net_connections(kind="tcp") if c.raddr}
+            except psutil.NoSuchProcess:
+                pass
+        client = self.client()
+        try:
+            return [c for c in client.client_list() if int(c["addr"].rsplit(":", 1)[1]) in ports]
+        finally:
+            client.close()
+
     def stop_worker(self, name: str) -> None:
         proc = self.workers.pop(name, None)
         if proc is not None:

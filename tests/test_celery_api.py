@@ -153,6 +153,10 @@ def test_celery_worker_command_is_refused(fleet, tmp_path):
 
 
 def test_celery_events_dump_shows_job_summaries(fleet, tmp_path):
+    # Workers send events once a monitor asks: the documented command, before `celery events`.
+    enabled = subprocess.run([*CELERY, "control", "enable_events", "--timeout", "30"], capture_output=True, text=True,
+                             env=cli_env(fleet, home=tmp_path / "home"), timeout=120)
+    assert enabled.returncode == 0 and enabled.stdout.count("task events") == len(fleet.workers), enabled
     proc = subprocess.Popen([*CELERY, "events", "--dump"], env=cli_env(fleet, home=tmp_path / "home"),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: queue.Queue[str] = queue.Queue()

@@ -1,12 +1,19 @@
-"""Task events: every event of every job reaches monitors, in far fewer publishes than events."""
+"""Task events: off until a monitor asks; then every event of every job reaches monitors, in far fewer
+publishes than events."""
 
 from __future__ import annotations
 
 import base64
 import json
+import time
+from types import SimpleNamespace
 
 from gpulayer import submit, submit_batch
+from gpulayer.app import app
 from gpulayer.engine.events import FLUSH_EVERY, EventPacer
+from gpulayer.testing import wait_until
+
+from .fleets import running_fleet
 
 
 def tiny(i):
@@ -22,7 +29,14 @@ def decode_events(raw: bytes) -> list[dict]:
     return events if isinstance(events, list) else [events]
 
 
+def enable_events(workers: int) -> None:
+    """What a monitor does (Flower every 5 s): ask every worker for events, here waiting for each to answer."""
+    replies = app.control.enable_events(reply=True, limit=workers, timeout=10)
+    assert len(replies) == workers and all("ok" in r for reply in replies for r in reply.values()), replies
+
+
 def test_every_task_event_arrives_in_fewer_publishes_than_jobs(fleet):
+    enable_events(len(fleet.workers))  # events are off until a monitor asks
     client = fleet.client()
     pubsub = client.pubsub()
     pubsub.psubscribe("*celeryev*")  # Celery's event exchange: a Redis PUBLISH per flush
@@ -61,6 +75,7 @@ class FakeHub:
 class FakeConsumer:
     def __init__(self):
         self.hub = FakeHub()
+        self.app = SimpleNamespace(conf=SimpleNamespace(worker_send_task_events=True))  # a worker started with -E
         self.flushes = 0
 
     def _flush_events(self):
@@ -80,3 +95,49 @@ def test_the_pacer_schedules_one_flush_per_interval():
     assert len(c.hub.later) == 1
     pacer.shutdown(c)  # the worker stops: what waits goes out
     assert c.flushes == 2
+
+
+def event_types(pubsub, seconds: float) -> list[tuple[str, str]]:
+    """(type, task id or hostname) of every event published on the event exchange within ``seconds``."""
+    out = []
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        message = pubsub.get_message(timeout=left)
+        if message and message["type"] == "pmessage":
+            out += [(e["type"], e.get("uuid") or e.get("hostname")) for e in decode_events(message["data"])]
+    return out
+
+
+def test_events_are_off_until_a_monitor_asks_and_off_again_when_it_says(tmp_path):
+    """No publish on the event exchange from a worker nobody watches, not even its heartbeat events;
+    enable_events (what Flower sends every 5 s) turns task events and worker heartbeats on, disable_events
+    turns both off again."""
+    with running_fleet(tmp_path, {"w-ev": {"slots": 1}}, connect=True) as fleet:
+        client = fleet.client()
+        pubsub = client.pubsub()
+        pubsub.psubscribe("*celeryev*")
+        assert pubsub.get_message(timeout=5)["type"] == "psubscribe"
+        assert submit.delay(tiny, 1).get(timeout=60) == 1
+        # Celery's worker heartbeat goes out every 2 s: 3 s without one is a worker that sends none.
+        assert event_types(pubsub, 3.0) == []
+
+        enable_events(1)
+        job = submit.delay(tiny, 2)
+        assert job.get(timeout=60) == 2
+        seen: list = []
+
+        def saw(kind: str, ident: str | None = None) -> bool:
+            seen.extend(event_types(pubsub, 0.2))
+            return any(t == kind and ident in (None, i) for t, i in seen)
+
+        wait_until(lambda: saw("task-succeeded", job.id) and saw("worker-heartbeat"), timeout=30,
+                   what="the job's events and the worker's heartbeat events")
+        assert saw("task-received", job.id) and saw("task-started", job.id)
+
+        replies = app.control.disable_events(reply=True, limit=1, timeout=10)
+        assert replies and "ok" in next(iter(replies[0].values())), replies
+        after = submit.delay(tiny, 3)
+        assert after.get(timeout=60) == 3
+        assert [e for e in event_types(pubsub, 3.0) if e[1] == after.id or e[0] == "worker-heartbeat"] == []
+        pubsub.close()
+        client.close()

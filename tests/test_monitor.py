@@ -213,7 +213,10 @@ def wait_until_flower_listens(flower: str) -> None:
     """Flower's event receiver connects after its web server answers: wait until it has heard the
     workers' heartbeat events, or it would miss the jobs' "received" events."""
     deadline = time.monotonic() + 30
-    while not any(w.startswith("w-a@") for w in json.loads(get(flower + "api/workers", AUTH))):
+    # ?status=1: the workers of Flower's event state (alive: a heartbeat event within the last few seconds),
+    # which workers send once Flower has asked (enable_events); without it, the workers inspect answered.
+    while not any(w.startswith("w-a@") and alive
+                  for w, alive in json.loads(get(flower + "api/workers?status=1", AUTH)).items()):
         assert time.monotonic() < deadline, "Flower never heard from the workers"
         time.sleep(0.3)
     time.sleep(1.0)

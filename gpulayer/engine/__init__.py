@@ -4,7 +4,8 @@
   ``_put``, ``_do_restore_message``, ``_brpop_start``, ``_brpop_read``; its QoS).
 - ``results.py``: Celery's Redis result backend, stored once, failures as ``JobFailed``.
 - ``request.py``: the worker's request (bounded redelivery) and its "received" log line.
-- ``events.py``: the consumer's task-event flushes, paced.
+- ``events.py``: Celery's monitoring events, off until a monitor asks (``enable_events``), then paced.
+- ``control.py``: remote control (``celery inspect``) that waits for as many replies as live workers.
 - ``qos.py``: the slot gate's condition on kombu's ``QoS.can_consume``.
 - ``connections.py``: forgetting a Celery app's pooled connections.
 - ``flower.py``: a transform of ours ahead of Flower's own.

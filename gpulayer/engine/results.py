@@ -57,6 +57,12 @@ class ResultBackend(RedisBackend):
                 meta["worker"] = str(host).split("@", 1)[0]
         return meta
 
+    def on_task_call(self, producer, task_id):
+        # Celery subscribes to every job's result channel as it is sent: a SUBSCRIBE per submit (and an
+        # UNSUBSCRIBE when its handle goes), half of a submit's Redis work. get() and group joins subscribe
+        # first and then read the stored result (on_wait_for_pending), so none is missed without it.
+        pass
+
     def remove_pending_result(self, result):
         # AsyncResult.__del__ calls this; at interpreter exit there is nothing left to unsubscribe
         # from, and reconnecting then prints "Exception ignored in ... sys.meta_path is None".

@@ -71,6 +71,9 @@ BORROWED: tuple[Borrowed, ...] = (
     # Celery's Redis result backend: stored once, failures as JobFailed
     Borrowed("celery.backends.redis:RedisBackend.__init__", "b25298d88bf82498", _R, "overrides"),
     Borrowed("celery.backends.redis:RedisBackend._set_with_state", "37db08ec94802d6e", _R, "overrides"),
+    Borrowed("celery.backends.redis:RedisBackend.on_task_call", "cc5438d6a248cc13", _R, "overrides"),
+    Borrowed("celery.backends.redis:ResultConsumer.on_wait_for_pending", "a530b00bb90811f7", _R, "relies on"),
+    Borrowed("celery.result:AsyncResult.get", "03853d62e5dc75e1", _R, "relies on"),
     Borrowed("celery.backends.base:Backend._get_result_meta", "eedbd98d0f7b1b25", _R, "overrides"),
     Borrowed("celery.backends.base:Backend.meta_from_decoded", "4d526017ca11ce6d", _R, "overrides"),
     Borrowed("celery.backends.asynchronous:AsyncBackendMixin.remove_pending_result", "744fbbd18bc30225", _R,
@@ -87,6 +90,17 @@ BORROWED: tuple[Borrowed, ...] = (
     Borrowed("celery.worker.consumer.consumer:Consumer.on_send_event_buffered", "506493be4fe40822", _E, "patches"),
     Borrowed("celery.worker.consumer.consumer:Consumer._flush_events", "9c88ccdd61f9062e", _E, "relies on"),
     Borrowed("celery.worker.consumer.events:Events.start", "ebada5243c706e78", _E, "relies on"),
+    # events off until a monitor asks: a lazy dispatcher connection, enable/disable that turn it on and off
+    Borrowed("celery.worker.consumer.consumer:Consumer.connection_for_write", "9dae6bfb3d79cbfe", _E, "patches"),
+    Borrowed("celery.worker.control:enable_events", "4bf3886114b13bc4", _E, "overrides"),
+    Borrowed("celery.worker.control:disable_events", "d9da4f561d4bfa78", _E, "overrides"),
+    Borrowed("kombu.connection:Connection.get_heartbeat_interval", "3b5bd32c4e47a06d", _E, "patches"),
+    Borrowed("kombu.transport.base:Transport.get_heartbeat_interval", "67cd00d11471e9c5", _E, "relies on"),
+    Borrowed("celery.worker.loops:_enable_amqheartbeats", "ade575d3813b0bdb", _E, "relies on"),
+    Borrowed("celery.worker.consumer.events:Events.__init__", "65c6b03527e3f5fc", _E, "relies on"),
+    Borrowed("celery.events.dispatcher:EventDispatcher.send", "f7d28b95b3ee8802", _E, "relies on"),
+    # celery inspect: replies awaited until every live worker answered
+    Borrowed("celery.app.control:Control.broadcast", "cc294dfcc1ec4cad", "gpulayer/engine/control.py", "overrides"),
     # pointing the app at another Redis
     Borrowed("celery.app.base:Celery._after_fork", "95d61721ecb980d2", "gpulayer/engine/connections.py", "relies on"),
     Borrowed("celery.app.base:Celery.pool", "c602313400413fda", "gpulayer/engine/connections.py", "relies on"),

@@ -31,7 +31,7 @@ from .launch import RankLayout, free_port, rank_env, socket_ifname_env, torchrun
 from .ranks import RankCommand, RankFailure, RankRunner
 from ..models import GangSpec, GangState
 from ..store import keys
-from ..store.connection import connect_redis
+from ..store.connection import client_name, connect_redis
 from ..store.gangs import GangStore
 from ..store.registry import Registry
 from ..worker import runtime
@@ -107,7 +107,7 @@ class GangAgent(LoopStep):
         workdir.sweep(workdir.root(), self.worker_info.id, busy, lambda gang_id: store.state(gang_id).done)
 
     def loop(self) -> None:
-        client = connect_redis(self.url, socket_timeout=10)
+        client = connect_redis(self.url, socket_timeout=10, name=client_name(self.worker_info.id, "gang-agent"))
         next_sweep = time.monotonic() + SWEEP_EVERY
         while not self.stopping.is_set():
             if time.monotonic() > next_sweep:

@@ -22,7 +22,8 @@ from kombu import serialization
 
 from .. import queues, signing
 from ..store import keys
-from ..store.connection import connect_redis
+from ..store.connection import client_name, connect_redis
+from ..worker import runtime
 from ..worker.loopstep import LoopStep
 from .coordinator import COORDINATE, try_waiting
 
@@ -51,11 +52,12 @@ def read_message(raw: bytes) -> tuple[str, tuple, dict]:
 class ControlConsumer:
     """Blocks on the control queue and runs the coordinator; ``serve`` returns once ``stopping`` is set."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, name: str | None = None):
         self.url = url
+        self.name = name  # the connection's name in CLIENT LIST
 
     def serve(self, stopping: threading.Event) -> None:
-        client = connect_redis(self.url, socket_timeout=BLOCK + 10)
+        client = connect_redis(self.url, socket_timeout=BLOCK + 10, name=self.name)
         try:
             while not stopping.is_set():
                 try:
@@ -91,4 +93,5 @@ class ControlStep(LoopStep):
     thread_name = "gpulayer-control"
 
     def loop(self) -> None:
-        ControlConsumer(self.app.conf.broker_url).serve(self.stopping)
+        name = client_name(runtime.current_worker().id, "control")
+        ControlConsumer(self.app.conf.broker_url, name).serve(self.stopping)

@@ -72,14 +72,29 @@ class TLSConnection(redis.SSLConnection):
         return context
 
 
-def connect_redis(url: str, **kwargs) -> redis.Redis:
+def client_name(worker_id: str, use: str) -> str:
+    """The name a worker's connection shows in ``CLIENT LIST`` (``CLIENT SETNAME``, sent once per connection):
+    ``gpulayer:<worker id>:<use>``, so an operator counts each worker's connections and sees what holds them."""
+    return f"gpulayer:{''.join(c if c.isprintable() and not c.isspace() else '_' for c in worker_id)}:{use}"
+
+
+def connect_redis(url: str, *, name: str | None = None, one_connection: bool = False, **kwargs) -> redis.Redis:
     """A redis-py client for ``url`` (``redis://`` or ``rediss://``); ``kwargs`` go to ``redis.Redis``.
+
+    ``name``: the connection's client name (``client_name``). ``one_connection``: every thread using the
+    client shares one connection, each command waiting for the one before (a worker's heartbeat and
+    janitor: never a blocking read, which would hold it), instead of one more connection per thread
+    that happens to use it at the same moment.
 
     For example ``connect_redis("rediss://:pw@redis:6380/0?ssl_ca_certs=/etc/gpulayer/ca.pem", socket_timeout=10)``.
     """
     url = with_tls(url)
     if urlsplit(url).scheme == "rediss":
         kwargs.setdefault("connection_class", TLSConnection)
+    if name:
+        kwargs.setdefault("client_name", name)
+    if one_connection:
+        return redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(url, max_connections=1, **kwargs))
     return redis.Redis.from_url(url, **kwargs)
 
 

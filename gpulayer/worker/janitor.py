@@ -23,7 +23,6 @@ from ..app import settings as app_settings
 from ..engine import transport
 from ..gang.coordinator import worker_lost
 from ..store import keys
-from ..store.connection import connect_redis
 from ..store.gangs import GangStore
 from ..store.jobs import JobRecords
 from ..store.registry import Registry
@@ -168,7 +167,7 @@ class Janitor(LoopStep):
     def loop(self) -> None:
         settings = app_settings()
         me = runtime.current_worker().id
-        client = connect_redis(self.app.conf.broker_url, socket_timeout=10)
+        client = runtime.registry.client  # the worker's one client for short commands, shared with the heartbeat
         orphan_age = max(30.0, 3 * settings.worker_dead_after)
         rounds = 0
         while not self.stopping.wait(INTERVAL):
@@ -190,4 +189,3 @@ class Janitor(LoopStep):
                         client.delete(keys.JANITOR_LOCK)
             except redis.RedisError as err:
                 log.warning("gpulayer janitor: %s; retrying", err)
-        client.close()

@@ -21,6 +21,7 @@ from ..errors import ClusterUnavailable, ConfigError
 from ..gang.launch import die_with_parent
 from ..models import WorkerInfo
 from ..store import keys
+from ..store.connection import client_name
 from ..store.registry import Registry
 from . import runtime
 from .detect import default_address, detect_gpus
@@ -102,7 +103,12 @@ def run_worker(*, broker: str | None = None, slots: int | None = None, zone: str
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // slots)))
 
     configure(settings)
-    client = redis_client()
+    # Each connection says whose it is in CLIENT LIST: kombu's (tasks, control) and the result backend's too.
+    app.conf.broker_transport_options = {**app.conf.broker_transport_options,
+                                         "client_name": client_name(worker_id, "celery")}
+    app.conf.redis_client_name = client_name(worker_id, "results")
+    # The worker's one connection for short commands: registry checks, heartbeats, the janitor.
+    client = redis_client(name=client_name(worker_id, "worker"), one_connection=True)
     try:
         client.ping()
     except Exception as err:

@@ -1,7 +1,7 @@
 """Cancel and time limits for ordinary jobs: kill the job's whole process tree, record why.
 
-Runs in the worker's main process. A cancel is broadcast on one channel (no
-per-job cost); a job's ``timeout`` travels in its headers. Either way the
+Runs in the worker's main process. A cancel is broadcast on one channel, one
+message naming up to 1,000 jobs (gpulayer/cancel.py); a job's ``timeout`` travels in its headers. Either way the
 reaper kills the pool process running the job and every process below it, and
 remembers why, so the request records "cancelled" or "timed out" instead of
 delivering the job again.
@@ -17,7 +17,8 @@ import redis
 from celery.worker import state as worker_state
 
 from ..store import keys
-from ..store.connection import connect_redis
+from ..store.connection import client_name, connect_redis
+from . import runtime
 from .loopstep import LoopStep
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,8 @@ class Reaper(LoopStep):
     thread_name = "gpulayer-reaper"
 
     def loop(self) -> None:
-        client = connect_redis(self.app.conf.broker_url, socket_timeout=10)
+        client = connect_redis(self.app.conf.broker_url, socket_timeout=10,
+                               name=client_name(runtime.current_worker().id, "reaper"))
         sub = None
         cancelled: dict[str, float] = {}  # job id -> when the cancel arrived
         while not self.stopping.is_set():
@@ -59,7 +61,8 @@ class Reaper(LoopStep):
                     sub.subscribe(keys.CANCEL_CHANNEL)
                 msg = sub.get_message(timeout=POLL)
                 while msg:
-                    cancelled[msg["data"].decode()] = time.monotonic()
+                    for job_id in msg["data"].decode().split("\n"):  # one message names up to 1,000 jobs
+                        cancelled[job_id] = time.monotonic()
                     msg = sub.get_message(timeout=0)
             except redis.RedisError:
                 sub = None

@@ -1,0 +1,36 @@
+"""How many Redis connections a real worker holds, counted by ``CLIENT LIST`` (issue 14: a control plane
+with a budget). Redis's default ``maxclients`` is 10,000, so each connection per worker is a fleet-size limit.
+
+A worker holds, by name (``gpulayer:<worker>:<use>``):
+- ``celery`` x4: kombu's: the task consumer's blocking take, the control mailbox's pattern
+  subscription, and two for their other commands; Celery's event dispatcher opens its own only once
+  a monitor turns events on (engine/events.py);
+- ``worker``: registry checks, heartbeats and the janitor, one connection shared by all three;
+- ``gang-agent`` and ``control``: a blocking read each (gang orders; the coordinator's queue);
+- ``reaper``: the cancel channel's subscription;
+- ``results`` x1 per pool process that has run a job: where it stores the result.
+"""
+
+from __future__ import annotations
+
+import time
+
+from gpulayer import Resources, submit
+
+from .fleets import running_fleet
+
+IDLE = 8  # the main process's connections, above
+
+
+def test_a_worker_holds_eight_connections_and_one_per_pool_process_that_ran_a_job(tmp_path):
+    with running_fleet(tmp_path, {"w-one": {"slots": 1}, "w-four": {"slots": 4}}, connect=True) as fleet:
+        assert submit.delay(abs, -1, resources=Resources(worker_ids=["w-one"])).get(timeout=60) == 1
+        jobs = [submit.delay(time.sleep, 1.0, resources=Resources(worker_ids=["w-four"])) for _ in range(4)]
+        for job in jobs:
+            job.get(timeout=60)
+        for name, slots in (("w-one", 1), ("w-four", 4)):
+            names = sorted(c["name"] for c in fleet.connections(name))
+            assert len(names) <= IDLE + slots, (name, names)
+            assert all(n.startswith(f"gpulayer:{name}:") for n in names), names
+            assert names.count(f"gpulayer:{name}:worker") == 1, names  # heartbeat and janitor share one
+            assert f"gpulayer:{name}:results" in names, names  # the count saw the pool processes too
