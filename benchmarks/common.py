@@ -28,3 +28,24 @@ def unwind_on_signals() -> None:
     """
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _terminate)
+
+
+class Report:
+    """Prints each line and keeps it for the results file; ``result(case, **numbers)`` adds the line
+    ``result {"bench": ..., "case": ..., ...}`` that ``scripts/make_perf_charts.py`` reads."""
+
+    def __init__(self, bench: str):
+        self.bench = bench
+        self.lines: list[str] = []
+
+    def __call__(self, line: str = "") -> None:
+        print(line, flush=True)
+        self.lines.append(line)
+
+    def result(self, case: str, **numbers) -> None:
+        import json
+        import os
+
+        numbers = {k: round(v, 4) if isinstance(v, float) else v for k, v in numbers.items()}
+        self("result " + json.dumps({"bench": self.bench, "case": case, **numbers,
+                                     "load": round(os.getloadavg()[0], 1)}))
