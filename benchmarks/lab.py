@@ -52,12 +52,14 @@ class LabFleet:
         return {m.name: dict(slots=self.slots, zone=m.zone, region=m.region, prefix=self.lab.prefix(m.index),
                              advertise_addr=m.address, env=env, cuda=cuda) for m in self.lab.machines}
 
-    def start_workers(self, torch: bool = True, timeout: float = 600, wave: int = 5) -> float:
-        """Start one worker per machine, ``wave`` at a time (30 at once drown a 2-core host, and a registry
-        read times out), each wave waited for; returns the seconds it took."""
+    def start_workers(self, torch: bool = True, timeout: float = 600, wave: int = 5,
+                      machines: int | None = None) -> float:
+        """Start one worker on each machine (the first ``machines`` only, if given), ``wave`` at a time
+        (30 at once drown a 2-core host, and a registry read times out), each wave waited for; returns
+        the seconds it took."""
         self.torch = torch
         t = time.monotonic()
-        specs = list(self.specs(torch).items())
+        specs = list(self.specs(torch).items())[:machines]
         for k in range(0, len(specs), wave):
             names = []
             for name, spec in specs[k:k + wave]:
@@ -83,9 +85,9 @@ class LabFleet:
         for name in list(self.fleet.workers):
             self.fleet.stop_worker(name)
 
-    def restart(self, torch: bool) -> float:
+    def restart(self, torch: bool, machines: int | None = None) -> float:
         self.stop_workers()
-        return self.start_workers(torch)
+        return self.start_workers(torch, machines=machines)
 
     def memory(self) -> dict[str, float]:
         """MiB per machine: RSS and USS (memory no other process shares) summed over each worker's process tree."""

@@ -16,8 +16,9 @@ its bridge (the control plane unshaped), and one real ``gpulayer worker`` per ma
      process on 3 machines (3 zones) is SIGKILLed (its pool processes die with it). Counted: results
      present and right, jobs failed, jobs lost, and re-runs (each run of a job pushes its index to a
      Redis list when it starts).
-2. **torch workers** (torch and ``gpulayer.trainer`` preloaded, warm rank templates; ``gpulayer worker``
-   preloads torch by default, the Trainer with ``GPULAYER_PRELOAD=torch,gpulayer.trainer``):
+2. **torch workers** on the first ``--torch-machines`` machines (default 16) (torch and ``gpulayer.trainer``
+   preloaded, warm rank templates; ``gpulayer worker`` preloads torch by default, the Trainer with
+   ``GPULAYER_PRELOAD=torch,gpulayer.trainer``):
    - *learning-rate sweep*: ``--sweep`` small training runs (``gpulayer.trainer.Trainer``, a 16-32-1 MLP,
      1,024 synthetic samples, batch 64, 1 epoch = 16 steps, SGD with momentum, one learning rate each);
    - *distributed jobs* 8 x 2 and 16 x 2 (gloo, one ``all_reduce``), direct launcher (warm ranks) and
@@ -31,7 +32,8 @@ the workers that ran any). Each figure is also printed as ``result {json}`` for
 ``scripts/make_perf_charts.py``.
 
     python benchmarks/scale_test.py [--topology "2r x 3z x 5m"] [--slots 2] [--tiny 3000] [--shards 600]
-        [--sweep 60] [--compare 2000] [--rounds 2] [--kill-jobs 600] [--dist-runs 1] [--skip PHASE,...]
+        [--sweep 60] [--compare 2000] [--rounds 2] [--kill-jobs 600] [--dist-runs 1] [--torch-machines 16]
+        [--skip PHASE,...] [--out scale_test.txt]
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from pathlib import Path
 
 import psutil
 
-from across_machines import failure_stop, gang_run  # same folder
+from across_machines import failure_stop, gang_run, wait_slots_free  # same folder
 from common import Report, unwind_on_signals, write_results  # same folder
 from lab import lab_fleet  # same folder
 
@@ -230,9 +232,20 @@ def distributed_jobs(log: Report, runs: int, machines: int) -> None:
         rows: dict[str, list[dict]] = {"direct": [], "torchrun": []}
         for r in range(runs):
             for launcher in (list(rows) if r % 2 == 0 else list(rows)[::-1]):
-                row = gang_run(nodes, 2, launcher, timeout=1800)
+                try:
+                    row = gang_run(nodes, 2, launcher, timeout=1800)
+                except JobFailed as err:  # e.g. a worker starved past its heartbeat deadline on this host
+                    log(f"  {nodes} x 2 {launcher:<9} FAILED: {err}")
+                    log.result(f"{nodes}x2 {launcher} failed", error=str(err)[:200])
+                    try:
+                        wait_slots_free(120)
+                    except TimeoutError as late:
+                        log(f"  ({late})")
+                    continue
                 rows[launcher].append(row)
                 log(f"  {nodes} x 2 {launcher:<9} {row['seconds']:7.2f} s  ({row['reason']})")
+        if not all(rows.values()):
+            continue
         med = {k: statistics.median(x["seconds"] for x in v) for k, v in rows.items()}
         for k, v in med.items():
             log.result(f"{nodes}x2 {k}", seconds=v, runs=len(rows[k]))
@@ -261,6 +274,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--kill-jobs", type=int, default=600)
     p.add_argument("--dist-runs", type=int, default=1)
+    p.add_argument("--torch-machines", type=int, default=16,
+                   help="machines that run torch workers in phase 2 (default 16, what 16 x 2 needs: 30 torch "
+                        "workers took 245 MiB unshared each here, more than this shared host had free)")
     p.add_argument("--skip", default="", help="comma-separated: tiny,shards,compare,kills,sweep,dist,failure")
     p.add_argument("--out", default="scale_test.txt")
     args = p.parse_args()
@@ -274,39 +290,54 @@ def main() -> None:
         f"{args.shards} x ~0.5 s, sweep {args.sweep} runs, submit styles {args.compare} jobs x {args.rounds} rounds, "
         f"kills during {args.kill_jobs} jobs, distributed 8x2/16x2 x {args.dist_runs} runs; skipped: {sorted(skip) or 'none'}")
     t_start = time.monotonic()
+
+    def save():  # after each section, so a run cut short keeps what it measured
+        write_results(log.lines, args.out)
+
     with tempfile.TemporaryDirectory(prefix="gl-scale-") as tmp, \
             lab_fleet(Path(tmp), topo, slots=args.slots, start=False) as lf:
         log(f"network: {lf.lab.shaping.describe()}; Redis on the bridge {lf.lab.host_address} (control plane unshaped)")
-        started = lf.start_workers(torch=False)
         lf.fleet.connect()
-        log(f"\nphase 1: light workers (no torch preload, no warm ranks), {topo.count} started in {started:.0f} s")
-        memory_line(log, lf, "light workers")
         workers = topo.count
-        submit.delay(tiny, 0).get(timeout=120)
+        if not {"tiny", "shards", "compare", "kills"} <= skip:
+            started = lf.start_workers(torch=False)
+            log(f"\nphase 1: light workers (no torch preload, no warm ranks), {topo.count} started in {started:.0f} s")
+            memory_line(log, lf, "light workers")
+            submit.delay(tiny, 0).get(timeout=120)
         if "tiny" not in skip:
             workload(log, "tiny jobs", [submit.s(tiny, i) for i in range(args.tiny)], workers)
+            save()
         if "shards" not in skip:
             workload(log, "data shards", [submit.s(shard, i) for i in range(args.shards)], workers)
+            save()
         if "compare" not in skip:
             log(f"\none submit.delay per job vs submit_batch, {args.compare} tiny jobs, {args.rounds} rounds alternating")
             submit_styles(log, args.compare, args.rounds)
+            save()
         if "kills" not in skip:
             log("\nworker kills on 3 machines")
             kill_run(log, lf, args.kill_jobs)
+            save()
         if not {"sweep", "dist", "failure"} <= skip:
-            started = lf.restart(torch=True)
-            log(f"\nphase 2: torch workers (torch preloaded, warm rank templates), restarted in {started:.0f} s")
+            workers = min(args.torch_machines, topo.count)
+            started = lf.restart(torch=True, machines=workers)
+            log(f"\nphase 2: torch workers (torch and the Trainer preloaded, warm rank templates) on the first "
+                f"{workers} machines ({', '.join(sorted({m.zone for m in lf.lab.machines[:workers]}))}), "
+                f"restarted in {started:.0f} s")
             memory_line(log, lf, "torch workers")
+            save()
             if "sweep" not in skip:
                 lrs = [round(1e-3 * (30 ** (k / max(1, args.sweep - 1))), 6) for k in range(args.sweep)]
                 out = workload(log, "lr sweep", [submit.s(train_run, lr) for lr in lrs], workers)
                 best = min(out, key=lambda r: r["loss"])
                 log(f"  best of the sweep: lr {best['v']:g}, final loss {best['loss']:.4f}")
+                save()
             if "dist" not in skip:
                 log(f"\ndistributed jobs (gloo all_reduce), {args.dist_runs} runs per launcher, alternating")
                 gang_run(2, 2, "direct")  # warm-up: the coordinator, a warm template
-                distributed_jobs(log, args.dist_runs, topo.count)
-            if "failure" not in skip and topo.count >= 8:
+                distributed_jobs(log, args.dist_runs, workers)
+                save()
+            if "failure" not in skip and workers >= 8:
                 log("\none rank failing in an 8-machine job (8 x 2, direct)")
                 row = failure_stop(lf.fleet.url, 8, 2, timeout=900)
                 log(f"  every rank's pid on {row['machines']} machines gone {row['all_gone']:.3f} s after the failure; "
