@@ -38,3 +38,22 @@ def result_line(bench: str, case: str, **numbers) -> str:
     (units in the key: ``wall_s``, ``median_ms``, ``jobs_s``), in the order given (a nested dict keeps its order too).
     """
     return "result " + json.dumps({"bench": bench, "case": case, **numbers})
+
+
+class Report:
+    """Prints each line and keeps it for the results file; ``result(case, **numbers)`` adds the line
+    ``result {"bench": ..., "case": ..., ...}`` that ``scripts/make_perf_charts.py`` reads."""
+
+    def __init__(self, bench: str):
+        self.bench = bench
+        self.lines: list[str] = []
+
+    def __call__(self, line: str = "") -> None:
+        print(line, flush=True)
+        self.lines.append(line)
+
+    def result(self, case: str, **numbers) -> None:
+        import os
+
+        numbers = {k: round(v, 4) if isinstance(v, float) else v for k, v in numbers.items()}
+        self(result_line(self.bench, case, **numbers, load=round(os.getloadavg()[0], 1)))
