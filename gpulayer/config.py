@@ -72,6 +72,9 @@ class Settings(BaseSettings):
     result_expires: int = Field(default=7 * 86400, gt=0, description="seconds a job's result is kept")
     max_payload_bytes: int = Field(default=64 * 2**20, gt=0, description="largest signed message body")
     connect_timeout: float = Field(default=3.0, gt=0, description="seconds to wait for Redis before giving up")
+    prefetch_multiplier: int = Field(default=4, ge=0, le=64,
+                                     description="messages a worker takes per free slot while no gang holds slots "
+                                                 "on it (0 or 1: one per free slot, no prefetch)")
     max_deliveries: int = Field(default=3, ge=1, le=100,
                                 description="deliveries of a job whose process or worker dies, before it fails")
     ssl_cert_reqs: str | None = Field(default=None, description="rediss:// only: check Redis's certificate: "

@@ -5,7 +5,7 @@
 - ``results.py``: Celery's Redis result backend, stored once, failures as ``JobFailed``.
 - ``request.py``: the worker's request (bounded redelivery) and its "received" log line.
 - ``events.py``: the consumer's task-event flushes, paced.
-- ``qos.py``: the slot gate's condition on kombu's ``QoS.can_consume``.
+- ``qos.py``: the slot gate (may a message start now, may a take bring more), asked by the transport's QoS.
 - ``connections.py``: forgetting a Celery app's pooled connections.
 - ``flower.py``: a transform of ours ahead of Flower's own.
 - ``upstream.py``: each upstream method the above depend on, with the hash of its source for the
