@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from collections import deque
 from contextlib import contextmanager
 from importlib import resources
@@ -69,10 +70,11 @@ PUT_BACK = _LUA.joinpath("put_back.lua").read_text()
 GIVE_BACK = _LUA.joinpath("give_back.lua").read_text()
 
 _consumer: str | None = None  # this worker process's life (keys.life), once it consumes
-# Look for what this life recorded but no longer holds before the next take: after a failed round trip (a
-# take whose reply was lost) kombu reconnects with a new channel, and Celery drops what it had not started.
-_sweep_taking = True
-_channels = 0  # channels made in this process: more than one means kombu reconnected
+# Look for what this life recorded but no longer holds, before the next take: after a round trip that failed (a
+# take whose reply was lost), and when a new channel takes over from another (kombu reconnected, and Celery
+# dropped what it had not started). Not for other channels of the process (the janitor's, publishers').
+_recheck = False
+_taker: "weakref.ref[Channel] | None" = None  # the channel that took last
 
 
 def consume_as(worker_id: str | None, pid: int | None = None) -> None:
@@ -109,8 +111,8 @@ def put_back_taking(client, life: str) -> list[bytes]:
 
 
 def _mark_sweep() -> None:
-    global _sweep_taking
-    _sweep_taking = True
+    global _recheck
+    _recheck = True
 
 
 def ring(pipe, queue_key) -> None:
@@ -182,9 +184,6 @@ class Channel(kredis.Channel):
         self._acks: list[str] = []  # finished (result stored): acked in Redis by the next take
         self._acks_sent: list[str] = []
         self._acks_since = 0.0
-        global _channels
-        _mark_sweep()  # a new channel: at start, or after kombu reconnected
-        _channels += 1
 
     @contextmanager
     def conn_or_acquire(self, client=None):
@@ -235,7 +234,12 @@ class Channel(kredis.Channel):
         queues = self._queue_cycle.consume(len(self.active_queues))
         if not queues:
             return
-        if _sweep_taking:
+        global _taker
+        if _taker is None or _taker() is not self:
+            if _taker is not None:
+                _mark_sweep()  # a new channel takes over: kombu reconnected
+            _taker = weakref.ref(self)
+        if _recheck:
             self._recover_after_reconnect()
         self._deliver_buffered()  # what an earlier take brought, before asking Redis for more
         if self._buffer or not self.qos.may_deliver():
@@ -381,24 +385,25 @@ class Channel(kredis.Channel):
         super().close()
 
     def _recover_after_reconnect(self) -> None:
-        global _sweep_taking
+        global _recheck
         with self.conn_or_acquire() as client:
-            if _channels > 1:
-                self._hand_back_dropped(client)
-        _sweep_taking = False
+            self._hand_back_dropped(client)
+        _recheck = False
 
     def _hand_back_dropped(self, client) -> None:
-        """After a reconnect: requeue what this life recorded but the worker no longer holds.
+        """Requeue what this life recorded but holds no longer.
 
         Celery drops the requests it had taken but not started when its broker connection breaks,
         counting on the broker to deliver them again (for Redis: after the visibility timeout); the
         old channel's prefetched messages and unsent acks went with it too (a finished job's message
-        comes back, and is ignored as done).
+        comes back, and is ignored as done), and so did a take whose reply was lost.
         """
         from celery.worker import state  # the worker's own requests; this runs in its consumer
 
         held = {getattr(getattr(r, "_message", None), "delivery_tag", None)
                 for r in (*state.active_requests, *state.reserved_requests)}
+        held.update(m["properties"]["delivery_tag"] for _, _, m in self._buffer)
+        held.update(self._acks)
         for raw in client.hkeys(keys.inflight(_consumer)):
             tag = bytes_to_str(raw)
             if tag not in held and client.hdel(keys.inflight(_consumer), tag):
