@@ -18,6 +18,10 @@ from gpulayer.store.registry import Registry
 from gpulayer.testing import wait_until
 
 
+# The extra messages wait on their worker for the whole test (by default they would go back after a second).
+HOLD = dict(env=dict(os.environ, GPULAYER_PREFETCH_HOLD="300"))
+
+
 def blocker(run: str, i: int) -> str:
     """Holds its slot until the test sets ``<run>:release:<i>``."""
     import time as _t
@@ -65,7 +69,7 @@ def ran(client, run: str, n: int) -> list[list[str]]:
 
 def test_a_gang_that_reserves_a_worker_with_prefetched_jobs_gets_its_slot_and_the_jobs_run_once(fresh_fleet):
     fleet = fresh_fleet
-    fleet.add_workers({"p1": dict(slots=2), "p2": dict(slots=1)})  # p2 runs the coordinator while p1 is frozen
+    fleet.add_workers({"p1": dict(slots=2, **HOLD), "p2": dict(slots=1)})  # p2 runs the coordinator while p1 is frozen
     fleet.connect()
     client = redis_client()
     run = f"prefetch-gang:{time.time()}"
@@ -101,7 +105,7 @@ def test_a_gang_that_reserves_a_worker_with_prefetched_jobs_gets_its_slot_and_th
 
 def test_a_stopping_worker_gives_back_what_it_prefetched_and_its_next_life_runs_it_once(fresh_fleet):
     fleet = fresh_fleet
-    fleet.add_workers({"s1": dict(slots=1)})
+    fleet.add_workers({"s1": dict(slots=1, **HOLD)})
     fleet.connect()
     client = redis_client()
     run = f"prefetch-stop:{time.time()}"
@@ -122,7 +126,7 @@ def test_a_stopping_worker_gives_back_what_it_prefetched_and_its_next_life_runs_
 
 def test_a_killed_worker_s_prefetched_jobs_are_handed_back_and_each_runs_once(fresh_fleet):
     fleet = fresh_fleet
-    fleet.add_workers({"k1": dict(slots=1), "k2": dict(slots=1)})
+    fleet.add_workers({"k1": dict(slots=1, **HOLD), "k2": dict(slots=1)})
     fleet.connect()
     client = redis_client()
     run = f"prefetch-kill:{time.time()}"
@@ -139,4 +143,28 @@ def test_a_killed_worker_s_prefetched_jobs_are_handed_back_and_each_runs_once(fr
     assert client.hlen(keys.inflight(life)) == 0
     # A worker that dies holds its prefetched messages as delivered: each counts one lost delivery (of max_deliveries).
     assert all([h["event"] for h in JobRecords(client).history(i)][:1] == ["lost"] for i in batch.ids)
+    client.close()
+
+
+def test_prefetched_jobs_behind_a_long_job_go_back_after_prefetch_hold_and_an_idle_worker_runs_them(fresh_fleet):
+    fleet = fresh_fleet
+    hold = dict(env=dict(os.environ, GPULAYER_PREFETCH_HOLD="3"))
+    fleet.add_workers({"h1": dict(slots=1, **hold), "h2": dict(slots=1)})
+    fleet.connect()
+    client = redis_client()
+    run = f"prefetch-hold:{time.time()}"
+    life = keys.life("h1", fleet.workers["h1"].pid)
+    os.kill(fleet.workers["h2"].pid, signal.SIGSTOP)  # h1 takes the whole batch
+    try:
+        batch = submit_batch([submit.s(blocker, run, 0)] + [submit.s(quick, run, i) for i in range(3)])
+        wait_until(lambda: client.hlen(keys.inflight(life)) == 4, 30, "h1 to take the whole batch")
+    finally:
+        os.kill(fleet.workers["h2"].pid, signal.SIGCONT)
+    # h1's slot stays busy: after prefetch_hold the quick jobs go back to the queue, and h2 (idle) runs them.
+    wait_until(lambda: ran(client, run, 3) == [["h2"], ["h2"], ["h2"]], 60, "h2 to run the quick jobs")
+    assert client.hlen(keys.inflight(life)) == 1  # meanwhile h1 holds only the blocker, still running
+    client.set(f"{run}:release:0", 1)
+    assert batch.get(timeout=60) == [0, (0, "h2"), (1, "h2"), (2, "h2")]
+    for job_id in batch.ids[1:]:  # given back as taken
+        assert JobRecords(client).history(job_id) == []
     client.close()

@@ -16,9 +16,11 @@ from typing import Callable
 class Gate:
     free: Callable[[], int]  # slots free for one more ordinary job now (slots - taken jobs - gang-held slots)
     ahead: Callable[[], int]  # messages per free slot a take may bring; 0 while a gang holds slots here
+    hold: float  # seconds the extra ones may wait on the worker before they go back to their queue
 
 
-def gate_consumption(qos, free: Callable[[], int], ahead: Callable[[], int] = lambda: 0) -> None:
-    """Make ``qos`` (the consuming channel's QoS) start a message only while ``free() > 0``, and take
-    up to ``free() * ahead()`` messages at once (buffered in the channel, handed back when ``ahead()`` is 0)."""
-    qos.gate = Gate(free, ahead)
+def gate_consumption(qos, free: Callable[[], int], ahead: Callable[[], int] = lambda: 0, hold: float = 0.0) -> None:
+    """Make ``qos`` (the consuming channel's QoS) start a message only while ``free() > 0``, and take up
+    to ``free() * ahead()`` messages at once; the extra ones wait in the channel, and go back to their
+    queue once ``ahead()`` is 0 or after ``hold`` seconds."""
+    qos.gate = Gate(free, ahead, hold)

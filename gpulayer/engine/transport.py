@@ -63,7 +63,7 @@ log = logging.getLogger(__name__)
 
 NAME = "gpulayer"
 BELL_TOKENS = 64  # tokens kept per bell: enough to wake every idle worker of a queue at once
-ACK_WAIT = 0.05  # seconds a finished job's ack waits for a take to ride on before it goes alone
+ACK_WAIT = 0.2  # seconds a finished job's ack waits for a take to ride on before it goes alone
 _LUA = resources.files("gpulayer.store").joinpath("lua")
 TAKE = _LUA.joinpath("take.lua").read_text()
 PUT_BACK = _LUA.joinpath("put_back.lua").read_text()
@@ -184,6 +184,7 @@ class Channel(kredis.Channel):
         self._acks: list[str] = []  # finished (result stored): acked in Redis by the next take
         self._acks_sent: list[str] = []
         self._acks_since = 0.0
+        self._buffered_since = 0.0
 
     @contextmanager
     def conn_or_acquire(self, client=None):
@@ -294,6 +295,8 @@ class Channel(kredis.Channel):
             finally:
                 self._acks_sent = []  # done, or (connection lost) handed back after the reconnect, then ignored
             self._taking_again = len(reply) >= 2 * self._batch_size()
+            if reply and not self._buffer:
+                self._buffered_since = monotonic()
             for i in range(0, len(reply), 2):
                 taken = self._taken(reply[i], reply[i + 1])
                 if taken is not None:
@@ -320,8 +323,10 @@ class Channel(kredis.Channel):
 
     def _deliver_buffered(self) -> int:
         """Hand buffered messages to Celery while the gate lets one more start; how many were handed."""
+        if self._buffer and (self._closing or not self._consumers):  # Celery stopped consuming (a warm shutdown)
+            self._give_back()
         n = 0
-        while self._buffer and not self._closing and self.qos.may_deliver():
+        while self._buffer and self.qos.may_deliver():
             queue_key, _, message = self._buffer.popleft()
             dest = bytes_to_str(queue_key).rsplit(self.sep, 1)[0]
             self._queue_cycle.rotate(dest)
@@ -330,8 +335,10 @@ class Channel(kredis.Channel):
         return n
 
     def _between_takes(self) -> None:
-        """Each time kombu asks whether to consume: a gang's slots get the buffer back; late acks go alone."""
-        if self._buffer and (self.qos.gate is None or not self.qos.gate.ahead()):
+        """Each time kombu asks whether to consume: the buffer goes back when a gang holds slots here or it
+        waited too long; acks that waited too long go alone."""
+        gate = self.qos.gate
+        if self._buffer and (gate is None or not gate.ahead() or monotonic() - self._buffered_since > gate.hold):
             self._give_back()
         if self._acks and monotonic() - self._acks_since > ACK_WAIT:
             self._flush_acks()
@@ -347,6 +354,8 @@ class Channel(kredis.Channel):
 
     def _give_back(self) -> None:
         """Requeue the buffered messages at the head of their queues, as taken, in one script (give_back.lua)."""
+        if not self._buffer:
+            return
         items, self._buffer = list(self._buffer), deque()
         args = []
         for _, item, message in items:

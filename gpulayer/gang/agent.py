@@ -83,10 +83,10 @@ class SlotGate(bootsteps.StartStopStep):
     def start(self, c) -> None:
         total = runtime.current_worker().slots
         settings = app_settings()
-        multiplier = settings.prefetch_multiplier if settings else 1
+        multiplier, hold = (settings.prefetch_multiplier, settings.prefetch_hold) if settings else (1, 0.0)
         # Taking ahead only while no gang holds slots here: the transport hands its buffer back once one does.
         gate_consumption(c.task_consumer.channel.qos, lambda: total - slots.held - len(worker_state.reserved_requests),
-                         lambda: 0 if slots.held else multiplier)
+                         lambda: 0 if slots.held else multiplier, hold)
 
 
 class GangAgent(LoopStep):
