@@ -1,7 +1,8 @@
 """Every place gpulayer overrides, copies or patches a private part of Celery, kombu or Flower.
 
-- ``transport.py``: kombu's Redis transport with takes a SIGKILL cannot lose (the Channel's
-  ``_put``, ``_do_restore_message``, ``_brpop_start``, ``_brpop_read``; its QoS).
+- ``transport.py``: kombu's Redis transport with takes a SIGKILL cannot lose, batched, prefetched
+  and carrying the acks (the Channel's ``_put``, ``_do_restore_message``, ``_brpop_start``,
+  ``_brpop_read``, ``close``; its QoS's ``append``, ``ack``, ``can_consume``).
 - ``results.py``: Celery's Redis result backend, stored once, failures as ``JobFailed``.
 - ``request.py``: the worker's request (bounded redelivery) and its "received" log line.
 - ``events.py``: the consumer's task-event flushes, paced.

@@ -347,8 +347,9 @@ class Channel(kredis.Channel):
         try:
             with self.conn_or_acquire() as client:
                 client.execute_command("EVAL", TAKE, *self._take_args(queue_keys=[]))
-        except self.connection_errors as err:  # handed back after the reconnect, then ignored as done
-            log.warning("gpulayer: could not ack %d finished job(s) (%s)", len(self._acks_sent), err)
+        except self.connection_errors as err:  # again with the next take (an ack twice is once)
+            log.warning("gpulayer: could not ack %d finished job(s) yet (%s)", len(self._acks_sent), err)
+            self._acks = self._acks_sent + self._acks
         finally:
             self._acks_sent = []
 
