@@ -69,7 +69,9 @@ def ran(client, run: str, n: int) -> list[list[str]]:
 
 def test_a_gang_that_reserves_a_worker_with_prefetched_jobs_gets_its_slot_and_the_jobs_run_once(fresh_fleet):
     fleet = fresh_fleet
-    fleet.add_workers({"p1": dict(slots=2, **HOLD), "p2": dict(slots=1)})  # p2 runs the coordinator while p1 is frozen
+    # p2 runs the coordinator while p1 is frozen; neither judges the other dead meanwhile, however slow the machine.
+    patient = dict(os.environ, GPULAYER_PREFETCH_HOLD="300", GPULAYER_WORKER_DEAD_AFTER="120")
+    fleet.add_workers({"p1": dict(slots=2, env=patient), "p2": dict(slots=1, env=patient)})
     fleet.connect()
     client = redis_client()
     run = f"prefetch-gang:{time.time()}"
