@@ -75,6 +75,11 @@ class Settings(BaseSettings):
     events: bool = Field(default=False, description="workers send Celery's task and worker-heartbeat events from "
                                                     "start; off, they send them once a monitor asks (Flower does, "
                                                     "and `celery control enable_events`)")
+    prefetch_multiplier: int = Field(default=4, ge=0, le=64,
+                                     description="messages a worker takes per free slot while no gang holds slots "
+                                                 "on it (0 or 1: one per free slot, no prefetch)")
+    prefetch_hold: float = Field(default=1.0, ge=0, description="seconds prefetched messages wait on a worker whose "
+                                                                "slots stay busy before they go back to their queue")
     max_deliveries: int = Field(default=3, ge=1, le=100,
                                 description="deliveries of a job whose process or worker dies, before it fails")
     ssl_cert_reqs: str | None = Field(default=None, description="rediss:// only: check Redis's certificate: "

@@ -5,12 +5,17 @@ No workers: the keys a worker would write are written here, so each rule is chec
 
 from __future__ import annotations
 
+import json
 
 import pytest
+from kombu.transport.redis import Channel
 
 from gpulayer.engine import transport
 from gpulayer.store import keys
+from gpulayer.store.registry import load_script
 from gpulayer.worker import janitor
+
+UNACKED, UNACKED_INDEX = Channel.unacked_key, Channel.unacked_index_key
 
 
 @pytest.fixture
@@ -51,3 +56,60 @@ def test_dead_workers_are_judged_by_redis_clock(r):
     assert sorted(janitor.dead_workers(r, dead_after=5.0)) == ["dead"]
     assert sorted(janitor.dead_workers(r, dead_after=2.0)) == ["dead", "late"]
     assert janitor.dead_workers(r, dead_after=120.0) == []
+
+
+def kombu_message(job_id: str, tag: str, queue: str = "gl.q.a", body: str = "Ym9keQ==") -> bytes:
+    """A message as kombu's Redis transport publishes it: the body first, then the envelope."""
+    return json.dumps({"body": body, "content-encoding": "binary", "content-type": "application/x-gpulayer-signed",
+                       "headers": {"id": job_id, "argsrepr": 'f("x\\\\y")'},
+                       "properties": {"delivery_info": {"exchange": "", "routing_key": queue},
+                                      "delivery_tag": tag}}).encode()
+
+
+def take(r, queues_, life, want, acks=()):
+    script = load_script(r, "take")
+    return script(keys=[*queues_, UNACKED, UNACKED_INDEX, keys.inflight(life)], args=[want, 1000.0, *acks])
+
+
+def test_a_take_records_each_message_it_takes_in_the_same_step_and_acks_what_it_carries(r):
+    life = keys.life("w-take", 7)
+    for i in range(5):
+        r.lpush("gl.q.a", kombu_message(f"j{i}", f"t{i}"))
+    got = take(r, ["gl.q.b", "gl.q.a"], life, 3)
+    assert got[0::2] == [b"gl.q.a"] * 3 and [json.loads(m)["headers"]["id"] for m in got[1::2]] == ["j0", "j1", "j2"]
+    assert r.llen("gl.q.a") == 2
+    assert r.hgetall(keys.inflight(life)) == {b"t0": b"j0", b"t1": b"j1", b"t2": b"j2"}
+    assert r.zrange(UNACKED_INDEX, 0, -1, withscores=True) == [(b"t0", 1000.0), (b"t1", 1000.0), (b"t2", 1000.0)]
+    # kombu's own unacked entry: [message, exchange, routing key], the message as it was taken
+    message, exchange, routing_key = json.loads(r.hget(UNACKED, "t1"))
+    assert (message, exchange, routing_key) == (json.loads(got[3]), "", "gl.q.a")
+    # The next take acks t0 and t1 (their records go) and takes the rest.
+    got = take(r, ["gl.q.a"], life, 8, acks=["t0", "t1"])
+    assert len(got) == 4 and r.llen("gl.q.a") == 0
+    assert sorted(r.hkeys(keys.inflight(life))) == [b"t2", b"t3", b"t4"]
+    assert sorted(r.hkeys(UNACKED)) == [b"t2", b"t3", b"t4"] and r.zcard(UNACKED_INDEX) == 3
+    assert take(r, ["gl.q.a"], life, 8) == []  # empty queues: nothing, and nothing recorded
+
+
+def test_a_message_whose_body_is_not_base64_is_still_recorded(r):
+    life = keys.life("w-take", 8)
+    r.lpush("gl.q.a", kombu_message("j-odd", "t-odd", body='a "quoted\\" body'))
+    assert len(take(r, ["gl.q.a"], life, 1)) == 2
+    assert r.hget(keys.inflight(life), "t-odd") == b"j-odd"
+
+
+def test_prefetched_messages_go_back_to_the_head_of_their_queues_as_taken_once(r):
+    life = keys.life("w-give", 9)
+    for i in range(4):
+        r.lpush("gl.q.a", kombu_message(f"j{i}", f"t{i}"))
+    got = take(r, ["gl.q.a"], life, 3)  # j0 starts, j1 and j2 wait on the worker; j3 stays queued
+    give_back = load_script(r, "give_back")
+    args = ["t1", got[3], "t2", got[5]]
+    assert give_back(keys=[UNACKED, UNACKED_INDEX, keys.inflight(life), "gl.q.a", "gl.q.a"], args=args) == 2
+    # At the consuming end in the order they were taken, unchanged (never marked redelivered), then j3.
+    assert [json.loads(m)["headers"]["id"] for m in reversed(r.lrange("gl.q.a", 0, -1))] == ["j1", "j2", "j3"]
+    assert r.lrange("gl.q.a", -1, -1) == [got[3]]
+    assert r.hkeys(keys.inflight(life)) == [b"t0"] and r.hkeys(UNACKED) == [b"t0"] and r.zcard(UNACKED_INDEX) == 1
+    # Twice is once: a message handed back already (by this, the janitor or a reconnect) is not pushed again.
+    assert give_back(keys=[UNACKED, UNACKED_INDEX, keys.inflight(life), "gl.q.a", "gl.q.a"], args=args) == 0
+    assert r.llen("gl.q.a") == 3

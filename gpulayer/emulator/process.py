@@ -4,9 +4,9 @@
 
 - Heartbeats: every worker of the shard in a few script calls per interval
   (``Registry.heartbeat_many``), with its busy and held slots.
-- Jobs: the transport's own take script (``store/lua/take.lua``) into the taking
-  list of the emulated worker that will run the message, then kombu's unacked
-  entry and the worker's delivery record in one MULTI, as ``gpulayer/engine/transport.py``
+- Jobs: the transport's own take script (``store/lua/take.lua``), one message for
+  each emulated worker that will run one, recorded (kombu's unacked entry and the
+  worker's delivery record) in the same step, as ``gpulayer/engine/transport.py``
   does; completions store the result (``store_once.lua``) and ack, pipelined.
   Only priority-0 queue keys are read. Idle, it blocks on the capability queues'
   bells; private queues are swept every second.
@@ -132,8 +132,10 @@ class Emulator:
                 self.backlog.add(queue)
                 return total
             pipe = self.client.pipeline(transaction=False)
+            now = time.time()
             for wid in takers:
-                self.take(keys=[queue, keys.taking(self.lives[wid])], args=[], client=pipe)
+                self.take(keys=[queue, UNACKED, UNACKED_INDEX, keys.inflight(self.lives[wid])], args=[1, now],
+                          client=pipe)
             got = [(wid, r) for wid, r in zip(takers, pipe.execute()) if r]
             if got:
                 self.record(got)
@@ -144,23 +146,12 @@ class Emulator:
         return total
 
     def record(self, got) -> None:
-        """kombu's unacked entries and the delivery records, one MULTI for the batch (as engine/transport.py Channel._record)."""
-        pipe = self.client.pipeline()
-        started = []
-        for wid, (queue_key, item) in got:
-            message = json.loads(item)
-            props = message["properties"]
-            tag, info = props["delivery_tag"], props["delivery_info"]
-            job_id = (message.get("headers") or {}).get("id")
-            pipe.zadd(UNACKED_INDEX, {tag: time.time()})
-            pipe.hset(UNACKED, tag, json.dumps([message, info["exchange"], info["routing_key"]]))
-            if job_id:
-                pipe.hset(keys.inflight(self.lives[wid]), tag, job_id)
-            pipe.lrem(keys.taking(self.lives[wid]), 1, transport.copy_of(queue_key, item))
-            started.append((wid, tag, job_id, message))
-        pipe.execute()
+        """Start what the takes brought (take.lua recorded each message as it took it)."""
         now = time.monotonic()
-        for wid, tag, job_id, message in started:
+        for wid, (_, item) in got:
+            message = json.loads(item)
+            tag = message["properties"]["delivery_tag"]
+            job_id = (message.get("headers") or {}).get("id")
             self.busy[wid] += 1
             self.taken += 1
             self.start_job(wid, tag, job_id, message, now)

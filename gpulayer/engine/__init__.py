@@ -1,12 +1,13 @@
 """Every place gpulayer overrides, copies or patches a private part of Celery, kombu or Flower.
 
-- ``transport.py``: kombu's Redis transport with takes a SIGKILL cannot lose (the Channel's
-  ``_put``, ``_do_restore_message``, ``_brpop_start``, ``_brpop_read``; its QoS).
+- ``transport.py``: kombu's Redis transport with takes a SIGKILL cannot lose, batched, prefetched
+  and carrying the acks (the Channel's ``_put``, ``_do_restore_message``, ``_brpop_start``,
+  ``_brpop_read``, ``close``; its QoS's ``append``, ``ack``, ``can_consume``).
 - ``results.py``: Celery's Redis result backend, stored once, failures as ``JobFailed``.
 - ``request.py``: the worker's request (bounded redelivery) and its "received" log line.
 - ``events.py``: Celery's monitoring events, off until a monitor asks (``enable_events``), then paced.
 - ``control.py``: remote control (``celery inspect``) that waits for as many replies as live workers.
-- ``qos.py``: the slot gate's condition on kombu's ``QoS.can_consume``.
+- ``qos.py``: the slot gate (may a message start now, may a take bring more), asked by the transport's QoS.
 - ``connections.py``: forgetting a Celery app's pooled connections.
 - ``flower.py``: a transform of ours ahead of Flower's own.
 - ``upstream.py``: each upstream method the above depend on, with the hash of its source for the

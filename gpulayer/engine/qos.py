@@ -1,23 +1,26 @@
-"""The consumer's "may I take a message?": kombu's ``QoS.can_consume``, with a condition of ours first.
+"""The consumer's "may I take a message?": the worker's slot gate, as the transport's QoS asks it.
 
-The gang agent's slot gate (gang/agent.py ``SlotGate``) takes a message only while a slot is
-free for it; kombu asks the channel's QoS before every take, so the gate wraps that one
-instance's ``can_consume`` (kombu 5.7, pinned in engine/upstream.py).
+The gang agent's slot gate (gang/agent.py ``SlotGate``) lets a message start only while a slot
+is free for it, and lets the worker take messages ahead of its free slots only while no gang
+holds slots on it. kombu asks the channel's QoS before every take (``can_consume``, overridden
+in engine/transport.py, pinned in engine/upstream.py); the gate is set on that one instance.
 """
 
 from __future__ import annotations
 
-from types import MethodType
+from dataclasses import dataclass
 from typing import Callable
 
-from .upstream import patch
+
+@dataclass(frozen=True)
+class Gate:
+    free: Callable[[], int]  # slots free for one more ordinary job now (slots - taken jobs - gang-held slots)
+    ahead: Callable[[], int]  # messages per free slot a take may bring; 0 while a gang holds slots here
+    hold: float  # seconds the extra ones may wait on the worker before they go back to their queue
 
 
-def gate_consumption(qos, may_take: Callable[[], bool]) -> None:
-    """Make ``qos`` (a channel's QoS) consume only while ``may_take()`` and kombu's own check agree."""
-    original = qos.can_consume
-
-    def can_consume(self):
-        return may_take() and original()
-
-    patch(qos, "kombu.transport.virtual.base:QoS.can_consume", MethodType(can_consume, qos))
+def gate_consumption(qos, free: Callable[[], int], ahead: Callable[[], int] = lambda: 0, hold: float = 0.0) -> None:
+    """Make ``qos`` (the consuming channel's QoS) start a message only while ``free() > 0``, and take up
+    to ``free() * ahead()`` messages at once; the extra ones wait in the channel, and go back to their
+    queue once ``ahead()`` is 0 or after ``hold`` seconds."""
+    qos.gate = Gate(free, ahead, hold)

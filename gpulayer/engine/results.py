@@ -3,8 +3,9 @@
 Every path that reads a result (``AsyncResult.get``, group joins, batch
 gathering) goes through ``meta_from_decoded``, so the user always sees one
 error type carrying the remote type name, message, traceback and the worker
-the job ran on (stored with the failure, see ``_get_result_meta``). Overrides
-Celery 5.7's ``RedisBackend`` (pinned in engine/upstream.py); ``app.configure``
+the job ran on (stored with the failure, see ``_get_result_meta``). A result is
+written with one script call (``store_once.lua``), without Celery's read of the
+key before it. Overrides Celery 5.7's ``RedisBackend`` (pinned in engine/upstream.py); ``app.configure``
 names it as ``gpulayer.engine.results:ResultBackend``.
 """
 
@@ -15,6 +16,8 @@ import sys
 import redis
 from celery import states
 from celery.backends.redis import RedisBackend
+from celery.exceptions import BackendStoreError
+from kombu.utils.encoding import bytes_to_str
 
 from ..store import keys
 from ..store.connection import TLSConnection
@@ -43,6 +46,17 @@ class ResultBackend(RedisBackend):
         expires = self.failure_expires if state == states.FAILURE and self.failure_expires else self.expires
         final = "1" if state in states.READY_STATES else "0"
         return self.ensure(self._store_once, (key, job_id, value, int(expires or 7 * 86400), final))
+
+    def _store_result(self, task_id, result, state, traceback=None, request=None, **kwargs):
+        """Celery's, without its read of the stored result first (one round trip per job): store_once.lua
+        already refuses to write over a final state."""
+        meta = self._get_result_meta(result=result, state=state, traceback=traceback, request=request)
+        meta["task_id"] = bytes_to_str(task_id)
+        try:
+            self._set_with_state(self.get_key_for_task(task_id), self.encode(meta), state)
+        except BackendStoreError as ex:
+            raise BackendStoreError(str(ex), state=state, task_id=task_id) from ex
+        return result
 
     def _store_once(self, key, job_id, value, expires, final):
         if getattr(self, "_store_script", None) is None:

@@ -1,34 +1,48 @@
 """gpulayer's kombu transport: Redis as kombu uses it, with takes that a SIGKILL cannot lose.
 
 It overrides kombu 5.7's Redis ``Channel`` (``_put``, ``_do_restore_message``, ``_brpop_start``,
-``_brpop_read``, ``conn_or_acquire``) and ``QoS``; ``engine/upstream.py`` pins each to its source.
+``_brpop_read``, ``conn_or_acquire``, ``close``) and ``QoS`` (``append``, ``ack``, ``can_consume``);
+``engine/upstream.py`` pins each to its source.
 
 kombu's Redis transport takes a message with BRPOP and records it in its
 ``unacked`` hash with a second command; a worker killed between the two loses
 the message for good (benchmarks/soak.py saw it once in 10,000 jobs with 34
 SIGKILLs). Here a worker takes with one Lua script (``store/lua/take.lua``) that
-pops the next message of its queues and keeps a copy in the worker's taking
-list; the next command, one MULTI, writes kombu's unacked entry and the
-worker's delivery record (``keys.inflight``) and drops the copy. At every instant
-the message is in a queue, in a taking list, or unacked with a record; the
-janitor hands back the last two when their worker dies (worker/janitor.py). The
-record goes away with the ack, in the same command as kombu's unacked entry.
+pops the next messages of its queues and, in the same step, writes kombu's
+unacked entry and the worker's delivery record (``keys.inflight``) for each. At
+every instant a message is in a queue, or unacked with a record; the janitor
+hands back the latter when their worker dies (worker/janitor.py). The same
+script first acks the jobs the worker finished since its last take (their
+results are stored before Celery acks, so a worker that dies with acks unsent
+leaves messages that come back and are ignored as done), so a steady stream of
+jobs costs the worker one round trip per take, not three per job.
+
+While no gang holds slots on the worker, a take brings up to free slots x
+``prefetch_multiplier`` messages; the ones beyond the free slots wait in the
+channel, recorded, and go to Celery one by one as slots free up (the slot gate
+decides, as before). When a gang reserves slots here, the waiting ones go back
+to the head of their queues, as taken, in one script (``store/lua/give_back.lua``),
+before the gate lets anything else start; so do they when the worker stops.
 
 A script cannot block, so an idle worker blocks on its queues' *bells* (a list
 per queue; every publish through this transport pushes a token, capped at
 ``BELL_TOKENS``) and takes when one rings, or after ``brpop_timeout`` (1 s)
 anyway, which covers messages put back by anything that does not ring. While
-takes find messages, the worker takes again without waiting.
+takes fill their batch, the worker takes again without waiting.
 
 Clients publish through the same transport (for the bells); only a process that
 called :func:`consume_as` (the worker) takes this way, everything else consumes
-as kombu does.
+as kombu does. A worker of an earlier gpulayer took into a *taking list* first
+and recorded with a second command; the janitor still puts back what such a
+life left there (:func:`put_back_taking`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import weakref
+from collections import deque
 from contextlib import contextmanager
 from importlib import resources
 from queue import Empty
@@ -49,15 +63,18 @@ log = logging.getLogger(__name__)
 
 NAME = "gpulayer"
 BELL_TOKENS = 64  # tokens kept per bell: enough to wake every idle worker of a queue at once
+ACK_WAIT = 0.2  # seconds a finished job's ack waits for a take to ride on before it goes alone
 _LUA = resources.files("gpulayer.store").joinpath("lua")
 TAKE = _LUA.joinpath("take.lua").read_text()
 PUT_BACK = _LUA.joinpath("put_back.lua").read_text()
+GIVE_BACK = _LUA.joinpath("give_back.lua").read_text()
 
 _consumer: str | None = None  # this worker process's life (keys.life), once it consumes
-# Check this life's taking list before the next take: at start, and after any failed round trip (a take
-# whose reply was lost leaves its message there, and this worker, alive, is not the janitor's business).
-_sweep_taking = True
-_channels = 0  # channels made in this process: more than one means kombu reconnected
+# Look for what this life recorded but no longer holds, before the next take: after a round trip that failed (a
+# take whose reply was lost), and when a new channel takes over from another (kombu reconnected, and Celery
+# dropped what it had not started). Not for other channels of the process (the janitor's, publishers').
+_recheck = False
+_taker: "weakref.ref[Channel] | None" = None  # the channel that took last
 
 
 def consume_as(worker_id: str | None, pid: int | None = None) -> None:
@@ -94,8 +111,8 @@ def put_back_taking(client, life: str) -> list[bytes]:
 
 
 def _mark_sweep() -> None:
-    global _sweep_taking
-    _sweep_taking = True
+    global _recheck
+    _recheck = True
 
 
 def ring(pipe, queue_key) -> None:
@@ -106,11 +123,44 @@ def ring(pipe, queue_key) -> None:
 
 
 class QoS(kredis.QoS):
+    """kombu's Redis QoS, with acks that ride on the next take and the worker's slot gate.
+
+    ``gate`` (engine/qos.py) is set on the consuming channel's QoS of a worker: kombu asks
+    ``can_consume`` before every take and before reading a take's reply.
+    """
+
+    gate = None
+
     def append(self, message, delivery_tag):
         if self.channel._recorded.pop(delivery_tag, None):  # the take wrote unacked and the record already
             virtual.QoS.append(self, message, delivery_tag)
         else:
             super().append(message, delivery_tag)
+
+    def ack(self, delivery_tag):
+        """Celery acks once the result is stored (acks_late); the worker's ack goes with its next take."""
+        channel = self.channel
+        if not channel._taking():
+            return super().ack(delivery_tag)
+        if not channel._acks:
+            channel._acks_since = monotonic()
+        channel._acks.append(delivery_tag)
+        virtual.QoS.ack(self, delivery_tag)
+        # Celery acks once it has freed the job's slot: the next buffered message starts now, from the pool's
+        # result handler, so the pool sends it on this loop turn (from a tick it would wait for a timer).
+        channel._deliver_buffered()
+
+    def can_consume(self):
+        channel = self.channel
+        channel._between_takes()
+        # A take's reply is read even while the gate is shut: its messages are recorded and buffered (then
+        # handed back if a gang needs the slots), never left waiting in the socket for the gang's whole run.
+        return channel._poll_command == "EVAL" or self.may_deliver()
+
+    def may_deliver(self) -> bool:
+        """May the worker start one more message now (its slot gate, then kombu's prefetch count)?"""
+        gate = self.gate
+        return (gate is None or gate.free() > 0) and virtual.QoS.can_consume(self)
 
     def _remove_from_indices(self, delivery_tag, pipe=None):
         pipe = super()._remove_from_indices(delivery_tag, pipe)
@@ -125,14 +175,16 @@ class Channel(kredis.Channel):
 
     def __init__(self, *args, **kwargs):
         self._pool_client = None  # before kombu's __init__, which may already talk to Redis
+        self._poll_command: str | None = None
         super().__init__(*args, **kwargs)
         self._recorded: dict[str, bool] = {}
-        self._taking_again = False  # the last take found a message: take again without waiting
-        self._poll_command: str | None = None
+        self._taking_again = False  # the last take filled its batch: take again without waiting
         self._poll_keys: list[str] = []
-        global _channels
-        _mark_sweep()  # a new channel: at start, or after kombu reconnected
-        _channels += 1
+        self._buffer: deque[tuple[bytes, bytes, dict]] = deque()  # taken and recorded, not yet delivered
+        self._acks: list[str] = []  # finished (result stored): acked in Redis by the next take
+        self._acks_sent: list[str] = []
+        self._acks_since = 0.0
+        self._buffered_since = 0.0
 
     @contextmanager
     def conn_or_acquire(self, client=None):
@@ -183,22 +235,45 @@ class Channel(kredis.Channel):
         queues = self._queue_cycle.consume(len(self.active_queues))
         if not queues:
             return
-        if _sweep_taking:
-            self._put_back_lost_takes()
+        global _taker
+        if _taker is None or _taker() is not self:
+            if _taker is not None:
+                _mark_sweep()  # a new channel takes over: kombu reconnected
+            _taker = weakref.ref(self)
+        if _recheck:
+            self._recover_after_reconnect()
+        self._deliver_buffered()  # what an earlier take brought, before asking Redis for more
+        if self._buffer or not self.qos.may_deliver():
+            return
         self._poll_keys = [self._q_for_pri(q, pri) for pri in self.priority_steps for q in queues]
-        self._in_poll = self.client.connection
-        self._brpop_sent_at = monotonic()
-        if self._taking_again:
+        if self._taking_again or self._acks:
             self._poll_command = "EVAL"
-            args = ["EVAL", TAKE, len(self._poll_keys) + 1, *self._poll_keys, keys.taking(_consumer)]
+            args = ["EVAL", TAKE, *self._take_args()]
         else:
             self._poll_command = "BRPOP"
             args = ["BRPOP", *[keys.bell(k) for k in self._poll_keys], timeout or 0]
+        self._in_poll = self.client.connection
+        self._brpop_sent_at = monotonic()
         try:
             self.client.connection.send_command(*args)
         except self.connection_errors:
             _mark_sweep()
             raise
+
+    def _batch_size(self) -> int:
+        """Messages to take now: one per free slot, times the prefetch multiplier while no gang holds slots here."""
+        gate = self.qos.gate
+        if gate is None:
+            return 1
+        return max(1, gate.free()) * max(1, gate.ahead())
+
+    def _take_args(self, queue_keys=None) -> list:
+        """take.lua's arguments: this worker's queues and records, how many to take, and the acks it carries."""
+        self._acks_sent, self._acks = self._acks, []
+        queue_keys = self._poll_keys if queue_keys is None else queue_keys
+        want = self._batch_size() if queue_keys else 0
+        return [len(queue_keys) + 3, *queue_keys, self.unacked_key, self.unacked_index_key,
+                keys.inflight(_consumer), want, time(), *self._acks_sent]
 
     def _brpop_read(self, **options):
         command, self._poll_command = self._poll_command, None
@@ -208,66 +283,137 @@ class Channel(kredis.Channel):
             try:
                 reply = self.client.parse_response(self.client.connection, command, **options)
                 if command == "BRPOP":  # a bell rang, or the wait timed out: take now either way
+                    if not self.qos.may_deliver():  # shut meanwhile (a gang): take once it opens
+                        self._taking_again = True
+                        raise Empty()
                     with self.conn_or_acquire() as client:
-                        reply = client.eval(TAKE, len(self._poll_keys) + 1, *self._poll_keys,
-                                            keys.taking(_consumer))
+                        reply = client.execute_command("EVAL", TAKE, *self._take_args())
             except self.connection_errors:
-                _mark_sweep()  # the take may have happened with its reply lost
+                _mark_sweep()  # the take may have happened with its reply lost: handed back after the reconnect
                 self.client.connection.disconnect()
                 raise
-            self._taking_again = bool(reply)
-            if not reply:
+            finally:
+                self._acks_sent = []  # done, or (connection lost) handed back after the reconnect, then ignored
+            self._taking_again = len(reply) >= 2 * self._batch_size()
+            if reply and not self._buffer:
+                self._buffered_since = monotonic()
+            for i in range(0, len(reply), 2):
+                taken = self._taken(reply[i], reply[i + 1])
+                if taken is not None:
+                    self._buffer.append(taken)
+            if not self._deliver_buffered():
                 raise Empty()
-            queue_key, item = reply
-            message = self._record(queue_key, item)
-            dest = bytes_to_str(queue_key).rsplit(self.sep, 1)[0]
-            self._queue_cycle.rotate(dest)
-            self.connection._deliver(message, dest)
             return True
         finally:
             self._in_poll = None
             self._flush_brpop_reauth()
 
-    def _record(self, queue_key: bytes, item: bytes) -> dict:
-        """Write kombu's unacked entry and our delivery record, and drop the taking copy, in one MULTI."""
-        message = loads(bytes_to_str(item))
-        props = message["properties"]
-        tag, info = props["delivery_tag"], props["delivery_info"]
-        job_id = (message.get("headers") or {}).get("id")
+    def _taken(self, queue_key: bytes, item: bytes) -> tuple[bytes, bytes, dict] | None:
+        try:
+            message = loads(bytes_to_str(item))
+            props = message["properties"]
+            tag = props["delivery_tag"]
+        except (ValueError, KeyError, TypeError):
+            log.error("gpulayer: dropped a message on %s that is not a kombu message: %r", bytes_to_str(queue_key),
+                      item[:200])
+            return None
+        if isinstance(tag, str) and props.get("delivery_info"):
+            self._recorded[tag] = True  # take.lua wrote its unacked entry and delivery record
+        return queue_key, item, message
+
+    def _deliver_buffered(self) -> int:
+        """Hand buffered messages to Celery while the gate lets one more start; how many were handed."""
+        if self._buffer and (self._closing or not self._consumers):  # Celery stopped consuming (a warm shutdown)
+            self._give_back()
+        n = 0
+        while self._buffer and self.qos.may_deliver():
+            queue_key, _, message = self._buffer.popleft()
+            dest = bytes_to_str(queue_key).rsplit(self.sep, 1)[0]
+            self._queue_cycle.rotate(dest)
+            self.connection._deliver(message, dest)
+            n += 1
+        return n
+
+    def _between_takes(self) -> None:
+        """Each time kombu asks whether to consume: the buffer goes back when a gang holds slots here or it
+        waited too long; acks that waited too long go alone."""
+        gate = self.qos.gate
+        if self._buffer and (gate is None or not gate.ahead() or monotonic() - self._buffered_since > gate.hold):
+            self._give_back()
+        if self._acks and monotonic() - self._acks_since > ACK_WAIT:
+            self._flush_acks()
+
+    def _flush_acks(self) -> None:
         try:
             with self.conn_or_acquire() as client:
-                pipe = client.pipeline()
-                pipe.zadd(self.unacked_index_key, {tag: time()})
-                pipe.hset(self.unacked_key, tag, dumps([message, info["exchange"], info["routing_key"]]))
-                if job_id:
-                    pipe.hset(keys.inflight(_consumer), tag, job_id)
-                pipe.lrem(keys.taking(_consumer), 1, copy_of(queue_key, item))
-                pipe.execute()
-        except self.connection_errors:
-            _mark_sweep()  # in our taking list (swept), or recorded after all (handed back after the reconnect)
-            raise
-        self._recorded[tag] = True
-        return message
+                client.execute_command("EVAL", TAKE, *self._take_args(queue_keys=[]))
+        except self.connection_errors as err:  # again with the next take (an ack twice is once)
+            log.warning("gpulayer: could not ack %d finished job(s) yet (%s)", len(self._acks_sent), err)
+            self._acks = self._acks_sent + self._acks
+        finally:
+            self._acks_sent = []
 
-    def _put_back_lost_takes(self) -> None:
-        global _sweep_taking
+    def _give_back(self) -> None:
+        """Requeue the buffered messages at the head of their queues, as taken, in one script (give_back.lua)."""
+        if not self._buffer:
+            return
+        items, self._buffer = list(self._buffer), deque()
+        args = []
+        for _, item, message in items:
+            tag = message["properties"]["delivery_tag"]
+            self._recorded.pop(tag, None)
+            args += [tag, item]
+        queue_keys = [queue_key for queue_key, _, _ in items]
+        try:
+            with self.conn_or_acquire() as client:
+                pipe = client.pipeline(transaction=False)
+                pipe.eval(GIVE_BACK, 3 + len(items), self.unacked_key, self.unacked_index_key,
+                          keys.inflight(_consumer), *queue_keys, *args)
+                for queue_key in set(queue_keys):
+                    ring(pipe, queue_key)
+                pipe.execute()
+        except self.connection_errors as err:  # still recorded as ours: handed back after the reconnect
+            _mark_sweep()
+            log.warning("gpulayer: could not give back %d prefetched message(s) (%s)", len(items), err)
+
+    def close(self):
+        """Before kombu closes the channel: read a take still in flight, give back what was never started, and
+        send the acks that wait."""
+        if self._taking() and not self.closed:
+            self._closing = True  # nothing more is handed to Celery
+            try:
+                if self._in_poll:
+                    try:
+                        self._brpop_read()
+                    except Empty:
+                        pass
+                self._give_back()
+                if self._acks:
+                    self._flush_acks()
+            except self.connection_errors as err:
+                log.warning("gpulayer: closing the channel without reaching Redis (%s)", err)
+        super().close()
+
+    def _recover_after_reconnect(self) -> None:
+        global _recheck
         with self.conn_or_acquire() as client:
-            for item in put_back_taking(client, _consumer):
-                log.warning("gpulayer: put back a message whose take lost its reply (Redis went away)")
-            if _channels > 1:
-                self._hand_back_dropped(client)
-        _sweep_taking = False
+            self._hand_back_dropped(client)
+        _recheck = False
 
     def _hand_back_dropped(self, client) -> None:
-        """After a reconnect: requeue what this life recorded but the worker no longer holds.
+        """Requeue what this life recorded but holds no longer.
 
         Celery drops the requests it had taken but not started when its broker connection breaks,
-        counting on the broker to deliver them again (for Redis: after the visibility timeout).
+        counting on the broker to deliver them again (for Redis: after the visibility timeout); the
+        old channel's prefetched messages and unsent acks went with it too (a finished job's message
+        comes back, and is ignored as done), and so did a take whose reply was lost.
         """
         from celery.worker import state  # the worker's own requests; this runs in its consumer
 
         held = {getattr(getattr(r, "_message", None), "delivery_tag", None)
                 for r in (*state.active_requests, *state.reserved_requests)}
+        held.update(m["properties"]["delivery_tag"] for _, _, m in self._buffer)
+        held.update(self._acks)
         for raw in client.hkeys(keys.inflight(_consumer)):
             tag = bytes_to_str(raw)
             if tag not in held and client.hdel(keys.inflight(_consumer), tag):

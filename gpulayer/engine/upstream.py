@@ -58,6 +58,8 @@ BORROWED: tuple[Borrowed, ...] = (
     # kombu's Redis transport: takes a SIGKILL cannot lose, bells, one client per pool
     Borrowed("kombu.transport.redis:QoS.append", "c7daa00b15fd856c", _T, "overrides"),
     Borrowed("kombu.transport.redis:QoS._remove_from_indices", "1d16cda1cc93f5ad", _T, "overrides"),
+    Borrowed("kombu.transport.redis:QoS.ack", "e327206e27ae8803", _T, "overrides"),
+    Borrowed("kombu.transport.virtual.base:QoS.ack", "10a753d3357edafb", _T, "relies on"),
     Borrowed("kombu.transport.redis:QoS.restore_by_tag", "da84a4be670b4345", _T, "relies on"),
     Borrowed("kombu.transport.virtual.base:QoS.append", "f66e99e79deefec4", _T, "relies on"),
     Borrowed("kombu.transport.redis:Channel.__init__", "c85cbfeb45bd4cb4", _T, "overrides"),
@@ -66,14 +68,16 @@ BORROWED: tuple[Borrowed, ...] = (
     Borrowed("kombu.transport.redis:Channel._do_restore_message", "a3c0ee19848b62a2", _T, "overrides"),
     Borrowed("kombu.transport.redis:Channel._brpop_start", "225ed3a7dba80b8d", _T, "overrides"),
     Borrowed("kombu.transport.redis:Channel._brpop_read", "8dffdd33e02e92cf", _T, "overrides"),
-    # the slot gate
-    Borrowed("kombu.transport.virtual.base:QoS.can_consume", "49da5047156f5223", "gpulayer/engine/qos.py", "patches"),
+    Borrowed("kombu.transport.redis:Channel.close", "e432a00c5593503e", _T, "overrides"),
+    # the slot gate (engine/qos.py), asked by the transport's QoS
+    Borrowed("kombu.transport.virtual.base:QoS.can_consume", "49da5047156f5223", _T, "overrides"),
     # Celery's Redis result backend: stored once, failures as JobFailed
     Borrowed("celery.backends.redis:RedisBackend.__init__", "b25298d88bf82498", _R, "overrides"),
     Borrowed("celery.backends.redis:RedisBackend._set_with_state", "37db08ec94802d6e", _R, "overrides"),
     Borrowed("celery.backends.redis:RedisBackend.on_task_call", "cc5438d6a248cc13", _R, "overrides"),
     Borrowed("celery.backends.redis:ResultConsumer.on_wait_for_pending", "a530b00bb90811f7", _R, "relies on"),
     Borrowed("celery.result:AsyncResult.get", "03853d62e5dc75e1", _R, "relies on"),
+    Borrowed("celery.backends.base:BaseKeyValueStoreBackend._store_result", "53e3e1e9911e32c0", _R, "overrides"),
     Borrowed("celery.backends.base:Backend._get_result_meta", "eedbd98d0f7b1b25", _R, "overrides"),
     Borrowed("celery.backends.base:Backend.meta_from_decoded", "4d526017ca11ce6d", _R, "overrides"),
     Borrowed("celery.backends.asynchronous:AsyncBackendMixin.remove_pending_result", "744fbbd18bc30225", _R,

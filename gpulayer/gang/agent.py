@@ -73,14 +73,20 @@ class SlotGate(bootsteps.StartStopStep):
     """Consumer step: take a message only while ordinary jobs + gang-held slots < slots.
 
     Like Celery's ``worker_disable_prefetch``, so reserved slots are not eaten by
-    messages already buffered, with the gangs' holds subtracted.
+    messages already buffered, with the gangs' holds subtracted. While no gang holds
+    slots here, the transport may take ``prefetch_multiplier`` messages per free slot
+    and keep the extra ones itself, recorded, until a slot frees (engine/transport.py).
     """
 
     requires = {"celery.worker.consumer.tasks:Tasks"}
 
     def start(self, c) -> None:
         total = runtime.current_worker().slots
-        gate_consumption(c.task_consumer.channel.qos, lambda: len(worker_state.reserved_requests) < total - slots.held)
+        settings = app_settings()
+        multiplier, hold = (settings.prefetch_multiplier, settings.prefetch_hold) if settings else (1, 0.0)
+        # Taking ahead only while no gang holds slots here: the transport hands its buffer back once one does.
+        gate_consumption(c.task_consumer.channel.qos, lambda: total - slots.held - len(worker_state.reserved_requests),
+                         lambda: 0 if slots.held else multiplier, hold)
 
 
 class GangAgent(LoopStep):
