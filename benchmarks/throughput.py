@@ -175,8 +175,12 @@ class RayTasks:
 
     def __init__(self, ray, num_cpus: int, temp_dir: Path):
         self.ray = ray
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level="WARNING",
-                 _temp_dir=str(temp_dir))
+        try:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level="WARNING",
+                     _temp_dir=str(temp_dir))
+        except BaseException:
+            ray.shutdown()  # whatever it had started
+            raise
         unwind_on_signals()  # ray.init installs its own SIGTERM handler; ours gives the 128 + signal exit code
         self.square = ray.remote(square)  # sent by value, as gpulayer sends square
 
@@ -215,6 +219,16 @@ def _cpu_seconds(procs: list[psutil.Process]) -> float:
         except psutil.NoSuchProcess:
             pass
     return total
+
+
+def _side_processes(fleet, names: list[str], plain_proc: subprocess.Popen, with_ray: bool
+                    ) -> dict[str, list[psutil.Process]]:
+    groups = {"gpulayer workers": _tree(fleet.workers[n].pid for n in names),
+              "plain Celery worker": _tree([plain_proc.pid]), "redis": _tree([fleet.redis_proc.pid])}
+    if with_ray:  # Ray's processes are this process's other children
+        ours = fleet.pids() | {plain_proc.pid}
+        groups["ray"] = _tree(c.pid for c in psutil.Process().children() if c.pid not in ours)
+    return groups
 
 
 def idle_cpu(groups: dict[str, list[psutil.Process]], window: float = IDLE_WINDOW) -> dict[str, float]:
@@ -260,9 +274,8 @@ def _load() -> str:
 Shape = tuple[int, int]  # (gpulayer workers, slots per worker)
 
 
-def run_shape(fleet, shape: Shape, args: argparse.Namespace, out: Report, ray, workdir: Path
-              ) -> dict[str, tuple[float, float]]:
-    """Start every side's workers for one configuration, warm up, run the rounds, stop them; the medians per side."""
+def run_shape(fleet, shape: Shape, args: argparse.Namespace, out: Report, ray, workdir: Path) -> dict[str, float]:
+    """Start every side's workers for one configuration, warm up, run the rounds, stop them; median jobs/s per side."""
     from gpulayer import local
 
     workers, slots = shape
@@ -293,12 +306,7 @@ def run_shape(fleet, shape: Shape, args: argparse.Namespace, out: Report, ray, w
             fn(args.warmup_jobs)
 
         # Every side's processes stay up through every round; what they use while another side runs:
-        groups = {"gpulayer workers": _tree(fleet.workers[n].pid for n in names),
-                  "plain Celery worker": _tree([plain_proc.pid]), "redis": _tree([fleet.redis_proc.pid])}
-        if ray_tasks is not None:  # Ray's processes are this process's other children
-            ours = fleet.pids() | {plain_proc.pid}
-            groups["ray"] = _tree(c.pid for c in psutil.Process().children() if c.pid not in ours)
-        use = idle_cpu(groups)
+        use = idle_cpu(_side_processes(fleet, names, plain_proc, with_ray=ray_tasks is not None))
         out(f"# idle CPU, % of one core over {IDLE_WINDOW:.0f} s after the warm-up: "
             + ", ".join(f"{name} {pct:.1f}" for name, pct in use.items()))
 
