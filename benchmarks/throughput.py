@@ -175,6 +175,7 @@ class RayTasks:
 
     def __init__(self, ray, num_cpus: int, temp_dir: Path):
         self.ray = ray
+        self.temp_dir = temp_dir
         try:
             ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level="WARNING",
                      _temp_dir=str(temp_dir))
@@ -188,7 +189,12 @@ class RayTasks:
         t0 = time.perf_counter()
         refs = [self.square.remote(i) for i in range(n)]
         t_sub = time.perf_counter() - t0
-        results = self.ray.get(refs, timeout=GET_TIMEOUT)
+        try:
+            results = self.ray.get(refs, timeout=GET_TIMEOUT)
+        except self.ray.exceptions.RayError as err:  # the run's folder goes at exit: show what Ray's node logged
+            raylet = self.temp_dir / "session_latest" / "logs" / "raylet.out"
+            tail = raylet.read_text(errors="replace")[-3000:] if raylet.exists() else "(no raylet.out)"
+            raise RuntimeError(f"{RAY_SIDE}: {type(err).__name__}: {err}\nend of {raylet.name}:\n{tail}") from err
         t_e2e = time.perf_counter() - t0
         _check(results, n, RAY_SIDE)
         return t_sub, t_e2e
