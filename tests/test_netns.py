@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import os
+import signal
 import socket
 import subprocess
+import sys
 import uuid
 
 import pytest
 
 import gpulayer
 from gpulayer import Resources, submit
-from gpulayer.netns import NetnsLab, NetnsUnavailable
-from gpulayer.testing import Fleet
+from gpulayer import netns
+from gpulayer.netns import NetnsLab, NetnsUnavailable, Shaping, Topology
+from gpulayer.testing import Fleet, wait_until
 
 pytestmark = pytest.mark.netns
 
@@ -20,12 +25,14 @@ WORKERS = {
     "ns-1": dict(zone="zone-a", region="region-1"),
     "ns-2": dict(zone="zone-b", region="region-1"),
 }
+# The module's fleet: one machine per worker above, in its zone, the link between the zones shaped.
+FLEET_TOPOLOGY = Topology({"region-1": {"zone-a": 1, "zone-b": 1}})
 
 
-def start_lab(count: int) -> NetnsLab:
+def start_lab(topology: Topology | int, shaping: Shaping | None = None) -> NetnsLab:
     """A started lab, or a skip with the reason (a failure under CI)."""
     try:
-        return NetnsLab(count).start()
+        return NetnsLab(topology, shaping).start()
     except NetnsUnavailable as err:
         if os.environ.get("CI"):
             pytest.fail(f"{err} (required under CI)")
@@ -34,14 +41,15 @@ def start_lab(count: int) -> NetnsLab:
 
 @pytest.fixture(scope="module")
 def netns_fleet(tmp_path_factory):
-    lab = start_lab(len(WORKERS))
+    lab = start_lab(FLEET_TOPOLOGY, Shaping())
     try:
         fleet = Fleet(tmp_path_factory.mktemp("netns-fleet"), bind=f"127.0.0.1 {lab.host_address}",
                       host=lab.host_address)
         with fleet:
-            for i, (name, spec) in enumerate(WORKERS.items(), start=1):
-                fleet.add_worker(name, slots=2, prefix=lab.prefix(i), advertise_addr=lab.address(i), wait=False,
-                                 **spec)
+            for (name, spec), machine in zip(WORKERS.items(), lab.machines):
+                assert (machine.zone, machine.region) == (spec["zone"], spec["region"])
+                fleet.add_worker(name, slots=2, prefix=lab.prefix(machine.index), advertise_addr=machine.address,
+                                 wait=False, **spec)
             fleet.wait_workers(list(WORKERS))
             fleet.connect()
             yield lab, fleet
@@ -154,3 +162,126 @@ def test_gang_allreduce_across_namespaces(netns_fleet, launcher):
     assert {r["master"] for r in out} == {node0_addr}
     assert node0_addr in out[0]["me"] and node0_addr not in out[2]["me"]
     assert job.placement.addresses[1] in out[2]["me"]
+
+
+# -- topology, shaping, leftovers -------------------------------------------------------------------
+def test_a_topology_string_names_regions_zones_and_machines():
+    topo = Topology.parse("2r x 3z x 5m")
+    assert topo.count == 30
+    assert list(topo.regions) == ["r1", "r2"]
+    assert topo.regions["r2"] == {"r2-a": 5, "r2-b": 5, "r2-c": 5}
+    assert Topology.parse("4m").regions == {"r1": {"r1-a": 4}}
+    with pytest.raises(ValueError, match="regions x zones x machines"):
+        Topology.parse("2 regions")
+    with pytest.raises(ValueError, match="at least one machine"):
+        Topology({"r1": {"a": 0}})
+
+
+def test_each_zone_has_its_own_address_block():
+    lab = start_lab(Topology({"r1": {"a": 3, "b": 2}, "r2": {"c": 1}}))
+    try:
+        by_zone = {}
+        for m in lab.machines:
+            by_zone.setdefault(m.zone, []).append(m)
+        assert [m.index for m in lab.machines] == list(range(1, 7))
+        assert [m.name for m in by_zone["a"]] == ["a-m1", "a-m2", "a-m3"]
+        for k, zone in enumerate(["a", "b", "c"]):
+            block = lab.zone_block(k)
+            assert all(ipaddress.ip_address(m.address) in block for m in by_zone[zone])
+            assert ipaddress.ip_address(lab.host_address) not in block
+            assert block.subnet_of(lab.subnet)
+        assert len({m.address for m in lab.machines}) == 6
+    finally:
+        lab.close()
+
+
+RECEIVE = "import socket,sys\ns=socket.create_server((sys.argv[1],0));print(s.getsockname()[1],flush=True)\n" \
+          "c,_=s.accept()\nn=0\nwhile (b:=c.recv(1<<16)): n+=len(b)\nprint(n,flush=True)"
+SEND = "import socket,sys\nc=socket.create_connection((sys.argv[1],int(sys.argv[2])));c.sendall(b'x'*int(sys.argv[3]))"
+
+
+def move_bytes(lab: NetnsLab, src: int, dst: int | None, n: int) -> None:
+    """``n`` bytes over TCP from machine ``src`` to machine ``dst`` (``None``: the bridge, where Redis is)."""
+    host = lab.host_address if dst is None else lab.address(dst)
+    recv = subprocess.Popen([*(lab.prefix(dst) if dst else []), sys.executable, "-c", RECEIVE, host],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        port = recv.stdout.readline().strip()
+        subprocess.run([*lab.prefix(src), sys.executable, "-c", SEND, host, port, str(n)], check=True, timeout=60)
+        assert int(recv.stdout.readline()) == n
+        recv.wait(30)
+    finally:
+        if recv.poll() is None:
+            recv.kill()
+            recv.wait()
+
+
+def test_traffic_goes_through_the_class_of_its_link():
+    """Bytes to a peer in the zone, in another zone of the region, in another region, and to Redis's bridge
+    address: each lands in its htb class on the sender's eth0 (the rates are measured by benchmarks/lab_network.py)."""
+    lab = start_lab(Topology({"r1": {"a": 2, "b": 1}, "r2": {"c": 1}}), Shaping("2gbit", "200mbit"))
+    n = 2_000_000
+    try:
+        for dst, kind in ((2, "in-zone"), (3, "cross-zone"), (4, "cross-region"), (None, "in-zone")):
+            before = lab.class_bytes(1)
+            move_bytes(lab, 1, dst, n)
+            sent = {k: v - before[k] for k, v in lab.class_bytes(1).items()}
+            assert sent[kind] >= n, (dst, sent)
+            assert all(v < n / 10 for k, v in sent.items() if k != kind), (dst, sent)
+        rates = netns._run([*lab.prefix(1), "tc", "class", "show", "dev", "eth0"])
+        assert "class htb 1:20 root prio 0 rate 2Gbit" in rates and "class htb 1:30 root prio 0 rate 200Mbit" in rates
+    finally:
+        lab.close()
+
+
+def lab_names(tag: str) -> list[str]:
+    return [n for names in netns.leftovers(tag).values() for n in names]
+
+
+def test_a_lab_killed_mid_build_is_cleaned_and_a_live_one_is_not():
+    """`up` SIGKILLed while it builds leaves namespaces and links; `clean` finds them by the tag and deletes them,
+    and leaves alone a lab whose owner (this process) still runs."""
+    live = start_lab(2)
+    tag = next(t for t in (os.urandom(2).hex() for _ in range(100)) if not netns.leftovers(t))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
+    up = subprocess.Popen([sys.executable, "-m", "gpulayer.netns", "up", "--topology", "40m", "--tag", tag],
+                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_until(lambda: len(lab_names(tag)) >= 6 or up.poll() is not None, 60, "the lab to be half built")
+        up.send_signal(signal.SIGKILL)
+        up.wait(10)
+        assert up.returncode == -signal.SIGKILL, "`up` finished before it was killed; build a bigger lab"
+        assert netns.STATE_DIR.joinpath(f"{tag}.json").exists() and lab_names(tag)
+        deleted = netns.clean()
+        assert deleted and lab_names(tag) == [] and not netns.STATE_DIR.joinpath(f"{tag}.json").exists()
+        assert netns.leftovers(live.names.tag), "clean deleted a lab whose owner is alive"
+    finally:
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+        netns.clean(tag)
+        live.close()
+    assert lab_names(live.names.tag) == []
+
+
+def test_up_and_down_build_and_delete_a_shaped_lab():
+    tag = next(t for t in (os.urandom(2).hex() for _ in range(100)) if not netns.leftovers(t))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
+    run = lambda *a: subprocess.run([sys.executable, "-m", "gpulayer.netns", *a], env=env, capture_output=True,
+                                    text=True, timeout=120)
+    try:
+        up = run("up", "--topology", "2r x 1z x 2m", "--tag", tag)
+        if up.returncode and "root" in up.stderr:
+            pytest.skip(up.stderr)
+        assert up.returncode == 0, up.stderr
+        state = json.loads(up.stdout)
+        assert [m["zone"] for m in state["machines"]] == ["r1-a", "r1-a", "r2-a", "r2-a"]
+        lab = netns.load(tag)
+        assert lab.address(3) == state["machines"][2]["address"]
+        assert lab.class_bytes(1).keys() == {"in-zone", "cross-zone", "cross-region"}
+        netns.clean()
+        assert lab_names(tag), "clean must keep a lab built by `up` until `down`"
+        assert run("down", "--tag", tag).returncode == 0
+        assert lab_names(tag) == []
+    finally:
+        netns.clean(tag)
