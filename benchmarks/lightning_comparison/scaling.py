@@ -37,8 +37,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # benchmarks/: common.py, startup.py
@@ -57,40 +57,32 @@ RUN_TIMEOUT = 600.0
 
 
 # -- simulated machines ------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Machine:
-    """One simulated machine: its worker's name, its place in the topology, its address and command prefix."""
-
-    name: str
-    zone: str
-    region: str
-    address: str
-    prefix: tuple[str, ...]
-
-
 def open_lab(layout: dict[str, dict[str, int]]):
-    """Start the lab for ``layout`` (``{region: {zone: machines}}``); returns ``(lab, machines, network)``.
+    """Start the lab for ``layout`` (``{region: {zone: machines}}``); returns ``(lab, network)``.
 
-    The one place that knows how machines are made: ``gpulayer.netns.NetnsLab``, namespaces on one bridge
-    with no rate limits (``network`` says so for the log). The caller closes the lab.
+    The one place that knows how machines are made: ``gpulayer.netns.NetnsLab`` with its default shaping
+    (``network`` describes it for the log); ``lab.machines`` lists them in layout order. The caller closes it.
     """
-    from gpulayer.netns import NetnsLab
+    from gpulayer.netns import NetnsLab, Shaping, Topology
 
-    places = [(region, zone) for region, zones in layout.items() for zone, n in zones.items() for _ in range(n)]
-    lab = NetnsLab(len(places)).start()
-    machines = [Machine(f"m{i}", zone, region, lab.address(i), tuple(lab.prefix(i)))
-                for i, (region, zone) in enumerate(places, start=1)]
-    return lab, machines, "network namespaces on one veth bridge, no rate limits (gpulayer.netns.NetnsLab)"
+    shaping = Shaping()
+    lab = NetnsLab(Topology(layout), shaping=shaping).start()
+    return lab, f"network namespaces on one veth bridge (gpulayer.netns), {shaping.describe()}"
 
 
-def describe_layout(machines: list[Machine]) -> str:
+def describe_layout(machines) -> str:
     by_place: dict[tuple[str, str], list[str]] = {}
     for m in machines:
         by_place.setdefault((m.region, m.zone), []).append(m.name)
     return "; ".join(f"{r}/{z}: {','.join(names)}" for (r, z), names in by_place.items())
 
 
-def start_cluster(lab, machines: list[Machine], workdir: Path):
+def sent_between_zones(lab, machines) -> int:
+    """Bytes ``machines`` have sent so far through the lab's cross-zone and cross-region classes."""
+    return sum(b["cross-zone"] + b["cross-region"] for b in (lab.class_bytes(m.index) for m in machines))
+
+
+def start_cluster(lab, workdir: Path):
     """Redis on the lab's bridge and one worker (2 slots, OMP_NUM_THREADS=1) per machine; returns the Fleet."""
     from gpulayer.testing import Fleet
 
@@ -99,11 +91,11 @@ def start_cluster(lab, machines: list[Machine], workdir: Path):
     fleet = Fleet(workdir / "fleet", bind=f"127.0.0.1 {lab.host_address}", host=lab.host_address)
     fleet.start_redis()
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    for m in machines:
+    for m in lab.machines:
         # tie_to_parent: the workers die with this process even if it is SIGKILLed.
-        fleet.add_worker(m.name, slots=DEVICES, zone=m.zone, region=m.region, prefix=list(m.prefix),
+        fleet.add_worker(m.name, slots=DEVICES, zone=m.zone, region=m.region, prefix=lab.prefix(m.index),
                          advertise_addr=m.address, env=env, tie_to_parent=True, wait=False)
-    fleet.wait_workers([m.name for m in machines], timeout=WORKER_READY_TIMEOUT)
+    fleet.wait_workers([m.name for m in lab.machines], timeout=WORKER_READY_TIMEOUT)
     fleet.connect()
     return fleet
 
@@ -144,11 +136,16 @@ def _stats(path: Path, launched_at: float) -> dict:
             "first_step_s": s["first_step_at"] - launched_at}
 
 
-def run_gpulayer(fleet, machines: list[Machine] | None, nodes: int, grad_sync: str, images: int, workdir: Path,
+def job_args(args: argparse.Namespace) -> list[str]:
+    """The job's size, as ``scaling_run.py`` arguments (the same for every run of a sweep)."""
+    return ["--images", str(args.images), "--hidden", str(args.hidden)]
+
+
+def run_gpulayer(fleet, machines: list | None, nodes: int, grad_sync: str, job: list[str], workdir: Path,
                  tag: str) -> dict:
     """One client process: ``fit`` on ``machines`` (pinned) or wherever gpulayer places it (``None``)."""
     stats, log = workdir / f"{tag}.json", workdir / f"{tag}.log"
-    cmd = [sys.executable, RUN_SCRIPT, "--framework", "gpulayer", "--machines", str(nodes), "--images", str(images),
+    cmd = [sys.executable, RUN_SCRIPT, "--framework", "gpulayer", "--machines", str(nodes), *job,
            "--grad-sync", grad_sync, "--stats", str(stats)]
     if machines is not None:
         cmd += ["--workers", ",".join(m.name for m in machines)]
@@ -163,7 +160,7 @@ def run_gpulayer(fleet, machines: list[Machine] | None, nodes: int, grad_sync: s
             "workers": client["workers"], "grad_sync": client["grad_sync"], **_stats(stats, launched_at)}
 
 
-def run_lightning(machines: list[Machine], images: int, workdir: Path, tag: str) -> dict:
+def run_lightning(lab, machines, job: list[str], workdir: Path, tag: str) -> dict:
     """One torchrun per machine inside its namespace; wall time until the last has exited."""
     from gpulayer.gang.launch import torchrun_command
 
@@ -171,11 +168,10 @@ def run_lightning(machines: list[Machine], images: int, workdir: Path, tag: str)
 
     n, stats = len(machines), workdir / f"{tag}.json"
     port = random.randrange(20000, 60000)  # node 0's namespace is fresh: nothing else listens there
-    target = [RUN_SCRIPT, "--framework", "lightning", "--machines", str(n), "--images", str(images),
-              "--stats", str(stats)]
+    target = [RUN_SCRIPT, "--framework", "lightning", "--machines", str(n), *job, "--stats", str(stats)]
     # Each namespace's hostname resolves to loopback; gloo must use the machine's own interface.
     env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="eth0")
-    cmds = [[*m.prefix, *torchrun_command(n, DEVICES, i, machines[0].address, port, target, run_id=tag,
+    cmds = [[*lab.prefix(m.index), *torchrun_command(n, DEVICES, i, machines[0].address, port, target, run_id=tag,
                                           log_dir=str(workdir / f"{tag}-torchrun{i}"))]
             for i, m in enumerate(machines)]
     launched_at = time.time()
@@ -184,9 +180,9 @@ def run_lightning(machines: list[Machine], images: int, workdir: Path, tag: str)
 
 
 # -- the sweep ---------------------------------------------------------------------------------------
-def pick_machines(machines: list[Machine], n: int) -> list[Machine]:
+def pick_machines(machines: list, n: int) -> list:
     """``n`` machines taken in turn from each zone (node 0 from the first zone)."""
-    zones: dict[str, list[Machine]] = {}
+    zones: dict[str, list] = {}
     for m in machines:
         zones.setdefault(m.zone, []).append(m)
     interleaved = [m for group in zip(*zones.values()) for m in group]
@@ -195,10 +191,27 @@ def pick_machines(machines: list[Machine], n: int) -> list[Machine]:
     return interleaved[:n]
 
 
-def run_case(case: str, fleet, chosen: list[Machine], images: int, workdir: Path, tag: str) -> dict:
+def counting_zone_bytes(lab, run: Callable[[], dict]) -> dict:
+    """``run()``'s row, with the MB every machine of the lab sent to other zones and regions meanwhile."""
+    before = sent_between_zones(lab, lab.machines)
+    row = run()
+    return {**row, "between_zones_mb": (sent_between_zones(lab, lab.machines) - before) / 1e6}
+
+
+def run_case(case: str, lab, fleet, chosen: list, job: list[str], workdir: Path, tag: str) -> dict:
     if case == "lightning":
-        return run_lightning(chosen, images, workdir, tag)
-    return run_gpulayer(fleet, chosen, len(chosen), GRAD_SYNC[case], images, workdir, tag)
+        return counting_zone_bytes(lab, lambda: run_lightning(lab, chosen, job, workdir, tag))
+    return counting_zone_bytes(
+        lab, lambda: run_gpulayer(fleet, chosen, len(chosen), GRAD_SYNC[case], job, workdir, tag))
+
+
+def describe_job(args: argparse.Namespace) -> str:
+    from scaling_run import DEVICES, EPOCHS, GLOBAL_BATCH, parameter_count
+
+    params = parameter_count(args.hidden)
+    return (f"scaling_run.py CNN (--hidden {args.hidden}: {params:,} parameters, {4 * params / 1e6:.1f} MB of "
+            f"gradients per step), {args.images} synthetic images, {EPOCHS} epochs, global batch {GLOBAL_BATCH}, "
+            f"{DEVICES} processes per machine, gloo, OMP_NUM_THREADS=1")
 
 
 def result_line(bench: str, **fields) -> str:
@@ -210,40 +223,38 @@ def benchmark(args: argparse.Namespace) -> list[str]:
     from gpulayer.app import redis_client
     from gpulayer.store.gangs import GangStore
 
-    from scaling_run import DEVICES, EPOCHS, GLOBAL_BATCH
+    import lightning
 
     out = Report()
     header(out, "lightning_comparison/scaling.py")
-    import lightning
-    out(f"# lightning {lightning.__version__}; job: scaling_run.py CNN (25,578 parameters), {args.images} synthetic "
-        f"images, {EPOCHS} epochs, global batch {GLOBAL_BATCH}, {DEVICES} processes per machine, gloo, "
-        "OMP_NUM_THREADS=1")
+    out(f"# lightning {lightning.__version__}; job: {describe_job(args)}")
     out(f"# machines {args.machines}, repeats {args.repeats} (+{args.warmup} warm-up per case), order per repeat: "
         f"{', '.join(CASES)}")
-    workdir = Path(tempfile.mkdtemp(prefix="gl-scaling-"))
+    workdir, job = Path(tempfile.mkdtemp(prefix="gl-scaling-")), job_args(args)
     runs: dict[tuple[str, int], list[dict]] = {}
     lab = fleet = None
     try:
-        lab, machines, network = open_lab(SCALING_LAYOUT)
+        lab, network = open_lab(SCALING_LAYOUT)
+        machines = lab.machines
         out(f"# lab: {network}; {describe_layout(machines)}")
-        fleet = start_cluster(lab, machines, workdir)
+        fleet = start_cluster(lab, workdir)
         store = GangStore(redis_client())
         first = pick_machines(machines, min(args.machines))
         for w in range(args.warmup):
             for case in CASES:
-                run_case(case, fleet, first, args.images, workdir, f"warmup{w}-{case}")
+                run_case(case, lab, fleet, first, job, workdir, f"warmup{w}-{case}")
                 wait_slots_free(store)
         out()
-        out(f"{'N':>2} {'run':>3}  {'case':<19} {'wall s':>7} {'step ms':>8} {'1st step s':>10} {'loss':>7} {'load':>5}  machines")
+        out(f"{'N':>2} {'run':>3}  {'case':<19} {'wall s':>7} {'step ms':>8} {'1st step s':>10} {'loss':>7} {'x-zone MB':>9} {'load':>5}  machines")
         for n in args.machines:
             chosen = pick_machines(machines, n)
             for r in range(args.repeats):
                 for case in CASES:
-                    row = run_case(case, fleet, chosen, args.images, workdir, f"n{n}-r{r}-{case}")
+                    row = run_case(case, lab, fleet, chosen, job, workdir, f"n{n}-r{r}-{case}")
                     wait_slots_free(store)
                     runs.setdefault((case, n), []).append(row)
                     out(f"{n:>2} {r + 1:>3}  {case:<19} {row['wall_s']:>7.2f} {row['step_ms']:>8.1f} "
-                        f"{row['first_step_s']:>10.2f} {row['loss']:>7.4f} {os.getloadavg()[0]:>5.1f}  {','.join(m.name for m in chosen)}"
+                        f"{row['first_step_s']:>10.2f} {row['loss']:>7.4f} {row['between_zones_mb']:>9.1f} {os.getloadavg()[0]:>5.1f}  {','.join(m.name for m in chosen)}"
                         + (f"  (client {row['client_s']:.2f} s, {row['grad_sync']})" if "client_s" in row else ""))
     finally:
         if fleet is not None:
@@ -288,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--machines", type=parse_counts, default=[2, 4, 8], help="machine counts (default 2,4,8)")
     p.add_argument("--repeats", type=int, default=3, help="runs per case and count; medians are quoted (default 3)")
     p.add_argument("--images", type=int, default=4096, help="synthetic images in the data set (default 4096)")
+    p.add_argument("--hidden", type=int, default=0,
+                   help="scaling_run.py --hidden: a hidden layer of this width (default 0: the 25,578-parameter CNN)")
     p.add_argument("--warmup", type=int, default=1, help="unmeasured runs per case first (default 1)")
     p.add_argument("--out", default="scaling.txt", help="results file name (default scaling.txt)")
     args = p.parse_args(argv)

@@ -13,14 +13,15 @@ gpulayer, once, from a client in the root namespace (the fit submits itself to t
     scaling_run.py --framework gpulayer --machines N --grad-sync two_level --workers m1,m2 --stats FILE
 
 Rank 0 writes ``FILE`` (JSON) at the end of training, for both: the time of the first and of the last
-training step, the step count, its last logged loss, and the loss of the trained model on the first
-``EVAL_IMAGES`` images (the same definition on both sides). The gpulayer client also prints one
+training step, the step count, its last logged loss, and the loss of the trained model on a fixed set of
+``EVAL_IMAGES`` images drawn the same way (the same definition on both sides). The gpulayer client also prints one
 ``client {...}`` line: how long ``fit()`` took in the caller and what the fit reported (placement, grad sync).
 
 Data: ``--images`` synthetic 3x32x32 images in 10 classes (a class template plus noise, seed 0), built
 in every process; each process's batch is 256 / (2 N). Model: 2 conv layers (16 and 32 channels, 3x3,
 each followed by a 2x2 max-pool) and a linear layer, 25,578 parameters (100 KB of gradients: the
-all-reduce is latency-bound, not bandwidth-bound). SGD with momentum, lr 0.05.
+all-reduce is latency-bound, not bandwidth-bound); ``--hidden 1024`` adds a hidden layer (2.1 M
+parameters, 8.4 MB of gradients: bandwidth-bound across regions). SGD with momentum, lr 0.05.
 """
 
 from __future__ import annotations
@@ -42,6 +43,21 @@ EVAL_IMAGES = 1024
 SEED = 0
 
 
+def build_net(hidden: int = 0) -> nn.Sequential:
+    """2 conv layers and a linear classifier; ``hidden`` > 0 puts a hidden layer of that width before it
+    (``hidden=1024``: 2.1 M parameters, 8.4 MB of gradients per step instead of 100 KB)."""
+    head = [nn.Linear(32 * 8 * 8, hidden), nn.ReLU(), nn.Linear(hidden, 10)] if hidden else [nn.Linear(32 * 8 * 8, 10)]
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), *head,
+    )
+
+
+def parameter_count(hidden: int = 0) -> int:
+    return sum(p.numel() for p in build_net(hidden).parameters())
+
+
 def synthetic_images(n: int) -> TensorDataset:
     """``n`` images: one of 10 fixed templates plus twice as much noise, labelled by the template (seed 0)."""
     g = torch.Generator().manual_seed(SEED)
@@ -54,14 +70,10 @@ def synthetic_images(n: int) -> TensorDataset:
 class CNNBody:
     """Mixed into each framework's ``LightningModule``: the same model, data, optimizer and hooks for both."""
 
-    def __init__(self, images: int, batch_per_process: int, stats_path: str | None = None):
+    def __init__(self, images: int, batch_per_process: int, stats_path: str | None = None, hidden: int = 0):
         super().__init__()
         self.images, self.batch_per_process, self.stats_path = images, batch_per_process, stats_path
-        self.net = nn.Sequential(
-            nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Flatten(), nn.Linear(32 * 8 * 8, 10),
-        )
+        self.net = build_net(hidden)
         self.first_step_at: float | None = None
         self.steps = 0
 
@@ -94,7 +106,8 @@ class CNNBody:
 
 
 def eval_loss(net: nn.Module) -> float:
-    """Cross-entropy of ``net`` on the first ``EVAL_IMAGES`` images of the training data (no grad)."""
+    """Cross-entropy of ``net`` on ``synthetic_images(EVAL_IMAGES)`` (the training data when ``--images`` is
+    ``EVAL_IMAGES``, else images drawn the same way), without grad."""
     x, y = synthetic_images(EVAL_IMAGES).tensors
     was_training = net.training
     net.eval()
@@ -130,7 +143,7 @@ def run_lightning(args: argparse.Namespace) -> None:
     import lightning.pytorch as pl
 
     pl.seed_everything(SEED, verbose=False)
-    model = module_class("lightning")(args.images, batch_per_process(args.machines), args.stats)
+    model = module_class("lightning")(args.images, batch_per_process(args.machines), args.stats, args.hidden)
     pl.Trainer(**trainer_kwargs(args.machines)).fit(model)
 
 
@@ -142,7 +155,7 @@ def run_gpulayer(args: argparse.Namespace) -> None:
 
     gpulayer.init()
     seed_everything(SEED)
-    model = module_class("gpulayer")(args.images, batch_per_process(args.machines), args.stats)
+    model = module_class("gpulayer")(args.images, batch_per_process(args.machines), args.stats, args.hidden)
     pinned = Resources(worker_ids=args.workers.split(",")) if args.workers else None
     trainer = Trainer(**trainer_kwargs(args.machines), grad_sync=args.grad_sync, cluster_resources=pinned)
     t0 = time.perf_counter()
@@ -159,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--framework", choices=("lightning", "gpulayer"), required=True)
     p.add_argument("--machines", type=int, required=True, help="num_nodes (2 processes each)")
     p.add_argument("--images", type=int, default=4096, help="synthetic images in the data set (default 4096)")
+    p.add_argument("--hidden", type=int, default=0, help="width of a hidden linear layer (default 0: none)")
     p.add_argument("--stats", help="where rank 0 writes its JSON stats at the end of training")
     p.add_argument("--grad-sync", default="auto", choices=("auto", "two_level", "flat"), help="gpulayer only")
     p.add_argument("--workers", default="", help="gpulayer only: comma-separated worker ids to pin the fit to")
