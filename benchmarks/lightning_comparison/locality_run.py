@@ -30,8 +30,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from scaling import (counting_zone_bytes, describe_job, describe_layout, job_args, open_lab,  # same folder
-                     result_line, run_gpulayer, start_cluster)
+from scaling import (  # same folder
+    add_job_arguments, counting_zone_bytes, describe_job, describe_layout, job_args, open_lab, result_line,
+    run_gpulayer, start_cluster,
+)
 from common import unwind_on_signals, write_results  # benchmarks/, put on sys.path by scaling
 from startup import Report, header, stop_fleet, wait_slots_free
 
@@ -111,10 +113,7 @@ def benchmark(args: argparse.Namespace) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=5, help="runs per case; medians are quoted (default 5)")
-    p.add_argument("--images", type=int, default=4096, help="synthetic images in the data set (default 4096)")
-    p.add_argument("--hidden", type=int, default=0,
-                   help="scaling_run.py --hidden: a hidden layer of this width (default 0: the 25,578-parameter CNN)")
-    p.add_argument("--warmup", type=int, default=1, help="unmeasured runs per case first (default 1)")
+    add_job_arguments(p)
     p.add_argument("--out", default="locality.txt", help="results file name (default locality.txt)")
     args = p.parse_args(argv)
     unwind_on_signals()

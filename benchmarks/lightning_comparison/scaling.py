@@ -17,7 +17,10 @@ global batch 256 split over the 2 N processes, ``--images`` synthetic images), r
 
 Both: ``OMP_NUM_THREADS=1`` per rank, gloo. Runs alternate (two-level, flat, lightning) per repeat;
 the figure is the median of ``--repeats``; one unmeasured warm-up of each case comes first.
-``step_ms``: rank 0's first to last training step over the steps in between (no start-up in it).
+``step_ms``: rank 0's first to last training step over the steps in between (no start-up in it);
+``1st step s``: from the launch (the client process's start for gpulayer, the torchruns' for Lightning)
+until rank 0's first step; ``x-zone MB``: what the lab's machines sent through its cross-zone and
+cross-region classes during the run (``tc -s class show``).
 
     python benchmarks/lightning_comparison/scaling.py [--machines 2,4,8] [--repeats 3] [--images 4096]
 
@@ -136,6 +139,14 @@ def _stats(path: Path, launched_at: float) -> dict:
             "first_step_s": s["first_step_at"] - launched_at}
 
 
+def add_job_arguments(p: argparse.ArgumentParser) -> None:
+    """The job's size and the warm-up, shared by ``scaling.py`` and ``locality_run.py``."""
+    p.add_argument("--images", type=int, default=4096, help="synthetic images in the data set (default 4096)")
+    p.add_argument("--hidden", type=int, default=0,
+                   help="scaling_run.py --hidden: a hidden layer of this width (default 0: the 25,578-parameter CNN)")
+    p.add_argument("--warmup", type=int, default=1, help="unmeasured runs per case first (default 1)")
+
+
 def job_args(args: argparse.Namespace) -> list[str]:
     """The job's size, as ``scaling_run.py`` arguments (the same for every run of a sweep)."""
     return ["--images", str(args.images), "--hidden", str(args.hidden)]
@@ -245,7 +256,8 @@ def benchmark(args: argparse.Namespace) -> list[str]:
                 run_case(case, lab, fleet, first, job, workdir, f"warmup{w}-{case}")
                 wait_slots_free(store)
         out()
-        out(f"{'N':>2} {'run':>3}  {'case':<19} {'wall s':>7} {'step ms':>8} {'1st step s':>10} {'loss':>7} {'x-zone MB':>9} {'load':>5}  machines")
+        out(f"{'N':>2} {'run':>3}  {'case':<19} {'wall s':>7} {'step ms':>8} {'1st step s':>10} {'loss':>7} "
+            f"{'x-zone MB':>9} {'load':>5}  machines")
         for n in args.machines:
             chosen = pick_machines(machines, n)
             for r in range(args.repeats):
@@ -253,9 +265,10 @@ def benchmark(args: argparse.Namespace) -> list[str]:
                     row = run_case(case, lab, fleet, chosen, job, workdir, f"n{n}-r{r}-{case}")
                     wait_slots_free(store)
                     runs.setdefault((case, n), []).append(row)
+                    client = f"  (client {row['client_s']:.2f} s, {row['grad_sync']})" if "client_s" in row else ""
                     out(f"{n:>2} {r + 1:>3}  {case:<19} {row['wall_s']:>7.2f} {row['step_ms']:>8.1f} "
-                        f"{row['first_step_s']:>10.2f} {row['loss']:>7.4f} {row['between_zones_mb']:>9.1f} {os.getloadavg()[0]:>5.1f}  {','.join(m.name for m in chosen)}"
-                        + (f"  (client {row['client_s']:.2f} s, {row['grad_sync']})" if "client_s" in row else ""))
+                        f"{row['first_step_s']:>10.2f} {row['loss']:>7.4f} {row['between_zones_mb']:>9.1f} "
+                        f"{os.getloadavg()[0]:>5.1f}  {','.join(m.name for m in chosen)}{client}")
     finally:
         if fleet is not None:
             stop_fleet(fleet)
@@ -298,10 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--machines", type=parse_counts, default=[2, 4, 8], help="machine counts (default 2,4,8)")
     p.add_argument("--repeats", type=int, default=3, help="runs per case and count; medians are quoted (default 3)")
-    p.add_argument("--images", type=int, default=4096, help="synthetic images in the data set (default 4096)")
-    p.add_argument("--hidden", type=int, default=0,
-                   help="scaling_run.py --hidden: a hidden layer of this width (default 0: the 25,578-parameter CNN)")
-    p.add_argument("--warmup", type=int, default=1, help="unmeasured runs per case first (default 1)")
+    add_job_arguments(p)
     p.add_argument("--out", default="scaling.txt", help="results file name (default scaling.txt)")
     args = p.parse_args(argv)
     unwind_on_signals()
