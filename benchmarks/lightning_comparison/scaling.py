@@ -15,8 +15,11 @@ global batch 256 split over the 2 N processes, ``--images`` synthetic images), r
   time: from starting the N torchruns until the last has exited (interpreters, imports, rendezvous,
   training, teardown).
 
-Both: ``OMP_NUM_THREADS=1`` per rank, gloo. Runs alternate (two-level, flat, lightning) per repeat;
-the figure is the median of ``--repeats``; one unmeasured warm-up of each case comes first.
+Both: ``OMP_NUM_THREADS=1`` per rank, gloo. Runs alternate (two-level, flat, lightning) per machine
+count, repeat after repeat (so a sweep cut short still covers every count); the figure is the median
+of ``--repeats``; one unmeasured warm-up of each case comes first. The results file is rewritten after
+every run (marked partial until the end). A run that fails is run once more (the log says so); one
+whose processes would not fit in the machine's available memory is skipped after waiting 3 minutes.
 ``step_ms``: rank 0's first to last training step over the steps in between (no start-up in it);
 ``1st step s``: from the launch (the client process's start for gpulayer, the torchruns' for Lightning)
 until rank 0's first step; ``x-zone MB``: what the lab's machines sent through its cross-zone and
@@ -258,46 +261,90 @@ def benchmark(args: argparse.Namespace) -> list[str]:
         out()
         out(f"{'N':>2} {'run':>3}  {'case':<19} {'wall s':>7} {'step ms':>8} {'1st step s':>10} {'loss':>7} "
             f"{'x-zone MB':>9} {'load':>5}  machines")
-        for n in args.machines:
-            chosen = pick_machines(machines, n)
-            for r in range(args.repeats):
+        for r in range(args.repeats):  # repeat-major: a sweep cut short still has every count
+            for n in args.machines:
+                chosen = pick_machines(machines, n)
                 for case in CASES:
-                    row = run_case(case, lab, fleet, chosen, job, workdir, f"n{n}-r{r}-{case}")
+                    tag = f"n{n}-r{r}-{case}"
+                    if not enough_memory(case, n, out, tag):
+                        continue
+                    row = run_twice_at_most(lambda: run_case(case, lab, fleet, chosen, job, workdir, tag), out, tag)
                     wait_slots_free(store)
                     runs.setdefault((case, n), []).append(row)
                     client = f"  (client {row['client_s']:.2f} s, {row['grad_sync']})" if "client_s" in row else ""
                     out(f"{n:>2} {r + 1:>3}  {case:<19} {row['wall_s']:>7.2f} {row['step_ms']:>8.1f} "
                         f"{row['first_step_s']:>10.2f} {row['loss']:>7.4f} {row['between_zones_mb']:>9.1f} "
                         f"{os.getloadavg()[0]:>5.1f}  {','.join(m.name for m in chosen)}{client}")
+                    write_results([*out.lines, "# partial: the sweep is still running", *summary_lines(runs, args)],
+                                  args.out)
+    except Exception as err:  # keep what was measured; the log says where it stopped
+        out(f"# STOPPED by {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
     finally:
         if fleet is not None:
             stop_fleet(fleet)
         if lab is not None:
             lab.close()
         shutil.rmtree(workdir, ignore_errors=True)
-    out()
-    summarise(runs, args.machines, out)
+    for line in ["", *summary_lines(runs, args)]:
+        out(line)
     out(f"# load average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return out.lines
 
 
-def summarise(runs: dict[tuple[str, int], list[dict]], machine_counts: list[int], out: Report) -> None:
-    """The medians table, the ratios and one ``result`` line per figure."""
+def run_twice_at_most(run: Callable[[], dict], out: Report, tag: str) -> dict:
+    """``run()``; once more if it fails (a worker starved of CPU on a shared machine can miss its heartbeats)."""
+    try:
+        return run()
+    except RuntimeError as err:
+        lines = [ln for ln in str(err).splitlines() if ln.strip()]
+        out(f"# {tag} failed, running it again: {lines[0]} ... {lines[-1]}")
+        return run()
+
+
+# MB a run needs beyond what the lab already holds, per process (measured RSS less the shared libraries).
+MB_PER_PROCESS = {"lightning": 300, "gpulayer": 120}
+MEMORY_WAIT_S = 180.0
+
+
+def enough_memory(case: str, machines: int, out: Report, tag: str) -> bool:
+    """Wait (up to ``MEMORY_WAIT_S``) until the machine has the memory the run needs, so a run on a shared
+    machine does not wake the OOM killer; False (and a log line) if it never does."""
+    need = MB_PER_PROCESS["lightning" if case == "lightning" else "gpulayer"] * machines * 2
+    deadline = time.monotonic() + MEMORY_WAIT_S
+    while (free := available_mb()) < need:
+        if time.monotonic() > deadline:
+            out(f"# {tag} skipped: {free} MB available, {need} MB needed")
+            return False
+        time.sleep(1.0)
+    return True
+
+
+def available_mb() -> int:
+    with open("/proc/meminfo") as f:
+        return next(int(line.split()[1]) // 1024 for line in f if line.startswith("MemAvailable:"))
+
+
+def summary_lines(runs: dict[tuple[str, int], list[dict]], args: argparse.Namespace) -> list[str]:
+    """The medians table, the ratios and one ``result`` line per figure (counts with every case measured)."""
     med = {key: {k: statistics.median(r[k] for r in rows) for k in ("wall_s", "step_ms", "loss", "last_loss")}
            for key, rows in runs.items()}
-    out("medians (wall s, step ms, eval loss):")
-    out(f"{'N':>2}  " + "  ".join(f"{c:>26}" for c in CASES) + "  lightning/two-level  flat/two-level (step)")
-    for n in machine_counts:
+    lines = ["medians (wall s, step ms, eval loss):",
+             f"{'N':>2}  " + "  ".join(f"{c:>26}" for c in CASES) + "  lightning/two-level  flat/two-level (step)"]
+    for n in args.machines:
+        if not all((c, n) in med for c in CASES):
+            continue
         cells = [med[(c, n)] for c in CASES]
         two, flat, light = cells
-        out(f"{n:>2}  " + "  ".join(f"{m['wall_s']:>8.2f} {m['step_ms']:>8.1f} {m['loss']:>8.4f}" for m in cells)
-            + f"  {light['wall_s'] / two['wall_s']:>18.2f}x  {flat['step_ms'] / two['step_ms']:>10.2f}x")
-    for (case, n), rows in runs.items():
+        lines.append(f"{n:>2}  " + "  ".join(f"{m['wall_s']:>8.2f} {m['step_ms']:>8.1f} {m['loss']:>8.4f}"
+                                            for m in cells)
+                     + f"  {light['wall_s'] / two['wall_s']:>18.2f}x  {flat['step_ms'] / two['step_ms']:>10.2f}x")
+    for (case, n), rows in sorted(runs.items(), key=lambda kv: (kv[0][1], CASES.index(kv[0][0]))):
         m = med[(case, n)]
-        out(result_line("scaling", case=case, machines=n, wall_s=round(m["wall_s"], 3),
-                        runs=[round(r["wall_s"], 3) for r in rows], loss=round(m["loss"], 5),
-                        last_loss=round(m["last_loss"], 5), step_ms=round(m["step_ms"], 2),
-                        step_ms_runs=[round(r["step_ms"], 2) for r in rows]))
+        lines.append(result_line("scaling", case=case, machines=n, wall_s=round(m["wall_s"], 3),
+                                 runs=[round(r["wall_s"], 3) for r in rows], loss=round(m["loss"], 5),
+                                 last_loss=round(m["last_loss"], 5), step_ms=round(m["step_ms"], 2),
+                                 step_ms_runs=[round(r["step_ms"], 2) for r in rows]))
+    return lines
 
 
 def parse_counts(text: str) -> list[int]:
