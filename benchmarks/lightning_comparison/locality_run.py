@@ -12,7 +12,8 @@ worker`` per machine, 2 slots. The job is ``scaling_run.py``'s CNN as one
 - ``auto``: not pinned; the log keeps gpulayer's placement reason and the workers it chose.
 
 Runs alternate (the cases in that order per repeat, one unmeasured warm-up of each first); the figure
-is the median of ``--repeats`` of the wall time of ``fit()`` in the client (as in ``scaling.py``).
+is the median of ``--repeats`` of the wall time of ``fit()`` in the client (as in ``scaling.py``). As
+there, the results file is rewritten after every run and a failed run is run once more.
 
     python benchmarks/lightning_comparison/locality_run.py [--repeats 5] [--images 4096]
 
@@ -32,7 +33,7 @@ from pathlib import Path
 
 from scaling import (  # same folder
     add_job_arguments, counting_zone_bytes, describe_job, describe_layout, job_args, open_lab, result_line,
-    run_gpulayer, start_cluster,
+    run_gpulayer, run_twice_at_most, start_cluster,
 )
 from common import unwind_on_signals, write_results  # benchmarks/, put on sys.path by scaling
 from startup import Report, header, stop_fleet, wait_slots_free
@@ -85,32 +86,47 @@ def benchmark(args: argparse.Namespace) -> list[str]:
             for case in CASES:
                 row = run_one(lab, fleet, cases[case], job, workdir, f"r{r}-{case}", out)
                 wait_slots_free(store)
+                if row is None:
+                    continue
                 runs[case].append(row)
                 out(f"{r + 1:>3}  {case:<12} {row['wall_s']:>7.2f} {row['step_ms']:>8.1f} "
                     f"{row['between_zones_mb']:>9.1f} {os.getloadavg()[0]:>5.1f}  {','.join(row['workers'])}  "
                     f"{row['placement']}")
+                write_results([*out.lines, "# partial: still running", *summary_lines(runs)], args.out)
+    except Exception as err:  # keep what was measured; the log says where it stopped
+        out(f"# STOPPED by {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}")
     finally:
         if fleet is not None:
             stop_fleet(fleet)
         if lab is not None:
             lab.close()
         shutil.rmtree(workdir, ignore_errors=True)
-    out()
-    med = {c: {k: statistics.median(r[k] for r in rows) for k in ("wall_s", "step_ms", "loss")}
-           for c, rows in runs.items()}
-    out(f"{'case':<12} {'wall s':>7} {'step ms':>8} {'loss':>7} {'vs one-zone':>11}  placement (last run)")
-    for case, m in med.items():
-        out(f"{case:<12} {m['wall_s']:>7.2f} {m['step_ms']:>8.1f} {m['loss']:>7.4f} "
-            f"{m['wall_s'] / med['one-zone']['wall_s']:>10.2f}x  {runs[case][-1]['placement']}")
-    out(f"two-regions / one-zone wall: {med['two-regions']['wall_s'] / med['one-zone']['wall_s']:.2f}x "
-        f"(goal >= 1.1x: {'met' if med['two-regions']['wall_s'] >= 1.1 * med['one-zone']['wall_s'] else 'NOT met'})")
-    for case, rows in runs.items():
-        out(result_line("locality", case=case, wall_s=round(med[case]["wall_s"], 3),
-                        runs=[round(r["wall_s"], 3) for r in rows], placement=rows[-1]["placement"],
-                        workers=rows[-1]["workers"], step_ms=round(med[case]["step_ms"], 2),
-                        loss=round(med[case]["loss"], 5)))
+    for line in ["", *summary_lines(runs)]:
+        out(line)
     out(f"# load average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return out.lines
+
+
+def summary_lines(runs: dict[str, list[dict]]) -> list[str]:
+    """Medians per case (cases with a run), the two-regions / one-zone ratio, one ``result`` line per case."""
+    med = {c: {k: statistics.median(r[k] for r in rows) for k in ("wall_s", "step_ms", "loss")}
+           for c, rows in runs.items() if rows}
+    lines = [f"{'case':<12} {'wall s':>7} {'step ms':>8} {'loss':>7} {'vs one-zone':>11}  placement (last run)"]
+    base = med.get("one-zone", {}).get("wall_s")
+    for case, m in med.items():
+        ratio = f"{m['wall_s'] / base:>10.2f}x" if base else f"{'-':>11}"
+        lines.append(f"{case:<12} {m['wall_s']:>7.2f} {m['step_ms']:>8.1f} {m['loss']:>7.4f} {ratio}  "
+                     f"{runs[case][-1]['placement']}")
+    if base and "two-regions" in med:
+        ratio = med["two-regions"]["wall_s"] / base
+        lines.append(f"two-regions / one-zone wall: {ratio:.2f}x (goal >= 1.1x: {'met' if ratio >= 1.1 else 'NOT met'})")
+    for case, m in med.items():
+        rows = runs[case]
+        lines.append(result_line("locality", case=case, wall_s=round(m["wall_s"], 3),
+                                 runs=[round(r["wall_s"], 3) for r in rows], placement=rows[-1]["placement"],
+                                 workers=rows[-1]["workers"], step_ms=round(m["step_ms"], 2),
+                                 loss=round(m["loss"], 5)))
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -256,7 +256,8 @@ def benchmark(args: argparse.Namespace) -> list[str]:
         first = pick_machines(machines, min(args.machines))
         for w in range(args.warmup):
             for case in CASES:
-                run_case(case, lab, fleet, first, job, workdir, f"warmup{w}-{case}")
+                tag = f"warmup{w}-{case}"
+                run_twice_at_most(lambda: run_case(case, lab, fleet, first, job, workdir, tag), out, tag)
                 wait_slots_free(store)
         out()
         out(f"{'N':>2} {'run':>3}  {'case':<19} {'wall s':>7} {'step ms':>8} {'1st step s':>10} {'loss':>7} "
@@ -270,6 +271,8 @@ def benchmark(args: argparse.Namespace) -> list[str]:
                         continue
                     row = run_twice_at_most(lambda: run_case(case, lab, fleet, chosen, job, workdir, tag), out, tag)
                     wait_slots_free(store)
+                    if row is None:
+                        continue
                     runs.setdefault((case, n), []).append(row)
                     client = f"  (client {row['client_s']:.2f} s, {row['grad_sync']})" if "client_s" in row else ""
                     out(f"{n:>2} {r + 1:>3}  {case:<19} {row['wall_s']:>7.2f} {row['step_ms']:>8.1f} "
@@ -291,14 +294,18 @@ def benchmark(args: argparse.Namespace) -> list[str]:
     return out.lines
 
 
-def run_twice_at_most(run: Callable[[], dict], out: Report, tag: str) -> dict:
-    """``run()``; once more if it fails (a worker starved of CPU on a shared machine can miss its heartbeats)."""
-    try:
-        return run()
-    except RuntimeError as err:
-        lines = [ln for ln in str(err).splitlines() if ln.strip()]
-        out(f"# {tag} failed, running it again: {lines[0]} ... {lines[-1]}")
-        return run()
+def run_twice_at_most(run: Callable[[], dict], out: Report, tag: str) -> dict | None:
+    """``run()``; once more if it fails (on a shared machine a worker starved of CPU misses its heartbeats, and
+    the OOM killer takes whichever process it likes); None, logged, if it fails twice."""
+    for attempt in (1, 2):
+        try:
+            return run()
+        except RuntimeError as err:
+            lines = [ln for ln in str(err).splitlines() if ln.strip() and not ln.startswith((" ", "["))]
+            out(f"# {tag} failed (attempt {attempt} of 2): {lines[0]}")
+            for line in lines[-4:]:
+                out(f"#     {line[:300]}")
+    return None
 
 
 # MB a run needs beyond what the lab already holds, per process (measured RSS less the shared libraries).
