@@ -119,7 +119,8 @@ def summary_lines(runs: dict[str, list[dict]]) -> list[str]:
                      f"{runs[case][-1]['placement']}")
     if base and "two-regions" in med:
         ratio = med["two-regions"]["wall_s"] / base
-        lines.append(f"two-regions / one-zone wall: {ratio:.2f}x (goal >= 1.1x: {'met' if ratio >= 1.1 else 'NOT met'})")
+        verdict = "met" if ratio >= 1.1 else "NOT met"
+        lines.append(f"two-regions / one-zone wall: {ratio:.2f}x (goal >= 1.1x: {verdict})")
     for case, m in med.items():
         rows = runs[case]
         lines.append(result_line("locality", case=case, wall_s=round(m["wall_s"], 3),
