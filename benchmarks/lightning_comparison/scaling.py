@@ -301,7 +301,7 @@ def run_twice_at_most(run: Callable[[], dict], out: Report, tag: str) -> dict | 
         try:
             return run()
         except RuntimeError as err:
-            lines = [ln for ln in str(err).splitlines() if ln.strip() and not ln.startswith((" ", "["))]
+            lines = [ln for ln in str(err).splitlines() if ln.strip() and not ln.startswith((" ", "[", "---"))]
             out(f"# {tag} failed (attempt {attempt} of 2): {lines[0]}")
             for line in lines[-4:]:
                 out(f"#     {line[:300]}")
