@@ -54,8 +54,15 @@ def gang_rank(run: str) -> None:
 def prefetch_behind_blockers(fleet, client, run: str, worker: str, slots: int, n_quick: int):
     """Fill ``worker``'s slots with blockers and its buffer with ``n_quick`` quick jobs, all in one take."""
     pin = Resources(worker_ids=[worker])
-    batch = submit_batch([submit.s(blocker, run, i) for i in range(slots)]
-                         + [submit.s(quick, run, i) for i in range(n_quick)], resources=pin)
+    # The worker's main process (the taker) waits while the batch is published, so one take sees every
+    # message: a take that woke on the first one would fill the slots and leave the rest in the queue.
+    taker = fleet.workers[worker]
+    taker.send_signal(signal.SIGSTOP)
+    try:
+        batch = submit_batch([submit.s(blocker, run, i) for i in range(slots)]
+                             + [submit.s(quick, run, i) for i in range(n_quick)], resources=pin)
+    finally:
+        taker.send_signal(signal.SIGCONT)
     life = keys.life(worker, fleet.workers[worker].pid)
     wait_until(lambda: client.llen(f"{run}:started") == slots and client.hlen(keys.inflight(life)) == slots + n_quick,
                60, "the blockers to run and the quick jobs to wait on the worker, recorded")
