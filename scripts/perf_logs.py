@@ -280,9 +280,12 @@ def parse_placement_scale(text: str, path: str) -> Placement:
         if not line.startswith("what ") or "median ms" not in line:
             continue
         expected = "'<what> <workers> <median ms> <p99 ms> [<before ms> <N.Nx>] [ok|waits|rejected]'"
+        # Indented lines inside the registry table are its breakdown (Redis CPU and bytes per read, parse rows):
+        # notes, not placement rows.
+        table = lines[:i + 1] + [ln for ln in lines[i + 1:] if not ln.startswith("  ")]
         rows += [PlacementRow(m["what"], int(m["workers"]), float(m["median"]), float(m["p99"]),
                               float(m["before"]) if m["before"] else None, m["result"])
-                 for _, m in _rows(lines, i + 1, PLACEMENT_ROW, expected, path)]
+                 for _, m in _rows(table, i + 1, PLACEMENT_ROW, expected, path)]
     if not rows:
         raise LogError(path, None, "no `result` lines with bench 'placement_scale' and no 'what  workers  median ms' "
                                    "table (written by benchmarks/placement_scale.py)")
