@@ -106,20 +106,20 @@ def reachable(url: str, connect_timeout: float, socket_timeout: float | None = N
     """
     client = connect_redis(url, socket_connect_timeout=connect_timeout, socket_timeout=socket_timeout or connect_timeout)
     where = urlsplit(url)
+    needs_password = (f"Redis at {where.hostname}:{where.port} needs a password: put it in the broker URL, "
+                      "redis://:PASSWORD@host:port/0")
     try:
         client.ping()
     except redis.AuthenticationError as err:
         client.close()
         if not where.password:
-            raise ClusterUnavailable(f"Redis at {where.hostname}:{where.port} needs a password: put it in the "
-                                     "broker URL, redis://:PASSWORD@host:port/0") from err
+            raise ClusterUnavailable(needs_password) from err
         raise ClusterUnavailable(f"Redis at {where.hostname}:{where.port} refused the password in the broker URL: "
                                  f"{err}; check GPULAYER_BROKER_URL") from err
     except redis.ResponseError as err:
         client.close()
         if "NOAUTH" in str(err) or "AUTH" in str(err):
-            raise ClusterUnavailable(f"Redis at {where.hostname}:{where.port} needs a password: put it in the "
-                                     "broker URL, redis://:PASSWORD@host:port/0") from err
+            raise ClusterUnavailable(needs_password) from err
         raise
     except (redis.ConnectionError, redis.TimeoutError, OSError) as err:
         client.close()
