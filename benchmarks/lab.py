@@ -31,7 +31,9 @@ import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from common import redis_on_its_own_machine  # noqa: E402  (same folder)
 from gpulayer.netns import NetnsLab, Shaping, Topology  # noqa: E402
 from gpulayer.testing import Fleet  # noqa: E402
 
@@ -113,6 +115,7 @@ def lab_fleet(workdir: Path, topology: Topology | str, *, slots: int = 2, shapin
     with NetnsLab(topology, shaping) as lab:
         fleet = Fleet(workdir, bind=f"127.0.0.1 {lab.host_address}", host=lab.host_address)
         with fleet:
+            redis_on_its_own_machine(fleet)
             lf = LabFleet(lab, fleet, slots)
             if start:
                 lf.start_workers(torch)

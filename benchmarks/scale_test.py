@@ -16,7 +16,7 @@ its bridge (the control plane unshaped), and one real ``gpulayer worker`` per ma
      process on 3 machines (3 zones) is SIGKILLed (its pool processes die with it). Counted: results
      present and right, jobs failed, jobs lost, and re-runs (each run of a job pushes its index to a
      Redis list when it starts).
-2. **torch workers** on the first ``--torch-machines`` machines (default 16) (torch and ``gpulayer.trainer``
+2. **torch workers** on the first ``--torch-machines`` machines (default: all of them) (torch and ``gpulayer.trainer``
    preloaded, warm rank templates; ``gpulayer worker`` preloads torch by default, the Trainer with
    ``GPULAYER_PRELOAD=torch,gpulayer.trainer``):
    - *learning-rate sweep*: ``--sweep`` small training runs (``gpulayer.trainer.Trainer``, a 16-32-1 MLP,
@@ -31,8 +31,8 @@ start/end stamps), parallelism (summed / wall), jobs/s, and jobs per worker (min
 the workers that ran any). Each figure is also printed as ``result {json}`` for
 ``scripts/make_perf_charts.py``.
 
-    python benchmarks/scale_test.py [--topology "2r x 3z x 5m"] [--slots 2] [--tiny 3000] [--shards 600]
-        [--sweep 60] [--compare 2000] [--rounds 2] [--kill-jobs 600] [--dist-runs 1] [--torch-machines 16]
+    python benchmarks/scale_test.py [--topology "2r x 3z x 5m"] [--slots 2] [--tiny 5000] [--shards 2000]
+        [--sweep 480] [--compare 2000] [--rounds 2] [--kill-jobs 600] [--dist-runs 3] [--torch-machines N]
         [--skip PHASE,...] [--out scale_test.txt]
 """
 
@@ -267,16 +267,16 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--topology", default="2r x 3z x 5m")
     p.add_argument("--slots", type=int, default=2)
-    p.add_argument("--tiny", type=int, default=3000)
-    p.add_argument("--shards", type=int, default=600)
-    p.add_argument("--sweep", type=int, default=60)
+    p.add_argument("--tiny", type=int, default=5000)
+    p.add_argument("--shards", type=int, default=2000)
+    p.add_argument("--sweep", type=int, default=480)
     p.add_argument("--compare", type=int, default=2000)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--kill-jobs", type=int, default=600)
-    p.add_argument("--dist-runs", type=int, default=1)
-    p.add_argument("--torch-machines", type=int, default=16,
-                   help="machines that run torch workers in phase 2 (default 16, what 16 x 2 needs: 30 torch "
-                        "workers took 245 MiB unshared each here, more than this shared host had free)")
+    p.add_argument("--dist-runs", type=int, default=3)
+    p.add_argument("--torch-machines", type=int, default=0,
+                   help="machines that run torch workers in phase 2 (default 0: all of them; a torch worker "
+                        "takes ~250 MiB unshared, so 30 need ~7.5 GiB free; 16 is what 16 x 2 needs)")
     p.add_argument("--skip", default="", help="comma-separated: tiny,shards,compare,kills,sweep,dist,failure")
     p.add_argument("--out", default="scale_test.txt")
     args = p.parse_args()
@@ -319,7 +319,7 @@ def main() -> None:
             kill_run(log, lf, args.kill_jobs)
             save()
         if not {"sweep", "dist", "failure"} <= skip:
-            workers = min(args.torch_machines, topo.count)
+            workers = min(args.torch_machines or topo.count, topo.count)
             started = lf.restart(torch=True, machines=workers)
             log(f"\nphase 2: torch workers (torch and the Trainer preloaded, warm rank templates) on the first "
                 f"{workers} machines ({', '.join(sorted({m.zone for m in lf.lab.machines[:workers]}))}), "

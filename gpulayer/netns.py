@@ -54,6 +54,13 @@ from .errors import GpulayerError
 # Random aligned blocks of 10.231.0.0/16: a private range that hosts and clouds rarely use.
 _SPACE = ipaddress.ip_network("10.231.0.0/16")
 STATE_DIR = Path("/run/gpulayer-netns")
+# ``ip netns exec NAME`` mounts /etc/netns/NAME/<file> over /etc/<file> for what it runs.
+ETC_NETNS = Path("/etc/netns")
+# Inside a namespace the host's nameserver is unreachable, so a lookup that reaches DNS waited out its
+# timeouts (10 s for a reverse lookup: gloo's rendezvous paid 20 s of them per job). A cloud's
+# resolver answers in a millisecond: each machine gets a hosts file naming the whole lab, and a
+# nameserver on its own loopback, where nothing listens, so anything else fails at once.
+RESOLV_CONF = "# gpulayer lab: no DNS here; names are in /etc/hosts\nnameserver 127.0.0.1\noptions timeout:1 attempts:1\n"
 CLASSES = {"in-zone": "1:10", "cross-zone": "1:20", "cross-region": "1:30"}
 _TAG = re.compile(r"^[0-9a-f]{4}$")
 
@@ -240,6 +247,7 @@ class NetnsLab:
         self.subnet: ipaddress.IPv4Network | None = None
         self.machines: list[Machine] = []
         self._undo: list[tuple[str, ...]] = []  # `ip` commands that delete what we made, newest last
+        self._etc: list[Path] = []  # the machines' /etc/netns folders
 
     # -- addresses and commands -----------------------------------------------------------------
     @property
@@ -349,6 +357,22 @@ class NetnsLab:
             _ip("-n", ns, "route", "add", "default", "via", self.host_address)
             if self.shaping:
                 self._shape(m)
+        self._write_etc()
+
+    def _write_etc(self) -> None:
+        """Each machine's /etc/hosts (the host's, then every lab machine by name) and resolv.conf."""
+        try:
+            base = Path("/etc/hosts").read_text()
+        except OSError:
+            base = "127.0.0.1 localhost\n"
+        lab = "".join(f"{m.address} {m.name}\n" for m in self.machines)
+        hosts = f"{base.rstrip()}\n# gpulayer lab {self.names.tag}\n{self.host_address} gpulayer-lab-host\n{lab}"
+        for m in self.machines:
+            folder = ETC_NETNS / self.namespace(m.index)
+            folder.mkdir(parents=True, exist_ok=True)
+            self._etc.append(folder)
+            (folder / "hosts").write_text(hosts)
+            (folder / "resolv.conf").write_text(RESOLV_CONF)
 
     def _shape(self, m: Machine) -> None:
         """htb on the machine's eth0: in-zone (default) unlimited, other zones by destination block."""
@@ -386,6 +410,8 @@ class NetnsLab:
             except NetnsUnavailable as err:
                 if "Cannot find device" not in str(err) and "No such file" not in str(err):
                     errors.append(str(err))
+        while self._etc:
+            shutil.rmtree(self._etc.pop(), ignore_errors=True)
         if errors:
             raise NetnsUnavailable("could not delete everything the lab made: " + "; ".join(errors))
         self._state_path().unlink(missing_ok=True)
@@ -411,7 +437,8 @@ def leftovers(tag: str | None = None) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     names = [line.split()[0] for line in _ip("netns", "list").splitlines() if line.strip()]
     names += [line.split(":")[1].strip().split("@")[0] for line in _ip("-o", "link").splitlines()]
-    for name in names:
+    names += [f.name for f in ETC_NETNS.iterdir()] if ETC_NETNS.is_dir() else []
+    for name in sorted(set(names)):
         m = re.fullmatch(r"glbr([0-9a-f]{4})|gl([0-9a-f]{4})(?:-n|v|p)\d+", name)
         if m and (tag is None or tag in m.groups()):
             found.setdefault(m.group(1) or m.group(2), []).append(name)
@@ -430,6 +457,7 @@ def clean(tag: str | None = None) -> list[str]:
     a lab with no state file (made by an older gpulayer) or whose owner still runs is left alone.
     """
     deleted = []
+    namespaces = {line.split()[0] for line in _ip("netns", "list").splitlines() if line.strip()}
     for t, names in leftovers(tag).items():
         state_file = STATE_DIR / f"{t}.json"
         if tag is None:
@@ -439,6 +467,10 @@ def clean(tag: str | None = None) -> list[str]:
             except (OSError, ValueError):
                 continue
         for name in sorted(names, key=lambda s: (not s.startswith("glbr"), s)):
+            shutil.rmtree(ETC_NETNS / name, ignore_errors=True)  # a namespace's /etc files, if any
+            if "-n" in name and name not in namespaces:
+                deleted.append(name)
+                continue
             kind = ("netns", "del") if "-n" in name else ("link", "del")
             try:
                 _ip(*kind, name)

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
+from gpulayer.testing import wait_until
 from gpulayer.gang.launch import RankLayout, interface_for, rank_env, torchrun_command
 
 
@@ -36,3 +41,43 @@ def test_torchrun_command_uses_a_static_rendezvous():
     assert "--nnodes=2" in cmd and "--nproc-per-node=4" in cmd and "--node-rank=1" in cmd
     assert "--master-addr=10.0.0.5" in cmd and "--master-port=29500" in cmd
     assert not any(a.startswith("--rdzv-backend") and "c10d" in a for a in cmd)
+
+
+LAUNCHER = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+print(child.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_stop_group_reaches_children_in_sessions_of_their_own():
+    """As torchrun starts its ranks: a child in its own session is not in the launcher's group, and a
+    launcher killed before it stops them must not leave them running."""
+    import psutil
+
+    from gpulayer.gang.launch import stop_group
+
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    child = None
+    try:
+        child = psutil.Process(int(launcher.stdout.readline()))
+        assert os.getpgid(child.pid) != launcher.pid
+        stop_group([launcher], grace=0.2)
+        assert launcher.poll() is not None
+        assert wait_until(lambda: _gone(child), 10, "the launcher's child to be gone")
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        if child is not None and not _gone(child):
+            child.kill()
+
+
+def _gone(proc) -> bool:
+    import psutil
+
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE  # killed; its new parent reaps it
+    except psutil.NoSuchProcess:
+        return True

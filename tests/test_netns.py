@@ -134,6 +134,29 @@ def test_the_lab_leaves_nothing_behind():
     left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     left += subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
     assert not [n for n in names if n in left]
+    assert not [lab.namespace(i) for i in (1, 2) if (netns.ETC_NETNS / lab.namespace(i)).exists()]
+
+
+LOOKUPS = ("import socket,sys,json\n"
+           "def rev(a):\n try: return socket.gethostbyaddr(a)[0]\n except OSError as e: return f'error {e.errno}'\n"
+           "print(json.dumps({'peer': socket.gethostbyname(sys.argv[1]), 'reverse': rev(sys.argv[2]),"
+           " 'unknown': rev('10.255.254.253'), 'resolv': open('/etc/resolv.conf').read()}))")
+
+
+def test_names_resolve_inside_the_lab_from_its_hosts_file():
+    """Each machine finds its peers by name and by address in its own /etc/hosts, and a name no file
+    holds fails from the machine's own resolver (no DNS a namespace cannot reach, as gloo's lookups found)."""
+    lab = start_lab(2)
+    try:
+        out = subprocess.run([*lab.prefix(1), sys.executable, "-c", LOOKUPS, lab.machine(2).name, lab.address(2)],
+                             capture_output=True, text=True, check=True, timeout=60).stdout
+        seen = json.loads(out)
+        assert seen["peer"] == lab.address(2)
+        assert seen["reverse"] == lab.machine(2).name
+        assert seen["unknown"].startswith("error")
+        assert "nameserver 127.0.0.1" in seen["resolv"]
+    finally:
+        lab.close()
 
 
 def allreduce_across_machines():

@@ -49,7 +49,7 @@ from typing import Callable
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # benchmarks/: common.py, startup.py
 
-from common import unwind_on_signals, write_results  # noqa: E402
+from common import redis_on_its_own_machine, unwind_on_signals, write_results  # noqa: E402
 from startup import Report, header, stop_fleet, wait_slots_free  # noqa: E402
 
 RUN_SCRIPT = str(HERE / "scaling_run.py")
@@ -96,6 +96,7 @@ def start_cluster(lab, workdir: Path):
 
     fleet = Fleet(workdir / "fleet", bind=f"127.0.0.1 {lab.host_address}", host=lab.host_address)
     fleet.start_redis()
+    redis_on_its_own_machine(fleet)
     env = dict(os.environ, OMP_NUM_THREADS="1")
     for m in lab.machines:
         # tie_to_parent: the workers die with this process even if it is SIGKILLed.

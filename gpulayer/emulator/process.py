@@ -2,8 +2,9 @@
 
 ``python -m gpulayer.emulator.process '<json config>'`` (started by ``EmulatedFleet``).
 
-- Heartbeats: every worker of the shard in a few script calls per interval
-  (``Registry.heartbeat_many``), with its busy and held slots.
+- Heartbeats: every worker of the shard once per interval, with its busy and held
+  slots, ``BEAT_SLICE`` workers per script call (``Registry.beat``), the calls
+  spread evenly over the interval as independent workers' beats are.
 - Jobs: the transport's own take script (``store/lua/take.lua``), one message for
   each emulated worker that will run one, recorded (kombu's unacked entry and the
   worker's delivery record) in the same step, as ``gpulayer/engine/transport.py``
@@ -42,6 +43,7 @@ from ..engine import transport
 from ..config import load_settings
 from ..store import keys
 from ..store.gangs import GangStore
+from ..models import WorkerInfo
 from ..store.registry import Registry, load_script, static_record
 from ..gang.control import ControlConsumer
 from ..gang.coordinator import node_stopped
@@ -51,6 +53,7 @@ from .jobs import REF
 log = logging.getLogger("gpulayer.emulator")
 
 TAKE_BATCH = 64  # takes pipelined per round trip
+BEAT_SLICE = 50  # workers per heartbeat script call; the slices are spread over the interval
 SWEEP_EVERY = 1.0  # seconds between sweeps of every queue (private queues, and messages put back without a bell)
 GANG_POLL = 0.02  # seconds between reads of the slot ledger for new gang orders
 UNACKED, UNACKED_INDEX = kredis.Channel.unacked_key, kredis.Channel.unacked_index_key
@@ -101,15 +104,30 @@ class Emulator:
         self.taken = self.done = 0
 
     # -- heartbeats -------------------------------------------------------------------------------
-    def beat(self) -> None:
-        self.registry.beat([(w.id, self.statics[w.id], self.busy[w.id], self.held[w.id]) for w in self.workers])
+    def beat(self, workers: list[WorkerInfo] | None = None) -> None:
+        self.registry.beat([(w.id, self.statics[w.id], self.busy[w.id], self.held[w.id])
+                            for w in (self.workers if workers is None else workers)])
 
     def heartbeat_loop(self) -> None:
-        while not self.stopping.wait(self.interval):
-            try:
-                self.beat()
-            except redis.RedisError as err:
-                log.warning("emulator heartbeat failed: %s", err)
+        """Each worker beats once per interval, a slice of ``BEAT_SLICE`` at a time spread over it.
+
+        Real workers beat independently, at scattered moments; beating 2,500 at once would hold
+        Redis for milliseconds in one script call and stall every other client's command behind it.
+        """
+        slices = [self.workers[i:i + BEAT_SLICE] for i in range(0, len(self.workers), BEAT_SLICE)] or [[]]
+        step = self.interval / len(slices)
+        due = time.monotonic()
+        while True:
+            for part in slices:
+                due += step
+                if self.stopping.wait(max(0.0, due - time.monotonic())):
+                    return
+                try:
+                    self.beat(part)
+                except redis.RedisError as err:
+                    log.warning("emulator heartbeat failed: %s", err)
+            if time.monotonic() - due > self.interval:  # fell behind (a starved host): no burst to catch up
+                due = time.monotonic()
 
     # -- jobs -------------------------------------------------------------------------------------
     def free_readers(self, queue: str, limit: int) -> list[str]:

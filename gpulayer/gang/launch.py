@@ -101,18 +101,52 @@ def stop_group(procs: list[subprocess.Popen], grace: float = 0.5) -> None:
     """Stop process groups started with ``start_new_session``: SIGTERM, SIGKILL after ``grace`` s; reap all.
 
     The one process stopper for ranks; ``procs`` may also be warm ranks (``warm.WarmProcess``).
+    Descendants that left the group are signalled too, by pid: torchrun starts each rank in a
+    session of its own, so a torchrun killed before it stopped them would leave them running.
     """
+    strays = _strays(procs, {})
     for p in procs:
         _signal_group(p, signal.SIGTERM)
+    for q in strays.values():
+        _signal(q, signal.SIGTERM)
     deadline = time.monotonic() + grace
     for p in procs:
         try:
             p.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
+    strays = _strays(procs, strays)
     for p in procs:
         _signal_group(p, signal.SIGKILL)  # also reaches grandchildren still in the group
+    for q in strays.values():
+        _signal(q, signal.SIGKILL)
+    for p in procs:
         p.wait()
+
+
+def _strays(procs: list, known: dict) -> dict:
+    """``known`` plus the live descendants of ``procs`` outside their process groups, by pid."""
+    import psutil
+
+    out = dict(known)
+    for p in procs:
+        try:
+            for q in psutil.Process(p.pid).children(recursive=True):
+                if q.pid not in out and os.getpgid(q.pid) != p.pid:
+                    out[q.pid] = q
+        except (psutil.Error, OSError):
+            pass
+    return out
+
+
+def _signal(q, sig: int) -> None:
+    """Signal one process found by ``psutil`` (which checks it is still the same process, not a reused pid)."""
+    import psutil
+
+    try:
+        q.send_signal(sig)
+    except psutil.Error:
+        pass
 
 
 def _signal_group(p: subprocess.Popen, sig: int) -> None:
