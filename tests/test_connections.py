@@ -5,7 +5,9 @@ A worker holds, by name (``gpulayer:<worker>:<use>``):
 - ``celery`` x4: kombu's: the task consumer's blocking take, the control mailbox's pattern
   subscription, and two for their other commands; Celery's event dispatcher opens its own only once
   a monitor turns events on (engine/events.py);
-- ``worker``: registry checks, heartbeats and the janitor, one connection shared by all three;
+- ``worker``: registry checks and the janitor, one connection shared by both;
+- ``heartbeat``: the heartbeat's own (behind the janitor's commands on a starved host it waited
+  seconds, and live workers were judged dead);
 - ``gang-agent`` and ``control``: a blocking read each (gang orders; the coordinator's queue);
 - ``reaper``: the cancel channel's subscription;
 - ``results`` x1 per pool process that has run a job: where it stores the result.
@@ -19,7 +21,7 @@ from gpulayer import Resources, submit
 
 from .fleets import running_fleet
 
-IDLE = 8  # the main process's connections, above
+IDLE = 9  # the main process's connections, above
 
 
 def test_a_worker_holds_eight_connections_and_one_per_pool_process_that_ran_a_job(tmp_path):
@@ -32,5 +34,6 @@ def test_a_worker_holds_eight_connections_and_one_per_pool_process_that_ran_a_jo
             names = sorted(c["name"] for c in fleet.connections(name))
             assert len(names) <= IDLE + slots, (name, names)
             assert all(n.startswith(f"gpulayer:{name}:") for n in names), names
-            assert names.count(f"gpulayer:{name}:worker") == 1, names  # heartbeat and janitor share one
+            assert names.count(f"gpulayer:{name}:worker") == 1, names  # registry checks and janitor share one
+            assert names.count(f"gpulayer:{name}:heartbeat") == 1, names
             assert f"gpulayer:{name}:results" in names, names  # the count saw the pool processes too

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from ..app import settings as app_settings
+from ..app import redis_client, settings as app_settings
+from ..store.connection import client_name
 from ..models import WorkerInfo
 from ..store.registry import Registry
 from . import runtime
@@ -26,8 +27,13 @@ class Heartbeat(LoopStep):
     def __init__(self, worker, **kwargs):
         super().__init__(worker, **kwargs)
         self.worker_info: WorkerInfo = runtime.current_worker()
-        self.interval: float = app_settings().heartbeat_interval
-        self.registry: Registry = runtime.registry
+        settings = app_settings()
+        self.interval: float = settings.heartbeat_interval
+        # A connection of its own: behind the janitor's commands on the shared one, a starved host
+        # (30 machines on 2 cores starting 32 ranks) kept heartbeats waiting 2-6 s for it, and
+        # gangs failed on workers judged dead that were alive.
+        self.client = redis_client(name=client_name(self.worker_info.id, "heartbeat"), one_connection=True)
+        self.registry: Registry = Registry(self.client, settings.worker_dead_after)
 
     def beat(self) -> None:
         self.registry.heartbeat(self.worker_info.model_copy(update={"busy": ordinary_active(), "held": slots.held}))
@@ -56,3 +62,5 @@ class Heartbeat(LoopStep):
             self.registry.remove(self.worker_info.id)
         except Exception as err:
             log.warning("gpulayer: could not deregister %s: %s", self.worker_info.id, err)
+        finally:
+            self.client.close()

@@ -107,7 +107,7 @@ def run_worker(*, broker: str | None = None, slots: int | None = None, zone: str
     app.conf.broker_transport_options = {**app.conf.broker_transport_options,
                                          "client_name": client_name(worker_id, "celery")}
     app.conf.redis_client_name = client_name(worker_id, "results")
-    # The worker's one connection for short commands: registry checks, heartbeats, the janitor.
+    # The worker's one connection for short commands: registry checks and the janitor (the heartbeat has its own).
     client = redis_client(name=client_name(worker_id, "worker"), one_connection=True)
     try:
         client.ping()
