@@ -33,7 +33,7 @@ the workers that ran any). Each figure is also printed as ``result {json}`` for
 
     python benchmarks/scale_test.py [--topology "2r x 3z x 5m"] [--slots 2] [--tiny 5000] [--shards 2000]
         [--sweep 480] [--compare 2000] [--rounds 2] [--kill-jobs 600] [--dist-runs 3] [--torch-machines N]
-        [--skip PHASE,...] [--out scale_test.txt]
+        [--dead-after 15] [--skip PHASE,...] [--out scale_test.txt]
 """
 
 from __future__ import annotations
@@ -277,10 +277,15 @@ def main() -> None:
     p.add_argument("--torch-machines", type=int, default=0,
                    help="machines that run torch workers in phase 2 (default 0: all of them; a torch worker "
                         "takes ~250 MiB unshared, so 30 need ~7.5 GiB free; 16 is what 16 x 2 needs)")
+    p.add_argument("--dead-after", type=float, default=15.0,
+                   help="worker_dead_after for every worker and this client (default 15 s, not gpulayer's 5: "
+                        "while 16 x 2 torchrun starts 48 interpreters importing torch on 2 shared cores, a "
+                        "worker's heartbeat can miss 5 s; the direct launcher's runs pass at 5)")
     p.add_argument("--skip", default="", help="comma-separated: tiny,shards,compare,kills,sweep,dist,failure")
     p.add_argument("--out", default="scale_test.txt")
     args = p.parse_args()
     skip = set(filter(None, args.skip.split(",")))
+    os.environ["GPULAYER_WORKER_DEAD_AFTER"] = repr(args.dead_after)  # the workers inherit it, the client reads it
     unwind_on_signals()
     topo = Topology.parse(args.topology)
     log = Report("scale_test")
@@ -288,7 +293,8 @@ def main() -> None:
         f"{os.cpu_count()} CPUs  load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     log(f"lab {topo.count} machines ({topo.describe()}), {args.slots} slots each; sizes: tiny {args.tiny}, shards "
         f"{args.shards} x ~0.5 s, sweep {args.sweep} runs, submit styles {args.compare} jobs x {args.rounds} rounds, "
-        f"kills during {args.kill_jobs} jobs, distributed 8x2/16x2 x {args.dist_runs} runs; skipped: {sorted(skip) or 'none'}")
+        f"kills during {args.kill_jobs} jobs, distributed 8x2/16x2 x {args.dist_runs} runs; worker_dead_after "
+        f"{args.dead_after:g} s; skipped: {sorted(skip) or 'none'}")
     t_start = time.monotonic()
 
     def save():  # after each section, so a run cut short keeps what it measured

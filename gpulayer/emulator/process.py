@@ -53,7 +53,7 @@ from .jobs import REF
 log = logging.getLogger("gpulayer.emulator")
 
 TAKE_BATCH = 64  # takes pipelined per round trip
-BEAT_SLICE = 50  # workers per heartbeat script call; the slices are spread over the interval
+BEAT_SLICE = 500  # workers per heartbeat script call (Registry.beat's chunk); the slices are spread over the interval
 SWEEP_EVERY = 1.0  # seconds between sweeps of every queue (private queues, and messages put back without a bell)
 GANG_POLL = 0.02  # seconds between reads of the slot ledger for new gang orders
 UNACKED, UNACKED_INDEX = kredis.Channel.unacked_key, kredis.Channel.unacked_index_key
