@@ -18,7 +18,8 @@ from gpulayer.gang.ranks import fast_exit, report_failure
 def main(argv: list[str]) -> int:
     if "TORCHELASTIC_RUN_ID" in os.environ:
         # Under torchrun, which starts each rank in a session of its own: a torchrun killed with its
-        # worker (SIGKILL, no time to stop us) must not leave this rank running.
+        # worker (SIGKILL, no time to stop us) must not leave this rank running. The direct launcher's
+        # ranks (they have torchrun's variables too) were started with it already; setting it again is harmless.
         from .launch import die_with_parent
 
         parent = os.getppid()
