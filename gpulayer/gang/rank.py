@@ -16,16 +16,6 @@ from gpulayer.gang.ranks import fast_exit, report_failure
 
 
 def main(argv: list[str]) -> int:
-    if "TORCHELASTIC_RUN_ID" in os.environ:
-        # Under torchrun, which starts each rank in a session of its own: a torchrun killed with its
-        # worker (SIGKILL, no time to stop us) must not leave this rank running. The direct launcher's
-        # ranks (they have torchrun's variables too) were started with it already; setting it again is harmless.
-        from .launch import die_with_parent
-
-        parent = os.getppid()
-        die_with_parent()
-        if os.getppid() != parent:  # torchrun died before the line above took effect
-            return 1
     gang_id, attempt = argv[0], int(argv[1])
     rank = int(os.environ["RANK"])
     from .. import app as app_mod
