@@ -67,9 +67,9 @@ def redis_on_its_own_machine(fleet) -> None:
     """Raise the priority of ``fleet``'s Redis (nice -10) for a lab of simulated machines.
 
     Redis stands for a server of its own; on this host it shares the cores with every simulated
-    machine, and at 30 of them, starting 32 ranks, its fair share fell so low that heartbeats took
-    seconds to be answered and workers were judged dead (5 s of silence) that were not. A higher
-    priority gives it what its own machine would: the CPU when it has work. Measured in
-    docs/PERFORMANCE.md (scale test, 16 x 2).
+    machine, and its fair share falls as they grow (30 of them starting 32 ranks reach load 50 and
+    more). A higher priority gives it what its own machine would: the CPU when it has work. (The
+    false death verdicts at 16 x 2 were the heartbeat waiting behind the janitor's connection,
+    fixed in the worker; see docs/PERFORMANCE.md.)
     """
     os.setpriority(os.PRIO_PROCESS, fleet.redis_proc.pid, REDIS_NICE)

@@ -3,7 +3,7 @@
 ``python -m gpulayer.emulator.process '<json config>'`` (started by ``EmulatedFleet``).
 
 - Heartbeats: every worker of the shard once per interval, with its busy and held
-  slots, ``BEAT_SLICE`` workers per script call (``Registry.beat``), the calls
+  slots, ``BEAT_CHUNK`` workers per script call (``Registry.beat``'s chunk), the calls
   spread evenly over the interval as independent workers' beats are.
 - Jobs: the transport's own take script (``store/lua/take.lua``), one message for
   each emulated worker that will run one, recorded (kombu's unacked entry and the
@@ -44,7 +44,7 @@ from ..config import load_settings
 from ..store import keys
 from ..store.gangs import GangStore
 from ..models import WorkerInfo
-from ..store.registry import Registry, load_script, static_record
+from ..store.registry import BEAT_CHUNK, Registry, load_script, static_record
 from ..gang.control import ControlConsumer
 from ..gang.coordinator import node_stopped
 from .fleet import emulated_workers
@@ -53,7 +53,6 @@ from .jobs import REF
 log = logging.getLogger("gpulayer.emulator")
 
 TAKE_BATCH = 64  # takes pipelined per round trip
-BEAT_SLICE = 500  # workers per heartbeat script call (Registry.beat's chunk); the slices are spread over the interval
 SWEEP_EVERY = 1.0  # seconds between sweeps of every queue (private queues, and messages put back without a bell)
 GANG_POLL = 0.02  # seconds between reads of the slot ledger for new gang orders
 UNACKED, UNACKED_INDEX = kredis.Channel.unacked_key, kredis.Channel.unacked_index_key
@@ -109,12 +108,12 @@ class Emulator:
                             for w in (self.workers if workers is None else workers)])
 
     def heartbeat_loop(self) -> None:
-        """Each worker beats once per interval, a slice of ``BEAT_SLICE`` at a time spread over it.
+        """Each worker beats once per interval, one ``Registry.beat`` chunk at a time spread over it.
 
         Real workers beat independently, at scattered moments; beating 2,500 at once would hold
         Redis for milliseconds in one script call and stall every other client's command behind it.
         """
-        slices = [self.workers[i:i + BEAT_SLICE] for i in range(0, len(self.workers), BEAT_SLICE)] or [[]]
+        slices = [self.workers[i:i + BEAT_CHUNK] for i in range(0, len(self.workers), BEAT_CHUNK)] or [[]]
         step = self.interval / len(slices)
         due = time.monotonic()
         while True:

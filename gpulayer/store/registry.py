@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 _RECORDS = TypeAdapter(list[WorkerInfo])
 _DYNAMIC = {"busy", "held", "heartbeat_age"}  # what a worker's static record leaves out
-_BEAT_CHUNK = 500  # workers per heartbeat script call (an emulator beats thousands at once)
+BEAT_CHUNK = 500  # workers per heartbeat script call (an emulator beats thousands at once)
 _BEAT_KEYS = [keys.WORKERS, keys.WORKERS_INFO, keys.WORKERS_STATIC, keys.WORKERS_LOAD, keys.WORKERS_VERSION,
               keys.WORKERS_CHANGED, keys.WORKERS_LOAD_CHANGED, keys.WORKERS_PACKED, keys.WORKERS_PACKED_SYNCED]
 _SNAP_KEYS = [keys.WORKERS, keys.WORKERS_INFO, keys.WORKERS_STATIC, keys.WORKERS_LOAD, keys.WORKERS_VERSION,
@@ -75,9 +75,9 @@ class Registry:
     def beat(self, rows: list[tuple[str, str, int, int]]) -> None:
         """Heartbeat ``(worker id, static record, busy, held)`` rows, 500 per script call, one pipeline."""
         calls = []
-        for i in range(0, len(rows), _BEAT_CHUNK):
+        for i in range(0, len(rows), BEAT_CHUNK):
             args: list = [self.dead_after]
-            for wid, static, busy, held in rows[i:i + _BEAT_CHUNK]:
+            for wid, static, busy, held in rows[i:i + BEAT_CHUNK]:
                 args += (wid, static, pack_static_json(static), busy, held)
             calls.append(args)
         if len(calls) == 1:
