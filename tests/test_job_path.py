@@ -165,7 +165,13 @@ def test_prefetched_jobs_behind_a_long_job_go_back_after_prefetch_hold_and_an_id
     life = keys.life("h1", fleet.workers["h1"].pid)
     os.kill(fleet.workers["h2"].pid, signal.SIGSTOP)  # h1 takes the whole batch
     try:
-        batch = submit_batch([submit.s(blocker, run, 0)] + [submit.s(quick, run, i) for i in range(3)])
+        # h1 waits too while the batch is published, so its one take sees every message (a take that its 1 s
+        # poll started between two of them would fill its slot and leave the rest in the queue).
+        os.kill(fleet.workers["h1"].pid, signal.SIGSTOP)
+        try:
+            batch = submit_batch([submit.s(blocker, run, 0)] + [submit.s(quick, run, i) for i in range(3)])
+        finally:
+            os.kill(fleet.workers["h1"].pid, signal.SIGCONT)
         wait_until(lambda: client.hlen(keys.inflight(life)) == 4, 30, "h1 to take the whole batch")
     finally:
         os.kill(fleet.workers["h2"].pid, signal.SIGCONT)
