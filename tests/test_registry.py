@@ -8,6 +8,7 @@ import pytest
 
 from gpulayer.models import WorkerInfo
 from gpulayer.store import keys
+from gpulayer.store.connection import connect_redis
 from gpulayer.store.registry import CachedSnapshot, FleetView, Registry
 
 
@@ -261,3 +262,29 @@ def test_a_write_of_an_older_gpulayer_puts_the_read_on_json_until_it_packs_every
     assert r.hget(keys.WORKERS_PACKED, "w002").split(b"\x1f")[7] == b"16"
     _same(registry.snapshot(), _json_read(registry))
 
+
+
+@pytest.mark.parametrize("protocol", [3, 2])
+def test_the_direct_full_read_equals_the_script_s_and_judges_the_dead_by_redis_clock(fresh_fleet, protocol):
+    client = connect_redis(fresh_fleet.url, protocol=protocol)  # RESP3 sends scores as doubles, RESP2 as strings
+    registry = Registry(client, dead_after=5.0)
+    fleet = [info(i, busy=i % 8, held=i % 3) for i in range(40)] + [
+        info(901, gpus=2, gpu_names=("A100", "A100 80GB"), started_at=1764590000.123456, held=3),
+        info(905, id="with space é", hostname="hôte", zone=None, region=None)]
+    registry.heartbeat_many(fleet)
+    secs, _ = client.time()
+    client.zadd(keys.WORKERS, {"w003": secs - 60, "w017": secs - 6})  # dead by Redis's clock, not yet removed
+    version, direct = registry._read_packed()  # every live record packed and in sync: no script
+    assert version == int(client.get(keys.WORKERS_VERSION))
+    assert [w.id for w in direct] == sorted(w.id for w in fleet if w.id not in {"w003", "w017"})
+    ages = {w.id: w.heartbeat_age for w in direct}
+    assert all(0.0 <= a < 5.0 for a in ages.values())
+    assert [w.id for w in registry.snapshot()] == [w.id for w in direct]
+    _same(direct, _json_read(registry))
+    _same(direct, sorted((w for w in fleet if w.id not in {"w003", "w017"}), key=lambda w: w.id), fields_set=False)
+    # A live worker without a packed record: the script reads its JSON, and the read is whole again.
+    registry.heartbeat_many(fleet)
+    client.hdel(keys.WORKERS_PACKED, "w005")
+    assert registry._read_packed() is None
+    assert [w.id for w in registry.snapshot()] == sorted(w.id for w in fleet)
+    client.close()
