@@ -205,19 +205,30 @@ def bench_snapshot(t: Table, n: int, repeat: int) -> None:
         def packed_call():
             return reg._snap(keys=_SNAP_KEYS, args=[600.0])
 
+        def script_read():  # the packed read through snapshot.lua, as Registry.read did before its direct read
+            raw = packed_call()
+            return tuple(sorted(packed.unpack(raw[3].decode(), float(raw[0])), key=lambda w: w.id))
+
+        def direct_call():
+            return reg._read_packed()
+
         assert [w.model_dump(exclude={"heartbeat_age"}) for w in reg.read()[1]] == \
                [w.model_dump(exclude={"heartbeat_age"}) for w in json_read()], "the packed read differs from JSON"
         reps = max(3, min(repeat, 100000 // n))
-        t.row("full read (Registry.read, packed)", n, timed(reg.read, reps), timed(json_read, reps))
+        assert reg._read_packed() is not None, "the full read did not take its direct path"
+        assert [w.model_dump(exclude={"heartbeat_age"}) for w in reg.read()[1]] == \
+               [w.model_dump(exclude={"heartbeat_age"}) for w in script_read()], "the direct read differs"
+        t.row("full read (Registry.read: direct, packed)", n, timed(reg.read, reps), timed(script_read, reps))
+        t.row("full read by snapshot.lua (packed)", n, timed(script_read, reps), timed(json_read, reps))
         t.row("full read before the packed records (JSON)", n, timed(json_read, reps), timed(old_read, reps))
-        for what, call in (("packed", packed_call), ("JSON", json_call)):
+        for what, call, command in (("direct", direct_call, "cmdstat_exec"), ("packed", packed_call, "cmdstat_evalsha"),
+                                    ("JSON", json_call, "cmdstat_evalsha")):
             client.config_resetstat()
             wall = timed(call, reps)
-            stat = client.info("commandstats").get("cmdstat_evalsha", {})
-            raw = call()
-            size = len(raw[3]) + len(raw[4])
-            t.line(f"  {what:<6} script: {stat.get('usec_per_call', 0) / 1e3:7.1f} ms of Redis CPU per call, "
-                   f"{stats(wall)[0]:7.1f} ms call and transfer, {size / 1e6:.2f} MB")
+            stat = client.info("commandstats").get(command, {})
+            name = "read (MULTI)" if what == "direct" else "script"
+            t.line(f"  {what:<6} {name:<12}: {stat.get('usec_per_call', 0) / 1e3:7.1f} ms of Redis CPU per call, "
+                   f"{stats(wall)[0]:7.1f} ms call, transfer{' and parse' if what == 'direct' else ''}")
         raw = packed_call()
         text, now = raw[3].decode(), float(raw[0])
         blob = json_call()[4]
