@@ -277,7 +277,14 @@ def _versions(ray) -> str:
     except (OSError, IndexError, subprocess.SubprocessError):
         server = "?"
     return (f"python {platform.python_version()}, celery {celery.__version__}, kombu {kombu.__version__}, "
-            f"redis-py {redis.__version__}, redis-server {server}, ray {ray.__version__ if ray else '-'}")
+            f"redis-py {redis.__version__} ({'hiredis ' + _hiredis() if redis.utils.HIREDIS_AVAILABLE else 'Python'} "
+            f"parser), redis-server {server}, ray {ray.__version__ if ray else '-'}")
+
+
+def _hiredis() -> str:
+    from importlib.metadata import version
+
+    return version("hiredis")
 
 
 def _load() -> str:
