@@ -1,4 +1,6 @@
 -- Every worker heard from within ARGV[1] seconds, with the registry version it reflects.
+-- Registry.read sends it only where its direct read (Registry._read_packed, no script) cannot serve:
+-- a live worker without a packed record, or packed records out of sync with the version.
 -- KEYS[1] workers zset, KEYS[2] info hash, KEYS[3] static hash, KEYS[4] load hash, KEYS[5] version,
 -- KEYS[6] packed hash, KEYS[7] packed-synced version
 -- Returns {now, version, synced (1/0), packed, json}: packed joins, for each worker with a packed
