@@ -209,9 +209,6 @@ def bench_snapshot(t: Table, n: int, repeat: int) -> None:
             raw = packed_call()
             return tuple(sorted(packed.unpack(raw[3].decode(), float(raw[0])), key=lambda w: w.id))
 
-        def direct_call():
-            return reg._read_packed()
-
         assert [w.model_dump(exclude={"heartbeat_age"}) for w in reg.read()[1]] == \
                [w.model_dump(exclude={"heartbeat_age"}) for w in json_read()], "the packed read differs from JSON"
         reps = max(3, min(repeat, 100000 // n))
@@ -221,7 +218,7 @@ def bench_snapshot(t: Table, n: int, repeat: int) -> None:
         t.row("full read (Registry.read: direct, packed)", n, timed(reg.read, reps), timed(script_read, reps))
         t.row("full read by snapshot.lua (packed)", n, timed(script_read, reps), timed(json_read, reps))
         t.row("full read before the packed records (JSON)", n, timed(json_read, reps), timed(old_read, reps))
-        for what, call, command in (("direct", direct_call, "cmdstat_exec"), ("packed", packed_call, "cmdstat_evalsha"),
+        for what, call, command in (("direct", reg._read_packed, "cmdstat_exec"), ("packed", packed_call, "cmdstat_evalsha"),
                                     ("JSON", json_call, "cmdstat_evalsha")):
             client.config_resetstat()
             wall = timed(call, reps)

@@ -263,7 +263,6 @@ def test_a_write_of_an_older_gpulayer_puts_the_read_on_json_until_it_packs_every
     _same(registry.snapshot(), _json_read(registry))
 
 
-
 @pytest.mark.parametrize("protocol", [3, 2])
 def test_the_direct_full_read_equals_the_script_s_and_judges_the_dead_by_redis_clock(fresh_fleet, protocol):
     client = connect_redis(fresh_fleet.url, protocol=protocol)  # RESP3 sends scores as doubles, RESP2 as strings

@@ -24,6 +24,7 @@ from ..models import WorkerInfo
 LAYOUT = 1
 SEP = "\x1f"
 NAMES_SEP = "\x1d"
+_BYTES_SEP = SEP.encode()
 FIELDS = ("id", "hostname", "address", "zone", "region", "gpus", "gpu_names", "slots", "pid", "started_at")
 DYNAMIC = ("busy", "held")  # appended by the heartbeat script; the full read appends the heartbeat time
 _ALL = set(WorkerInfo.model_fields)  # what a record parsed from the registry's JSON has set
@@ -123,7 +124,7 @@ def unpack_records(records: list[str] | list[bytes], beats: Iterable[float], now
     """Packed records (as the registry's hash holds them) with their workers' heartbeat times, in one order."""
     if not records:
         return []
-    text = b"\x1f".join(records).decode() if isinstance(records[0], bytes) else SEP.join(records)
+    text = _BYTES_SEP.join(records).decode() if isinstance(records[0], bytes) else SEP.join(records)
     flat = text.split(SEP)
     width = _WIDTH - 1
     if len(flat) != width * len(records):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import logging
+import operator
 import os
 import threading
 import time
@@ -31,6 +32,7 @@ from .packed import pack, pack_static_json, trusted, unpack, unpack_records
 log = logging.getLogger(__name__)
 
 _RECORDS = TypeAdapter(list[WorkerInfo])
+_score = operator.itemgetter(1)  # of a (worker id, heartbeat time) pair
 _DYNAMIC = {"busy", "held", "heartbeat_age"}  # what a worker's static record leaves out
 BEAT_CHUNK = 500  # workers per heartbeat script call (an emulator beats thousands at once)
 _BEAT_KEYS = [keys.WORKERS, keys.WORKERS_INFO, keys.WORKERS_STATIC, keys.WORKERS_LOAD, keys.WORKERS_VERSION,
@@ -139,12 +141,12 @@ class Registry:
         return int(version), tuple(workers)
 
     def _read_packed(self) -> tuple[int, tuple[WorkerInfo, ...]] | None:
-        """The full read while every live worker's packed record is in sync: four plain commands in one
+        """The full read while every live worker's packed record is in sync: five plain commands in one
         transaction, joined here; ``None`` sends the read to ``snapshot.lua`` (JSON records, re-packing).
 
         Redis sends the hash and the heartbeat times as they are stored; the script that joined them cost
-        Redis 47 ms of its one core per read at 10,000 workers (Lua's strings and ``table.concat``), this
-        costs it about 5 (``benchmarks/placement_scale.py``). The heartbeat times include the dead's:
+        Redis 45 ms of its one core per read at 10,000 workers (Lua's strings and ``table.concat``), this
+        costs it 20 (``benchmarks/placement_scale.py``). The heartbeat times include the dead's:
         liveness is judged here against Redis's ``TIME`` from the same transaction.
         """
         with self.client.pipeline(transaction=True) as pipe:
@@ -168,7 +170,7 @@ class Registry:
             found = [records[wid] for wid, _ in live]
         except KeyError:  # a live worker without a packed record: its JSON one is read by the script
             return None
-        workers = unpack_records(found, [float(beat) for _, beat in live], now)
+        workers = unpack_records(found, [beat for _, beat in live], now)
         return int(version), tuple(workers)
 
     def changes(self, since: int) -> Changes:
@@ -217,10 +219,6 @@ class Registry:
         now = self.client.time()
         cutoff = now[0] + now[1] / 1e6 - self.dead_after
         return {w.decode() for w in self.client.zrangebyscore(keys.WORKERS, cutoff, "+inf")}
-
-
-def _score(pair) -> float:
-    return float(pair[1])
 
 
 def _by_id(w: WorkerInfo) -> str:
