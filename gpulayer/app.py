@@ -27,6 +27,7 @@ from .store.registry import CachedSnapshot, Registry
 SUBMIT = "gpulayer.submit"
 COORDINATE = "gpulayer.gang.coordinate"  # gang/coordinator.py; always to queues.CONTROL
 RESOURCES_HEADER = "gl_resources"
+ROUTES = ("gpulayer.app.route_task",)  # the app's task_routes; while they are these, submit publishes itself
 
 signing.register_serializer()
 
@@ -42,7 +43,7 @@ app.conf.update(
     # so slots reserved for a gang are never eaten by buffered messages.
     worker_prefetch_multiplier=1,
     task_default_queue=queues.DEFAULT,
-    task_routes=("gpulayer.app.route_task",),
+    task_routes=ROUTES,
     broker_connection_retry_on_startup=True,
     # A result is stored even if Redis restarts meanwhile: retry until it is back.
     result_backend_always_retry=True,

@@ -10,17 +10,15 @@ from typing import Any
 import redis
 from celery import states
 from celery.canvas import Signature
-from kombu.exceptions import EncodeError
 from kombu.utils.uuid import uuid
 
 from . import app as app_mod
 from .cancel import cancel_jobs, interrupted
 from .canvas import function_and_args
 from .connection import connect, ensure_connected, init  # noqa: F401  (connect, init: public here too)
-from .errors import PayloadError
 from .models import Resources
 from .payload import PickledFunction, pack_function, summarize
-from .tasks.submit import as_resources, submit
+from .tasks.submit import as_resources, send_job, submit
 
 
 class BatchHandle:
@@ -117,12 +115,10 @@ def submit_batch(signatures: Iterable[Signature], resources: Resources | dict | 
     packed: dict[int, tuple[Any, PickledFunction | str]] = {}  # id -> (fn kept alive, its packed form)
     headers = {app_mod.RESOURCES_HEADER: res.model_dump(exclude_defaults=True)}
     celery_app = app_mod.app
-    amqp = celery_app.amqp
-    queue = amqp.router.expand_destination({"queue": route.queue})["queue"]
+    summary = res.describe()
     ids: list[str] = []
-    # Celery's apply_async subscribes to each result's channel and declares the
-    # queue per message; a batch needs neither (results are gathered by MGET),
-    # so it builds the task messages itself and lets kombu pipeline them.
+    # Celery's apply_async subscribes to each result's channel and routes each message; a batch needs
+    # neither (results are gathered by MGET, and it routes once), and kombu pipelines the publishes.
     with celery_app.producer_or_acquire() as producer, producer.batch(max_size=chunk):
         for sig in signatures:
             if getattr(sig, "task", None) != submit.name:
@@ -134,16 +130,8 @@ def submit_batch(signatures: Iterable[Signature], resources: Resources | dict | 
             if id(fn) not in packed:  # pickle each distinct function once per batch
                 packed[id(fn)] = (fn, pack_function(fn))
             job_id = uuid()
-            message = amqp.create_task_message(job_id, submit.name, (packed[id(fn)][1], *args), kwargs,
-                                               reply_to=celery_app.thread_oid,
-                                               argsrepr=summarize(fn, tuple(args), kwargs),
-                                               kwargsrepr=res.describe())
-            try:
-                amqp.send_task_message(producer, submit.name, message, queue=queue, headers=dict(headers),
-                                       declare=None if not ids else [])
-            except EncodeError as err:
-                cause = err.__cause__ or err.__context__ or err
-                raise (cause if isinstance(cause, PayloadError) else PayloadError(str(err))) from err
+            send_job(producer, job_id, packed[id(fn)][1], tuple(args), kwargs, route.queue, headers,
+                     summarize(fn, tuple(args), kwargs), summary)
             ids.append(job_id)
     return BatchHandle(ids)
 

@@ -13,6 +13,8 @@ import reprlib
 import sys
 import sysconfig
 import threading
+import types
+import weakref
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
@@ -60,13 +62,97 @@ def pack_function(fn: Callable | str) -> FunctionRef:
     check_function(fn)
     if isinstance(fn, str):
         return fn
+    seen = _fingerprint(fn)
+    if seen is not None:
+        hit = _packed.get(fn)
+        if hit is not None and hit[0] == seen:
+            return hit[1]
     try:
         blob = cloudpickle.dumps(fn)
     except Exception as err:
         raise PayloadError(f"cannot pickle function {function_name(fn)}: {type(err).__name__}: {err}; "
                            "it probably captures an open file, lock, socket or similar object: "
                            "create that object inside the function instead") from err
-    return PickledFunction(hashlib.blake2b(blob, digest_size=16).digest(), blob, function_name(fn))
+    out = PickledFunction(hashlib.blake2b(blob, digest_size=16).digest(), blob, function_name(fn))
+    if seen is not None:
+        _packed[fn] = (seen, out)
+    return out
+
+
+# A function's pickle, kept while what it was pickled from is unchanged (a loop of submit.delay(fn, i)
+# pickles fn once, as Ray's and Dask's remote functions are). Kept only for plain functions whose every
+# captured value is immutable or travels by reference (numbers, strings, modules, installed classes,
+# other such functions): anything that could change inside without a new binding (a list, a dict, an
+# object, a module sent by value) sends the function to cloudpickle again on every call.
+_packed: "weakref.WeakKeyDictionary[Callable, tuple[tuple, PickledFunction]]" = weakref.WeakKeyDictionary()
+_SCALARS = frozenset({int, float, complex, str, bytes, bool, type(None), type(Ellipsis), range})
+_names_of: dict[types.CodeType, tuple[str, ...]] = {}
+
+
+def _global_names(code: types.CodeType) -> tuple[str, ...]:
+    """The global names ``code`` and the code nested in it may read."""
+    names = _names_of.get(code)
+    if names is None:
+        found = set(code.co_names)
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                found.update(_global_names(const))
+        names = _names_of[code] = tuple(sorted(found))
+        if len(_names_of) > 4096:
+            _names_of.clear()
+    return names
+
+
+def _by_reference(module_name: str | None) -> bool:
+    """Does cloudpickle send what lives in this module as a reference (an installed, importable module)?"""
+    if not module_name or module_name == "__main__" or module_name not in sys.modules:
+        return False
+    registered = cloudpickle.list_registry_pickle_by_value()
+    return not any(module_name == m or module_name.startswith(m + ".") for m in registered)
+
+
+def _frozen(value, depth: int):
+    """``value`` itself where its pickle cannot change while it stays the same object, else ``_CHANGING``."""
+    kind = type(value)
+    if kind in _SCALARS or kind is types.BuiltinFunctionType:
+        return value
+    if kind is tuple or kind is frozenset:
+        parts = tuple(_frozen(v, depth) for v in value)
+        return _CHANGING if _CHANGING in parts else (value, parts)
+    if kind is types.ModuleType:
+        return value if _by_reference(value.__name__) else _CHANGING
+    if kind is types.FunctionType:
+        inner = _fingerprint(value, depth + 1)
+        return _CHANGING if inner is None else inner
+    if isinstance(value, type):
+        return value if value.__module__ == "builtins" or _by_reference(value.__module__) else _CHANGING
+    return _CHANGING
+
+
+_CHANGING = object()
+_MISSING = object()
+
+
+def _fingerprint(fn, depth: int = 0) -> tuple | None:
+    """What ``fn``'s pickle is made of, by identity, or None where it cannot be told cheaply (see ``_packed``)."""
+    if type(fn) is not types.FunctionType or depth > 3 or fn.__dict__:
+        return None
+    code, space = fn.__code__, fn.__globals__
+    parts = [fn, code, fn.__name__, fn.__qualname__, fn.__module__, fn.__doc__]
+    for name in _global_names(code):
+        parts.append(_frozen(space.get(name, _MISSING), depth) if name in space else _MISSING)
+    for value in (fn.__defaults__ or ()):
+        parts.append(_frozen(value, depth))
+    for name, value in (fn.__kwdefaults__ or {}).items():
+        parts += (name, _frozen(value, depth))
+    for cell in (fn.__closure__ or ()):
+        try:
+            parts.append(_frozen(cell.cell_contents, depth))
+        except ValueError:  # a cell not filled yet
+            return None
+    for name, value in fn.__annotations__.items():
+        parts += (name, _frozen(value, depth))
+    return None if _CHANGING in parts else tuple(parts)
 
 
 _loaded: dict[bytes, Callable] = {}

@@ -90,6 +90,34 @@ def test_failure_carries_type_message_and_traceback(fleet):
     assert e.value.job_id == h.id
 
 
+def _subscribes(client) -> int:
+    return int(client.info("commandstats").get("cmdstat_subscribe", {}).get("calls", 0))
+
+
+def test_a_finished_job_is_read_with_one_get_and_an_unfinished_one_still_waited_for(fleet):
+    import time
+
+    def boom():
+        raise ValueError("bad shard")
+
+    done, failed = submit.delay(square, 7), submit.delay(boom)
+    client = fleet.client()
+    stored = [done.backend.get_key_for_task(h.id) for h in (done, failed)]  # not h.ready(): that caches the result
+    deadline = time.monotonic() + 30
+    while client.exists(*stored) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    before = _subscribes(client)
+    assert done.get(timeout=30) == 49
+    with pytest.raises(JobFailed, match="bad shard"):
+        failed.get(timeout=30)
+    assert failed.get(propagate=False).type_name == "ValueError"
+    assert _subscribes(client) == before  # Celery's get would have subscribed to each job's channel
+
+    slow = submit.delay(time.sleep, 1.0)  # not finished when asked: get subscribes and waits, as Celery's does
+    assert slow.get(timeout=30) is None and slow.successful()
+    assert _subscribes(client) > before
+
+
 def test_group_failure_is_job_failed_too(fleet):
     g = group([submit.s(square, 2), submit.s(lambda: 1 / 0)]).apply_async()
     with pytest.raises(JobFailed, match="ZeroDivisionError"):

@@ -88,3 +88,56 @@ def test_no_secret_means_no_signing():
     signing.configure(None)
     with pytest.raises(PayloadError, match="GPULAYER_SECRET"):
         signing.dumps(1)
+
+
+def _defined(source: str) -> tuple[dict, object]:
+    """The function ``f`` of ``source``, with the namespace it reads its globals from (a user's script)."""
+    space: dict = {}
+    exec(source, space)
+    return space, space["f"]
+
+
+def test_a_function_is_pickled_once_while_the_globals_it_reads_are_the_same():
+    space, f = _defined("K = 2\nimport math\ndef f(x):\n    return math.floor(x * K)\n")
+    first = pack_function(f)
+    assert pack_function(f) is first  # a loop of submit.delay(f, i) pickles f once
+    space["K"] = 3  # a new binding of a global it reads: pickled again, with the new value
+    again = pack_function(f)
+    assert again is not first and again.digest != first.digest
+    assert resolve_function(again)(2) == 6 and resolve_function(first)(2) == 4
+
+
+def test_what_could_change_in_place_is_pickled_on_every_call():
+    space, f = _defined("SCALE = [2]\ndef f(x, seen=()):\n    return x * SCALE[0]\n")
+    first = pack_function(f)
+    space["SCALE"][0] = 5  # the same list, changed inside: nothing but a new pickle can see that
+    again = pack_function(f)
+    assert again is not first and resolve_function(again)(1) == 5
+
+    _, g = _defined("def f(x, acc=[]):\n    acc.append(x)\n    return len(acc)\n")  # a mutable default
+    assert pack_function(g) is not pack_function(g)
+
+
+def test_a_helper_rebound_or_a_closure_cell_changed_is_a_new_pickle():
+    space, f = _defined("def helper(x):\n    return x + 1\ndef f(x):\n    return helper(x)\n")
+    first = pack_function(f)
+    assert pack_function(f) is first
+    space["helper"] = lambda x: x + 10
+    assert resolve_function(pack_function(f))(1) == 11
+
+    def make():
+        n = 1
+
+        def add(x):
+            return x + n
+
+        def bump():
+            nonlocal n
+            n += 1
+        return add, bump
+
+    add, bump = make()
+    before = pack_function(add)
+    assert pack_function(add) is before
+    bump()
+    assert resolve_function(pack_function(add))(1) == 3

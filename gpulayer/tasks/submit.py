@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 from celery import Task, signature
 from celery.result import AsyncResult
 from celery.exceptions import Ignore
 from kombu.exceptions import EncodeError
+from kombu.utils.uuid import uuid
 
 from .. import app as app_mod
 from .. import canvas
@@ -32,8 +35,15 @@ class JobHandle(AsyncResult):
     """A submitted job: ``get()`` (the value, or ``JobFailed``), ``cancel()``, ``history()``."""
 
     def get(self, *args, **kwargs):
-        """The job's value, or ``JobFailed``; Ctrl-C says the job still runs and how to stop it."""
+        """The job's value, or ``JobFailed``; Ctrl-C says the job still runs and how to stop it.
+
+        A finished job's result is read with one GET. Celery's ``get`` subscribes to the job's channel,
+        reads the stored result and unsubscribes, three round trips and as much of a client's CPU as the
+        ``delay`` that sent the job; it still waits for the jobs that have not finished.
+        """
         try:
+            if self._cache is None and not self.ignored and kwargs.get("on_message") is None:
+                self._maybe_set_cache(self.backend.get_task_meta(self.id))
             return super().get(*args, **kwargs)
         except KeyboardInterrupt:
             from ..cancel import interrupted
@@ -118,9 +128,17 @@ class SubmitTask(Task):
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
                 raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
             headers[TIMEOUT_HEADER] = float(timeout)
+        ensure_connected()
+        if not options and producer is None and link is None and link_error is None and shadow is None \
+                and direct_publish_applies(self.app):
+            job_id = task_id or uuid()
+            queue = app_mod.route_for(resources).queue
+            with self.app.producer_or_acquire() as producer:
+                send_job(producer, job_id, ref, args, kwargs, queue, headers, summarize(fn, args, kwargs),
+                         resources.describe())
+            return self.AsyncResult(job_id)
         options.setdefault("argsrepr", summarize(fn, args, kwargs))
         options.setdefault("kwargsrepr", resources.describe())
-        ensure_connected()
         # A later step no live worker can run is refused now, not by the worker that would send it.
         for later in canvas.later_signatures(options.get("chain"), options.get("chord"), link, link_error):
             app_mod.route_for(as_resources(later.kwargs.get("resources")))
@@ -130,6 +148,43 @@ class SubmitTask(Task):
         except EncodeError as err:
             cause = err.__cause__ or err.__context__ or err
             raise (cause if isinstance(cause, PayloadError) else PayloadError(str(err))) from err
+
+
+def direct_publish_applies(celery_app) -> bool:
+    """May a job be published by ``send_job`` instead of Celery's ``send_task``? Only where the two send the
+    same message: not eagerly, with gpulayer's router alone, and not from inside a job (whose children Celery
+    links to it by parent and root id)."""
+    conf = celery_app.conf
+    return conf.task_routes == app_mod.ROUTES and not conf.task_always_eager and celery_app.current_worker_task is None
+
+
+_declared: tuple[int, set[str]] = (0, set())  # (pid, queues this process declared): kombu declares per message
+
+
+def send_job(producer, job_id: str, ref, args: tuple, kwargs: dict, queue: str, headers: dict, argsrepr: str,
+             kwargsrepr: str) -> None:
+    """Publish one job message as Celery's ``send_task`` builds it for ``submit`` (``create_task_message``,
+    then ``send_task_message``: its signals, serializer and retry policy), routed to ``queue`` already.
+
+    What ``submit.delay`` and ``submit_batch`` send, without ``send_task``'s generic work per message (task
+    options, the router, a producer from the pool per call, a queue declaration each time): a third of a
+    ``delay``'s CPU in the client (``benchmarks/throughput.py``). The queue is declared once per process; a
+    direct queue needs no binding on Redis (kombu publishes it to the anonymous exchange).
+    """
+    global _declared
+    amqp = app.amqp
+    pid, declared = _declared
+    if pid != os.getpid():
+        _declared = pid, declared = os.getpid(), set()
+    message = amqp.create_task_message(job_id, SUBMIT, (ref, *args), kwargs, reply_to=app.thread_oid,
+                                       argsrepr=argsrepr, kwargsrepr=kwargsrepr)
+    try:
+        amqp.send_task_message(producer, SUBMIT, message, queue=amqp.router.expand_destination({"queue": queue})["queue"],
+                               headers=dict(headers), declare=[] if queue in declared else None)
+    except EncodeError as err:
+        cause = err.__cause__ or err.__context__ or err
+        raise (cause if isinstance(cause, PayloadError) else PayloadError(str(err))) from err
+    declared.add(queue)
 
 
 def _already_done(task) -> bool:
