@@ -183,3 +183,21 @@ def test_prefetched_jobs_behind_a_long_job_go_back_after_prefetch_hold_and_an_id
     for job_id in batch.ids[1:]:  # given back as taken
         assert JobRecords(client).history(job_id) == []
     client.close()
+
+
+def test_a_job_sent_after_a_cancel_does_not_wait_behind_the_revoked_messages(fresh_fleet):
+    """Celery acks a message it drops as revoked on the event loop's next turn, which used to come only after a
+    poll of up to a second: a worker went through a cancelled batch's queued messages two a second (its prefetch
+    count), and a job sent after the cancel waited behind them all (engine/transport.py, _turn_soon_if_acks_wait)."""
+    fleet = fresh_fleet
+    fleet.add_workers({"r1": dict(slots=2)})
+    fleet.connect()
+    client = redis_client()
+    run = f"revoked-drain:{time.time()}"
+    batch = submit_batch([submit.s(blocker, run, i) for i in range(400)])
+    wait_until(lambda: client.llen(f"{run}:started") >= 2, 60, "two of the batch's jobs to start")
+    assert batch.cancel() == 400  # the two running are killed; the 398 queued are dropped as the worker takes them
+    after = submit.delay(quick, run, 0)
+    assert after.get(timeout=30) == (0, "r1")  # 398 at two a second would be over three minutes
+    assert client.llen(queues.DEFAULT) == 0  # every revoked one was taken and dropped before it
+    client.close()

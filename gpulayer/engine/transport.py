@@ -49,6 +49,7 @@ from queue import Empty
 from time import monotonic, time
 from urllib.parse import urlsplit
 
+from kombu.asynchronous import get_event_loop
 from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kredis
 from kombu.transport import virtual
@@ -64,6 +65,7 @@ log = logging.getLogger(__name__)
 NAME = "gpulayer"
 BELL_TOKENS = 64  # tokens kept per bell: enough to wake every idle worker of a queue at once
 ACK_WAIT = 0.2  # seconds a finished job's ack waits for a take to ride on before it goes alone
+TURN_DELAY = 0.001  # seconds: kombu's loop takes a timer due after 0 as one a second away
 _LUA = resources.files("gpulayer.store").joinpath("lua")
 TAKE = _LUA.joinpath("take.lua").read_text()
 PUT_BACK = _LUA.joinpath("put_back.lua").read_text()
@@ -185,6 +187,8 @@ class Channel(kredis.Channel):
         self._acks_sent: list[str] = []
         self._acks_since = 0.0
         self._buffered_since = 0.0
+        self._turn_timer_set = False  # _turn_soon_if_acks_wait's timer is set
+        self._handed = 0  # messages handed to Celery by _deliver_buffered, ever
 
     @contextmanager
     def conn_or_acquire(self, client=None):
@@ -332,7 +336,36 @@ class Channel(kredis.Channel):
             self._queue_cycle.rotate(dest)
             self.connection._deliver(message, dest)
             n += 1
+        self._handed += n
+        if n:  # their acks may come a turn later
+            self._turn_soon_if_acks_wait()
         return n
+
+    def _turn_soon_if_acks_wait(self, delay: float = TURN_DELAY) -> None:
+        """When only kombu's prefetch count holds the next message (or the next take) back, wake the loop soon.
+
+        The acks it waits for are Celery's, sent on the event loop's next turn (``call_soon``). A job's ack is
+        scheduled from the pool's result, after the loop's poll, so the next turn comes at once; but a message
+        Celery drops on receipt (revoked) is acked from a delivery made on this turn, before the poll, and the
+        poll then waits up to a second when nothing is in flight (no take is sent while messages wait). A timer
+        due at once makes it return: without it, a worker went through a ``cancel``'s revoked messages two a
+        second (a prefetch count of 2), and jobs sent after the cancel waited behind them. A turn that moves
+        nothing looks again later, four times less often each time, up to a second.
+        """
+        gate = self.qos.gate
+        if self._turn_timer_set or virtual.QoS.can_consume(self.qos) or (gate is not None and gate.free() <= 0):
+            return
+        hub = get_event_loop()
+        if hub is None:
+            return
+        self._turn_timer_set = True
+        handed = self._handed
+
+        def turn():
+            self._turn_timer_set = False
+            self._deliver_buffered()
+            self._turn_soon_if_acks_wait(TURN_DELAY if self._handed != handed else min(delay * 4, 1.0))
+        hub.call_later(delay, turn)
 
     def _between_takes(self) -> None:
         """Each time kombu asks whether to consume: the buffer goes back when a gang holds slots here or it

@@ -69,6 +69,9 @@ BORROWED: tuple[Borrowed, ...] = (
     Borrowed("kombu.transport.redis:Channel._brpop_start", "225ed3a7dba80b8d", _T, "overrides"),
     Borrowed("kombu.transport.redis:Channel._brpop_read", "8dffdd33e02e92cf", _T, "overrides"),
     Borrowed("kombu.transport.redis:Channel.close", "e432a00c5593503e", _T, "overrides"),
+    # the event loop turn that Celery's acks wait for (the transport's _turn_soon_if_acks_wait)
+    Borrowed("kombu.asynchronous.hub:Hub.create_loop", "8faca5b8e3b64640", _T, "relies on"),
+    Borrowed("kombu.asynchronous.hub:Hub.fire_timers", "22f549d5283e7c45", _T, "relies on"),
     # the slot gate (engine/qos.py), asked by the transport's QoS
     Borrowed("kombu.transport.virtual.base:QoS.can_consume", "49da5047156f5223", _T, "overrides"),
     # Celery's Redis result backend: stored once, failures as JobFailed
