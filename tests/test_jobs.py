@@ -118,6 +118,35 @@ def test_a_finished_job_is_read_with_one_get_and_an_unfinished_one_still_waited_
     assert _subscribes(client) > before
 
 
+def test_get_finds_a_result_stored_while_it_waits_even_unannounced(fleet):
+    """A waiting get subscribes on one connection and reads the stored result on another; Redis may run the read
+    first, and a result stored between the two is announced before the subscription exists. The wait then reads
+    the stored result again each second instead of lasting until its timeout."""
+    import threading
+    import time
+    import uuid
+
+    from gpulayer.app import app
+
+    job_id = str(uuid.uuid4())
+    handle = submit.AsyncResult(job_id)
+    backend = app.backend
+
+    def store_quietly():  # as a worker's store would, without the PUBLISH that announces it
+        time.sleep(0.5)
+        meta = {"status": "SUCCESS", "result": 42, "traceback": None, "children": [], "date_done": None,
+                "task_id": job_id}
+        backend.client.set(backend.get_key_for_task(job_id), backend.encode(meta))
+
+    writer = threading.Thread(target=store_quietly)
+    writer.start()
+    try:
+        assert handle.get(timeout=20) == 42  # Celery's get alone waits the whole 20 s, then raises TimeoutError
+    finally:
+        writer.join()
+        backend.client.delete(backend.get_key_for_task(job_id))
+
+
 def test_group_failure_is_job_failed_too(fleet):
     g = group([submit.s(square, 2), submit.s(lambda: 1 / 0)]).apply_async()
     with pytest.raises(JobFailed, match="ZeroDivisionError"):

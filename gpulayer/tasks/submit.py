@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import time
 
 from celery import Task, signature
 from celery.result import AsyncResult
 from celery.exceptions import Ignore
+from celery.exceptions import TimeoutError as CeleryTimeoutError
 from kombu.exceptions import EncodeError
 from kombu.utils.uuid import uuid
 
@@ -31,20 +33,33 @@ def as_resources(value) -> Resources:
     raise TypeError(f"resources must be a gpulayer.Resources or a dict, got {type(value).__name__}")
 
 
+WAIT_SLICE = 1.0  # seconds a JobHandle.get waits on the job's channel before it reads the stored result again
+
+
 class JobHandle(AsyncResult):
     """A submitted job: ``get()`` (the value, or ``JobFailed``), ``cancel()``, ``history()``."""
 
-    def get(self, *args, **kwargs):
+    def get(self, timeout=None, *args, **kwargs):
         """The job's value, or ``JobFailed``; Ctrl-C says the job still runs and how to stop it.
 
         A finished job's result is read with one GET. Celery's ``get`` subscribes to the job's channel,
         reads the stored result and unsubscribes, three round trips and as much of a client's CPU as the
-        ``delay`` that sent the job; it still waits for the jobs that have not finished.
+        ``delay`` that sent the job; it still waits for the jobs that have not finished, a second at a
+        time, reading the stored result again between waits: its subscription goes on one connection and
+        its read of the result on another, and Redis may run the read first, so a result stored between
+        the two is announced before anyone listens (a wait that would last until the timeout).
         """
         try:
             if self._cache is None and not self.ignored and kwargs.get("on_message") is None:
                 self._maybe_set_cache(self.backend.get_task_meta(self.id))
-            return super().get(*args, **kwargs)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                left = WAIT_SLICE if deadline is None else min(WAIT_SLICE, deadline - time.monotonic())
+                try:
+                    return super().get(max(left, 0.001), *args, **kwargs)
+                except CeleryTimeoutError:
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise
         except KeyboardInterrupt:
             from ..cancel import interrupted
 
