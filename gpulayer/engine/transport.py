@@ -363,6 +363,8 @@ class Channel(kredis.Channel):
 
         def turn():
             self._turn_timer_set = False
+            if self.closed:  # kombu closed the channel meanwhile (a warm shutdown): close() gave the buffer back
+                return
             self._deliver_buffered()
             self._turn_soon_if_acks_wait(TURN_DELAY if self._handed != handed else min(delay * 4, 1.0))
         hub.call_later(delay, turn)
