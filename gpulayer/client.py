@@ -124,14 +124,14 @@ def submit_batch(signatures: Iterable[Signature], resources: Resources | dict | 
             if getattr(sig, "task", None) != submit.name:
                 raise TypeError(f"submit_batch takes submit.s(...) signatures, got {sig!r}")
             fn, args = function_and_args(sig)
-            kwargs = dict(sig.kwargs)
+            args, kwargs = tuple(args), dict(sig.kwargs)
             if "resources" in kwargs:
                 raise ValueError("give resources= to submit_batch, not to each signature: a batch routes once")
             if id(fn) not in packed:  # pickle each distinct function once per batch
                 packed[id(fn)] = (fn, pack_function(fn))
             job_id = uuid()
-            send_job(producer, job_id, packed[id(fn)][1], tuple(args), kwargs, route.queue, headers,
-                     summarize(fn, tuple(args), kwargs), summary)
+            send_job(producer, job_id, packed[id(fn)][1], args, kwargs, route.queue, headers,
+                     summarize(fn, args, kwargs), summary)
             ids.append(job_id)
     return BatchHandle(ids)
 

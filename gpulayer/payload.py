@@ -118,7 +118,7 @@ def _frozen(value, depth: int):
         return value
     if kind is tuple or kind is frozenset:
         parts = tuple(_frozen(v, depth) for v in value)
-        return _CHANGING if _CHANGING in parts else (value, parts)
+        return _CHANGING if _CHANGING in parts else parts
     if kind is types.ModuleType:
         return value if _by_reference(value.__name__) else _CHANGING
     if kind is types.FunctionType:
@@ -140,7 +140,8 @@ def _fingerprint(fn, depth: int = 0) -> tuple | None:
     code, space = fn.__code__, fn.__globals__
     parts = [fn, code, fn.__name__, fn.__qualname__, fn.__module__, fn.__doc__]
     for name in _global_names(code):
-        parts.append(_frozen(space.get(name, _MISSING), depth) if name in space else _MISSING)
+        value = space.get(name, _MISSING)
+        parts.append(_MISSING if value is _MISSING else _frozen(value, depth))
     for value in (fn.__defaults__ or ()):
         parts.append(_frozen(value, depth))
     for name, value in (fn.__kwdefaults__ or {}).items():

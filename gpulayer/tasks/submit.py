@@ -161,8 +161,7 @@ class SubmitTask(Task):
             return super().apply_async((ref, *args), kwargs, task_id=task_id, producer=producer, link=link,
                                        link_error=link_error, shadow=shadow, headers=headers, **options)
         except EncodeError as err:
-            cause = err.__cause__ or err.__context__ or err
-            raise (cause if isinstance(cause, PayloadError) else PayloadError(str(err))) from err
+            raise _payload_error(err) from err
 
 
 def direct_publish_applies(celery_app) -> bool:
@@ -197,9 +196,14 @@ def send_job(producer, job_id: str, ref, args: tuple, kwargs: dict, queue: str, 
         amqp.send_task_message(producer, SUBMIT, message, queue=amqp.router.expand_destination({"queue": queue})["queue"],
                                headers=dict(headers), declare=[] if queue in declared else None)
     except EncodeError as err:
-        cause = err.__cause__ or err.__context__ or err
-        raise (cause if isinstance(cause, PayloadError) else PayloadError(str(err))) from err
+        raise _payload_error(err) from err
     declared.add(queue)
+
+
+def _payload_error(err: EncodeError) -> PayloadError:
+    """kombu's ``EncodeError`` as the ``PayloadError`` the signed serializer raised inside it (or one saying it)."""
+    cause = err.__cause__ or err.__context__ or err
+    return cause if isinstance(cause, PayloadError) else PayloadError(str(err))
 
 
 def _already_done(task) -> bool:
