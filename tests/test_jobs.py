@@ -181,3 +181,62 @@ def test_arguments_show_as_summaries_not_bytes(fleet):
     mine = [line for line in log.splitlines() if h.id in line]  # other tests log refused forged bodies
     assert any("fn=square(12) resources=cpu" in line for line in mine), mine
     assert not any("\\x80\\x05" in line for line in mine)  # no pickle protocol-5 header, i.e. no pickled bytes
+
+
+def _store_once_calls(fleet, run) -> int:
+    """How many times store_once.lua (a job's process storing its own result) runs while ``run()`` does."""
+    import hashlib
+    import threading
+    from importlib import resources
+
+    sha = hashlib.sha1(resources.files("gpulayer.store").joinpath("lua", "store_once.lua").read_bytes()).hexdigest()
+    seen, ready, stop = [], threading.Event(), f"monitor-stop-{id(run)}"
+    client = fleet.client()
+
+    def watch():
+        with client.monitor() as monitor:
+            ready.set()
+            for command in monitor.listen():
+                seen.append(command["command"])
+                if stop in command["command"]:
+                    return
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    ready.wait(10)
+    try:
+        run()
+    finally:
+        fleet.client().echo(stop)
+        thread.join(30)
+        client.close()
+    return sum(1 for c in seen if c.upper().startswith("EVALSHA") and sha in c)
+
+
+def test_a_success_is_stored_by_the_worker_with_its_ack_and_a_big_one_by_its_job(fleet):
+    """engine/results.py (StoreLater): a job's process hands a small success back to the worker's main process,
+    which stores it in the script that acks the job (take.lua); the job's process no longer waits on Redis for it.
+    A result over STORE_LATER_MAX, a failure, and a job whose chain reads it next are stored by the job itself."""
+    from gpulayer.engine.results import STORE_LATER_MAX
+    from gpulayer.store import keys
+
+    ids = []
+
+    def small():
+        batch = submit_batch([submit.s(square, i) for i in range(100)])
+        assert batch.get(timeout=60) == [i * i for i in range(100)]
+        handles = [submit.delay(square, i) for i in range(100, 110)]
+        assert [h.get(timeout=60) for h in handles] == [i * i for i in range(100, 110)]
+        ids.extend([*batch.ids, *(h.id for h in handles)])
+
+    assert _store_once_calls(fleet, small) == 0  # without StoreLater: one per job
+    client = fleet.client()
+    assert client.exists(*[keys.job_done(i) for i in ids]) == 110  # each marked done: a rerun is ignored
+    client.close()
+
+    def stored_by_the_job():
+        assert submit.delay(str.__mul__, "x", STORE_LATER_MAX + 1).get(timeout=30) == "x" * (STORE_LATER_MAX + 1)
+        with pytest.raises(JobFailed, match="ZeroDivisionError"):
+            submit.delay(lambda: 1 / 0).get(timeout=30)
+
+    assert _store_once_calls(fleet, stored_by_the_job) >= 2  # (a failure may be stored more than once)

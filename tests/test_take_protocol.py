@@ -66,9 +66,13 @@ def kombu_message(job_id: str, tag: str, queue: str = "gl.q.a", body: str = "Ym9
                                       "delivery_tag": tag}}).encode()
 
 
-def take(r, queues_, life, want, acks=()):
+def take(r, queues_, life, want, acks=(), results=()):
+    """take.lua as the worker's channel calls it; ``results``: (result key, done key, value, expires) each."""
     script = load_script(r, "take")
-    return script(keys=[*queues_, UNACKED, UNACKED_INDEX, keys.inflight(life)], args=[want, 1000.0, *acks])
+    result_keys = [k for key, done, _, _ in results for k in (key, done)]
+    result_args = [a for _, _, value, expires in results for a in (value, expires)]
+    return script(keys=[*queues_, UNACKED, UNACKED_INDEX, keys.inflight(life), *result_keys],
+                  args=[want, 1000.0, len(results), *result_args, *acks])
 
 
 def test_a_take_records_each_message_it_takes_in_the_same_step_and_acks_what_it_carries(r):
@@ -89,6 +93,32 @@ def test_a_take_records_each_message_it_takes_in_the_same_step_and_acks_what_it_
     assert sorted(r.hkeys(keys.inflight(life))) == [b"t2", b"t3", b"t4"]
     assert sorted(r.hkeys(UNACKED)) == [b"t2", b"t3", b"t4"] and r.zcard(UNACKED_INDEX) == 3
     assert take(r, ["gl.q.a"], life, 8) == []  # empty queues: nothing, and nothing recorded
+
+
+def test_a_take_stores_the_results_it_carries_before_their_acks_once_per_job(r):
+    """The worker's main process stores its jobs' results in the take that acks them (engine/results.py,
+    StoreLater): stored, marked done and published in the same step, never over a result already stored."""
+    life = keys.life("w-take", 9)
+    for i in range(2):
+        r.lpush("gl.q.a", kombu_message(f"j{i}", f"t{i}"))
+    take(r, ["gl.q.a"], life, 2)
+    pubsub = r.pubsub()
+    pubsub.subscribe("celery-task-meta-j0")
+    pubsub.get_message(timeout=5)  # the subscription's confirmation
+    results = [("celery-task-meta-j0", keys.job_done("j0"), '{"status": "SUCCESS", "result": 0}', 60),
+               ("celery-task-meta-j1", keys.job_done("j1"), '{"status": "SUCCESS", "result": 1}', 60)]
+    r.lpush("gl.q.a", kombu_message("j2", "t2"))
+    got = take(r, ["gl.q.a"], life, 1, acks=["t0", "t1"], results=results)
+    assert [json.loads(m)["headers"]["id"] for m in got[1::2]] == ["j2"]
+    assert r.get("celery-task-meta-j1") == b'{"status": "SUCCESS", "result": 1}'
+    assert r.get(keys.job_done("j0")) == b"1" and 0 < r.ttl("celery-task-meta-j0") <= 60
+    assert sorted(r.hkeys(keys.inflight(life))) == [b"t2"] and sorted(r.hkeys(UNACKED)) == [b"t2"]
+    published = pubsub.get_message(timeout=5)
+    assert published["data"] == b'{"status": "SUCCESS", "result": 0}'
+    # A rerun's result (a message delivered again after its worker died with the ack unsent) changes nothing.
+    take(r, [], life, 0, results=[("celery-task-meta-j0", keys.job_done("j0"), '{"status": "SUCCESS", "result": 9}', 60)])
+    assert r.get("celery-task-meta-j0") == b'{"status": "SUCCESS", "result": 0}'
+    pubsub.close()
 
 
 def test_a_message_whose_body_is_not_base64_is_still_recorded(r):

@@ -4,8 +4,11 @@ Runs in the worker's main process. Which worker holds which message is
 recorded by the transport as the message is taken (engine/transport.py), so the
 janitor can hand a dead worker's messages back at once. A job whose process
 dies is delivered again, up to ``max_deliveries`` times in all, then fails
-saying so. Overrides Celery 5.7's ``Request.__init__``, ``info`` and
-``on_failure`` (pinned in engine/upstream.py).
+saying so. A success whose result the job's process left to this one
+(engine/results.py, :class:`StoreLater`) goes to the channel that took the job,
+which stores it with the job's ack. Overrides Celery 5.7's ``Request.__init__``,
+``info`` and ``on_failure``, and patches the trace functions Celery's requests
+send to the pool (pinned in engine/upstream.py).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import redis
 from billiard.einfo import ExceptionWithTraceback
 from billiard.exceptions import WorkerLostError
 from celery.app import trace as celery_trace
+from celery.worker import request as celery_request
 from celery.worker.request import Request
 
 from ..app import settings as app_settings
@@ -24,6 +28,7 @@ from ..store.results import process_died
 from ..store.connection import connect_redis
 from ..errors import JobStopped
 from ..worker import reaper, runtime
+from .results import StoreLater, trace_storing_later
 from .upstream import patch
 
 # How a worker logs each job it takes: its readable summary, never its pickled bytes.
@@ -45,15 +50,43 @@ def _worker_id(app) -> str | None:
     return info.id if info else None
 
 
+def fast_trace_task(*args, **kwargs):
+    """What the pool runs for a job (Celery's ``fast_trace_task``, patched in by :func:`install`)."""
+    return trace_storing_later(_FAST_TRACE, *args, **kwargs)
+
+
+def trace_task_ret(*args, **kwargs):
+    """The same for Celery's ``trace_task_ret`` (a pool without the fast tracer)."""
+    return trace_storing_later(_TRACE_RET, *args, **kwargs)
+
+
+_FAST_TRACE, _TRACE_RET = celery_trace.fast_trace_task, celery_trace.trace_task_ret
+
+
 class JobRequest(Request):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        # Celery's strategy subclasses this class and overrides on_success there, and hands the pool
+        # ``self.on_success`` as the job's callback: an instance attribute comes first.
+        self.on_success = self._store_then_succeed
         if self.delivery_info.get("redelivered"):
             # Celery's "retries" (in the task-received event, so in Flower): the deliveries that died.
             try:
                 self._request_dict["retries"] = records(self.app).losses(self.id)
             except redis.RedisError:
                 pass  # only the display suffers
+
+    def _store_then_succeed(self, failed__retval__runtime, **kwargs):
+        """A success whose result its process left to this one: stored with the job's ack, then Celery's
+        on_success (which acks it)."""
+        failed, retval, runtime = failed__retval__runtime
+        if isinstance(retval, StoreLater):
+            channel = getattr(self._message, "channel", None)
+            store_later = getattr(channel, "store_later", None)
+            if store_later is None or not store_later(retval.store):
+                self.task.backend.store_now(retval.store)
+            failed__retval__runtime = (failed, str(retval), runtime)
+        return type(self).on_success(self, failed__retval__runtime, **kwargs)
 
     def info(self, safe=False):
         """What ``inspect active/reserved/query_task`` report: the job's readable summary, never its pickle.
@@ -94,6 +127,9 @@ class JobRequest(Request):
         return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
 
 
-def log_jobs_by_summary() -> None:
-    """Make Celery's "Task received" log line show a job's summary: "fn=square(12) resources=cpu"."""
+def install() -> None:
+    """In the worker, before it starts: Celery's "Task received" log line shows a job's summary ("fn=square(12)
+    resources=cpu"), and the pool runs jobs through :func:`fast_trace_task` / :func:`trace_task_ret`."""
     patch(celery_trace, "celery.app.trace:LOG_RECEIVED", LOG_RECEIVED)
+    patch(celery_request, "celery.worker.request:fast_trace_task", fast_trace_task)
+    patch(celery_request, "celery.worker.request:trace_task_ret", trace_task_ret)

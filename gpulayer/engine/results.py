@@ -7,6 +7,19 @@ the job ran on (stored with the failure, see ``_get_result_meta``). A result is
 written with one script call (``store_once.lua``), without Celery's read of the
 key before it. Overrides Celery 5.7's ``RedisBackend`` (pinned in engine/upstream.py); ``app.configure``
 names it as ``gpulayer.engine.results:ResultBackend``.
+
+**A job's result travels with its ack.** In a worker, a job that succeeds
+does not wait on Redis for its result: the pool process hands the encoded
+result back with its summary (:class:`StoreLater`), and the worker's main
+process stores it in the script that acks the job and takes the next ones
+(``store/lua/take.lua``), sent on the same turn of its event loop. The job's
+process is then free for the next job at once (a round trip to Redis per job
+was a third of a tiny job's time), and a result can never be acked without
+being stored: both happen in one script, or neither (the message is then
+delivered again, and stored once). Not for a result over ``STORE_LATER_MAX``
+bytes, a failure, or a job in a chord, a chain or with callbacks (whose next
+steps may read its stored result at once): those are stored by the job's own
+process as before.
 """
 
 from __future__ import annotations
@@ -23,6 +36,41 @@ from ..store import keys
 from ..store.connection import TLSConnection
 from ..store.registry import load_script
 from ..store.results import as_job_failed
+
+
+STORE_LATER_MAX = 64 * 1024  # bytes: a bigger result is stored by the job's own process
+_CANVAS = ("chord", "callbacks", "errbacks", "chain")
+
+
+class StoreLater(str):
+    """What a job's process hands back for a success (Celery's summary of the result, a ``str``), with the
+    result's store for the worker's main process: ``(result key, done key, encoded value, expires)``."""
+
+    def __new__(cls, summary: str, store: tuple):
+        self = super().__new__(cls, summary)
+        self.store = store
+        return self
+
+    def __reduce__(self):
+        return StoreLater, (str(self), self.store)
+
+
+_later: list | None = None  # the job now being traced in this process, then its store: see trace_storing_later
+
+
+def trace_storing_later(trace, task, uuid, request, *args, **kwargs):
+    """Run Celery's ``trace`` (``fast_trace_task`` or ``trace_task_ret``) for one job; a success whose store
+    was left for the main process returns its summary as a :class:`StoreLater`."""
+    global _later
+    _later = [uuid]
+    try:
+        failed, value, runtime = trace(task, uuid, request, *args, **kwargs)
+        stored_later = _later[1:]
+    finally:
+        _later = None
+    if stored_later and not failed:
+        return failed, StoreLater(value, stored_later[0]), runtime
+    return failed, value, runtime
 
 
 class ResultBackend(RedisBackend):
@@ -52,16 +100,38 @@ class ResultBackend(RedisBackend):
         already refuses to write over a final state."""
         meta = self._get_result_meta(result=result, state=state, traceback=traceback, request=request)
         meta["task_id"] = bytes_to_str(task_id)
+        value = self.encode(meta)
+        if self._store_later(task_id, value, state, request):
+            return result
         try:
-            self._set_with_state(self.get_key_for_task(task_id), self.encode(meta), state)
+            self._set_with_state(self.get_key_for_task(task_id), value, state)
         except BackendStoreError as ex:
             raise BackendStoreError(str(ex), state=state, task_id=task_id) from ex
         return result
 
+    def _store_later(self, task_id, value, state, request) -> bool:
+        """Leave a traced job's success to the worker's main process (see the module's docstring)?"""
+        later = _later
+        if (later is None or len(later) != 1 or bytes_to_str(task_id) != later[0] or state != states.SUCCESS
+                or len(value) > STORE_LATER_MAX or any(getattr(request, name, None) for name in _CANVAS)):
+            return False
+        job_id = later[0]
+        later.append((bytes_to_str(self.get_key_for_task(job_id)), keys.job_done(job_id), value,
+                      int(self.expires or 7 * 86400)))
+        return True
+
+    def store_now(self, store: tuple) -> None:
+        """Store what :meth:`_store_later` left, in this process (where no take can carry it)."""
+        key, done, value, expires = store
+        self.ensure(self._store_once_at, (key, done, value, expires, "1"))
+
     def _store_once(self, key, job_id, value, expires, final):
+        return self._store_once_at(key, keys.job_done(job_id), value, expires, final)
+
+    def _store_once_at(self, key, done, value, expires, final):
         if getattr(self, "_store_script", None) is None:
             self._store_script = load_script(self.client, "store_once")
-        return self._store_script(keys=[key, keys.job_done(job_id)], args=[value, expires, final])
+        return self._store_script(keys=[key, done], args=[value, expires, final])
 
     def _get_result_meta(self, result, state, traceback, request, format_date=True, encode=False):
         meta = super()._get_result_meta(result, state, traceback, request, format_date=format_date, encode=encode)

@@ -12,10 +12,15 @@ pops the next messages of its queues and, in the same step, writes kombu's
 unacked entry and the worker's delivery record (``keys.inflight``) for each. At
 every instant a message is in a queue, or unacked with a record; the janitor
 hands back the latter when their worker dies (worker/janitor.py). The same
-script first acks the jobs the worker finished since its last take (their
-results are stored before Celery acks, so a worker that dies with acks unsent
-leaves messages that come back and are ignored as done), so a steady stream of
-jobs costs the worker one round trip per take, not three per job.
+script first stores the results the worker's main process holds (a small
+success comes back from the job's process unstored, engine/results.py
+``StoreLater``), then acks the jobs the worker finished since its last take
+(a result is stored before, or with, its ack, so a worker that dies with acks
+unsent leaves messages that come back and are ignored as done), so a steady
+stream of jobs costs the worker one round trip per take, not three per job.
+Results go on the loop turn they come back on, or with the others that come
+within ``RESULTS_EVERY`` of the last ones sent, in a script of their own when
+no take is due.
 
 While no gang holds slots on the worker, a take brings up to free slots x
 ``prefetch_multiplier`` messages; the ones beyond the free slots wait in the
@@ -66,6 +71,7 @@ NAME = "gpulayer"
 BELL_TOKENS = 64  # tokens kept per bell: enough to wake every idle worker of a queue at once
 ACK_WAIT = 0.2  # seconds a finished job's ack waits for a take to ride on before it goes alone
 TURN_DELAY = 0.001  # seconds: kombu's loop takes a timer due after 0 as one a second away
+RESULTS_EVERY = 0.002  # seconds: results that come within this long of the last ones sent go out together
 _LUA = resources.files("gpulayer.store").joinpath("lua")
 TAKE = _LUA.joinpath("take.lua").read_text()
 PUT_BACK = _LUA.joinpath("put_back.lua").read_text()
@@ -157,7 +163,8 @@ class QoS(kredis.QoS):
         channel._between_takes()
         # A take's reply is read even while the gate is shut: its messages are recorded and buffered (then
         # handed back if a gang needs the slots), never left waiting in the socket for the gang's whole run.
-        return channel._poll_command == "EVAL" or self.may_deliver()
+        # Results the main process holds go out on this turn whether or not it may take more.
+        return channel._poll_command == "EVAL" or channel._results_due() or self.may_deliver()
 
     def may_deliver(self) -> bool:
         """May the worker start one more message now (its slot gate, then kombu's prefetch count)?"""
@@ -186,6 +193,10 @@ class Channel(kredis.Channel):
         self._acks: list[str] = []  # finished (result stored): acked in Redis by the next take
         self._acks_sent: list[str] = []
         self._acks_since = 0.0
+        self._results: list[tuple] = []  # jobs' results to store (results.StoreLater): sent on this loop turn
+        self._results_sent: list[tuple] = []
+        self._results_at = 0.0  # when a script last carried results
+        self._results_timer_set = False
         self._buffered_since = 0.0
         self._turn_timer_set = False  # _turn_soon_if_acks_wait's timer is set
         self._handed = 0  # messages handed to Celery by _deliver_buffered, ever
@@ -248,9 +259,12 @@ class Channel(kredis.Channel):
             self._recover_after_reconnect()
         self._deliver_buffered()  # what an earlier take brought, before asking Redis for more
         if self._buffer or not self.qos.may_deliver():
-            return
-        self._poll_keys = [self._q_for_pri(q, pri) for pri in self.priority_steps for q in queues]
-        if self._taking_again or self._acks:
+            if not self._results_due():
+                return
+            self._poll_keys = []  # results to store (with the acks that wait), nothing to take
+        else:
+            self._poll_keys = [self._q_for_pri(q, pri) for pri in self.priority_steps for q in queues]
+        if self._taking_again or self._acks or self._results:
             self._poll_command = "EVAL"
             args = ["EVAL", TAKE, *self._take_args()]
         else:
@@ -272,12 +286,47 @@ class Channel(kredis.Channel):
         return max(1, gate.free()) * max(1, gate.ahead())
 
     def _take_args(self, queue_keys=None) -> list:
-        """take.lua's arguments: this worker's queues and records, how many to take, and the acks it carries."""
+        """take.lua's arguments: this worker's queues and records, how many to take, and the results and acks
+        it carries."""
         self._acks_sent, self._acks = self._acks, []
+        self._results_sent, self._results = self._results, []
+        if self._results_sent:
+            self._results_at = monotonic()
         queue_keys = self._poll_keys if queue_keys is None else queue_keys
         want = self._batch_size() if queue_keys else 0
-        return [len(queue_keys) + 3, *queue_keys, self.unacked_key, self.unacked_index_key,
-                keys.inflight(_consumer), want, time(), *self._acks_sent]
+        result_keys, result_args = [], []
+        for key, done, value, expires in self._results_sent:
+            result_keys += [key, done]
+            result_args += [value, expires]
+        return [len(queue_keys) + 3 + len(result_keys), *queue_keys, self.unacked_key, self.unacked_index_key,
+                keys.inflight(_consumer), *result_keys, want, time(), len(self._results_sent), *result_args,
+                *self._acks_sent]
+
+    def store_later(self, store: tuple) -> bool:
+        """Store a job's result (``results.StoreLater.store``) with the next script this channel sends: on this
+        turn of the event loop, or, within ``RESULTS_EVERY`` of the last results sent, with the others that
+        come meanwhile (a take sent before then carries them too). False where this channel does not take
+        (the caller stores it itself)."""
+        if not self._taking() or self.closed or self._closing:
+            return False
+        self._results.append(store)
+        if self._in_poll and self._poll_command == "BRPOP":  # waiting on a bell: no script goes before it rings
+            self._flush_acks()
+        elif not self._results_due() and not self._results_timer_set:
+            hub = get_event_loop()
+            if hub is None:
+                self._flush_acks()
+                return True
+            self._results_timer_set = True
+
+            def due():  # the loop wakes, and its next poll start sends them (QoS.can_consume)
+                self._results_timer_set = False
+            hub.call_later(max(self._results_at + RESULTS_EVERY - monotonic(), 0.0), due)
+        return True
+
+    def _results_due(self) -> bool:
+        """Are results waiting, and is it time to send them without a take?"""
+        return bool(self._results) and monotonic() - self._results_at >= RESULTS_EVERY
 
     def _brpop_read(self, **options):
         command, self._poll_command = self._poll_command, None
@@ -297,8 +346,10 @@ class Channel(kredis.Channel):
                 self.client.connection.disconnect()
                 raise
             finally:
-                self._acks_sent = []  # done, or (connection lost) handed back after the reconnect, then ignored
-            self._taking_again = len(reply) >= 2 * self._batch_size()
+                # Done, or (connection lost) handed back after the reconnect: the jobs run again, and store once.
+                self._acks_sent, self._results_sent = [], []
+            if self._poll_keys:  # (a script that only stored results took nothing)
+                self._taking_again = len(reply) >= 2 * self._batch_size()
             if reply and not self._buffer:
                 self._buffered_since = monotonic()
             for i in range(0, len(reply), 2):
@@ -382,11 +433,12 @@ class Channel(kredis.Channel):
         try:
             with self.conn_or_acquire() as client:
                 client.execute_command("EVAL", TAKE, *self._take_args(queue_keys=[]))
-        except self.connection_errors as err:  # again with the next take (an ack twice is once)
+        except self.connection_errors as err:  # again with the next take (an ack twice is once, a result too)
             log.warning("gpulayer: could not ack %d finished job(s) yet (%s)", len(self._acks_sent), err)
             self._acks = self._acks_sent + self._acks
+            self._results = self._results_sent + self._results
         finally:
-            self._acks_sent = []
+            self._acks_sent, self._results_sent = [], []
 
     def _give_back(self) -> None:
         """Requeue the buffered messages at the head of their queues, as taken, in one script (give_back.lua)."""
@@ -423,7 +475,7 @@ class Channel(kredis.Channel):
                     except Empty:
                         pass
                 self._give_back()
-                if self._acks:
+                if self._acks or self._results:
                     self._flush_acks()
             except self.connection_errors as err:
                 log.warning("gpulayer: closing the channel without reaching Redis (%s)", err)

@@ -94,6 +94,12 @@ BORROWED: tuple[Borrowed, ...] = (
     Borrowed("celery.worker.request:Request.info", "e3d30d7615008072", _Q, "overrides"),
     Borrowed("celery.worker.request:Request.on_failure", "98f98c5f0542af2b", _Q, "overrides"),
     Borrowed("celery.app.trace:LOG_RECEIVED", "1bd53e34652b424d", _Q, "patches"),
+    # A success's result goes back to the main process and is stored with the job's ack (engine/results.py):
+    # the pool runs our trace around Celery's, whose (failed, summary, runtime) it returns; the requests
+    # create_request_cls builds hand the pool ``self.on_success``, the instance attribute JobRequest sets.
+    Borrowed("celery.worker.request:fast_trace_task", "4b58dc439242c7f2", _Q, "patches"),
+    Borrowed("celery.worker.request:trace_task_ret", "13f1c1eadda4dbf1", _Q, "patches"),
+    Borrowed("celery.worker.request:create_request_cls", "0fca8bbbce2b55ee", _Q, "relies on"),
     Borrowed("celery.worker.strategy:default", "571fb318589c876f", _Q, "relies on"),
     # task events, paced
     Borrowed("celery.bootsteps:Step.__init__", "1f7b8cd57cb9aee6", _E, "overrides"),

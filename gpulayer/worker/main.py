@@ -15,7 +15,7 @@ from .. import queues
 from ..app import app, configure, redis_client
 from ..config import load_settings
 from ..engine.events import EventPacer
-from ..engine.request import log_jobs_by_summary
+from ..engine import request as job_request
 from ..engine.transport import consume_as
 from ..errors import ClusterUnavailable, ConfigError
 from ..gang.launch import die_with_parent
@@ -134,7 +134,7 @@ def run_worker(*, broker: str | None = None, slots: int | None = None, zone: str
     app.steps["worker"].add(Reaper)
     app.steps["consumer"].add(SlotGate)
     app.steps["consumer"].add(EventPacer)
-    log_jobs_by_summary()  # each job as its readable summary, never its pickled bytes
+    job_request.install()  # jobs logged by their summary; successes stored with their acks
 
     worker = app.Worker(
         hostname=f"{worker_id}@{host}",
