@@ -240,3 +240,40 @@ def test_a_success_is_stored_by_the_worker_with_its_ack_and_a_big_one_by_its_job
             submit.delay(lambda: 1 / 0).get(timeout=30)
 
     assert _store_once_calls(fleet, stored_by_the_job) >= 2  # (a failure may be stored more than once)
+
+
+def test_a_success_left_for_later_is_stored_first_when_a_failure_follows_it(fleet):
+    """trace_storing_later with Celery's backend: a success comes back unstored (StoreLater) for the main process;
+    if the same job then stores another state (a Task.on_success that raised), the success is stored at once,
+    first, and stays (as when the job's process stored it before anything else)."""
+    import uuid
+
+    from celery import states
+
+    from gpulayer.app import app
+    from gpulayer.engine.results import StoreLater, trace_storing_later
+
+    backend = app.backend
+    request = type("Request", (), {"chord": None, "callbacks": None, "errbacks": None, "chain": None})()
+
+    def succeeds(task, job_id, req):
+        backend.store_result(job_id, 42, states.SUCCESS, request=request)
+        return 0, "42", 0.001
+
+    def then_fails(task, job_id, req):
+        backend.store_result(job_id, 42, states.SUCCESS, request=request)
+        backend.store_result(job_id, ValueError("on_success raised"), states.FAILURE, request=request)
+        return 1, "einfo", 0.001
+
+    job = str(uuid.uuid4())
+    failed, summary, _ = trace_storing_later(succeeds, "t", job, {})
+    assert isinstance(summary, StoreLater) and summary == "42" and not failed
+    assert backend.get_task_meta(job)["status"] == states.PENDING  # not stored yet: the main process stores it
+    backend.store_now(summary.store)
+    assert backend.get_task_meta(job)["result"] == 42
+
+    job = str(uuid.uuid4())
+    failed, value, _ = trace_storing_later(then_fails, "t", job, {})
+    assert failed and value == "einfo" and not isinstance(value, StoreLater)
+    meta = backend.get_task_meta(job)
+    assert meta["status"] == states.SUCCESS and meta["result"] == 42

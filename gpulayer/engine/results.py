@@ -25,6 +25,7 @@ process as before.
 from __future__ import annotations
 
 import sys
+import threading
 
 import redis
 from celery import states
@@ -55,21 +56,23 @@ class StoreLater(str):
         return StoreLater, (str(self), self.store)
 
 
-_later: list | None = None  # the job now being traced in this process, then its store: see trace_storing_later
+_tracing = threading.local()  # .later: the job now traced in this thread, then its store (trace_storing_later)
 
 
 def trace_storing_later(trace, task, uuid, request, *args, **kwargs):
     """Run Celery's ``trace`` (``fast_trace_task`` or ``trace_task_ret``) for one job; a success whose store
     was left for the main process returns its summary as a :class:`StoreLater`."""
-    global _later
-    _later = [uuid]
+    later = _tracing.later = [uuid]
     try:
         failed, value, runtime = trace(task, uuid, request, *args, **kwargs)
-        stored_later = _later[1:]
+        stored_later = later[1:]
     finally:
-        _later = None
-    if stored_later and not failed:
-        return failed, StoreLater(value, stored_later[0]), runtime
+        _tracing.later = None
+    if stored_later:
+        backend, store = stored_later[0]
+        if not failed and isinstance(value, str):
+            return failed, StoreLater(value, store), runtime
+        backend.store_now(store)  # (not a success after all: stored here, as it would have been)
     return failed, value, runtime
 
 
@@ -103,6 +106,12 @@ class ResultBackend(RedisBackend):
         value = self.encode(meta)
         if self._store_later(task_id, value, state, request):
             return result
+        later = getattr(_tracing, "later", None)
+        if later and len(later) == 2 and later[0] == bytes_to_str(task_id):
+            # A success left for later, then another state for the same job (a Task.on_success that raised):
+            # the success goes first, as it did before, and store_once.lua keeps it.
+            backend, store = later.pop()
+            backend.store_now(store)
         try:
             self._set_with_state(self.get_key_for_task(task_id), value, state)
         except BackendStoreError as ex:
@@ -111,13 +120,13 @@ class ResultBackend(RedisBackend):
 
     def _store_later(self, task_id, value, state, request) -> bool:
         """Leave a traced job's success to the worker's main process (see the module's docstring)?"""
-        later = _later
+        later = getattr(_tracing, "later", None)
         if (later is None or len(later) != 1 or bytes_to_str(task_id) != later[0] or state != states.SUCCESS
                 or len(value) > STORE_LATER_MAX or any(getattr(request, name, None) for name in _CANVAS)):
             return False
         job_id = later[0]
-        later.append((bytes_to_str(self.get_key_for_task(job_id)), keys.job_done(job_id), value,
-                      int(self.expires or 7 * 86400)))
+        later.append((self, (bytes_to_str(self.get_key_for_task(job_id)), keys.job_done(job_id), value,
+                             int(self.expires or 7 * 86400))))
         return True
 
     def store_now(self, store: tuple) -> None:

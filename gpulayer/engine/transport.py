@@ -321,7 +321,7 @@ class Channel(kredis.Channel):
 
             def due():  # the loop wakes, and its next poll start sends them (QoS.can_consume)
                 self._results_timer_set = False
-            hub.call_later(max(self._results_at + RESULTS_EVERY - monotonic(), 0.0), due)
+            hub.call_later(max(self._results_at + RESULTS_EVERY - monotonic(), TURN_DELAY), due)
         return True
 
     def _results_due(self) -> bool:
