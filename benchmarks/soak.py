@@ -36,6 +36,7 @@ from gpulayer import submit, submit_batch  # noqa: E402
 from gpulayer.testing import Fleet  # noqa: E402
 
 RUN = f"soak:{int(time.time())}"
+KILL_REACH = 0.5  # seconds before a run's recorded start that a kill of its worker may still cut it off
 
 
 def job(i: int, seconds: float, run: str) -> tuple[int, str]:
@@ -161,7 +162,9 @@ def main() -> int:
         starts = [[s.decode().split("|") for s in x] for x in raw[1::2]]
         # A job whose body finished twice: a duplicate if it was run again after its result was stored (the
         # stored result is the first run's, or the first run was not cut off by a kill); a re-execution if a
-        # kill of the first run's worker landed after that run finished its body and before the rerun started.
+        # kill of the first run's worker cut that run off before its result was stored. A kill counts from
+        # KILL_REACH before the run's recorded start: the pool process runs on until its SIGKILLed main process
+        # has finished exiting (a few ms), and a success it hands back to that process then goes unstored.
         duplicates = reexecuted = 0
         details: list[str] = []
         for r, done, st in zip(results, dones, starts):
@@ -169,7 +172,7 @@ def main() -> int:
                 continue
             w, _, t0 = done[0].split("|")
             rerun_at = min(float(x[2]) for x in st if float(x[2]) > float(t0))
-            cut_off = any(v == w and float(t0) <= at <= rerun_at for v, _, at in kills)
+            cut_off = any(v == w and float(t0) - KILL_REACH <= at <= rerun_at for v, _, at in kills)
             if r[1] == done[0] or not cut_off:
                 duplicates += 1
                 near = [(v, round(at - float(t0), 3)) for v, _, at in kills if abs(at - float(t0)) < 30]
