@@ -94,9 +94,13 @@ class ResultBackend(RedisBackend):
         if not key.startswith(prefix):  # a saved group (GroupResult.save, a chord's nested header): no job
             return super()._set_with_state(key, value, state)
         job_id = key[len(prefix):]
-        expires = self.failure_expires if state == states.FAILURE and self.failure_expires else self.expires
         final = "1" if state in states.READY_STATES else "0"
-        return self.ensure(self._store_once, (key, job_id, value, int(expires or 7 * 86400), final))
+        return self.ensure(self._store_once, (key, job_id, value, self._expires(state), final))
+
+    def _expires(self, state) -> int:
+        """Seconds a stored result of ``state`` is kept (Celery's ``result_expires``, or a week)."""
+        expires = self.failure_expires if state == states.FAILURE and self.failure_expires else self.expires
+        return int(expires or 7 * 86400)
 
     def _store_result(self, task_id, result, state, traceback=None, request=None, **kwargs):
         """Celery's, without its read of the stored result first (one round trip per job): store_once.lua
@@ -126,7 +130,7 @@ class ResultBackend(RedisBackend):
             return False
         job_id = later[0]
         later.append((self, (bytes_to_str(self.get_key_for_task(job_id)), keys.job_done(job_id), value,
-                             int(self.expires or 7 * 86400))))
+                             self._expires(state))))
         return True
 
     def store_now(self, store: tuple) -> None:

@@ -311,11 +311,11 @@ class Channel(kredis.Channel):
             return False
         self._results.append(store)
         if self._in_poll and self._poll_command == "BRPOP":  # waiting on a bell: no script goes before it rings
-            self._flush_acks()
+            self._flush_held()
         elif not self._results_due() and not self._results_timer_set:
             hub = get_event_loop()
             if hub is None:
-                self._flush_acks()
+                self._flush_held()
                 return True
             self._results_timer_set = True
 
@@ -427,9 +427,10 @@ class Channel(kredis.Channel):
         if self._buffer and (gate is None or not gate.ahead() or monotonic() - self._buffered_since > gate.hold):
             self._give_back()
         if self._acks and monotonic() - self._acks_since > ACK_WAIT:
-            self._flush_acks()
+            self._flush_held()
 
-    def _flush_acks(self) -> None:
+    def _flush_held(self) -> None:
+        """Send the results and acks this channel holds now, in a script of their own that takes nothing."""
         try:
             with self.conn_or_acquire() as client:
                 client.execute_command("EVAL", TAKE, *self._take_args(queue_keys=[]))
@@ -476,7 +477,7 @@ class Channel(kredis.Channel):
                         pass
                 self._give_back()
                 if self._acks or self._results:
-                    self._flush_acks()
+                    self._flush_held()
             except self.connection_errors as err:
                 log.warning("gpulayer: closing the channel without reaching Redis (%s)", err)
         super().close()
