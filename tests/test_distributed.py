@@ -192,7 +192,9 @@ def test_two_gangs_that_cannot_both_fit_both_complete(gangs):
 
 def test_waiting_gang_shows_its_reason(gangs):
     release = f"test:release:{time.time()}"
-    hold = distributed(gang_until_released, release, nodes=4, procs_per_node=2)
+    # max_restarts: on this 2-core VM gloo's connectFullMesh among 8 ranks has failed now and then ("Connection
+    # closed by peer", 2026-12-02); the holder's start is not what this test is about.
+    hold = distributed(gang_until_released, release, nodes=4, procs_per_node=2, max_restarts=1)
     hold.placement
     waiting = distributed(sleepy_gang, 0.1, nodes=1, procs_per_node=1)
     wait_until(lambda: "waiting for 1 workers with 1 free slots" in waiting.status()["reason"], 30,
