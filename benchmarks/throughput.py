@@ -357,7 +357,20 @@ def run_shape(fleet, shape: Shape, args: argparse.Namespace, out: Report, ray, w
     out()
     for line in _ratios(rate, med["gpulayer batch"][0], args.jobs):
         out(line)
+    out()
+    out("per-round ratios (a round's sides run back to back, so a slow spell of a shared machine hits them alike):")
+    for (a, b), goal in _PAIRS.items():
+        if a in rows and b in rows:
+            each = [e_b / e_a for (_, e_a), (_, e_b) in zip(rows[a], rows[b])]
+            rate[f"{a} / {b} paired"] = statistics.median(each)
+            out(f"  {a + ' / ' + b:<30} " + " ".join(f"{x:.2f}" for x in each)
+                + f"   median {statistics.median(each):.2f}, goal >= {goal} met in {sum(x >= goal for x in each)}"
+                  f" of {len(each)}")
     return rate
+
+
+# (side, side it is compared with): the goal for the first's jobs/s over the second's
+_PAIRS = {("gpulayer batch", RAY_SIDE): 1.0, ("gpulayer delay", "plain delay"): 1.5}
 
 
 def _goal(value: float, goal: float) -> str:
@@ -399,15 +412,18 @@ def benchmark(args: argparse.Namespace) -> list[str]:
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
-    sides = list(next(iter(rates.values())))
+    sides = [name for name in next(iter(rates.values())) if not name.endswith(" paired")]
     out()
-    out(f"summary, median jobs/s (load {_load()}):")
+    out(f"summary, median jobs/s (load {_load()}); the ratios of the medians, then (paired) the medians of the "
+        f"per-round ratios:")
     out(f"  {'workers x slots':<16}" + "".join(f"{name:>16}" for name in sides)
-        + f"{'batch / ray':>13}{'delay / plain':>15}")
+        + f"{'batch / ray':>13}{'delay / plain':>15}{'(paired)':>10}{'(paired)':>10}")
     for (w, s), rate in rates.items():
         vs_ray = f"{rate['gpulayer batch'] / rate[RAY_SIDE]:.2f}" if RAY_SIDE in rate else "-"
+        paired = [rate.get(f"{a} / {b} paired") for a, b in _PAIRS]
         out(f"  {f'{w} x {s}':<16}" + "".join(f"{rate[name]:>16.0f}" for name in sides)
-            + f"{vs_ray:>13}{rate['gpulayer delay'] / rate['plain delay']:>15.2f}")
+            + f"{vs_ray:>13}{rate['gpulayer delay'] / rate['plain delay']:>15.2f}"
+            + "".join(f"{x:>10.2f}" if x is not None else f"{'-':>10}" for x in paired))
     return out.lines
 
 
