@@ -25,9 +25,7 @@ no take is due.
 While no gang holds slots on the worker, a take brings up to free slots x
 ``prefetch_multiplier`` messages; the ones beyond the free slots wait in the
 channel, recorded, and go to Celery one by one as slots free up (the slot gate
-decides, as before). Once Celery has started one of them, the next take tops
-the buffer up to a batch again while the slots are still busy, so a slot that
-frees finds its next job there rather than waiting a round trip for it. When a gang reserves slots here, the waiting ones go back
+decides, as before). When a gang reserves slots here, the waiting ones go back
 to the head of their queues, as taken, in one script (``store/lua/give_back.lua``),
 before the gate lets anything else start; so do they when the worker stops.
 
@@ -166,8 +164,7 @@ class QoS(kredis.QoS):
         # A take's reply is read even while the gate is shut: its messages are recorded and buffered (then
         # handed back if a gang needs the slots), never left waiting in the socket for the gang's whole run.
         # Results the main process holds go out on this turn whether or not it may take more.
-        return (channel._poll_command == "EVAL" or channel._results_due() or self.may_deliver()
-                or channel._top_up() > 0)
+        return channel._poll_command == "EVAL" or channel._results_due() or self.may_deliver()
 
     def may_deliver(self) -> bool:
         """May the worker start one more message now (its slot gate, then kombu's prefetch count)?"""
@@ -192,8 +189,7 @@ class Channel(kredis.Channel):
         self._recorded: dict[str, bool] = {}
         self._taking_again = False  # the last take filled its batch: take again without waiting
         self._poll_keys: list[str] = []
-        # taken and recorded, not yet delivered: (queue key, message as taken, message, when it was taken)
-        self._buffer: deque[tuple[bytes, bytes, dict, float]] = deque()
+        self._buffer: deque[tuple[bytes, bytes, dict]] = deque()  # taken and recorded, not yet delivered
         self._acks: list[str] = []  # finished (result stored): acked in Redis by the next take
         self._acks_sent: list[str] = []
         self._acks_since = 0.0
@@ -201,10 +197,9 @@ class Channel(kredis.Channel):
         self._results_sent: list[tuple] = []
         self._results_at = 0.0  # when a script last carried results
         self._results_timer_set = False
+        self._buffered_since = 0.0
         self._turn_timer_set = False  # _turn_soon_if_acks_wait's timer is set
         self._handed = 0  # messages handed to Celery by _deliver_buffered, ever
-        self._handed_at_take = 0  # ... when the last take that asked for messages went out
-        self._want_sent = 0  # messages the last take asked for
 
     @contextmanager
     def conn_or_acquire(self, client=None):
@@ -263,8 +258,7 @@ class Channel(kredis.Channel):
         if _recheck:
             self._recover_after_reconnect()
         self._deliver_buffered()  # what an earlier take brought, before asking Redis for more
-        want = self._want()
-        if want <= 0:
+        if self._buffer or not self.qos.may_deliver():
             if not self._results_due():
                 return
             self._poll_keys = []  # results to store (with the acks that wait), nothing to take
@@ -272,7 +266,7 @@ class Channel(kredis.Channel):
             self._poll_keys = [self._q_for_pri(q, pri) for pri in self.priority_steps for q in queues]
         if self._taking_again or self._acks or self._results:
             self._poll_command = "EVAL"
-            args = ["EVAL", TAKE, *self._take_args(want=want)]
+            args = ["EVAL", TAKE, *self._take_args()]
         else:
             self._poll_command = "BRPOP"
             args = ["BRPOP", *[keys.bell(k) for k in self._poll_keys], timeout or 0]
@@ -291,34 +285,15 @@ class Channel(kredis.Channel):
             return 1
         return max(1, gate.free()) * max(1, gate.ahead())
 
-    def _want(self) -> int:
-        """Messages a take may bring now: with nothing buffered and a slot free, a batch; otherwise what tops the
-        buffer up to a batch (:meth:`_top_up`)."""
-        if not self._buffer and self.qos.may_deliver():
-            return self._batch_size()
-        return self._top_up()
-
-    def _top_up(self) -> int:
-        """While no gang holds slots here and Celery started a buffered message since the last take: the
-        messages that fill the buffer up to a batch again, so the next job is here before its slot frees rather
-        than a round trip after (a slot waited for every take that an empty buffer started)."""
-        gate = self.qos.gate
-        if gate is None or not gate.ahead() or self._handed == self._handed_at_take:
-            return 0
-        return max(0, self._batch_size() - len(self._buffer))
-
-    def _take_args(self, queue_keys=None, want=None) -> list:
-        """take.lua's arguments: this worker's queues and records, how many to take (``want``, or
-        :meth:`_want`), and the results and acks it carries."""
+    def _take_args(self, queue_keys=None) -> list:
+        """take.lua's arguments: this worker's queues and records, how many to take, and the results and acks
+        it carries."""
         self._acks_sent, self._acks = self._acks, []
         self._results_sent, self._results = self._results, []
         if self._results_sent:
             self._results_at = monotonic()
         queue_keys = self._poll_keys if queue_keys is None else queue_keys
-        want = max(0, self._want() if want is None else want) if queue_keys else 0
-        self._want_sent = want
-        if want:
-            self._handed_at_take = self._handed
+        want = self._batch_size() if queue_keys else 0
         result_keys, result_args = [], []
         for key, done, value, expires in self._results_sent:
             result_keys += [key, done]
@@ -361,7 +336,7 @@ class Channel(kredis.Channel):
             try:
                 reply = self.client.parse_response(self.client.connection, command, **options)
                 if command == "BRPOP":  # a bell rang, or the wait timed out: take now either way
-                    if self._want() <= 0:  # no room meanwhile (a gang, or busy slots): take once there is
+                    if not self.qos.may_deliver():  # shut meanwhile (a gang): take once it opens
                         self._taking_again = True
                         raise Empty()
                     with self.conn_or_acquire() as client:
@@ -374,12 +349,13 @@ class Channel(kredis.Channel):
                 # Done, or (connection lost) handed back after the reconnect: the jobs run again, and store once.
                 self._acks_sent, self._results_sent = [], []
             if self._poll_keys:  # (a script that only stored results took nothing)
-                self._taking_again = self._want_sent > 0 and len(reply) >= 2 * self._want_sent
-            now = monotonic()
+                self._taking_again = len(reply) >= 2 * self._batch_size()
+            if reply and not self._buffer:
+                self._buffered_since = monotonic()
             for i in range(0, len(reply), 2):
                 taken = self._taken(reply[i], reply[i + 1])
                 if taken is not None:
-                    self._buffer.append((*taken, now))
+                    self._buffer.append(taken)
             if not self._deliver_buffered():
                 raise Empty()
             return True
@@ -406,7 +382,7 @@ class Channel(kredis.Channel):
             self._give_back()
         n = 0
         while self._buffer and self.qos.may_deliver():
-            queue_key, _, message, _ = self._buffer.popleft()
+            queue_key, _, message = self._buffer.popleft()
             dest = bytes_to_str(queue_key).rsplit(self.sep, 1)[0]
             self._queue_cycle.rotate(dest)
             self.connection._deliver(message, dest)
@@ -448,7 +424,7 @@ class Channel(kredis.Channel):
         """Each time kombu asks whether to consume: the buffer goes back when a gang holds slots here or it
         waited too long; acks that waited too long go alone."""
         gate = self.qos.gate
-        if self._buffer and (gate is None or not gate.ahead() or monotonic() - self._buffer[0][3] > gate.hold):
+        if self._buffer and (gate is None or not gate.ahead() or monotonic() - self._buffered_since > gate.hold):
             self._give_back()
         if self._acks and monotonic() - self._acks_since > ACK_WAIT:
             self._flush_held()
@@ -471,11 +447,11 @@ class Channel(kredis.Channel):
             return
         items, self._buffer = list(self._buffer), deque()
         args = []
-        for _, item, message, _ in items:
+        for _, item, message in items:
             tag = message["properties"]["delivery_tag"]
             self._recorded.pop(tag, None)
             args += [tag, item]
-        queue_keys = [queue_key for queue_key, *_ in items]
+        queue_keys = [queue_key for queue_key, _, _ in items]
         try:
             with self.conn_or_acquire() as client:
                 pipe = client.pipeline(transaction=False)
@@ -524,7 +500,7 @@ class Channel(kredis.Channel):
 
         held = {getattr(getattr(r, "_message", None), "delivery_tag", None)
                 for r in (*state.active_requests, *state.reserved_requests)}
-        held.update(m["properties"]["delivery_tag"] for _, _, m, _ in self._buffer)
+        held.update(m["properties"]["delivery_tag"] for _, _, m in self._buffer)
         held.update(self._acks)
         for raw in client.hkeys(keys.inflight(_consumer)):
             tag = bytes_to_str(raw)
