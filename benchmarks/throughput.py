@@ -294,8 +294,10 @@ def _load() -> str:
 Shape = tuple[int, int]  # (gpulayer workers, slots per worker)
 
 
-def run_shape(fleet, shape: Shape, args: argparse.Namespace, out: Report, ray, workdir: Path) -> dict[str, float]:
-    """Start every side's workers for one configuration, warm up, run the rounds, stop them; median jobs/s per side."""
+def run_shape(fleet, shape: Shape, args: argparse.Namespace, out: Report, ray, workdir: Path
+              ) -> tuple[dict[str, float], dict[tuple[str, str], float]]:
+    """Start every side's workers for one configuration, warm up, run the rounds, stop them; median jobs/s per side,
+    and the median per-round ratio of each pair of ``_PAIRS``."""
     from gpulayer import local
 
     workers, slots = shape
@@ -359,14 +361,14 @@ def run_shape(fleet, shape: Shape, args: argparse.Namespace, out: Report, ray, w
         out(line)
     out()
     out("per-round ratios (a round's sides run back to back, so a slow spell of a shared machine hits them alike):")
+    paired: dict[tuple[str, str], float] = {}
     for (a, b), goal in _PAIRS.items():
         if a in rows and b in rows:
             each = [e_b / e_a for (_, e_a), (_, e_b) in zip(rows[a], rows[b])]
-            rate[f"{a} / {b} paired"] = statistics.median(each)
+            paired[a, b] = statistics.median(each)
             out(f"  {a + ' / ' + b:<30} " + " ".join(f"{x:.2f}" for x in each)
-                + f"   median {statistics.median(each):.2f}, goal >= {goal} met in {sum(x >= goal for x in each)}"
-                  f" of {len(each)}")
-    return rate
+                + f"   median {paired[a, b]:.2f}, goal >= {goal} met in {sum(x >= goal for x in each)} of {len(each)}")
+    return rate, paired
 
 
 # (side, side it is compared with): the goal for the first's jobs/s over the second's
@@ -403,16 +405,17 @@ def benchmark(args: argparse.Namespace) -> list[str]:
         out(f"# Ray side skipped: {no_ray}; to run it: {RAY_PIP}")
     workdir = Path(tempfile.mkdtemp(prefix="gl-throughput-"))
     rates: dict[Shape, dict[str, float]] = {}
+    paired_by: dict[Shape, dict[tuple[str, str], float]] = {}
     try:
         with Fleet(workdir, appendonly=False) as fleet:  # its exit stops the workers, then Redis, by pid
             plain_app.conf.update(broker_url=fleet.url, result_backend=fleet.url)
             fleet.connect()  # once: every configuration's workers join the same Redis
             for shape in args.shapes:
-                rates[shape] = run_shape(fleet, shape, args, out, ray, workdir)
+                rates[shape], paired_by[shape] = run_shape(fleet, shape, args, out, ray, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
-    sides = [name for name in next(iter(rates.values())) if not name.endswith(" paired")]
+    sides = list(next(iter(rates.values())))
     out()
     out(f"summary, median jobs/s (load {_load()}); the ratios of the medians, then (paired) the medians of the "
         f"per-round ratios:")
@@ -420,7 +423,7 @@ def benchmark(args: argparse.Namespace) -> list[str]:
         + f"{'batch / ray':>13}{'delay / plain':>15}{'(paired)':>10}{'(paired)':>10}")
     for (w, s), rate in rates.items():
         vs_ray = f"{rate['gpulayer batch'] / rate[RAY_SIDE]:.2f}" if RAY_SIDE in rate else "-"
-        paired = [rate.get(f"{a} / {b} paired") for a, b in _PAIRS]
+        paired = [paired_by[w, s].get(pair) for pair in _PAIRS]
         out(f"  {f'{w} x {s}':<16}" + "".join(f"{rate[name]:>16.0f}" for name in sides)
             + f"{vs_ray:>13}{rate['gpulayer delay'] / rate['plain delay']:>15.2f}"
             + "".join(f"{x:>10.2f}" if x is not None else f"{'-':>10}" for x in paired))
