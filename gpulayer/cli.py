@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--cuda", choices=("auto", "on", "off"), default="auto")
     w.add_argument("--advertise-addr", default=None, help="address other machines reach this one at")
     w.add_argument("--loglevel", default="INFO")
+    w.add_argument("--log-jobs", action="store_true", default=None,
+                   help="log every job received and every success (default: GPULAYER_LOG_JOBS, off: only "
+                        "failures, retries and lost jobs; --loglevel DEBUG logs them too)")
     w.add_argument("--insecure", action="store_true", help="allow a broker beyond loopback without a password")
 
     st = sub.add_parser("status", help="live workers, slots and queues")
@@ -122,7 +125,7 @@ def _worker(args) -> int:
 
     return run_worker(broker=args.broker, slots=args.slots, zone=args.zone, region=args.region, name=args.name,
                       cuda=args.cuda, advertise_addr=args.advertise_addr, loglevel=args.loglevel,
-                      insecure=args.insecure)
+                      log_jobs=args.log_jobs, insecure=args.insecure)
 
 
 def _status(args) -> int:

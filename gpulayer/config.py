@@ -75,6 +75,9 @@ class Settings(BaseSettings):
     events: bool = Field(default=False, description="workers send Celery's task and worker-heartbeat events from "
                                                     "start; off, they send them once a monitor asks (Flower does, "
                                                     "and `celery control enable_events`)")
+    log_jobs: bool = Field(default=False, description="workers log a line for every job received and every job "
+                                                      "that succeeds (INFO); off, a job shows in the log when it "
+                                                      "fails, is retried or is lost")
     prefetch_multiplier: int = Field(default=4, ge=0, le=64,
                                      description="messages a worker takes per free slot while no gang holds slots "
                                                  "on it (0 or 1: one per free slot, no prefetch)")

@@ -14,9 +14,9 @@ import pytest
 from gpulayer.testing import Fleet, wait_until
 from tests.fleets import running_fleet
 
-# The session fleet: three CPU workers in two regions, one of them in another zone.
+# The session fleet: three CPU workers in two regions, one of them in another zone; w-a logs every job.
 FLEET = {
-    "w-a": dict(slots=2, zone="europe-west1-b", region="europe-west1"),
+    "w-a": dict(slots=2, zone="europe-west1-b", region="europe-west1", extra_args=["--log-jobs"]),
     "w-b": dict(slots=2, zone="europe-west1-c", region="europe-west1"),
     "w-c": dict(slots=1, zone="us-central1-a", region="us-central1"),
 }

@@ -9,7 +9,8 @@ import textwrap
 import pytest
 
 import gpulayer
-from gpulayer import JobFailed, PayloadError, group, submit, submit_batch
+from gpulayer import JobFailed, PayloadError, Resources, group, submit, submit_batch
+from gpulayer.testing import wait_until
 
 
 def square(x):
@@ -18,6 +19,10 @@ def square(x):
 
 def where():
     return gpulayer.current_worker().id
+
+
+def fail_with(message):
+    raise RuntimeError(message)
 
 
 def test_500_jobs_through_delay_group_and_submit_batch(fleet):
@@ -174,13 +179,24 @@ def test_unpicklable_argument_is_refused_at_submission(fleet):
 
 
 def test_arguments_show_as_summaries_not_bytes(fleet):
-    h = submit.delay(square, 12)
+    h = submit.delay(square, 12, resources=Resources(worker_ids=["w-a"]))  # w-a runs with --log-jobs
     h.get(timeout=30)
-    log = (fleet.workdir / "w-a.log").read_text() + (fleet.workdir / "w-b.log").read_text() + \
-        (fleet.workdir / "w-c.log").read_text()
+    log = (fleet.workdir / "w-a.log").read_text()
     mine = [line for line in log.splitlines() if h.id in line]  # other tests log refused forged bodies
     assert any("fn=square(12) resources=cpu" in line for line in mine), mine
+    assert any("succeeded" in line for line in mine), mine
     assert not any("\\x80\\x05" in line for line in mine)  # no pickle protocol-5 header, i.e. no pickled bytes
+
+
+def test_a_worker_logs_no_line_per_job_unless_asked(fleet):
+    """Without --log-jobs (GPULAYER_LOG_JOBS), a success leaves no line in the worker's log; a failure does."""
+    ok = submit.delay(square, 3, resources=Resources(worker_ids=["w-b"]))
+    bad = submit.delay(fail_with, "boom", resources=Resources(worker_ids=["w-b"]))
+    assert ok.get(timeout=30) == 9
+    with pytest.raises(JobFailed):
+        bad.get(timeout=30)
+    wait_until(lambda: bad.id in (fleet.workdir / "w-b.log").read_text(), 10, "the failure's line in w-b's log")
+    assert ok.id not in (fleet.workdir / "w-b.log").read_text()
 
 
 def _store_once_calls(fleet, run) -> int:

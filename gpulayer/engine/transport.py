@@ -1,8 +1,8 @@
 """gpulayer's kombu transport: Redis as kombu uses it, with takes that a SIGKILL cannot lose.
 
 It overrides kombu 5.7's Redis ``Channel`` (``_put``, ``_do_restore_message``, ``_brpop_start``,
-``_brpop_read``, ``conn_or_acquire``, ``close``) and ``QoS`` (``append``, ``ack``, ``can_consume``);
-``engine/upstream.py`` pins each to its source.
+``_brpop_read``, ``conn_or_acquire``, ``close``), ``QoS`` (``append``, ``ack``, ``can_consume``) and
+``Transport.register_with_event_loop``; ``engine/upstream.py`` pins each to its source.
 
 kombu's Redis transport takes a message with BRPOP and records it in its
 ``unacked`` hash with a second command; a worker killed between the two loses
@@ -19,8 +19,9 @@ success comes back from the job's process unstored, engine/results.py
 unsent leaves messages that come back and are ignored as done), so a steady
 stream of jobs costs the worker one round trip per take, not three per job.
 Results go on the loop turn they come back on, or with the others that come
-within ``RESULTS_EVERY`` of the last ones sent, in a script of their own when
-no take is due.
+within ``RESULTS_EVERY`` of the last ones sent (``RESULTS_EVERY_BUSY`` while
+prefetched messages wait on the worker, whose next take soon carries them), in
+a script of their own when no take is due.
 
 While no gang holds slots on the worker, a take brings up to free slots x
 ``prefetch_multiplier`` messages; the ones beyond the free slots wait in the
@@ -72,6 +73,7 @@ BELL_TOKENS = 64  # tokens kept per bell: enough to wake every idle worker of a 
 ACK_WAIT = 0.2  # seconds a finished job's ack waits for a take to ride on before it goes alone
 TURN_DELAY = 0.001  # seconds: kombu's loop takes a timer due after 0 as one a second away
 RESULTS_EVERY = 0.002  # seconds: results that come within this long of the last ones sent go out together
+RESULTS_EVERY_BUSY = 0.010  # the same while the worker holds prefetched messages: a take follows soon
 _LUA = resources.files("gpulayer.store").joinpath("lua")
 TAKE = _LUA.joinpath("take.lua").read_text()
 PUT_BACK = _LUA.joinpath("put_back.lua").read_text()
@@ -321,12 +323,17 @@ class Channel(kredis.Channel):
 
             def due():  # the loop wakes, and its next poll start sends them (QoS.can_consume)
                 self._results_timer_set = False
-            hub.call_later(max(self._results_at + RESULTS_EVERY - monotonic(), TURN_DELAY), due)
+            hub.call_later(max(self._results_at + self._results_every() - monotonic(), TURN_DELAY), due)
         return True
 
     def _results_due(self) -> bool:
         """Are results waiting, and is it time to send them without a take?"""
-        return bool(self._results) and monotonic() - self._results_at >= RESULTS_EVERY
+        return bool(self._results) and monotonic() - self._results_at >= self._results_every()
+
+    def _results_every(self) -> float:
+        """How long results wait for others to go with: longer while prefetched messages wait here, since the
+        take that follows them carries the results (one script for several jobs, not one each)."""
+        return RESULTS_EVERY_BUSY if self._buffer else RESULTS_EVERY
 
     def _brpop_read(self, **options):
         command, self._poll_command = self._poll_command, None
@@ -511,6 +518,28 @@ class Channel(kredis.Channel):
 
 class Transport(kredis.Transport):
     Channel = Channel
+
+    def register_with_event_loop(self, connection, loop):
+        """kombu's, with a cheaper turn of the event loop: kombu adds a reader for each of its sockets on every
+        turn (``Hub.add``, which registers the socket with epoll again and catches the EEXIST), three or four
+        turns per tiny job; here only a socket the loop has no reader for. A new or reconnected socket is
+        registered with epoll by kombu's cycle (``MultiChannelPoller._register``) and then gets its reader here,
+        as before; one dropped by a disconnect leaves the loop's readers (``Hub.remove``) and comes back so."""
+        before = set(loop.on_tick)
+        super().register_with_event_loop(connection, loop)
+        added = [tick for tick in loop.on_tick if tick not in before]
+        if len(added) != 1:  # not kombu's one on_poll_start: leave kombu's as it is
+            return
+        loop.on_tick.discard(added[0])
+        cycle, readers, add_reader, on_readable = self.cycle, loop.readers, loop.add_reader, self.on_readable
+        cycle_poll_start = cycle.on_poll_start
+
+        def on_poll_start():
+            cycle_poll_start()
+            for fd in cycle.fds:
+                if readers.get(fd) != (on_readable, (fd,)):
+                    add_reader(fd, on_readable, fd)
+        loop.on_tick.add(on_poll_start)
 
 
 SCHEMES = ("redis", "rediss")  # TCP and TLS: kombu's Redis channel, and so these takes, serve both

@@ -69,6 +69,10 @@ BORROWED: tuple[Borrowed, ...] = (
     Borrowed("kombu.transport.redis:Channel._brpop_start", "225ed3a7dba80b8d", _T, "overrides"),
     Borrowed("kombu.transport.redis:Channel._brpop_read", "8dffdd33e02e92cf", _T, "overrides"),
     Borrowed("kombu.transport.redis:Channel.close", "e432a00c5593503e", _T, "overrides"),
+    # a cheaper loop turn: kombu's on_poll_start, with a reader added only for a socket that has none
+    Borrowed("kombu.transport.redis:Transport.register_with_event_loop", "0979cb1d0b41a986", _T, "overrides"),
+    Borrowed("kombu.transport.redis:MultiChannelPoller._register", "84a2b49e9aeff3fd", _T, "relies on"),
+    Borrowed("kombu.asynchronous.hub:Hub.add", "09bb121b537d9a49", _T, "relies on"),
     # the event loop turn that Celery's acks wait for (the transport's _turn_soon_if_acks_wait)
     Borrowed("kombu.asynchronous.hub:Hub.create_loop", "8faca5b8e3b64640", _T, "relies on"),
     Borrowed("kombu.asynchronous.hub:Hub.fire_timers", "22f549d5283e7c45", _T, "relies on"),
