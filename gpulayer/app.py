@@ -12,11 +12,12 @@ import difflib
 import threading
 
 import redis
-from celery import Celery, signals
+from celery import signals
 
 from . import placement, queues, signing
 from .engine import transport
 from .engine.connections import drop_connections
+from .engine.celery_app import GpulayerCelery
 from .engine.control import Control
 from .config import Settings, tls_options
 from .errors import ClusterUnavailable, JobRejected, PayloadError, UnsupportedOption
@@ -31,8 +32,10 @@ ROUTES = ("gpulayer.app.route_task",)  # the app's task_routes; while they are t
 
 signing.register_serializer()
 
+
+
 # control: `celery inspect` and app.control.* wait for as many replies as live workers (engine/control.py).
-app = Celery("gpulayer", set_as_current=False, control="gpulayer.engine.control:Control")
+app = GpulayerCelery("gpulayer", set_as_current=False, control="gpulayer.engine.control:Control")
 app.conf.update(
     task_serializer=signing.NAME,
     result_serializer=signing.NAME,

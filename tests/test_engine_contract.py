@@ -267,3 +267,18 @@ def test_the_fence_finds_each_kind_of_breach(tmp_path):
         "binds a method onto an object (MethodType)",
         "setattr on an upstream object",
     ], found
+
+
+@pytest.mark.parametrize("tz", ["UTC", "Europe/Paris", "America/New_York"])
+def test_the_apps_clock_tells_the_time_celerys_does(tz):
+    """gpulayer's app stamps results with a cheaper ``now()``: the same instant and the same zone as Celery's."""
+    from celery import Celery
+
+    from gpulayer.engine.celery_app import GpulayerCelery
+
+    ours, theirs = GpulayerCelery(set_as_current=False), Celery(set_as_current=False)
+    for app in (ours, theirs):
+        app.conf.timezone = tz
+    a, b = ours.now(), Celery.now(theirs)
+    assert a.tzinfo is not None and a.utcoffset() == b.utcoffset() and str(a.tzinfo) == str(b.tzinfo)
+    assert abs((a - b).total_seconds()) < 1

@@ -201,3 +201,110 @@ def test_a_job_sent_after_a_cancel_does_not_wait_behind_the_revoked_messages(fre
     assert after.get(timeout=30) == (0, "r1")  # 398 at two a second would be over three minutes
     assert client.llen(queues.DEFAULT) == 0  # every revoked one was taken and dropped before it
     client.close()
+
+
+def test_after_a_run_of_tiny_jobs_a_worker_takes_the_base_batch_again(fresh_fleet):
+    """Takes grow (to BURST_MAX times free slots x prefetch_multiplier) while full takes of tiny jobs start at
+    once; once a take finds the queue dry, the next batch is taken at the base again, so a worker that just ran
+    tiny jobs does not sit on long ones an idle worker could run."""
+    fleet = fresh_fleet
+    fleet.add_workers({"r1": dict(slots=1, **HOLD)})
+    fleet.connect()
+    client = redis_client()
+    run = f"burst:{time.time()}"
+    pin = Resources(worker_ids=["r1"])
+    assert submit_batch([submit.s(quick, run, i) for i in range(600)], resources=pin).get(timeout=120) == \
+        [(i, "r1") for i in range(600)]
+    taker = fleet.workers["r1"]
+    taker.send_signal(signal.SIGSTOP)
+    try:  # one take sees them all: 1 free slot x prefetch_multiplier 4 (the burst would have taken 16)
+        batch = submit_batch([submit.s(blocker, run, 10)] + [submit.s(quick, run, 10 + i) for i in range(10)],
+                             resources=pin)
+    finally:
+        taker.send_signal(signal.SIGCONT)
+    life = keys.life("r1", taker.pid)
+    wait_until(lambda: client.llen(f"{run}:started") == 1 and client.hlen(keys.inflight(life)) == 4, 60,
+               "the blocker to run with 3 quick jobs waiting on the worker")
+    assert client.llen(queues.private("r1")) == 7
+    client.rpush(f"{run}:release:10", 1)
+    assert batch.get(timeout=60) == [10] + [(10 + i, "r1") for i in range(10)]
+    client.close()
+
+
+# -- pure units of the transport's cheaper job path ---------------------------------------------------------
+def test_takes_double_while_full_takes_start_at_once_and_fall_back_when_they_do_not():
+    from types import SimpleNamespace
+
+    from gpulayer.engine.transport import BURST_DRAIN, BURST_MAX, Channel
+
+    ch = SimpleNamespace(_burst=1, _taking_again=True, _buffered_since=time.monotonic())
+    grown = []
+    for _ in range(4):
+        Channel._drained(ch)
+        grown.append(ch._burst)
+    assert grown == [2, 4, 4, 4] and BURST_MAX == 4
+    ch._buffered_since = time.monotonic() - 1.5 * BURST_DRAIN  # in between: stays
+    Channel._drained(ch)
+    assert ch._burst == 4
+    ch._buffered_since = time.monotonic() - 3 * BURST_DRAIN  # slow: the base again
+    Channel._drained(ch)
+    assert ch._burst == 1
+    ch._taking_again, ch._buffered_since = False, time.monotonic()  # fast but the take was not full: no growth
+    Channel._drained(ch)
+    assert ch._burst == 1
+
+    def size(free, ahead, burst):
+        gate = SimpleNamespace(free=lambda: free, ahead=lambda: ahead)
+        return Channel._batch_size(SimpleNamespace(qos=SimpleNamespace(gate=gate), _burst=burst))
+    assert size(2, 4, 4) == 32 and size(2, 4, 1) == 8
+    assert size(2, 1, 4) == 2 and size(2, 0, 4) == 2  # prefetch off, or a gang holds slots here: one per free slot
+    assert size(0, 4, 1) == 4  # (a take while no slot is free: kombu asked anyway)
+
+
+def test_a_taken_message_decodes_as_kombu_decodes_it():
+    import datetime as dt
+    import uuid as uuid_mod
+
+    from kombu.utils.json import dumps, loads
+
+    from gpulayer.engine.transport import loads_message
+
+    plain = dumps({"body": "eyJ4IjogMX0=", "headers": {"id": "a", "eta": None, "stamps": {}, "n": [1, 2.5]},
+                   "properties": {"delivery_tag": "t", "priority": 0}}).encode()
+    tagged = dumps({"headers": {"eta": dt.datetime(2026, 12, 2, 10, tzinfo=dt.timezone.utc),
+                                "id": uuid_mod.UUID(int=7)}, "properties": {"delivery_tag": "t"}}).encode()
+    assert b"__type__" in tagged and b"__type__" not in plain
+    for raw in (plain, tagged):
+        assert loads_message(raw) == loads(raw)
+    assert isinstance(loads_message(tagged)["headers"]["eta"], dt.datetime)
+
+
+def test_the_loop_removes_a_writer_only_for_a_pipe_it_watches():
+    """Celery's pool asks to remove the writer of every idle child's pipe on every loop turn; the loop leaves a
+    pipe it does not watch alone (kombu's would unregister it from epoll again, and catch the error)."""
+    from kombu.asynchronous import Hub
+
+    from gpulayer.engine.transport import _remove_writers_only_if_added
+
+    hub = Hub()
+    r, w = os.pipe()
+    try:
+        _remove_writers_only_if_added(hub)
+        _remove_writers_only_if_added(hub)  # once per loop, however many connections register
+        unregistered = []
+        unregister = hub.poller.unregister
+        hub.poller.unregister = lambda fd: (unregistered.append(fd), unregister(fd))
+        hub.remove_writer(w)  # not watched: nothing to do
+        assert unregistered == []
+        hub.add_writer(w, lambda: None)
+        assert w in hub.writers
+        hub.remove_writer(w)
+        assert w not in hub.writers and unregistered == [w]
+        hub.add_reader(r, lambda: None)
+        hub.add_writer(w, lambda: None)
+        hub.remove_writer(w)
+        assert r in hub.readers and w not in hub.writers
+    finally:
+        hub.close()
+        os.close(r)
+        os.close(w)

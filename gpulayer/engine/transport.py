@@ -2,7 +2,8 @@
 
 It overrides kombu 5.7's Redis ``Channel`` (``_put``, ``_do_restore_message``, ``_brpop_start``,
 ``_brpop_read``, ``conn_or_acquire``, ``close``), ``QoS`` (``append``, ``ack``, ``can_consume``) and
-``Transport.register_with_event_loop``; ``engine/upstream.py`` pins each to its source.
+``Transport.register_with_event_loop`` (with the loop's ``remove_writer``); ``engine/upstream.py`` pins each to its
+source.
 
 kombu's Redis transport takes a message with BRPOP and records it in its
 ``unacked`` hash with a second command; a worker killed between the two loses
@@ -24,9 +25,10 @@ prefetched messages wait on the worker, whose next take soon carries them), in
 a script of their own when no take is due.
 
 While no gang holds slots on the worker, a take brings up to free slots x
-``prefetch_multiplier`` messages; the ones beyond the free slots wait in the
-channel, recorded, and go to Celery one by one as slots free up (the slot gate
-decides, as before). When a gang reserves slots here, the waiting ones go back
+``prefetch_multiplier`` messages (up to ``BURST_MAX`` times that while full takes
+start all their messages within ``BURST_DRAIN``: tiny jobs); the ones beyond the
+free slots wait in the channel, recorded, and go to Celery one by one as slots
+free up (the slot gate decides, as before). When a gang reserves slots here, the waiting ones go back
 to the head of their queues, as taken, in one script (``store/lua/give_back.lua``),
 before the gate lets anything else start; so do they when the worker stops.
 
@@ -45,6 +47,7 @@ life left there (:func:`put_back_taking`).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import weakref
@@ -74,6 +77,9 @@ ACK_WAIT = 0.2  # seconds a finished job's ack waits for a take to ride on befor
 TURN_DELAY = 0.001  # seconds: kombu's loop takes a timer due after 0 as one a second away
 RESULTS_EVERY = 0.002  # seconds: results that come within this long of the last ones sent go out together
 RESULTS_EVERY_BUSY = 0.010  # the same while the worker holds prefetched messages: a take follows soon
+BURST_MAX = 4  # a take brings up to this many times free slots x prefetch_multiplier while jobs are tiny
+BURST_DRAIN = 0.05  # seconds: a full take whose messages all started within this long doubles the next (to
+# BURST_MAX); one whose messages took over twice as long, or a take that found its queues dry, takes the base again
 _LUA = resources.files("gpulayer.store").joinpath("lua")
 TAKE = _LUA.joinpath("take.lua").read_text()
 PUT_BACK = _LUA.joinpath("put_back.lua").read_text()
@@ -118,6 +124,15 @@ def put_back_taking(client, life: str) -> list[bytes]:
             pipe.execute()
             done.append(item)
     return done
+
+
+def loads_message(item: bytes) -> dict:
+    """kombu's JSON ``loads`` of a taken message, without its hook (a Python call per object, ~6 in a message)
+    when no object in it can be one of kombu's tagged values (``{"__type__": ..., "__value__": ...}``: a datetime,
+    a UUID, bytes, a Decimal), the only objects the hook changes."""
+    if b"__type__" in item:
+        return loads(bytes_to_str(item))
+    return json.loads(item)
 
 
 def _mark_sweep() -> None:
@@ -200,6 +215,7 @@ class Channel(kredis.Channel):
         self._results_at = 0.0  # when a script last carried results
         self._results_timer_set = False
         self._buffered_since = 0.0
+        self._burst = 1  # the next take's size over free slots x prefetch_multiplier (_drained)
         self._turn_timer_set = False  # _turn_soon_if_acks_wait's timer is set
         self._handed = 0  # messages handed to Celery by _deliver_buffered, ever
 
@@ -285,7 +301,8 @@ class Channel(kredis.Channel):
         gate = self.qos.gate
         if gate is None:
             return 1
-        return max(1, gate.free()) * max(1, gate.ahead())
+        ahead = gate.ahead()
+        return max(1, gate.free()) * (ahead * self._burst if ahead > 1 else 1)
 
     def _take_args(self, queue_keys=None) -> list:
         """take.lua's arguments: this worker's queues and records, how many to take, and the results and acks
@@ -357,6 +374,8 @@ class Channel(kredis.Channel):
                 self._acks_sent, self._results_sent = [], []
             if self._poll_keys:  # (a script that only stored results took nothing)
                 self._taking_again = len(reply) >= 2 * self._batch_size()
+                if not self._taking_again:  # the queues ran dry: whatever comes next starts from the base
+                    self._burst = 1
             if reply and not self._buffer:
                 self._buffered_since = monotonic()
             for i in range(0, len(reply), 2):
@@ -372,7 +391,7 @@ class Channel(kredis.Channel):
 
     def _taken(self, queue_key: bytes, item: bytes) -> tuple[bytes, bytes, dict] | None:
         try:
-            message = loads(bytes_to_str(item))
+            message = loads_message(item)
             props = message["properties"]
             tag = props["delivery_tag"]
         except (ValueError, KeyError, TypeError):
@@ -395,9 +414,24 @@ class Channel(kredis.Channel):
             self.connection._deliver(message, dest)
             n += 1
         self._handed += n
+        if n and not self._buffer:
+            self._drained()
         if n:  # their acks may come a turn later
             self._turn_soon_if_acks_wait()
         return n
+
+    def _drained(self) -> None:
+        """The last buffered message started. A full take whose messages all started within ``BURST_DRAIN`` held
+        tiny jobs, which otherwise wait on a round trip per take: the next take brings twice as many, up to
+        ``BURST_MAX`` times the base; messages that took over twice as long, the base again (so a worker sits on
+        more than about ``2 x BURST_DRAIN`` of work that an idle worker could have taken only for one take of a
+        queue whose jobs turned long, until ``prefetch_hold`` hands them back). A take that finds its queues dry
+        also starts the next from the base (``_brpop_read``)."""
+        waited = monotonic() - self._buffered_since
+        if waited <= BURST_DRAIN and self._taking_again:  # (a take that filled its batch: more were waiting)
+            self._burst = min(self._burst * 2, BURST_MAX)
+        elif waited > 2 * BURST_DRAIN:
+            self._burst = 1
 
     def _turn_soon_if_acks_wait(self, delay: float = TURN_DELAY) -> None:
         """When only kombu's prefetch count holds the next message (or the next take) back, wake the loop soon.
@@ -452,6 +486,7 @@ class Channel(kredis.Channel):
         """Requeue the buffered messages at the head of their queues, as taken, in one script (give_back.lua)."""
         if not self._buffer:
             return
+        self._burst = 1  # (a gang, a stop, or jobs slower than prefetch_hold)
         items, self._buffer = list(self._buffer), deque()
         args = []
         for _, item, message in items:
@@ -540,6 +575,24 @@ class Transport(kredis.Transport):
                 if readers.get(fd) != (on_readable, (fd,)):
                     add_reader(fd, on_readable, fd)
         loop.on_tick.add(on_poll_start)
+        _remove_writers_only_if_added(loop)
+
+
+def _remove_writers_only_if_added(loop) -> None:
+    """Celery's prefork pool removes the writer of every idle child's pipe on every turn of the loop
+    (``AsynPool._create_write_handlers``: ``on_poll_start``), and kombu's ``Hub.remove_writer`` unregisters the
+    pipe from epoll each time, a syscall and a caught ENOENT per pipe and turn. Here a pipe the loop has no
+    writer for is left alone: the loop registers a descriptor with epoll only in ``Hub.add``, which also puts
+    it in ``writers`` (or ``readers``, which ``remove_writer`` would put back as it was)."""
+    if getattr(loop, "_gpulayer_remove_writer", False):
+        return
+    remove_writer = loop.remove_writer
+
+    def remove_writer_if_added(fd):
+        if (fd if isinstance(fd, int) else fd.fileno()) in loop.writers:
+            remove_writer(fd)
+    loop.remove_writer = remove_writer_if_added
+    loop._gpulayer_remove_writer = True
 
 
 SCHEMES = ("redis", "rediss")  # TCP and TLS: kombu's Redis channel, and so these takes, serve both

@@ -69,10 +69,14 @@ BORROWED: tuple[Borrowed, ...] = (
     Borrowed("kombu.transport.redis:Channel._brpop_start", "225ed3a7dba80b8d", _T, "overrides"),
     Borrowed("kombu.transport.redis:Channel._brpop_read", "8dffdd33e02e92cf", _T, "overrides"),
     Borrowed("kombu.transport.redis:Channel.close", "e432a00c5593503e", _T, "overrides"),
+    # a taken message decoded without kombu's JSON hook where it has nothing to change
+    Borrowed("kombu.utils.json:object_hook", "cf29125995c05973", _T, "relies on"),
     # a cheaper loop turn: kombu's on_poll_start, with a reader added only for a socket that has none
     Borrowed("kombu.transport.redis:Transport.register_with_event_loop", "0979cb1d0b41a986", _T, "overrides"),
     Borrowed("kombu.transport.redis:MultiChannelPoller._register", "84a2b49e9aeff3fd", _T, "relies on"),
     Borrowed("kombu.asynchronous.hub:Hub.add", "09bb121b537d9a49", _T, "relies on"),
+    Borrowed("kombu.asynchronous.hub:Hub.remove_writer", "403748aced7cf852", _T, "relies on"),
+    Borrowed("celery.concurrency.asynpool:AsynPool._create_write_handlers", "c7381a1afb8c8e9c", _T, "relies on"),
     # the event loop turn that Celery's acks wait for (the transport's _turn_soon_if_acks_wait)
     Borrowed("kombu.asynchronous.hub:Hub.create_loop", "8faca5b8e3b64640", _T, "relies on"),
     Borrowed("kombu.asynchronous.hub:Hub.fire_timers", "22f549d5283e7c45", _T, "relies on"),
@@ -122,6 +126,10 @@ BORROWED: tuple[Borrowed, ...] = (
     Borrowed("celery.events.dispatcher:EventDispatcher.send", "f7d28b95b3ee8802", _E, "relies on"),
     # celery inspect: replies awaited until every live worker answered
     Borrowed("celery.app.control:Control.broadcast", "cc294dfcc1ec4cad", "gpulayer/engine/control.py", "overrides"),
+    # the app's clock: Celery's, without the checks a UTC time never needs
+    Borrowed("celery.app.base:Celery.now", "d0f4a315db0d5a61", "gpulayer/engine/celery_app.py", "overrides"),
+    Borrowed("celery.utils.time:to_utc", "ab691003a3252d6c", "gpulayer/engine/celery_app.py", "relies on"),
+    Borrowed("celery.utils.time:make_aware", "5f6084ccb25b8eda", "gpulayer/engine/celery_app.py", "relies on"),
     # pointing the app at another Redis
     Borrowed("celery.app.base:Celery._after_fork", "95d61721ecb980d2", "gpulayer/engine/connections.py", "relies on"),
     Borrowed("celery.app.base:Celery.pool", "c602313400413fda", "gpulayer/engine/connections.py", "relies on"),

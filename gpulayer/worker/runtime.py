@@ -70,8 +70,9 @@ def job_scope(job_id: str | None, gpus: int):
     """Run a job with its context set and, for CUDA jobs, only its GPUs visible."""
     global _context
     given: list[int] = []
-    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    saved = None
     if gpus and _gpu_owners is not None:
+        saved = os.environ.get("CUDA_VISIBLE_DEVICES")  # only a CUDA job reads or sets it
         while True:
             with _gpu_owners.get_lock():
                 given = pick_gpus(list(_gpu_owners), gpus, pid_alive) or []
