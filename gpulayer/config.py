@@ -80,7 +80,8 @@ class Settings(BaseSettings):
                                                       "fails, is retried or is lost")
     prefetch_multiplier: int = Field(default=4, ge=0, le=64,
                                      description="messages a worker takes per free slot while no gang holds slots "
-                                                 "on it (0 or 1: one per free slot, no prefetch)")
+                                                 "on it, up to 4x that while its jobs are tiny (0 or 1: one per "
+                                                 "free slot, no prefetch)")
     prefetch_hold: float = Field(default=1.0, ge=0, description="seconds prefetched messages wait on a worker whose "
                                                                 "slots stay busy before they go back to their queue")
     max_deliveries: int = Field(default=3, ge=1, le=100,

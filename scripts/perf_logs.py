@@ -316,15 +316,23 @@ def parse_throughput(text: str, path: str) -> tuple[Throughput, ...]:
         return tuple(Throughput(case, str(config), median_of(recs, "jobs_s", path))
                      for (case, config), recs in grouped(records, ("case", "config")))
     lines = text.splitlines()
-    shape = re.search(r"gpulayer (\d+) worker\(s\) x (\d+) slot\(s\)", "\n".join(lines[:4]))
-    config = f"{shape[1]}x{shape[2]}" if shape else "?"
-    at = _find(lines, lambda s: s.startswith("medians over ") and "rounds" in s)
-    if at is None or at + 1 >= len(lines) or "jobs/s" not in lines[at + 1]:
-        raise LogError(path, at + 2 if at is not None else None,
-                       "no `result` lines with bench 'throughput' and no 'medians over N rounds' table with a "
-                       "'side ... jobs/s' header (written by benchmarks/throughput.py)")
-    rows = _rows(lines, at + 2, THROUGHPUT_ROW, "'<side> <submit s> <end-to-end s> <jobs/s>'", path)
-    return tuple(Throughput(THROUGHPUT_SIDES.get(m["side"], m["side"]), config, float(m["rate"])) for _, m in rows)
+    out: list[Throughput] = []
+    config, at = "?", 0
+    while True:  # one 'medians over N rounds' table per fleet shape, each after its '## gpulayer W worker(s) ...'
+        at = _find(lines, lambda s: s.startswith("medians over ") and "rounds" in s, at)
+        if at is None:
+            break
+        shapes = [m for line in lines[:at] if (m := re.search(r"gpulayer (\d+) worker\(s\) x (\d+) slot\(s\)", line))]
+        config = f"{shapes[-1][1]}x{shapes[-1][2]}" if shapes else "?"
+        if at + 1 >= len(lines) or "jobs/s" not in lines[at + 1]:
+            raise LogError(path, at + 2, "a 'medians over N rounds' table without its 'side ... jobs/s' header")
+        rows = _rows(lines, at + 2, THROUGHPUT_ROW, "'<side> <submit s> <end-to-end s> <jobs/s>'", path)
+        out += [Throughput(THROUGHPUT_SIDES.get(m["side"], m["side"]), config, float(m["rate"])) for _, m in rows]
+        at += 1
+    if not out:
+        raise LogError(path, None, "no `result` lines with bench 'throughput' and no 'medians over N rounds' table "
+                                   "with a 'side ... jobs/s' header (written by benchmarks/throughput.py)")
+    return tuple(out)
 
 
 def parse_scaling(text: str, path: str) -> tuple[Scaling, ...]:
