@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 _RECORDS = TypeAdapter(list[WorkerInfo])
 _score = operator.itemgetter(1)  # of a (worker id, heartbeat time) pair
 _DYNAMIC = {"busy", "held", "heartbeat_age"}  # what a worker's static record leaves out
-BEAT_CHUNK = 500  # workers per heartbeat script call (an emulator beats thousands at once)
+BEAT_CHUNK = 500  # workers per heartbeat script call for a caller that beats thousands at once (a benchmark)
 _BEAT_KEYS = [keys.WORKERS, keys.WORKERS_INFO, keys.WORKERS_STATIC, keys.WORKERS_LOAD, keys.WORKERS_VERSION,
               keys.WORKERS_CHANGED, keys.WORKERS_LOAD_CHANGED, keys.WORKERS_PACKED, keys.WORKERS_PACKED_SYNCED]
 _SNAP_KEYS = [keys.WORKERS, keys.WORKERS_INFO, keys.WORKERS_STATIC, keys.WORKERS_LOAD, keys.WORKERS_VERSION,
