@@ -97,7 +97,11 @@ class Fleet:
     # -- Redis ----------------------------------------------------------------------------------
     def start_redis(self, tls: TlsFiles | None = None) -> None:
         """``tls``: Redis speaks TLS only, and ``url`` becomes ``rediss://`` with the CA (and client certificate);
-        a restart of the same fleet's Redis keeps it."""
+        a restart of the same fleet's Redis keeps it. Refused while this fleet's Redis runs (``with Fleet(...)``
+        started it): a second would take its place here, and the first would outlive the fleet."""
+        if self.redis_proc is not None and self.redis_proc.poll() is None:
+            raise RuntimeError(f"this fleet's Redis is already running (pid {self.redis_proc.pid}, port {self.port}); "
+                               "stop_redis() first to restart it")
         if tls is not None and self.tls is None:
             self.url = with_tls(self.url.replace("redis://", "rediss://", 1), **tls.client_options())
             self.tls = tls

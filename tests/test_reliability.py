@@ -179,3 +179,15 @@ def test_a_worker_beyond_loopback_without_a_password_is_refused(monkeypatch):
     monkeypatch.setenv("GPULAYER_SECRET", "x")
     with pytest.raises(ConfigError, match="no password"):
         run_worker(broker="redis://10.231.0.1:6379/0")  # refused before any connection is tried
+
+
+def test_a_fleet_refuses_a_second_redis_while_its_first_runs(tmp_path):
+    with Fleet(tmp_path / "f") as fleet:
+        first = fleet.redis_proc
+        with pytest.raises(RuntimeError, match="already running"):
+            fleet.start_redis()
+        assert fleet.redis_proc is first and first.poll() is None
+        fleet.stop_redis()
+        fleet.start_redis()  # a restart, as test_redis_restart_loses_no_submitted_job does
+        assert fleet.redis_proc is not first and fleet.redis_proc.poll() is None
+    assert first.poll() is not None
