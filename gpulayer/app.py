@@ -32,8 +32,6 @@ ROUTES = ("gpulayer.app.route_task",)  # the app's task_routes; while they are t
 
 signing.register_serializer()
 
-
-
 # control: `celery inspect` and app.control.* wait for as many replies as live workers (engine/control.py).
 app = GpulayerCelery("gpulayer", set_as_current=False, control="gpulayer.engine.control:Control")
 app.conf.update(

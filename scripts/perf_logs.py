@@ -317,7 +317,7 @@ def parse_throughput(text: str, path: str) -> tuple[Throughput, ...]:
                      for (case, config), recs in grouped(records, ("case", "config")))
     lines = text.splitlines()
     out: list[Throughput] = []
-    config, at = "?", 0
+    at = 0
     while True:  # one 'medians over N rounds' table per fleet shape, each after its '## gpulayer W worker(s) ...'
         at = _find(lines, lambda s: s.startswith("medians over ") and "rounds" in s, at)
         if at is None:

@@ -284,13 +284,13 @@ def test_the_loop_removes_a_writer_only_for_a_pipe_it_watches():
     pipe it does not watch alone (kombu's would unregister it from epoll again, and catch the error)."""
     from kombu.asynchronous import Hub
 
-    from gpulayer.engine.transport import _remove_writers_only_if_added
+    from gpulayer.engine.loop import remove_writers_only_if_added
 
     hub = Hub()
     r, w = os.pipe()
     try:
-        _remove_writers_only_if_added(hub)
-        _remove_writers_only_if_added(hub)  # once per loop, however many connections register
+        remove_writers_only_if_added(hub)
+        remove_writers_only_if_added(hub)  # once per loop, however many connections register
         unregistered = []
         unregister = hub.poller.unregister
         hub.poller.unregister = lambda fd: (unregistered.append(fd), unregister(fd))

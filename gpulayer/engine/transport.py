@@ -2,8 +2,8 @@
 
 It overrides kombu 5.7's Redis ``Channel`` (``_put``, ``_do_restore_message``, ``_brpop_start``,
 ``_brpop_read``, ``conn_or_acquire``, ``close``), ``QoS`` (``append``, ``ack``, ``can_consume``) and
-``Transport.register_with_event_loop`` (with the loop's ``remove_writer``); ``engine/upstream.py`` pins each to its
-source.
+``Transport.register_with_event_loop`` (a cheaper loop turn: ``engine/loop.py``); ``engine/upstream.py`` pins each
+to its source.
 
 kombu's Redis transport takes a message with BRPOP and records it in its
 ``unacked`` hash with a second command; a worker killed between the two loses
@@ -68,6 +68,7 @@ from kombu.utils.json import dumps, loads
 from ..errors import ConfigError
 from ..store import keys
 from ..store.connection import TLSConnection
+from .loop import add_readers_only_when_missing, remove_writers_only_if_added
 
 log = logging.getLogger(__name__)
 
@@ -555,44 +556,13 @@ class Transport(kredis.Transport):
     Channel = Channel
 
     def register_with_event_loop(self, connection, loop):
-        """kombu's, with a cheaper turn of the event loop: kombu adds a reader for each of its sockets on every
-        turn (``Hub.add``, which registers the socket with epoll again and catches the EEXIST), three or four
-        turns per tiny job; here only a socket the loop has no reader for. A new or reconnected socket is
-        registered with epoll by kombu's cycle (``MultiChannelPoller._register``) and then gets its reader here,
-        as before; one dropped by a disconnect leaves the loop's readers (``Hub.remove``) and comes back so."""
+        """kombu's, with a cheaper turn of the event loop (``engine/loop.py``)."""
         before = set(loop.on_tick)
         super().register_with_event_loop(connection, loop)
         added = [tick for tick in loop.on_tick if tick not in before]
-        if len(added) != 1:  # not kombu's one on_poll_start: leave kombu's as it is
-            return
-        loop.on_tick.discard(added[0])
-        cycle, readers, add_reader, on_readable = self.cycle, loop.readers, loop.add_reader, self.on_readable
-        cycle_poll_start = cycle.on_poll_start
-
-        def on_poll_start():
-            cycle_poll_start()
-            for fd in cycle.fds:
-                if readers.get(fd) != (on_readable, (fd,)):
-                    add_reader(fd, on_readable, fd)
-        loop.on_tick.add(on_poll_start)
-        _remove_writers_only_if_added(loop)
-
-
-def _remove_writers_only_if_added(loop) -> None:
-    """Celery's prefork pool removes the writer of every idle child's pipe on every turn of the loop
-    (``AsynPool._create_write_handlers``: ``on_poll_start``), and kombu's ``Hub.remove_writer`` unregisters the
-    pipe from epoll each time, a syscall and a caught ENOENT per pipe and turn. Here a pipe the loop has no
-    writer for is left alone: the loop registers a descriptor with epoll only in ``Hub.add``, which also puts
-    it in ``writers`` (or ``readers``, which ``remove_writer`` would put back as it was)."""
-    if getattr(loop, "_gpulayer_remove_writer", False):
-        return
-    remove_writer = loop.remove_writer
-
-    def remove_writer_if_added(fd):
-        if (fd if isinstance(fd, int) else fd.fileno()) in loop.writers:
-            remove_writer(fd)
-    loop.remove_writer = remove_writer_if_added
-    loop._gpulayer_remove_writer = True
+        if len(added) == 1:  # kombu's one on_poll_start (anything else: leave kombu's as it is)
+            add_readers_only_when_missing(loop, self.cycle, self.on_readable, added[0])
+            remove_writers_only_if_added(loop)
 
 
 SCHEMES = ("redis", "rediss")  # TCP and TLS: kombu's Redis channel, and so these takes, serve both

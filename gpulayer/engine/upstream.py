@@ -53,6 +53,7 @@ class Borrowed:
 
 _T, _R, _Q, _E = ("gpulayer/engine/transport.py", "gpulayer/engine/results.py", "gpulayer/engine/request.py",
                   "gpulayer/engine/events.py")
+_L = "gpulayer/engine/loop.py"
 
 BORROWED: tuple[Borrowed, ...] = (
     # kombu's Redis transport: takes a SIGKILL cannot lose, bells, one client per pool
@@ -73,10 +74,10 @@ BORROWED: tuple[Borrowed, ...] = (
     Borrowed("kombu.utils.json:object_hook", "cf29125995c05973", _T, "relies on"),
     # a cheaper loop turn: kombu's on_poll_start, with a reader added only for a socket that has none
     Borrowed("kombu.transport.redis:Transport.register_with_event_loop", "0979cb1d0b41a986", _T, "overrides"),
-    Borrowed("kombu.transport.redis:MultiChannelPoller._register", "84a2b49e9aeff3fd", _T, "relies on"),
-    Borrowed("kombu.asynchronous.hub:Hub.add", "09bb121b537d9a49", _T, "relies on"),
-    Borrowed("kombu.asynchronous.hub:Hub.remove_writer", "403748aced7cf852", _T, "relies on"),
-    Borrowed("celery.concurrency.asynpool:AsynPool._create_write_handlers", "c7381a1afb8c8e9c", _T, "relies on"),
+    Borrowed("kombu.transport.redis:MultiChannelPoller._register", "84a2b49e9aeff3fd", _L, "relies on"),
+    Borrowed("kombu.asynchronous.hub:Hub.add", "09bb121b537d9a49", _L, "relies on"),
+    Borrowed("kombu.asynchronous.hub:Hub.remove_writer", "403748aced7cf852", _L, "relies on"),
+    Borrowed("celery.concurrency.asynpool:AsynPool._create_write_handlers", "c7381a1afb8c8e9c", _L, "relies on"),
     # the event loop turn that Celery's acks wait for (the transport's _turn_soon_if_acks_wait)
     Borrowed("kombu.asynchronous.hub:Hub.create_loop", "8faca5b8e3b64640", _T, "relies on"),
     Borrowed("kombu.asynchronous.hub:Hub.fire_timers", "22f549d5283e7c45", _T, "relies on"),
