@@ -1,6 +1,5 @@
-"""Lightning's demo modules at Lightning's path (``lightning.pytorch.demos``), copied with only imports changed."""
+"""Demo modules and datasets at Lightning's path (``lightning.pytorch.demos``), written for gpulayer."""
 
 from gpulayer.trainer.demos.boring_classes import BoringDataModule, BoringModel, DemoModel
-from gpulayer.trainer.demos.transformer import LightningTransformer, Transformer, WikiText2
 
-__all__ = ["BoringDataModule", "BoringModel", "DemoModel", "LightningTransformer", "Transformer", "WikiText2"]
+__all__ = ["BoringDataModule", "BoringModel", "DemoModel"]

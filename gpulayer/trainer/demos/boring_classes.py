@@ -1,288 +1,137 @@
-# Copied from Lightning 2.6.6 (lightning/pytorch/demos/boring_classes.py, Apache-2.0) with only the imports
-# changed, so Lightning code and tests that import these helpers run on gpulayer unchanged.
-# Copyright The Lightning AI team.
-#
-# Licensed under the Apache License, Version 2.0 (the "License");
-# you may not use this file except in compliance with the License.
-# You may obtain a copy of the License at
-#
-#     http://www.apache.org/licenses/LICENSE-2.0
-#
-# Unless required by applicable law or agreed to in writing, software
-# distributed under the License is distributed on an "AS IS" BASIS,
-# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
-# See the License for the specific language governing permissions and
-# limitations under the License.
-from collections.abc import Iterable, Iterator
-from typing import Any, Optional
+"""Small random datasets and minimal modules for tests and debugging, at Lightning's import path.
+
+Lightning users import these by name (``lightning.pytorch.demos.boring_classes``) in their
+tests; here they have the same names, constructor arguments, shapes, random draws and
+defaults, so a test written against Lightning's sees the same numbers for the same seed:
+
+- ``RandomDataset(size, length)``: ``length`` rows of ``size`` normal draws, drawn once.
+- ``BoringModel``: one ``Linear(32, 2)``; the loss is the MSE of its output against ones;
+  SGD (lr 0.1) with a ``StepLR(step_size=1)``; 64 rows of ``RandomDataset(32, 64)`` for
+  every stage.
+- ``BoringDataModule``: 256 rows, split into four quarters (fit, validate, test, predict).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
-from gpulayer.trainer.utilities.collections import apply_to_collection
-from torch import Tensor
-from torch.optim import Optimizer
-from torch.optim.lr_scheduler import LRScheduler
+from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 
-from gpulayer.trainer import LightningDataModule, LightningModule
-from gpulayer.trainer.core.optimizer import LightningOptimizer
-from gpulayer.trainer.utilities.types import STEP_OUTPUT
+from gpulayer.trainer.datamodule import LightningDataModule
+from gpulayer.trainer.module import LightningModule
+
+__all__ = [
+    "BoringDataModule", "BoringDataModuleNoLen", "BoringModel", "DemoModel", "IterableBoringDataModule",
+    "ManualOptimBoringModel", "Net", "RandomDataset", "RandomDictDataset", "RandomIterableDataset",
+    "RandomIterableDatasetWithLen",
+]
 
 
-class RandomDictDataset(Dataset):
-    """
-    .. warning::  This is meant for testing/debugging and is experimental.
-    """
+# -- datasets ---------------------------------------------------------------------------------
+class RandomDataset(Dataset):
+    """``length`` samples, each a vector of ``size`` standard-normal values drawn at construction."""
 
     def __init__(self, size: int, length: int):
         self.len = length
         self.data = torch.randn(length, size)
-
-    def __getitem__(self, index: int) -> dict[str, Tensor]:
-        a = self.data[index]
-        b = a + 2
-        return {"a": a, "b": b}
 
     def __len__(self) -> int:
         return self.len
-
-
-class RandomDataset(Dataset):
-    """
-    .. warning::  This is meant for testing/debugging and is experimental.
-    """
-
-    def __init__(self, size: int, length: int):
-        self.len = length
-        self.data = torch.randn(length, size)
 
     def __getitem__(self, index: int) -> Tensor:
         return self.data[index]
 
-    def __len__(self) -> int:
-        return self.len
+
+class RandomDictDataset(RandomDataset):
+    """As ``RandomDataset``, each sample a dict: ``{"a": x, "b": x + 2}``."""
+
+    def __getitem__(self, index: int) -> dict[str, Tensor]:  # type: ignore[override]
+        row = self.data[index]
+        return {"a": row, "b": row + 2}
 
 
 class RandomIterableDataset(IterableDataset):
-    """
-    .. warning::  This is meant for testing/debugging and is experimental.
-    """
+    """``count`` fresh vectors of ``size`` normal values per pass; no ``__len__``."""
 
     def __init__(self, size: int, count: int):
-        self.count = count
-        self.size = size
+        self.size, self.count = size, count
 
     def __iter__(self) -> Iterator[Tensor]:
-        for _ in range(self.count):
-            yield torch.randn(self.size)
+        return (torch.randn(self.size) for _ in range(self.count))
 
 
-class RandomIterableDatasetWithLen(IterableDataset):
-    """
-    .. warning::  This is meant for testing/debugging and is experimental.
-    """
-
-    def __init__(self, size: int, count: int):
-        self.count = count
-        self.size = size
-
-    def __iter__(self) -> Iterator[Tensor]:
-        for _ in range(len(self)):
-            yield torch.randn(self.size)
+class RandomIterableDatasetWithLen(RandomIterableDataset):
+    """``RandomIterableDataset`` that also reports its ``count`` as its length."""
 
     def __len__(self) -> int:
         return self.count
 
 
+# -- modules ------------------------------------------------------------------------------------
 class BoringModel(LightningModule):
-    """Testing PL Module.
+    """The smallest complete module: subclass it and override the one hook a test is about.
 
-    Use as follows:
-    - subclass
-    - modify the behavior for what you want
-
-    .. warning::  This is meant for testing/debugging and is experimental.
-
-    Example::
-
-        class TestModel(BoringModel):
-            def training_step(self, ...):
-                ...  # do your own thing
-
+    >>> class CountingModel(BoringModel):
+    ...     def on_train_epoch_end(self):
+    ...         self.epochs_seen = getattr(self, "epochs_seen", 0) + 1
     """
 
     def __init__(self) -> None:
         super().__init__()
-        self.layer = torch.nn.Linear(32, 2)
+        self.layer = nn.Linear(32, 2)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.layer(x)
 
-    def loss(self, preds: Tensor, labels: Optional[Tensor] = None) -> Tensor:
-        if labels is None:
-            labels = torch.ones_like(preds)
-        # An arbitrary loss to have a loss that updates the model weights during `Trainer.fit` calls
-        return torch.nn.functional.mse_loss(preds, labels)
+    def loss(self, preds: Tensor, labels: Tensor | None = None) -> Tensor:
+        target = torch.ones_like(preds) if labels is None else labels
+        return F.mse_loss(preds, target)
 
     def step(self, batch: Any) -> Tensor:
-        output = self(batch)
-        return self.loss(output)
+        return self.loss(self(batch))
 
-    def training_step(self, batch: Any, batch_idx: int) -> STEP_OUTPUT:
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
         return {"loss": self.step(batch)}
 
-    def validation_step(self, batch: Any, batch_idx: int) -> STEP_OUTPUT:
+    def validation_step(self, batch: Any, batch_idx: int) -> Any:
         return {"x": self.step(batch)}
 
-    def test_step(self, batch: Any, batch_idx: int) -> STEP_OUTPUT:
+    def test_step(self, batch: Any, batch_idx: int) -> Any:
         return {"y": self.step(batch)}
 
-    def configure_optimizers(self) -> tuple[list[torch.optim.Optimizer], list[LRScheduler]]:
-        optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
-        lr_scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
-        return [optimizer], [lr_scheduler]
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.SGD(self.parameters(), lr=0.1)
+        return [opt], [torch.optim.lr_scheduler.StepLR(opt, step_size=1)]
+
+    def _loader(self) -> DataLoader:
+        return DataLoader(RandomDataset(32, 64))
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(RandomDataset(32, 64))
+        return self._loader()
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(RandomDataset(32, 64))
+        return self._loader()
 
     def test_dataloader(self) -> DataLoader:
-        return DataLoader(RandomDataset(32, 64))
+        return self._loader()
 
     def predict_dataloader(self) -> DataLoader:
-        return DataLoader(RandomDataset(32, 64))
-
-
-class BoringDataModule(LightningDataModule):
-    """
-    .. warning::  This is meant for testing/debugging and is experimental.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.random_full = RandomDataset(32, 64 * 4)
-
-    def setup(self, stage: str) -> None:
-        if stage == "fit":
-            self.random_train = Subset(self.random_full, indices=range(64))
-
-        if stage in ("fit", "validate"):
-            self.random_val = Subset(self.random_full, indices=range(64, 64 * 2))
-
-        if stage == "test":
-            self.random_test = Subset(self.random_full, indices=range(64 * 2, 64 * 3))
-
-        if stage == "predict":
-            self.random_predict = Subset(self.random_full, indices=range(64 * 3, 64 * 4))
-
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.random_train)
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.random_val)
-
-    def test_dataloader(self) -> DataLoader:
-        return DataLoader(self.random_test)
-
-    def predict_dataloader(self) -> DataLoader:
-        return DataLoader(self.random_predict)
-
-
-class BoringDataModuleNoLen(LightningDataModule):
-    """
-    .. warning::  This is meant for testing/debugging and is experimental.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-
-    def setup(self, stage: str) -> None:
-        if stage == "fit":
-            self.random_train = RandomIterableDataset(32, 512)
-
-        if stage in ("fit", "validate"):
-            self.random_val = RandomIterableDataset(32, 128)
-
-        if stage == "test":
-            self.random_test = RandomIterableDataset(32, 256)
-
-        if stage == "predict":
-            self.random_predict = RandomIterableDataset(32, 64)
-
-    def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.random_train)
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.random_val)
-
-    def test_dataloader(self) -> DataLoader:
-        return DataLoader(self.random_test)
-
-    def predict_dataloader(self) -> DataLoader:
-        return DataLoader(self.random_predict)
-
-
-class IterableBoringDataModule(LightningDataModule):
-    def __init__(self) -> None:
-        super().__init__()
-
-    def setup(self, stage: str) -> None:
-        if stage == "fit":
-            self.train_datasets = [
-                RandomDataset(4, 16),
-                RandomIterableDataset(4, 16),
-            ]
-
-        if stage in ("fit", "validate"):
-            self.val_datasets = [
-                RandomDataset(4, 32),
-                RandomIterableDataset(4, 32),
-            ]
-
-        if stage == "test":
-            self.test_datasets = [
-                RandomDataset(4, 64),
-                RandomIterableDataset(4, 64),
-            ]
-
-        if stage == "predict":
-            self.predict_datasets = [
-                RandomDataset(4, 128),
-                RandomIterableDataset(4, 128),
-            ]
-
-    def train_dataloader(self) -> Iterable[DataLoader]:
-        combined_train = apply_to_collection(self.train_datasets, Dataset, lambda x: DataLoader(x))
-        return combined_train
-
-    def val_dataloader(self) -> DataLoader:
-        combined_val = apply_to_collection(self.val_datasets, Dataset, lambda x: DataLoader(x))
-        return combined_val
-
-    def test_dataloader(self) -> DataLoader:
-        combined_test = apply_to_collection(self.test_datasets, Dataset, lambda x: DataLoader(x))
-        return combined_test
-
-    def predict_dataloader(self) -> DataLoader:
-        combined_predict = apply_to_collection(self.predict_datasets, Dataset, lambda x: DataLoader(x))
-        return combined_predict
+        return self._loader()
 
 
 class ManualOptimBoringModel(BoringModel):
-    """
-    .. warning::  This is meant for testing/debugging and is experimental.
-    """
+    """``BoringModel`` with ``automatic_optimization = False``: the step zeroes, backpropagates and steps itself."""
 
     def __init__(self) -> None:
         super().__init__()
         self.automatic_optimization = False
 
-    def training_step(self, batch: Any, batch_idx: int) -> STEP_OUTPUT:
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
         opt = self.optimizers()
-        assert isinstance(opt, (Optimizer, LightningOptimizer))
         loss = self.step(batch)
         opt.zero_grad()
         self.manual_backward(loss)
@@ -291,51 +140,112 @@ class ManualOptimBoringModel(BoringModel):
 
 
 class DemoModel(LightningModule):
-    """
-    .. warning::  This is meant for testing/debugging and is experimental.
-    """
+    """``relu(Linear(32, out_dim)(x))``; the loss is the sum of the output; Adam at ``learning_rate``."""
 
     def __init__(self, out_dim: int = 10, learning_rate: float = 0.02):
         super().__init__()
-        self.l1 = torch.nn.Linear(32, out_dim)
+        self.l1 = nn.Linear(32, out_dim)
         self.learning_rate = learning_rate
 
     def forward(self, x: Tensor) -> Tensor:
         return torch.relu(self.l1(x.view(x.size(0), -1)))
 
-    def training_step(self, batch: Any, batch_nb: int) -> STEP_OUTPUT:
-        x = batch
-        x = self(x)
-        return x.sum()
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        return self(batch).sum()
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
+    def configure_optimizers(self) -> Any:
         return torch.optim.Adam(self.parameters(), lr=self.learning_rate)
 
 
 class Net(nn.Module):
-    """
-    .. warning::  This is meant for testing/debugging and is experimental.
-    """
+    """A small MNIST-shaped convolutional net (28 x 28 x 1 in, 10 log-probabilities out)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(1, 32, 3, 1)
-        self.conv2 = nn.Conv2d(32, 64, 3, 1)
-        self.dropout1 = nn.Dropout(0.25)
-        self.dropout2 = nn.Dropout(0.5)
-        self.fc1 = nn.Linear(9216, 128)
-        self.fc2 = nn.Linear(128, 10)
+        self.conv1, self.conv2 = nn.Conv2d(1, 32, 3, 1), nn.Conv2d(32, 64, 3, 1)
+        self.dropout1, self.dropout2 = nn.Dropout(0.25), nn.Dropout(0.5)
+        self.fc1, self.fc2 = nn.Linear(9216, 128), nn.Linear(128, 10)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = self.conv1(x)
-        x = F.relu(x)
-        x = self.conv2(x)
-        x = F.relu(x)
-        x = F.max_pool2d(x, 2)
-        x = self.dropout1(x)
-        x = torch.flatten(x, 1)
-        x = self.fc1(x)
-        x = F.relu(x)
-        x = self.dropout2(x)
-        x = self.fc2(x)
-        return F.log_softmax(x, dim=1)
+        x = F.max_pool2d(F.relu(self.conv2(F.relu(self.conv1(x)))), 2)
+        x = torch.flatten(self.dropout1(x), 1)
+        x = self.dropout2(F.relu(self.fc1(x)))
+        return F.log_softmax(self.fc2(x), dim=1)
+
+
+# -- data modules -------------------------------------------------------------------------------
+_STAGES = ("train", "val", "test", "predict")
+
+
+class _PerStageDataModule(LightningDataModule):
+    """Builds ``random_<stage>`` in ``setup`` (``_make``) and serves a plain ``DataLoader`` over each."""
+
+    def _make(self, stage: str) -> Any:
+        raise NotImplementedError
+
+    def setup(self, stage: str) -> None:
+        # which datasets each Trainer stage needs: fit also validates
+        wanted = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",)}
+        for name in wanted.get(stage, ()):
+            setattr(self, f"random_{name}", self._make(name))
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.random_train)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.random_val)
+
+    def test_dataloader(self) -> DataLoader:
+        return DataLoader(self.random_test)
+
+    def predict_dataloader(self) -> DataLoader:
+        return DataLoader(self.random_predict)
+
+
+class BoringDataModule(_PerStageDataModule):
+    """256 random rows of 32 values; each stage reads its own quarter (train, val, test, predict)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.random_full = RandomDataset(32, 64 * 4)
+
+    def _make(self, stage: str) -> Dataset:
+        start = 64 * _STAGES.index(stage)
+        return Subset(self.random_full, indices=range(start, start + 64))
+
+
+class BoringDataModuleNoLen(_PerStageDataModule):
+    """Iterable datasets without a length: 512 train, 128 val, 256 test and 64 predict samples."""
+
+    _COUNTS = {"train": 512, "val": 128, "test": 256, "predict": 64}
+
+    def _make(self, stage: str) -> Dataset:
+        return RandomIterableDataset(32, self._COUNTS[stage])
+
+
+class IterableBoringDataModule(LightningDataModule):
+    """Two loaders per stage, one map-style and one iterable, of 4-value samples (16, 32, 64, 128 per stage)."""
+
+    _COUNTS = {"train": 16, "val": 32, "test": 64, "predict": 128}
+    _ATTRS = {"train": "train_datasets", "val": "val_datasets", "test": "test_datasets", "predict": "predict_datasets"}
+
+    def setup(self, stage: str) -> None:
+        wanted = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("predict",)}
+        for name in wanted.get(stage, ()):
+            n = self._COUNTS[name]
+            setattr(self, self._ATTRS[name], [RandomDataset(4, n), RandomIterableDataset(4, n)])
+
+    def _loaders(self, stage: str) -> list[DataLoader]:
+        return [DataLoader(ds) for ds in getattr(self, self._ATTRS[stage])]
+
+    def train_dataloader(self) -> list[DataLoader]:
+        return self._loaders("train")
+
+    def val_dataloader(self) -> list[DataLoader]:
+        return self._loaders("val")
+
+    def test_dataloader(self) -> list[DataLoader]:
+        return self._loaders("test")
+
+    def predict_dataloader(self) -> list[DataLoader]:
+        return self._loaders("predict")
