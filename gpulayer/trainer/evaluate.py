@@ -17,6 +17,7 @@ import torch
 
 from gpulayer.trainer import data
 from gpulayer.trainer.prefetch import device_batches
+from gpulayer.trainer.states import RunningStage
 
 # stage -> (hook prefix, step method, metric accumulator, Trainer limit attribute)
 STAGES = {
@@ -53,7 +54,8 @@ class EvalLoop:
         module.eval()
         saved_context = store.context
         store.context = store.context_for(self.acc_name)
-        t.sanity_checking = self.sanity
+        stage_before = t.state.stage  # a fit's validation runs inside its training stage and returns to it
+        t.state.stage = RunningStage.SANITY_CHECKING if self.sanity else RunningStage(self.stage)
         if self.sanity:
             hooks.call("on_sanity_check_start")
         hooks.call(f"on_{p}_start")
@@ -100,7 +102,7 @@ class EvalLoop:
             hooks.call(f"on_{p}_end")
         if self.sanity:
             hooks.call("on_sanity_check_end")
-        t.sanity_checking = False
+        t.state.stage = stage_before
         store.context = saved_context
         module.train(was_training)
         if self.verbose and results and t.is_global_zero and self.stage != "predict":
