@@ -400,16 +400,10 @@ class Trainer(TrainerProperties):
             self.logger.log_hyperparams(module.hparams)  # also creates version_N now, as Lightning does
         self._loop = FitLoop(self, module, step_fn, train, val_loaders, resume)
         self.num_training_batches = self._loop.num_train_batches
-        try:
-            with gcfreeze.frozen():
-                self._loop.run()
-        except BaseException as err:
-            self._on_exception(err)
-            raise
-        finally:
-            self.state_stage = None
-            if self.logger is not None and self.is_global_zero:
-                self.logger.finalize("success")
+        with gcfreeze.frozen():  # a failure: the entry point's _call_and_handle_interrupt runs on_exception
+            self._loop.run()
+        if self.logger is not None and self.is_global_zero:
+            self.logger.finalize("success")
         hooks.call("on_fit_end")
         self._teardown_stage("fit")
 
