@@ -94,6 +94,8 @@ def _limit(name: str, value: Any) -> int | float:
     """Lightning's batch limits: a float in [0, 1] is a fraction, an int (or a whole float > 1) a count; None: all."""
     if value is None:
         return 1.0
+    if value == 1 and not isinstance(value, bool) and isinstance(value, (int, float)):
+        _say_what_one_means(name, value)
     if not isinstance(value, bool) and isinstance(value, (int, float)):
         if 0 <= value <= 1:
             return value
@@ -102,6 +104,19 @@ def _limit(name: str, value: Any) -> int | float:
     raise TrainerConfigError(
         f"You have passed invalid value {value} for {name}, it has to be in [0.0, 1.0] or an int. "
         f"(Trainer({name}={value!r}): a float is a fraction of the batches, an int a number of batches)")
+
+
+def _say_what_one_means(name: str, value: int | float) -> None:
+    """``1`` and ``1.0`` mean different things (a batch, the whole epoch): an explicit one is explained (INFO)."""
+    from gpulayer.trainer.utilities.rank_zero import rank_zero_info
+    if name == "val_check_interval":
+        what = "validation will run after every batch" if isinstance(value, int) else \
+            "validation will run at the end of the training epoch"
+    elif name == "limit_train_batches":
+        what = "1 batch per epoch will be used" if isinstance(value, int) else "100% of the batches per epoch will be used"
+    else:
+        what = "1 batch will be used" if isinstance(value, int) else "100% of the batches will be used"
+    rank_zero_info(f"`Trainer({name}={value})` was configured so {what}.")
 
 
 def _max_time(value: Any) -> float | None:
@@ -220,10 +235,10 @@ def build_config(**kwargs: Any) -> TrainerConfig:
     cfg.overfit_batches = _limit("overfit_batches", kwargs.get("overfit_batches", 0.0))
     cfg.reload_dataloaders_every_n_epochs = _int_at_least(
         "reload_dataloaders_every_n_epochs", kwargs.get("reload_dataloaders_every_n_epochs", 0), 0)
-    cfg.limit_train_batches = _limit("limit_train_batches", kwargs.get("limit_train_batches", 1.0))
-    cfg.limit_val_batches = _limit("limit_val_batches", kwargs.get("limit_val_batches", 1.0))
-    cfg.limit_test_batches = _limit("limit_test_batches", kwargs.get("limit_test_batches", 1.0))
-    cfg.limit_predict_batches = _limit("limit_predict_batches", kwargs.get("limit_predict_batches", 1.0))
+    cfg.limit_train_batches = _limit("limit_train_batches", kwargs.get("limit_train_batches"))
+    cfg.limit_val_batches = _limit("limit_val_batches", kwargs.get("limit_val_batches"))
+    cfg.limit_test_batches = _limit("limit_test_batches", kwargs.get("limit_test_batches"))
+    cfg.limit_predict_batches = _limit("limit_predict_batches", kwargs.get("limit_predict_batches"))
     cfg.inference_mode = _bool("inference_mode", kwargs.get("inference_mode", True))
     cfg.use_distributed_sampler = _bool("use_distributed_sampler", kwargs.get("use_distributed_sampler", True))
     summary = kwargs.get("enable_model_summary")
@@ -251,7 +266,13 @@ def build_config(**kwargs: Any) -> TrainerConfig:
         "check_val_every_n_epoch", kwargs.get("check_val_every_n_epoch", 1), 1, allow_none=True
     )
     # a float in [0, 1]: that fraction of the epoch's batches; an int: every that many batches (Lightning's rule)
-    cfg.val_check_interval = _limit("val_check_interval", kwargs.get("val_check_interval", 1.0))
+    cfg.val_check_interval = _limit("val_check_interval", kwargs.get("val_check_interval"))
+    if cfg.check_val_every_n_epoch is None and isinstance(kwargs.get("val_check_interval"), float):
+        raise TrainerConfigError(
+            "`val_check_interval` should be an integer or a time-based duration (str 'DD:HH:MM:SS', "
+            "datetime.timedelta, or dict kwargs for timedelta) when `check_val_every_n_epoch=None`. "
+            f"(Trainer(val_check_interval={cfg.val_check_interval}) is a fraction of an epoch, which has no meaning "
+            "without epochs; pass a number of batches.)")
     cfg.log_every_n_steps = _int_at_least("log_every_n_steps", kwargs.get("log_every_n_steps", 50), 1)
     cfg.num_sanity_val_steps = _int_at_least("num_sanity_val_steps", kwargs.get("num_sanity_val_steps", 2), -1)
 

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 from gpulayer.trainer import data, evaluate
 from gpulayer.trainer.errors import TrainerConfigError
+from gpulayer.trainer.seed import capture_rng, restore_rng
 
 Source = Callable[[], Any]
 
@@ -50,6 +51,19 @@ class FitData:
         self.train_source, self.val_source = sources(module, train, val, datamodule)
         trainer._train_source = self.train_source
         self.train_loaded_epoch = self.val_loaded_epoch = 0
+
+    def load(self, sanity_check: bool) -> tuple[list, Any]:
+        """The val loaders, then the train loader(s), in Lightning's order.
+
+        When a sanity check will run, the val loaders are requested inside it in Lightning, whose random
+        state is put back afterwards: the train data is then built from the same random state as without
+        validation (a ``RandomDataset`` made in ``train_dataloader()`` holds the same numbers).
+        """
+        rng = capture_rng() if sanity_check and self.validation_possible() else None
+        val = self.load_val()
+        if rng is not None:
+            restore_rng(rng)
+        return val, self.load_train()
 
     # -- validation loaders -------------------------------------------------------------------------
     def validation_possible(self) -> bool:

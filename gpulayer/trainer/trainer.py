@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import warnings
 from typing import Any
 
@@ -372,8 +373,8 @@ class Trainer(TrainerProperties):
         self.state_stage = "fit"
         hooks = self._setup_stage("fit", module, datamodule)
         self._fit_data = fit_data = FitData(self, module, train, val, datamodule)
-        val_loaders = fit_data.load_val()  # first, as Lightning: its sanity check reads them before training
-        train = fit_data.load_train()
+        sanity = cfg.num_sanity_val_steps != 0 and ckpt_path is None and not self._resume_newest
+        val_loaders, train = fit_data.load(sanity_check=sanity)  # val first: Lightning's sanity check reads it
         self.ckpt_path = ckpt_path
         if not module.automatic_optimization and cfg.gradient_clip_val:
             raise TrainerConfigError(
@@ -543,3 +544,7 @@ def stage_rank(config: TrainerConfig, stage: str, module: Module, loaders: Any, 
         "logged_metrics": trainer.logged_metrics,
         "callbacks": [cb.state_dict() for cb in trainer.callbacks],
     }
+
+
+# Lightning's path for this module is ``<package>.trainer.trainer``: the same module under that name
+sys.modules.setdefault(__name__ + ".trainer", sys.modules[__name__])

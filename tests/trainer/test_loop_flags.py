@@ -170,3 +170,34 @@ def test_training_batch_is_a_tensor_for_one_loader():
 
     Trainer(**QUIET, max_steps=1).fit(Model())
     assert got == [torch.Tensor]
+
+
+def test_overfit_batches_validates_on_the_numbers_it_trains_on_as_lightning():
+    """Lightning requests val_dataloader inside its sanity check, whose random state is restored: a
+    RandomDataset built in val_dataloader() and one built in train_dataloader() hold the same numbers."""
+
+    def first_batches(base, trainer_cls, **extra):
+        class Model(base):
+            def __init__(self):
+                super().__init__()
+                self.train_batches, self.val_batches = [], []
+
+            def training_step(self, batch, batch_idx):
+                self.train_batches.append(batch)
+                return super().training_step(batch, batch_idx)
+
+            def validation_step(self, batch, batch_idx):
+                self.val_batches.append(batch)
+                return super().validation_step(batch, batch_idx)
+
+        torch.manual_seed(3)
+        model = Model()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer_cls(**QUIET, max_epochs=2, overfit_batches=1, **extra).fit(model)
+        return model.train_batches[0], model.val_batches[0]
+
+    ours = first_batches(BoringModel, Trainer)
+    theirs = first_batches(LBoringModel, lp.Trainer, accelerator="cpu")
+    assert torch.equal(ours[0], ours[1]) and torch.equal(theirs[0], theirs[1])
+    assert torch.equal(ours[0], theirs[0])
