@@ -6,6 +6,7 @@ holds only values and picklable objects (callbacks, logger), never live state.
 
 from __future__ import annotations
 
+import ast
 import datetime as _dt
 import difflib
 import os
@@ -71,6 +72,7 @@ class TrainerConfig:
     grad_sync: str = "auto"
     cluster_resources: Any = None  # num_nodes > 1: gpulayer.Resources (or a dict) every rank's worker must offer
     max_restarts: int = 0  # num_nodes > 1: restarts of the whole gang after a rank or worker fails (gpulayer)
+    max_epochs_given: bool = True  # False: max_epochs was derived (Lightning reports None until a fit resolves it)
 
     @property
     def multi_process(self) -> bool:
@@ -198,6 +200,7 @@ def build_config(**kwargs: Any) -> TrainerConfig:
             close = difflib.get_close_matches(name, sorted(known), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise TrainerConfigError(f"Trainer got an unknown argument {name!r}{hint} (accepted: {', '.join(sorted(known))})")
+    kwargs = {**env_defaults(known), **kwargs}
     fast_dev_run = kwargs.pop("fast_dev_run", False)
 
     cfg = TrainerConfig()
@@ -224,6 +227,7 @@ def build_config(**kwargs: Any) -> TrainerConfig:
         raise TrainerConfigError(f"Trainer(max_steps={max_steps!r}) must be -1 (no limit) or an integer >= 0")
     cfg.max_steps = max_steps
     max_epochs = kwargs.get("max_epochs")
+    cfg.max_epochs_given = max_epochs is not None
     if max_epochs is None:  # Lightning: 1000 epochs unless max_steps bounds the run
         max_epochs = -1 if max_steps != -1 else 1000
     if isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < -1:
@@ -339,6 +343,22 @@ def build_config(**kwargs: Any) -> TrainerConfig:
     if cfg.overfit_batches > 0:  # the same first batches for training and validation, whatever the limits say
         cfg.limit_train_batches = cfg.limit_val_batches = cfg.overfit_batches
     return cfg
+
+
+def env_defaults(names: set[str]) -> dict[str, Any]:
+    """Lightning's ``PL_TRAINER_<ARGUMENT>`` environment variables: defaults that explicit arguments override.
+
+    Values are read as Python literals (``"7"`` is 7, ``"False"`` is False), else kept as strings.
+    """
+    found = {}
+    for name in names:
+        raw = os.environ.get(f"PL_TRAINER_{name.upper()}")
+        if raw:
+            try:
+                found[name] = ast.literal_eval(raw)
+            except (ValueError, SyntaxError):
+                found[name] = raw
+    return found
 
 
 def _cluster_resources(value: Any, num_nodes: int) -> Any:

@@ -201,3 +201,39 @@ def test_overfit_batches_validates_on_the_numbers_it_trains_on_as_lightning():
     theirs = first_batches(LBoringModel, lp.Trainer, accelerator="cpu")
     assert torch.equal(ours[0], ours[1]) and torch.equal(theirs[0], theirs[1])
     assert torch.equal(ours[0], theirs[0])
+
+
+def _request_epochs(base, trainer_cls, **kwargs):
+    """(epoch of each train request, of each val request outside the sanity check, of each validation)."""
+    class Model(base):
+        def __init__(self):
+            super().__init__()
+            self.train_requests, self.val_requests, self.val_epochs = [], [], []
+
+        def train_dataloader(self):
+            self.train_requests.append(self.current_epoch)
+            return super().train_dataloader()
+
+        def val_dataloader(self):
+            if not self.trainer.sanity_checking:
+                self.val_requests.append(self.current_epoch)
+            return super().val_dataloader()
+
+        def on_validation_epoch_start(self):
+            if not self.trainer.sanity_checking:
+                self.val_epochs.append(self.current_epoch)
+
+    model = Model()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer_cls(**QUIET, max_epochs=7, limit_train_batches=1, limit_val_batches=1, **kwargs).fit(model)
+    return model.train_requests, model.val_requests, model.val_epochs
+
+
+@pytest.mark.parametrize("sanity", [0, 1])
+@pytest.mark.parametrize("every_n, reload_n", [(1, 1), (1, 2), (3, 2), (2, 3), (3, 4)])
+def test_reload_with_infrequent_validation_requests_in_the_epochs_lightning_does(sanity, every_n, reload_n):
+    kwargs = dict(num_sanity_val_steps=sanity, check_val_every_n_epoch=every_n,
+                  reload_dataloaders_every_n_epochs=reload_n)
+    assert _request_epochs(BoringModel, Trainer, **kwargs) == \
+        _request_epochs(LBoringModel, lp.Trainer, accelerator="cpu", **kwargs)
