@@ -87,7 +87,7 @@ def test_environment_facts_are_computed_not_imported_from_gpulayer():
 
 PRIVATE_FILE = textwrap.dedent('''\
     from unittest import mock
-    from lightning.pytorch import Trainer
+    from lightning.pytorch import Trainer, __version__
     from lightning.pytorch.loops import _FitLoop
     from lightning.fabric.utilities.imports import _IS_WINDOWS
     import pytest
@@ -100,6 +100,7 @@ PRIVATE_FILE = textwrap.dedent('''\
 
     def test_public(tmp_path):
         Trainer().fit(None)
+        assert __version__
 
 
     @pytest.mark.skipif(_IS_WINDOWS, reason="unix")

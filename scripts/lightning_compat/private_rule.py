@@ -6,7 +6,7 @@ module-level class, function or fixture of the same file it names (a test that b
 whose hook reads ``trainer._results`` reaches the internals as surely as one that reads it inline). The text is
 Lightning's original, before any rewrite. On top of the fixed patterns, a file-specific one: any private name
 (``_Loop``, ``_load``...) the file imports from ``lightning``/``pytorch_lightning``/``lightning_fabric``, except
-the environment facts the runner computes itself (``rewrite.ENV_FACT``).
+dunder names (``__version__``) and the environment facts the runner computes itself (``rewrite.ENV_FACT``).
 
 Private functions are reported apart whatever their outcome: gpulayer is not bent to satisfy them.
 """
@@ -59,7 +59,8 @@ def private_imported_names(tree: ast.Module) -> set[str]:
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
                 and re.match(_LIGHTNING_MODULE + "$", node.module):
             for alias in node.names:
-                if alias.name.startswith("_") and not ENV_FACT.match(alias.name):
+                dunder = alias.name.startswith("__") and alias.name.endswith("__")  # __version__ is public
+                if alias.name.startswith("_") and not dunder and not ENV_FACT.match(alias.name):
                     names.add(alias.asname or alias.name)
     return names
 
