@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -73,7 +74,7 @@ def lightning_commit(src: Path, given: str | None) -> str:
         return subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True,
                               check=True).stdout.strip()
     except (subprocess.CalledProcessError, FileNotFoundError):
-        return "unknown"
+        return "unknown (not a git checkout: give --lightning-commit)"
 
 
 def installed_lightning(python: str) -> str:
@@ -83,7 +84,7 @@ def installed_lightning(python: str) -> str:
 
 
 class BaselineCache:
-    """The Lightning side's per-case outcomes, keyed by Lightning commit, file (path and content) and -k."""
+    """The Lightning side's per-case outcomes, keyed by test file (path and content), lightning version and -k."""
 
     def __init__(self, path: Path | None):
         self.path = path
@@ -92,9 +93,15 @@ class BaselineCache:
             self.data = json.loads(path.read_text())
 
     @staticmethod
-    def key(commit: str, rel: str, content: bytes, k: str | None, lightning_version: str) -> str:
-        digest = hashlib.sha256(content).hexdigest()[:16]
-        return f"{commit}|lightning {lightning_version}|{rel}|{digest}|-k {k or ''}"
+    def key(tests_pytorch: Path, rel: str, k: str | None, lightning_version: str) -> str:
+        """The file's content and that of what it runs with (conftest, helpers) name the entry: a checkout
+        that is not a git repository, or a renamed one, still finds it; an edited file does not."""
+        support = sorted([tests_pytorch / "conftest.py", tests_pytorch / "__init__.py",
+                          *(tests_pytorch / "helpers").glob("*.py")])
+        digest = hashlib.sha256((tests_pytorch / rel).read_bytes())
+        for path in support:
+            digest.update(path.read_bytes())
+        return f"{rel}|{digest.hexdigest()[:16]}|lightning {lightning_version}|-k {k or ''}"
 
     def get(self, key: str) -> FileRun | None:
         entry = self.data["entries"].get(key)
@@ -128,7 +135,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--file-timeout", type=float, default=2400, help="seconds per file's pytest process")
     p.add_argument("-k", dest="k", help="pytest -k expression, passed to both sides")
     p.add_argument("--json", type=Path, help="write every function's outcome on both sides here")
-    p.add_argument("--markdown", type=Path, help="write the per-file table and the failures grouped by kind here")
+    p.add_argument("--markdown", type=Path, help="write the per-file table and the failures grouped by kind here; in a file holding\n"
+                        "the generated-table markers (docs/LIGHTNING.md), only the part between them")
     p.add_argument("--show-private", action="store_true", help="list each private function with the rule it matched")
     p.add_argument("--keep-temp", action="store_true", help="leave the temporary trees (their path is printed)")
     return p.parse_args(argv)
@@ -162,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             private = classify_file(source.decode("utf-8"))
             light = gpu = None
             if "lightning" in trees:
-                key = cache.key(commit, rel, source, args.k, version)
+                key = cache.key(tests_pytorch, rel, args.k, version)
                 light = cache.get(key)
                 if light is None:
                     log(f"[lightning] {rel}")
@@ -170,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
                                      timeout=args.timeout, file_timeout=args.file_timeout, k=args.k, log=log)
                     cache.put(key, light)
             elif args.baseline_cache:
-                light = cache.get(cache.key(commit, rel, source, args.k, version))
+                light = cache.get(cache.key(tests_pytorch, rel, args.k, version))
             if "gpulayer" in trees:
                 log(f"[gpulayer] {rel}")
                 gpu = run_file(trees["gpulayer"], rel, python=args.python, pythonpath=[gpulayer_root],
@@ -191,10 +199,31 @@ def main(argv: list[str] | None = None) -> int:
             {"file": fr.file, "note": fr.note, "functions": [f.__dict__ for f in fr.functions]} for fr in results]}
         args.json.write_text(json.dumps(payload, indent=1))
     if args.markdown:
-        intro = (f"Lightning tests at commit `{commit}`, reference lightning {version}, "
-                 f"`--against {args.against}`.\n\n")
-        args.markdown.write_text(intro + render_markdown(results))
+        intro = (f"Lightning tests at commit `{commit}`, reference lightning {version}, gpulayer at "
+                 f"`{gpulayer_commit(args.gpulayer_root)}`, `--against {args.against}`, run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n\n")
+        write_markdown(args.markdown, intro + render_markdown(results))
     return 0
+
+
+BEGIN, END = "<!-- lightning_suite: begin generated table -->", "<!-- lightning_suite: end generated table -->"
+
+
+def write_markdown(path: Path, table: str) -> None:
+    """Replace the generated part of ``path`` (between BEGIN and END) or, without those markers, the whole file."""
+    text = path.read_text() if path.exists() else ""
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        tail = rest.split(END, 1)[1]
+        path.write_text(f"{head}{BEGIN}\n{table}{END}{tail}")
+    else:
+        path.write_text(table)
+
+
+def gpulayer_commit(root: Path) -> str:
+    result = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%h %s"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    return (result.stdout.strip()[:60] or "unknown") + (" + uncommitted changes" if dirty else "")
 
 
 if __name__ == "__main__":
