@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from lightning_compat.private_rule import classify_file  # noqa: E402
 from lightning_compat.runner import FileRun, build_tree, run_file  # noqa: E402
-from lightning_compat.tally import render_markdown, render_text, tally_file, totals  # noqa: E402
+from lightning_compat.tally import function_key, render_markdown, render_text, tally_file, totals  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -108,7 +108,7 @@ class BaselineCache:
         return FileRun.from_dict(entry) if entry else None
 
     def put(self, key: str, run: FileRun) -> None:
-        if not self.path:
+        if not self.path or run.note:  # a killed or crashed run is no baseline
             return
         fresh = json.loads(self.path.read_text()) if self.path.exists() else {"entries": {}}
         fresh["entries"][key] = run.to_dict()  # re-read first: several runners may share the file
@@ -168,21 +168,25 @@ def main(argv: list[str] | None = None) -> int:
         for rel in files:
             source = (tests_pytorch / rel).read_bytes()
             private = classify_file(source.decode("utf-8"))
-            light = gpu = None
-            if "lightning" in trees:
-                key = cache.key(tests_pytorch, rel, args.k, version)
-                light = cache.get(key)
-                if light is None:
-                    log(f"[lightning] {rel}")
-                    light = run_file(trees["lightning"], rel, python=args.python, pythonpath=[],
-                                     timeout=args.timeout, file_timeout=args.file_timeout, k=args.k, log=log)
-                    cache.put(key, light)
-            elif args.baseline_cache:
+            light = gpu = whole = None
+            if args.baseline_cache:
                 light = cache.get(cache.key(tests_pytorch, rel, args.k, version))
+                if light is None and args.k:  # the whole file's baseline serves any -k
+                    whole = cache.get(cache.key(tests_pytorch, rel, None, version))
+            if light is None and whole is None and "lightning" in trees:
+                log(f"[lightning] {rel}")
+                light = run_file(trees["lightning"], rel, python=args.python, pythonpath=[],
+                                 timeout=args.timeout, file_timeout=args.file_timeout, k=args.k, log=log)
+                cache.put(cache.key(tests_pytorch, rel, args.k, version), light)
             if "gpulayer" in trees:
                 log(f"[gpulayer] {rel}")
                 gpu = run_file(trees["gpulayer"], rel, python=args.python, pythonpath=[gpulayer_root],
                                timeout=args.timeout, file_timeout=args.file_timeout, k=args.k, log=log)
+            if whole is not None:
+                light = whole.restricted_to(gpu.collected) if gpu and gpu.collected else whole
+            if args.k:  # only the functions -k selected
+                selected = {function_key(c) for run in (light, gpu) if run for c in run.collected}
+                private = {key: reason for key, reason in private.items() if key in selected}
             results.append(tally_file(rel, private, light, gpu))
     finally:
         if args.keep_temp:

@@ -46,6 +46,12 @@ class FileRun:
     def to_dict(self) -> dict:
         return dict(self.__dict__)
 
+    def restricted_to(self, case_ids: list[str]) -> "FileRun":
+        """The same run, keeping only the given cases (a whole-file baseline seen through a -k selection)."""
+        keep = set(case_ids)
+        return FileRun(self.file, self.rc, self.wall_s, [c for c in self.collected if c in keep],
+                       list(self.collect_errors), {c: r for c, r in self.cases.items() if c in keep}, self.note)
+
     @classmethod
     def from_dict(cls, data: dict) -> "FileRun":
         return cls(**data)
