@@ -18,6 +18,7 @@ import torch
 from gpulayer.trainer import checkpoint, data, evaluate, gcfreeze, optimizers, summary
 from gpulayer.trainer.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from gpulayer.trainer.config import TrainerConfig, build_config
+from gpulayer.trainer.datamodule import LightningDataModule
 from gpulayer.trainer.core.optimizer import LightningOptimizer
 from gpulayer.trainer.errors import TrainerConfigError, TrainerError
 from gpulayer.trainer.hooks import Hooks
@@ -26,6 +27,7 @@ from gpulayer.trainer.metrics import MetricStore
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.precision import Precision, make_precision
 from gpulayer.trainer.strategies import DDPStrategy, SingleDeviceStrategy
+from gpulayer.trainer.utilities.model_helpers import is_overridden
 
 _UNSET: Any = object()
 
@@ -270,6 +272,7 @@ class Trainer:
         self.state_stage = stage
         hooks = self._setup_stage("validate" if stage == "validate" else stage, module, datamodule)
         prefix, _, _, _ = evaluate.STAGES[stage]
+        module.zero_grad()
         method = f"{'val' if stage == 'validate' else stage}_dataloader"
         if dataloaders is not None:
             loaders = data.resolve(dataloaders)
@@ -304,17 +307,37 @@ class Trainer:
         return self.strategy.prepare_loader(loader, mode)
 
     def _optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Any, **kwargs: Any) -> Any:
-        """``LightningOptimizer.step``: closure, hooks, a precision-aware step; counts a step in manual optimization."""
-        out = closure()
-        for f in self._hooks.on_before_optimizer_step:
-            f(optimizer)
-        if kwargs:
-            optimizer.step(**kwargs)
-        else:
-            self._precision.step(optimizer)
-        if not self.lightning_module.automatic_optimization:
+        """``LightningOptimizer.step``: the precision plugin steps ``optimizer`` with ``closure`` (LBFGS calls it).
+
+        After the closure (step and backward) and before the update: ``on_before_optimizer_step``, then, under
+        automatic optimization, ``configure_gradient_clipping`` with the Trainer's settings. Under manual
+        optimization each step counts as one ``global_step``.
+        """
+        module, cfg = self.lightning_module, self._config
+
+        def after_closure() -> None:
+            for f in self._hooks.on_before_optimizer_step:
+                f(optimizer)
+            if module.automatic_optimization:
+                algo = cfg.gradient_clip_algorithm if cfg.gradient_clip_val is not None or \
+                    cfg.gradient_clip_algorithm != "norm" else None
+                module.configure_gradient_clipping(optimizer, gradient_clip_val=cfg.gradient_clip_val,
+                                                   gradient_clip_algorithm=algo)
+
+        out = self._precision.optimizer_step(optimizer, closure, after_closure, **kwargs)
+        if not module.automatic_optimization:
             self.global_step += 1
         return out
+
+    def _backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """``on_before_backward`` -> ``module.backward`` (on the scaled loss) -> ``on_after_backward``."""
+        hooks = self._hooks
+        loss = self._precision.scale_loss(loss)
+        for f in hooks.on_before_backward:
+            f(loss)
+        self.lightning_module.backward(loss, *args, **kwargs)
+        for f in hooks.on_after_backward:
+            f()
 
     def _val_due_this_epoch(self) -> bool:
         return self._loop is not None and self._loop._val_due() and sum(self.num_val_batches) > 0
@@ -368,23 +391,29 @@ class Trainer:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
     def _setup_stage(self, stage: str, module: Module, datamodule: Any) -> Hooks:
-        """Callbacks from the module, hook lists, and Lightning's prepare_data / setup order for ``stage``."""
+        """Lightning's start of every stage: configure_callbacks, prepare_data, setup, configure_model."""
         cfg = self._config
         extra = module.configure_callbacks() or []
         cfg.callbacks = cfg.callbacks + [c for c in (extra if isinstance(extra, (list, tuple)) else [extra])
                                          if isinstance(c, Callback) and c not in cfg.callbacks]
-        self._hooks = hooks = Hooks(self, module, cfg.callbacks)
+        self._hooks = hooks = Hooks(self, module, cfg.callbacks, datamodule)
+        self._precision._automatic = lambda: module.automatic_optimization
         self.datamodule = datamodule
         if datamodule is not None:
             datamodule.trainer = self
-            if self.local_rank == 0 and hasattr(datamodule, "prepare_data"):
+            if self.local_rank == 0 and is_overridden("prepare_data", datamodule, LightningDataModule):
                 datamodule.prepare_data()
-        if self.local_rank == 0:
+        if self.local_rank == 0 and is_overridden("prepare_data", module, Module):
             module.prepare_data()
         self.strategy.barrier()
+        module._device = self.strategy.root_device  # `self.device` in setup() already says where it will run
         if datamodule is not None and hasattr(datamodule, "setup"):
-            datamodule.setup(stage)
-        hooks.call("setup", stage)
+            datamodule.setup(stage=stage)
+        hooks.call("setup", stage=stage)
+        if is_overridden("configure_sharded_model", module, Module):
+            module.configure_sharded_model()
+        if is_overridden("configure_model", module, Module):
+            module.configure_model()
         return hooks
 
     def _on_exception(self, err: BaseException) -> None:
@@ -399,13 +428,38 @@ class Trainer:
 
     def _teardown_stage(self, stage: str) -> None:
         if self.datamodule is not None and hasattr(self.datamodule, "teardown"):
-            self.datamodule.teardown(stage)
-        self._hooks.call("teardown", stage)
+            self.datamodule.teardown(stage=stage)
+        self._hooks.call("teardown", stage=stage)
 
     def _run(self, module: Module, train: Any, val: Any, datamodule: Any, ckpt_path: str | None) -> None:
+        """Lightning's fit order: setup and configure_model, the optimizers, on_fit_start, then the data and the loop."""
         cfg = self._config
         self.state_stage = "fit"
+        if not module.automatic_optimization and cfg.gradient_clip_val:
+            raise TrainerConfigError(
+                "Automatic gradient clipping is not supported for manual optimization. Remove "
+                f"`Trainer(gradient_clip_val={cfg.gradient_clip_val})` or switch to automatic optimization "
+                "(call self.clip_gradients(opt, gradient_clip_val=...) in training_step instead)."
+            )
+        if not module.automatic_optimization and cfg.accumulate_grad_batches != 1:
+            raise TrainerConfigError(
+                "Automatic gradient accumulation is not supported for manual optimization. Remove "
+                f"`Trainer(accumulate_grad_batches={cfg.accumulate_grad_batches})` or switch to automatic optimization."
+            )
         hooks = self._setup_stage("fit", module, datamodule)
+        self.ckpt_path = ckpt_path
+        step_fn = self.strategy.setup_module(module)
+        self.optimizers, self.lr_scheduler_configs = optimizers.parse(module.configure_optimizers(), module)
+        self._lightning_optimizers = [LightningOptimizer._to_lightning_optimizer(o, self) for o in self.optimizers]
+        if cfg.enable_model_summary and self.is_global_zero:
+            summary.print_summary(module)
+        hooks.call("on_fit_start")
+        resume = self._resume_attempt() if self._resume_newest else None
+        if resume is None and ckpt_path is not None:
+            resume = self._restore(ckpt_path)
+        if self.logger is not None and self.is_global_zero:
+            self.logger.log_hyperparams(module.hparams)  # also creates version_N now, as Lightning does
+        module.zero_grad()
         if datamodule is not None:
             train, val = datamodule.train_dataloader(), data.from_datamodule(datamodule, "val_dataloader")
         train = data.resolve(train) if train is not None else module.train_dataloader()
@@ -425,30 +479,6 @@ class Trainer:
         if not self.has_val_loader:
             val_loaders = []
         self.num_val_batches = [data.num_batches(v, cfg.limit_val_batches) for v in val_loaders]
-        self.ckpt_path = ckpt_path
-        if not module.automatic_optimization and cfg.gradient_clip_val:
-            raise TrainerConfigError(
-                "Automatic gradient clipping is not supported for manual optimization. Remove "
-                f"`Trainer(gradient_clip_val={cfg.gradient_clip_val})` or switch to automatic optimization "
-                "(call self.clip_gradients(opt, gradient_clip_val=...) in training_step instead)."
-            )
-        if not module.automatic_optimization and cfg.accumulate_grad_batches != 1:
-            raise TrainerConfigError(
-                "Automatic gradient accumulation is not supported for manual optimization. Remove "
-                f"`Trainer(accumulate_grad_batches={cfg.accumulate_grad_batches})` or switch to automatic optimization."
-            )
-
-        step_fn = self.strategy.setup_module(module)
-        self.optimizers, self.lr_scheduler_configs = optimizers.parse(module.configure_optimizers(), module)
-        self._lightning_optimizers = [LightningOptimizer._to_lightning_optimizer(o, self) for o in self.optimizers]
-        if cfg.enable_model_summary and self.is_global_zero:
-            summary.print_summary(module)
-        hooks.call("on_fit_start")
-        resume = self._resume_attempt() if self._resume_newest else None
-        if resume is None and ckpt_path is not None:
-            resume = self._restore(ckpt_path)
-        if self.logger is not None and self.is_global_zero:
-            self.logger.log_hyperparams(module.hparams)  # also creates version_N now, as Lightning does
         self._loop = FitLoop(self, module, step_fn, train, val_loaders, resume)
         self.num_training_batches = self._loop.num_train_batches
         try:
