@@ -17,6 +17,7 @@ import torch
 
 from gpulayer.trainer import data
 from gpulayer.trainer.prefetch import device_batches
+from gpulayer.trainer.states import RunningStage
 from gpulayer.trainer.stepping import transfer_batch
 from gpulayer.trainer.utilities.model_helpers import is_overridden
 
@@ -54,7 +55,8 @@ class EvalLoop:
         modes = {name: m.training for name, m in module.named_modules()}  # restored at the end, submodule by submodule
         saved_context = store.context
         store.context = store.context_for(self.acc_name)
-        t.sanity_checking = self.sanity
+        stage_before = t.state.stage  # a fit's validation runs inside its training stage and returns to it
+        t.state.stage = RunningStage.SANITY_CHECKING if self.sanity else RunningStage(self.stage)
         if self.sanity:
             hooks.call("on_sanity_check_start")
         getattr(module, f"on_{p}_model_eval")()
@@ -108,7 +110,7 @@ class EvalLoop:
         self._restore_mode(modes)
         if self.sanity:
             hooks.call("on_sanity_check_end")
-        t.sanity_checking = False
+        t.state.stage = stage_before
         store.context = saved_context
         if self.verbose and results and t.is_global_zero and self.stage != "predict":
             print_results(results, self.stage)
