@@ -22,6 +22,7 @@ from gpulayer.trainer.core.optimizer import LightningOptimizer
 from gpulayer.trainer.errors import TrainerConfigError, TrainerError
 from gpulayer.trainer.hooks import Hooks
 from gpulayer.trainer.loop import FitLoop
+from gpulayer.trainer import metrics as metrics_mod
 from gpulayer.trainer.metrics import MetricStore
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.precision import Precision, make_precision
@@ -131,16 +132,21 @@ class Trainer:
 
     @property
     def callback_metrics(self) -> dict[str, Any]:
-        """Latest step values and epoch means as 0-dim tensors, like Lightning's."""
+        """What callbacks monitor: the latest step values and epoch values as tensors, like Lightning's.
+
+        A plain dict that callbacks may add to (``LearningRateMonitor`` puts its ``lr-*`` values here).
+        """
         return self._store.callback_metrics()
 
     @property
-    def logged_metrics(self) -> dict[str, float]:
-        return dict(self._store.logged)
+    def logged_metrics(self) -> dict[str, Any]:
+        """The values sent to the logger (tensors, Lightning's names: ``x_step``, ``x_epoch/dataloader_idx_0``)."""
+        return self._store.logged_metrics()
 
     @property
     def progress_bar_metrics(self) -> dict[str, float]:
-        return dict(self._store.progress)
+        """The ``prog_bar=True`` values, as floats."""
+        return self._store.progress_bar_metrics()
 
     @property
     def is_log_step(self) -> bool:
@@ -374,6 +380,7 @@ class Trainer:
         cfg.callbacks = cfg.callbacks + [c for c in (extra if isinstance(extra, (list, tuple)) else [extra])
                                          if isinstance(c, Callback) and c not in cfg.callbacks]
         self._hooks = hooks = Hooks(self, module, cfg.callbacks)
+        metrics_mod.attach_callback_logging(cfg.callbacks, module)
         self.datamodule = datamodule
         if datamodule is not None:
             datamodule.trainer = self
@@ -508,20 +515,35 @@ class Trainer:
         for cb, state in zip(self.callbacks, result["callbacks"]):
             cb.load_state_dict(state)
 
-    # -- used by the loop at log intervals and epoch ends ----------------------------------------
+    # -- used by the loops at log intervals and epoch ends ----------------------------------------
     def _log_step_metrics(self, to_logger: bool = True) -> None:
-        metrics = self._store.materialize_step(sync=to_logger)
-        if to_logger and metrics and self.logger is not None and self.is_global_zero:
-            self.logger.log_metrics({**metrics, "epoch": self.current_epoch}, step=self._batches_stepped - 1)
+        metrics = self._store.step_metrics("train", sync=to_logger)
+        if to_logger and metrics:
+            self._send_to_loggers({**metrics, "epoch": self.current_epoch}, self._batches_stepped - 1)
 
     def _log_epoch_metrics(self, metrics: dict[str, float]) -> None:
-        if metrics and self.logger is not None and self.is_global_zero:
-            self.logger.log_metrics({**metrics, "epoch": self.current_epoch}, step=max(self._batches_stepped - 1, 0))
+        if metrics:
+            # in a fit the counter already moved past the last step (Lightning logs at the step that ran);
+            # a validate/test on its own logs at the count the trainer holds
+            step = self._batches_stepped - 1 if self._loop is not None and self.state_stage == "fit" \
+                else self._batches_stepped
+            self._send_to_loggers({**metrics, "epoch": self.current_epoch}, max(step, 0))
 
-    def log_to_logger(self, metrics: dict[str, float]) -> None:
-        """For callbacks: send numbers straight to the logger (rank 0)."""
-        if self.logger is not None and self.is_global_zero:
-            self.logger.log_metrics(metrics, step=max(self._batches_stepped - 1, 0))
+    def _log_eval_step_metrics(self, acc_name: str) -> None:
+        """An eval batch's ``on_step`` values, to the logger at that loader's batch count (Lightning's eval step)."""
+        metrics = self._store.step_metrics(acc_name)
+        step = self._store.next_eval_step(acc_name)
+        if metrics:
+            self._send_to_loggers(metrics, step)
+
+    def log_to_logger(self, metrics: dict[str, float], step: int | None = None) -> None:
+        """For callbacks: send numbers straight to the logger (rank 0), at the current step by default."""
+        self._send_to_loggers(metrics, max(self._batches_stepped - 1, 0) if step is None else step)
+
+    def _send_to_loggers(self, metrics: dict[str, float], step: int) -> None:
+        if self.is_global_zero:
+            for logger in self.loggers:
+                logger.log_metrics(metrics, step=step)
 
     def _step_scheduler(self, cfg: optimizers.SchedulerConfig) -> None:
         metric = None
