@@ -25,6 +25,7 @@ from gpulayer.trainer.errors import TrainerConfigError, TrainerError
 from gpulayer.trainer.fit_data import FitData
 from gpulayer.trainer.hooks import Hooks
 from gpulayer.trainer.loop import FitLoop
+from gpulayer.trainer import metrics as metrics_mod
 from gpulayer.trainer.metrics import MetricStore
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.precision import Precision, make_precision
@@ -373,6 +374,7 @@ class Trainer(TrainerProperties):
                                          if isinstance(c, Callback) and c not in cfg.callbacks]
         self._hooks = hooks = Hooks(self, module, cfg.callbacks, datamodule)
         self._precision._automatic = lambda: module.automatic_optimization
+        metrics_mod.attach_callback_logging(cfg.callbacks, module)
         self.datamodule = datamodule
         if datamodule is not None:
             datamodule.trainer = self
@@ -482,20 +484,35 @@ class Trainer(TrainerProperties):
         for cb, state in zip(self.callbacks, result["callbacks"]):
             cb.load_state_dict(state)
 
-    # -- used by the loop at log intervals and epoch ends ----------------------------------------
+    # -- used by the loops at log intervals and epoch ends ----------------------------------------
     def _log_step_metrics(self, to_logger: bool = True) -> None:
-        metrics = self._store.materialize_step(sync=to_logger)
-        if to_logger and metrics and self.logger is not None and self.is_global_zero:
-            self.logger.log_metrics({**metrics, "epoch": self.current_epoch}, step=self._batches_stepped - 1)
+        metrics = self._store.step_metrics("train", sync=to_logger)
+        if to_logger and metrics:
+            self._send_to_loggers({**metrics, "epoch": self.current_epoch}, self._batches_stepped - 1)
 
     def _log_epoch_metrics(self, metrics: dict[str, float]) -> None:
-        if metrics and self.logger is not None and self.is_global_zero:
-            self.logger.log_metrics({**metrics, "epoch": self.current_epoch}, step=max(self._batches_stepped - 1, 0))
+        if metrics:
+            # in a fit the counter already moved past the last step (Lightning logs at the step that ran);
+            # a validate/test on its own logs at the count the trainer holds
+            step = self._batches_stepped - 1 if self._loop is not None and self.state_stage == "fit" \
+                else self._batches_stepped
+            self._send_to_loggers({**metrics, "epoch": self.current_epoch}, max(step, 0))
 
-    def log_to_logger(self, metrics: dict[str, float]) -> None:
-        """For callbacks: send numbers straight to the logger (rank 0)."""
-        if self.logger is not None and self.is_global_zero:
-            self.logger.log_metrics(metrics, step=max(self._batches_stepped - 1, 0))
+    def _log_eval_step_metrics(self, acc_name: str) -> None:
+        """An eval batch's ``on_step`` values, to the logger at that loader's batch count (Lightning's eval step)."""
+        metrics = self._store.step_metrics(acc_name)
+        step = self._store.next_eval_step(acc_name)
+        if metrics:
+            self._send_to_loggers(metrics, step)
+
+    def log_to_logger(self, metrics: dict[str, float], step: int | None = None) -> None:
+        """For callbacks: send numbers straight to the logger (rank 0), at the current step by default."""
+        self._send_to_loggers(metrics, max(self._batches_stepped - 1, 0) if step is None else step)
+
+    def _send_to_loggers(self, metrics: dict[str, float], step: int) -> None:
+        if self.is_global_zero:
+            for logger in self.loggers:
+                logger.log_metrics(metrics, step=step)
 
     def _step_scheduler(self, cfg: optimizers.SchedulerConfig) -> None:
         metric = None
