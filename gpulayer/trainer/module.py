@@ -9,7 +9,6 @@ a module that overrides none of the step hooks runs the fast loop (``hooks.py``)
 from __future__ import annotations
 
 import contextlib
-import inspect
 import numbers
 import sys
 import warnings
@@ -20,23 +19,23 @@ from torch import nn
 
 from gpulayer.trainer import metrics
 from gpulayer.trainer.errors import MisconfigurationException
+from gpulayer.trainer.hparams import HyperparametersMixin
 from gpulayer.trainer.prefetch import move_data_to_device
+from gpulayer.trainer.utilities.parsing import AttributeDict  # noqa: F401  (old import path, kept working)
 
 
-class AttributeDict(dict):
-    """``self.hparams.lr`` as well as ``self.hparams["lr"]``, like Lightning's."""
+class _restricted_classmethod(classmethod):
+    """A classmethod that refuses to run on an instance: ``model.load_from_checkpoint(p)`` would discard its result."""
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(f"hparams has no {name!r} (saved: {sorted(self)})") from None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        self[name] = value
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        if instance is not None:
+            name = self.__func__.__name__
+            raise TypeError(f"The classmethod `{type(instance).__name__}.{name}` cannot be called on an instance. "
+                            "Please call it on the class type and make sure the return value is used.")
+        return super().__get__(instance, owner)
 
 
-class Module(nn.Module):
+class Module(HyperparametersMixin, nn.Module):
     """Subclass and write ``training_step`` and ``configure_optimizers``.
 
     >>> class Net(Module):
@@ -58,6 +57,7 @@ class Module(nn.Module):
         self._metric_store = None
         self._device = None
         self._hparams: AttributeDict = AttributeDict()
+        self._strict_loading: bool | None = None
         self._automatic_optimization = True
         self._param_requires_grad_state: dict = {}
 
@@ -94,30 +94,28 @@ class Module(nn.Module):
     def local_rank(self) -> int:
         return self._trainer.local_rank if self._trainer is not None else 0
 
-    @property
-    def hparams(self) -> "AttributeDict":
-        return self._hparams
+    CHECKPOINT_HYPER_PARAMS_KEY = "hyper_parameters"
+    CHECKPOINT_HYPER_PARAMS_NAME = "hparams_name"
+    CHECKPOINT_HYPER_PARAMS_TYPE = "hparams_type"
 
-    def save_hyperparameters(self, *names: str, ignore: list[str] | str | None = None, logger: bool = True) -> None:
-        """Store the calling ``__init__``'s arguments in ``self.hparams`` (and in checkpoints)."""
-        frame = inspect.currentframe().f_back
-        try:
-            code, local_vars = frame.f_code, frame.f_locals
-            n_args = code.co_argcount + code.co_kwonlyargcount
-            arg_names = list(code.co_varnames[:n_args])
-            if code.co_flags & inspect.CO_VARKEYWORDS:
-                varkw = code.co_varnames[n_args + bool(code.co_flags & inspect.CO_VARARGS)]
-                extra = dict(local_vars.get(varkw, {}))
-            else:
-                extra = {}
-            args = {k: local_vars[k] for k in arg_names[1:] if k in local_vars}
-            args.update(extra)
-        finally:
-            del frame
-        ignore = [ignore] if isinstance(ignore, str) else list(ignore or [])
-        if names:
-            args = {k: v for k, v in args.items() if k in names}
-        self._hparams.update({k: v for k, v in args.items() if k not in ignore})
+    @_restricted_classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
+                             strict: bool | None = None, **kwargs: Any) -> "Module":
+        """A new ``cls`` built from the checkpoint's saved hyperparameters (``kwargs`` override them), weights loaded.
+
+        >>> model = Net.load_from_checkpoint("epoch=9-step=100.ckpt", lr=1e-4)   # doctest: +SKIP
+        """
+        from gpulayer.trainer.core.saving import load_from_checkpoint
+        return load_from_checkpoint(cls, checkpoint_path, map_location, hparams_file, strict, **kwargs)
+
+    @property
+    def strict_loading(self) -> bool:
+        """Whether ``load_state_dict`` of a checkpoint requires every key to match (default True)."""
+        return True if self._strict_loading is None else self._strict_loading
+
+    @strict_loading.setter
+    def strict_loading(self, strict: bool) -> None:
+        self._strict_loading = strict
 
     def __getstate__(self) -> dict[str, Any]:
         # a module pickled for the ranks of a multi-process fit leaves the parent's trainer behind

@@ -454,22 +454,16 @@ class Trainer(TrainerProperties):
         self._resumed_from = {"path": path, "global_step": ckpt["global_step"], "epoch": ckpt["epoch"]}
         return checkpoint.restore(self, ckpt)
 
-    def _restore(self, ckpt_path: str) -> dict[str, Any]:
-        path = ckpt_path
+    def _restore(self, ckpt_path: str) -> dict[str, Any] | None:
+        """Resume from ``ckpt_path`` (a file, ``"last"``, ``"best"`` or ``"hpc"``); ``trainer.ckpt_path`` becomes the file."""
+        path = checkpoint.hpc_resume_path(self.default_root_dir) if ckpt_path == "hpc" else ckpt_path
+        if ckpt_path == "hpc" and path is None:
+            raise ValueError('`.fit(ckpt_path="hpc")` is set but no HPC checkpoint was found. '
+                             "Please pass an exact checkpoint path to `.fit(ckpt_path=...)`")
         if ckpt_path in ("last", "best"):
-            cbs = self.checkpoint_callbacks
-            if ckpt_path == "best":
-                path = next((c.best_model_path for c in cbs if c.best_model_path), None)
-            else:
-                candidates = [c.last_model_path for c in cbs if c.last_model_path]
-                candidates += [os.path.join(c.dirpath, "last.ckpt") for c in cbs if c.dirpath]
-                path = next((p for p in candidates if os.path.isfile(p)), None)
-            if path is None:
-                raise TrainerError(
-                    f"fit(ckpt_path={ckpt_path!r}) found no {ckpt_path} checkpoint (ModelCheckpoint dirs: "
-                    f"{[c.dirpath for c in cbs]}); use ModelCheckpoint(save_last=True) or pass a file path"
-                )
-        return checkpoint.restore(self, checkpoint.load(os.fspath(path)))
+            path = self._eval_checkpoint("fit", ckpt_path, model_provided=True)
+        self.ckpt_path = path
+        return checkpoint.restore(self, checkpoint.load(os.fspath(path))) if path is not None else None
 
     def _take_result(self, module: Module, result: dict[str, Any]) -> None:
         """Rank 0's weights, counters, metrics and callback states, into this process's objects."""
