@@ -20,17 +20,20 @@ import torch
 from gpulayer.trainer import checkpoint, data, evaluate, gcfreeze, optimizers, summary
 from gpulayer.trainer.callbacks import Callback
 from gpulayer.trainer.config import TrainerConfig, build_config
+from gpulayer.trainer.datamodule import LightningDataModule
 from gpulayer.trainer.core.optimizer import LightningOptimizer
 from gpulayer.trainer.errors import TrainerConfigError, TrainerError
 from gpulayer.trainer.fit_data import FitData
 from gpulayer.trainer.hooks import Hooks
 from gpulayer.trainer.loop import FitLoop
+from gpulayer.trainer import metrics as metrics_mod
 from gpulayer.trainer.metrics import MetricStore
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.precision import Precision, make_precision
 from gpulayer.trainer.states import RunningStage, TrainerFn, TrainerState
 from gpulayer.trainer.strategies import DDPStrategy, SingleDeviceStrategy
 from gpulayer.trainer.trainer_state import TrainerProperties
+from gpulayer.trainer.utilities.model_helpers import is_overridden
 
 _UNSET: Any = object()
 
@@ -250,6 +253,7 @@ class Trainer(TrainerProperties):
         self.state_stage = stage
         hooks = self._setup_stage("validate" if stage == "validate" else stage, module, datamodule)
         prefix, _, _, _ = evaluate.STAGES[stage]
+        module.zero_grad()
         method = f"{'val' if stage == 'validate' else stage}_dataloader"
         if dataloaders is not None:
             loaders = data.resolve(dataloaders)
@@ -285,17 +289,37 @@ class Trainer(TrainerProperties):
         return self.strategy.prepare_loader(loader, mode)
 
     def _optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Any, **kwargs: Any) -> Any:
-        """``LightningOptimizer.step``: closure, hooks, a precision-aware step; counts a step in manual optimization."""
-        out = closure()
-        for f in self._hooks.on_before_optimizer_step:
-            f(optimizer)
-        if kwargs:
-            optimizer.step(**kwargs)
-        else:
-            self._precision.step(optimizer)
-        if not self.lightning_module.automatic_optimization:
+        """``LightningOptimizer.step``: the precision plugin steps ``optimizer`` with ``closure`` (LBFGS calls it).
+
+        After the closure (step and backward) and before the update: ``on_before_optimizer_step``, then, under
+        automatic optimization, ``configure_gradient_clipping`` with the Trainer's settings. Under manual
+        optimization each step counts as one ``global_step``.
+        """
+        module, cfg = self.lightning_module, self._config
+
+        def after_closure() -> None:
+            for f in self._hooks.on_before_optimizer_step:
+                f(optimizer)
+            if module.automatic_optimization:
+                algo = cfg.gradient_clip_algorithm if cfg.gradient_clip_val is not None or \
+                    cfg.gradient_clip_algorithm != "norm" else None
+                module.configure_gradient_clipping(optimizer, gradient_clip_val=cfg.gradient_clip_val,
+                                                   gradient_clip_algorithm=algo)
+
+        out = self._precision.optimizer_step(optimizer, closure, after_closure, **kwargs)
+        if not module.automatic_optimization:
             self.global_step += 1
         return out
+
+    def _backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """``on_before_backward`` -> ``module.backward`` (on the scaled loss) -> ``on_after_backward``."""
+        hooks = self._hooks
+        loss = self._precision.scale_loss(loss)
+        for f in hooks.on_before_backward:
+            f(loss)
+        self.lightning_module.backward(loss, *args, **kwargs)
+        for f in hooks.on_after_backward:
+            f()
 
     def _val_due_this_epoch(self) -> bool:
         return self._loop is not None and self._loop._val_due() and sum(self.num_val_batches) > 0
@@ -344,38 +368,41 @@ class Trainer(TrainerProperties):
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
     def _setup_stage(self, stage: str, module: Module, datamodule: Any) -> Hooks:
-        """Callbacks from the module, hook lists, and Lightning's prepare_data / setup order for ``stage``."""
+        """Lightning's start of every stage: configure_callbacks, prepare_data, setup, configure_model."""
         cfg = self._config
         extra = module.configure_callbacks() or []
         cfg.callbacks = cfg.callbacks + [c for c in (extra if isinstance(extra, (list, tuple)) else [extra])
                                          if isinstance(c, Callback) and c not in cfg.callbacks]
-        self._hooks = hooks = Hooks(self, module, cfg.callbacks)
+        self._hooks = hooks = Hooks(self, module, cfg.callbacks, datamodule)
+        self._precision._automatic = lambda: module.automatic_optimization
+        metrics_mod.attach_callback_logging(cfg.callbacks, module)
         self.datamodule = datamodule
         if datamodule is not None:
             datamodule.trainer = self
-            if self.local_rank == 0 and hasattr(datamodule, "prepare_data"):
+            if self.local_rank == 0 and is_overridden("prepare_data", datamodule, LightningDataModule):
                 datamodule.prepare_data()
-        if self.local_rank == 0:
+        if self.local_rank == 0 and is_overridden("prepare_data", module, Module):
             module.prepare_data()
         self.strategy.barrier()
+        module._device = self.strategy.root_device  # `self.device` in setup() already says where it will run
         if datamodule is not None and hasattr(datamodule, "setup"):
-            datamodule.setup(stage)
-        hooks.call("setup", stage)
+            datamodule.setup(stage=stage)
+        hooks.call("setup", stage=stage)
+        if is_overridden("configure_sharded_model", module, Module):
+            module.configure_sharded_model()
+        if is_overridden("configure_model", module, Module):
+            module.configure_model()
         return hooks
 
     def _teardown_stage(self, stage: str) -> None:
         if self.datamodule is not None and hasattr(self.datamodule, "teardown"):
-            self.datamodule.teardown(stage)
-        self._hooks.call("teardown", stage)
+            self.datamodule.teardown(stage=stage)
+        self._hooks.call("teardown", stage=stage)
 
     def _run(self, module: Module, train: Any, val: Any, datamodule: Any, ckpt_path: str | None) -> None:
+        """Lightning's fit order: setup and configure_model, the optimizers, on_fit_start, then the data and the loop."""
         cfg = self._config
         self.state_stage = "fit"
-        hooks = self._setup_stage("fit", module, datamodule)
-        self._fit_data = fit_data = FitData(self, module, train, val, datamodule)
-        sanity = cfg.num_sanity_val_steps != 0 and ckpt_path is None and not self._resume_newest
-        val_loaders, train = fit_data.load(sanity_check=sanity)  # val first: Lightning's sanity check reads it
-        self.ckpt_path = ckpt_path
         if not module.automatic_optimization and cfg.gradient_clip_val:
             raise TrainerConfigError(
                 "Automatic gradient clipping is not supported for manual optimization. Remove "
@@ -387,7 +414,8 @@ class Trainer(TrainerProperties):
                 "Automatic gradient accumulation is not supported for manual optimization. Remove "
                 f"`Trainer(accumulate_grad_batches={cfg.accumulate_grad_batches})` or switch to automatic optimization."
             )
-
+        hooks = self._setup_stage("fit", module, datamodule)
+        self.ckpt_path = ckpt_path
         step_fn = self.strategy.setup_module(module)
         self.optimizers, self.lr_scheduler_configs = optimizers.parse(module.configure_optimizers(), module)
         self._lightning_optimizers = [LightningOptimizer._to_lightning_optimizer(o, self) for o in self.optimizers]
@@ -399,6 +427,10 @@ class Trainer(TrainerProperties):
             resume = self._restore(ckpt_path)
         if self.logger is not None and self.is_global_zero:
             self.logger.log_hyperparams(module.hparams)  # also creates version_N now, as Lightning does
+        module.zero_grad()
+        self._fit_data = fit_data = FitData(self, module, train, val, datamodule)
+        sanity = cfg.num_sanity_val_steps != 0 and ckpt_path is None and not self._resume_newest
+        val_loaders, train = fit_data.load(sanity_check=sanity)  # val first: Lightning's sanity check reads it
         self._loop = FitLoop(self, module, step_fn, train, val_loaders, resume)
         self.num_training_batches = self._loop.num_train_batches
         with gcfreeze.frozen():  # a failure: the entry point's _call_and_handle_interrupt runs on_exception
@@ -423,22 +455,16 @@ class Trainer(TrainerProperties):
         self._resumed_from = {"path": path, "global_step": ckpt["global_step"], "epoch": ckpt["epoch"]}
         return checkpoint.restore(self, ckpt)
 
-    def _restore(self, ckpt_path: str) -> dict[str, Any]:
-        path = ckpt_path
+    def _restore(self, ckpt_path: str) -> dict[str, Any] | None:
+        """Resume from ``ckpt_path`` (a file, ``"last"``, ``"best"`` or ``"hpc"``); ``trainer.ckpt_path`` becomes the file."""
+        path = checkpoint.hpc_resume_path(self.default_root_dir) if ckpt_path == "hpc" else ckpt_path
+        if ckpt_path == "hpc" and path is None:
+            raise ValueError('`.fit(ckpt_path="hpc")` is set but no HPC checkpoint was found. '
+                             "Please pass an exact checkpoint path to `.fit(ckpt_path=...)`")
         if ckpt_path in ("last", "best"):
-            cbs = self.checkpoint_callbacks
-            if ckpt_path == "best":
-                path = next((c.best_model_path for c in cbs if c.best_model_path), None)
-            else:
-                candidates = [c.last_model_path for c in cbs if c.last_model_path]
-                candidates += [os.path.join(c.dirpath, "last.ckpt") for c in cbs if c.dirpath]
-                path = next((p for p in candidates if os.path.isfile(p)), None)
-            if path is None:
-                raise TrainerError(
-                    f"fit(ckpt_path={ckpt_path!r}) found no {ckpt_path} checkpoint (ModelCheckpoint dirs: "
-                    f"{[c.dirpath for c in cbs]}); use ModelCheckpoint(save_last=True) or pass a file path"
-                )
-        return checkpoint.restore(self, checkpoint.load(os.fspath(path)))
+            path = self._eval_checkpoint("fit", ckpt_path, model_provided=True)
+        self.ckpt_path = path
+        return checkpoint.restore(self, checkpoint.load(os.fspath(path))) if path is not None else None
 
     def _take_result(self, module: Module, result: dict[str, Any]) -> None:
         """Rank 0's weights, counters, metrics and callback states, into this process's objects."""
@@ -453,20 +479,35 @@ class Trainer(TrainerProperties):
         for cb, state in zip(self.callbacks, result["callbacks"]):
             cb.load_state_dict(state)
 
-    # -- used by the loop at log intervals and epoch ends ----------------------------------------
+    # -- used by the loops at log intervals and epoch ends ----------------------------------------
     def _log_step_metrics(self, to_logger: bool = True) -> None:
-        metrics = self._store.materialize_step(sync=to_logger)
-        if to_logger and metrics and self.logger is not None and self.is_global_zero:
-            self.logger.log_metrics({**metrics, "epoch": self.current_epoch}, step=self._batches_stepped - 1)
+        metrics = self._store.step_metrics("train", sync=to_logger)
+        if to_logger and metrics:
+            self._send_to_loggers({**metrics, "epoch": self.current_epoch}, self._batches_stepped - 1)
 
     def _log_epoch_metrics(self, metrics: dict[str, float]) -> None:
-        if metrics and self.logger is not None and self.is_global_zero:
-            self.logger.log_metrics({**metrics, "epoch": self.current_epoch}, step=max(self._batches_stepped - 1, 0))
+        if metrics:
+            # in a fit the counter already moved past the last step (Lightning logs at the step that ran);
+            # a validate/test on its own logs at the count the trainer holds
+            step = self._batches_stepped - 1 if self._loop is not None and self.state_stage == "fit" \
+                else self._batches_stepped
+            self._send_to_loggers({**metrics, "epoch": self.current_epoch}, max(step, 0))
 
-    def log_to_logger(self, metrics: dict[str, float]) -> None:
-        """For callbacks: send numbers straight to the logger (rank 0)."""
-        if self.logger is not None and self.is_global_zero:
-            self.logger.log_metrics(metrics, step=max(self._batches_stepped - 1, 0))
+    def _log_eval_step_metrics(self, acc_name: str) -> None:
+        """An eval batch's ``on_step`` values, to the logger at that loader's batch count (Lightning's eval step)."""
+        metrics = self._store.step_metrics(acc_name)
+        step = self._store.next_eval_step(acc_name)
+        if metrics:
+            self._send_to_loggers(metrics, step)
+
+    def log_to_logger(self, metrics: dict[str, float], step: int | None = None) -> None:
+        """For callbacks: send numbers straight to the logger (rank 0), at the current step by default."""
+        self._send_to_loggers(metrics, max(self._batches_stepped - 1, 0) if step is None else step)
+
+    def _send_to_loggers(self, metrics: dict[str, float], step: int) -> None:
+        if self.is_global_zero:
+            for logger in self.loggers:
+                logger.log_metrics(metrics, step=step)
 
     def _step_scheduler(self, cfg: optimizers.SchedulerConfig) -> None:
         metric = None

@@ -111,16 +111,21 @@ class TrainerProperties:
 
     @property
     def callback_metrics(self) -> dict[str, Any]:
-        """Latest step values and epoch means as 0-dim tensors, like Lightning's."""
+        """What callbacks monitor: the latest step values and epoch values as tensors, like Lightning's.
+
+        A plain dict that callbacks may add to (``LearningRateMonitor`` puts its ``lr-*`` values here).
+        """
         return self._store.callback_metrics()
 
     @property
     def logged_metrics(self) -> dict[str, Any]:
-        return dict(self._store.logged)
+        """The values sent to the logger (tensors, Lightning's names: ``x_step``, ``x_epoch/dataloader_idx_0``)."""
+        return self._store.logged_metrics()
 
     @property
-    def progress_bar_metrics(self) -> dict[str, Any]:
-        return dict(self._store.progress)
+    def progress_bar_metrics(self) -> dict[str, float]:
+        """The ``prog_bar=True`` values, as floats."""
+        return self._store.progress_bar_metrics()
 
     @property
     def is_log_step(self) -> bool:
