@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from gpulayer.trainer.errors import TrainerConfigError
+from gpulayer.trainer.errors import TrainerConfigError, TrainerTypeError
 
 PRECISIONS = {
     "32-true": "32-true", "32": "32-true", 32: "32-true",
@@ -82,6 +82,16 @@ class TrainerConfig:
 def _choices_error(name: str, value: Any, accepted) -> TrainerConfigError:
     shown = ", ".join(repr(a) for a in accepted)
     return TrainerConfigError(f"Trainer({name}={value!r}) is not supported; accepted values: {shown}")
+
+
+def _strategy_name(value: Any) -> Any:
+    """A strategy object (``strategy=DDPStrategy()``, as Lightning accepts) becomes the name it stands for."""
+    from gpulayer.trainer.strategies import DDPStrategy, SingleDeviceStrategy
+    if isinstance(value, DDPStrategy):
+        return "ddp_find_unused_parameters_true" if value.find_unused_parameters else "ddp"
+    if isinstance(value, SingleDeviceStrategy):
+        return "single_device"
+    return value
 
 
 def _int_at_least(name: str, value: Any, low: int, *, allow_none: bool = False) -> int | None:
@@ -217,21 +227,23 @@ def build_config(**kwargs: Any) -> TrainerConfig:
             "on CPU use precision='bf16-mixed'"
         )
     cfg.devices, cfg.device_ids = _devices(kwargs.get("devices", "auto"), cfg.accelerator, here)
-    strategy = kwargs.get("strategy", "auto")
+    strategy = _strategy_name(kwargs.get("strategy", "auto"))
     if strategy not in STRATEGIES:
         raise _choices_error("strategy", strategy, STRATEGIES)
     cfg.strategy = strategy
 
     max_steps = kwargs.get("max_steps", -1)
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < -1:
-        raise TrainerConfigError(f"Trainer(max_steps={max_steps!r}) must be -1 (no limit) or an integer >= 0")
+        raise TrainerConfigError(f"`max_steps` must be a non-negative integer or -1 (infinite steps). You passed in "
+                                 f"{max_steps}. (Trainer(max_steps={max_steps!r}): -1 means no limit)")
     cfg.max_steps = max_steps
     max_epochs = kwargs.get("max_epochs")
     cfg.max_epochs_given = max_epochs is not None
     if max_epochs is None:  # Lightning: 1000 epochs unless max_steps bounds the run
         max_epochs = -1 if max_steps != -1 else 1000
     if isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < -1:
-        raise TrainerConfigError(f"Trainer(max_epochs={max_epochs!r}) must be -1 (no limit) or an integer >= 0")
+        raise TrainerConfigError(f"`max_epochs` must be a non-negative integer or -1. You passed in {max_epochs}. "
+                                 f"(Trainer(max_epochs={max_epochs!r}): -1 means no limit)")
     cfg.max_epochs = max_epochs
     cfg.max_time = _max_time(kwargs.get("max_time"))
     cfg.min_epochs = _int_at_least("min_epochs", kwargs.get("min_epochs"), 0, allow_none=True)
@@ -258,17 +270,23 @@ def build_config(**kwargs: Any) -> TrainerConfig:
     cfg.benchmark = (not cfg.deterministic) if benchmark is None else benchmark
 
     clip = kwargs.get("gradient_clip_val")
-    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip < 0):
+    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float))):
+        raise TrainerTypeError(f"`gradient_clip_val` should be an int or a float. Got {clip}. "
+                               f"(Trainer(gradient_clip_val={clip!r}): pass a number >= 0 or None)")
+    if clip is not None and clip < 0:
         raise TrainerConfigError(f"Trainer(gradient_clip_val={clip!r}) must be None or a number >= 0")
     cfg.gradient_clip_val = float(clip) if clip else None
     algo = kwargs.get("gradient_clip_algorithm", "norm")
     if algo not in CLIP_ALGORITHMS:
-        raise _choices_error("gradient_clip_algorithm", algo, CLIP_ALGORITHMS)
+        raise TrainerConfigError(f"`gradient_clip_algorithm` {algo} is invalid. Allowed algorithms: "
+                                 f"{list(CLIP_ALGORITHMS)}.")
     cfg.gradient_clip_algorithm = algo
     cfg.accumulate_grad_batches = _int_at_least("accumulate_grad_batches", kwargs.get("accumulate_grad_batches", 1), 1)
-    cfg.check_val_every_n_epoch = _int_at_least(
-        "check_val_every_n_epoch", kwargs.get("check_val_every_n_epoch", 1), 1, allow_none=True
-    )
+    every_n = kwargs.get("check_val_every_n_epoch", 1)
+    if every_n is not None and (isinstance(every_n, bool) or not isinstance(every_n, int)):
+        raise TrainerConfigError(f"`check_val_every_n_epoch` should be an integer, found {every_n!r}. "
+                                 "(None validates by val_check_interval batches across epochs)")
+    cfg.check_val_every_n_epoch = _int_at_least("check_val_every_n_epoch", every_n, 1, allow_none=True)
     # a float in [0, 1]: that fraction of the epoch's batches; an int: every that many batches (Lightning's rule)
     cfg.val_check_interval = _limit("val_check_interval", kwargs.get("val_check_interval"))
     if cfg.check_val_every_n_epoch is None and isinstance(kwargs.get("val_check_interval"), float):

@@ -113,6 +113,8 @@ class FitLoop:
 
     def _fit_done(self) -> bool:
         t, cfg = self.trainer, self.cfg
+        if self.num_train_batches == 0:  # limit_train_batches=0 or an empty loader: no epoch runs (Lightning)
+            return True
         if cfg.max_steps != -1 and t.global_step >= cfg.max_steps:
             return True
         if cfg.max_epochs != -1 and t.current_epoch >= cfg.max_epochs:

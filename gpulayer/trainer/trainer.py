@@ -22,7 +22,7 @@ from gpulayer.trainer.callbacks import Callback
 from gpulayer.trainer.config import TrainerConfig, build_config
 from gpulayer.trainer.datamodule import LightningDataModule
 from gpulayer.trainer.core.optimizer import LightningOptimizer
-from gpulayer.trainer.errors import TrainerConfigError, TrainerError
+from gpulayer.trainer.errors import TrainerConfigError, TrainerError, TrainerTypeError
 from gpulayer.trainer.fit_data import FitData
 from gpulayer.trainer.hooks import Hooks
 from gpulayer.trainer.loop import FitLoop
@@ -132,11 +132,9 @@ class Trainer(TrainerProperties):
     def _fit_impl(self, model: Module, train_dataloaders: Any, val_dataloaders: Any, datamodule: Any,
                   ckpt_path: str | None) -> None:
         if not isinstance(model, Module):
-            raise TrainerConfigError(
-                f"Trainer.fit got {type(model).__name__}; the model must subclass gpulayer.trainer.Module "
-                "(for a Lightning module, change `from lightning import LightningModule` to "
-                "`from gpulayer.trainer import Module`)"
-            )
+            raise TrainerTypeError(
+                f"`model` must be a `LightningModule` or `torch._dynamo.OptimizedModule`, got `{type(model).__qualname__}`"
+                " (subclass gpulayer.trainer.LightningModule)")
         if datamodule is not None and (train_dataloaders is not None or val_dataloaders is not None):
             raise TrainerConfigError("fit() got both a datamodule and data loaders; pass one or the other")
         cfg = self._config
@@ -188,11 +186,12 @@ class Trainer(TrainerProperties):
         if model is None:
             model = self.lightning_module
             if model is None:
-                raise TrainerError(
+                raise TrainerTypeError(
                     f"`Trainer.{stage}()` requires a `LightningModule` when it hasn't been passed in a previous run; "
                     f"call trainer.{stage}(model, dataloaders)")
         if not isinstance(model, Module):
-            raise TrainerConfigError(f"`Trainer.{stage}()` requires a `LightningModule`, got: {type(model).__qualname__}")
+            raise TrainerTypeError(f"`model` must be a `LightningModule` or `torch._dynamo.OptimizedModule`, got "
+                                   f"`{type(model).__qualname__}` (subclass gpulayer.trainer.LightningModule)")
         if dataloaders is not None and datamodule is not None:
             raise TrainerConfigError(
                 f"You cannot pass both `trainer.{stage}(dataloaders=..., datamodule=...)`, choose one to pass.")

@@ -10,6 +10,7 @@ does when they fail: Ctrl-C ends the process after a graceful shutdown, other er
 from __future__ import annotations
 
 import math
+import os
 import signal
 import sys
 from typing import Any, Callable
@@ -43,7 +44,13 @@ class TrainerProperties:
 
     # -- settings -------------------------------------------------------------------------------
     callbacks = property(lambda self: self._config.callbacks)
-    default_root_dir = property(lambda self: self._config.default_root_dir)
+
+    @property
+    def default_root_dir(self) -> str:
+        """Where logs and checkpoints go; ``~`` expanded for a local path, as Lightning shows it."""
+        path = self._config.default_root_dir
+        return path if "://" in path else os.path.normpath(os.path.expanduser(path))
+
     @property
     def max_epochs(self) -> int | None:
         # not given: None until a fit resolves it (1000, or -1 when max_steps bounds the run), as Lightning shows
