@@ -150,6 +150,10 @@ class FitData:
             data.seed_workers(loader)
         t._train_loader = loader
         t.num_training_batches = data.num_batches(loader, cfg.limit_train_batches, "train")
+        if isinstance(loader, data.CombinedLoader) and loader._mode == "sequential":
+            raise TrainerConfigError(
+                '`FitLoop` does not support the `CombinedLoader(mode="sequential")` mode: a training step takes a '
+                'batch of every loader; use mode "max_size_cycle", "max_size" or "min_size"')
         self.train_loaded_epoch = t.current_epoch
         t.val_check_batch = self.val_check_batch(t.num_training_batches)
         return loader

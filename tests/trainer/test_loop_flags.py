@@ -237,3 +237,12 @@ def test_reload_with_infrequent_validation_requests_in_the_epochs_lightning_does
                   reload_dataloaders_every_n_epochs=reload_n)
     assert _request_epochs(BoringModel, Trainer, **kwargs) == \
         _request_epochs(LBoringModel, lp.Trainer, accelerator="cpu", **kwargs)
+
+
+def test_fit_refuses_a_sequential_combined_loader_after_counting_its_batches():
+    combined = CombinedLoader([DataLoader(RandomDataset(32, 8), batch_size=2),
+                               DataLoader(RandomDataset(32, 4), batch_size=2)], "sequential")
+    trainer = Trainer(**QUIET, max_epochs=1)
+    with pytest.raises(TrainerConfigError, match=r'FitLoop` does not support the `CombinedLoader\(mode="sequential"\)'):
+        trainer.fit(BoringModel(), train_dataloaders=combined)
+    assert trainer.num_training_batches == 6
