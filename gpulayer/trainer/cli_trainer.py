@@ -31,6 +31,8 @@ def _trainer(
     limit_val_batches: Optional[Union[int, float]] = None,
     limit_test_batches: Optional[Union[int, float]] = None,
     limit_predict_batches: Optional[Union[int, float]] = None,
+    overfit_batches: Union[int, float] = 0.0,
+    reload_dataloaders_every_n_epochs: int = 0,
     val_check_interval: Union[int, float] = 1.0,
     check_val_every_n_epoch: Optional[int] = 1,
     num_sanity_val_steps: int = 2,
@@ -70,6 +72,8 @@ def _trainer(
         limit_val_batches: validation batches (int) or fraction (float).
         limit_test_batches: test batches (int) or fraction (float).
         limit_predict_batches: predict batches (int) or fraction (float).
+        overfit_batches: train and validate on this many first batches (int) or fraction (float), unshuffled.
+        reload_dataloaders_every_n_epochs: request the train and val loaders again every n epochs (0: never).
         val_check_interval: validate every n train batches (int) or fraction of an epoch (float).
         check_val_every_n_epoch: validate every n epochs.
         num_sanity_val_steps: validation batches before training (-1: all).

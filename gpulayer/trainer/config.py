@@ -203,7 +203,7 @@ def _devices(value: Any, accelerator: str, here: bool = True) -> tuple[int, list
 
 def build_config(**kwargs: Any) -> TrainerConfig:
     """Validate Trainer keyword arguments; unknown names get a did-you-mean error."""
-    known = set(TrainerConfig.__dataclass_fields__) - {"device_ids"}
+    known = set(TrainerConfig.__dataclass_fields__) - {"device_ids", "max_epochs_given"}  # derived, not arguments
     known |= {"fast_dev_run"}
     for name in kwargs:
         if name not in known:

@@ -251,5 +251,5 @@ def test_the_cli_offers_every_trainer_argument():
     from gpulayer.trainer.cli import _trainer
     from gpulayer.trainer.config import TrainerConfig
     offered = set(inspect.signature(_trainer).parameters)
-    expected = set(TrainerConfig.__dataclass_fields__) - {"device_ids", "cluster_resources"}  # derived; a Resources
+    expected = set(TrainerConfig.__dataclass_fields__) - {"device_ids", "cluster_resources", "max_epochs_given"}  # derived; a Resources
     assert expected - offered == set()
