@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from gpulayer.trainer import checkpoint, data, evaluate, gcfreeze, optimizers, summary
+from gpulayer.trainer import checkpoint, data, evaluate, gcfreeze, loggers, optimizers, summary
 from gpulayer.trainer.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from gpulayer.trainer.config import TrainerConfig, build_config
 from gpulayer.trainer.core.optimizer import LightningOptimizer
@@ -289,12 +289,14 @@ class Trainer:
             module.load_state_dict(ckpt["state_dict"])
             hooks.call("on_load_checkpoint", ckpt)
         self.ckpt_path = ckpt_path
+        loggers.log_hyperparams(self)
         setattr(self, f"num_{'val' if stage == 'validate' else stage}_batches",
                 [data.num_batches(dl, getattr(self._config, evaluate.STAGES[stage][3])) for dl in loaders])
         try:
             out = evaluate.EvalLoop(self, module, stage, loaders, **kw).run()
         finally:
             self.state_stage = None
+        loggers.finalize(self)  # flush what the run logged (metrics.csv), as Lightning does after every stage
         self._teardown_stage(stage)
         return out
 
@@ -447,8 +449,7 @@ class Trainer:
         resume = self._resume_attempt() if self._resume_newest else None
         if resume is None and ckpt_path is not None:
             resume = self._restore(ckpt_path)
-        if self.logger is not None and self.is_global_zero:
-            self.logger.log_hyperparams(module.hparams)  # also creates version_N now, as Lightning does
+        loggers.log_hyperparams(self)  # also creates version_N now, as Lightning does
         self._loop = FitLoop(self, module, step_fn, train, val_loaders, resume)
         self.num_training_batches = self._loop.num_train_batches
         try:
@@ -459,8 +460,7 @@ class Trainer:
             raise
         finally:
             self.state_stage = None
-            if self.logger is not None and self.is_global_zero:
-                self.logger.finalize("success")
+            loggers.finalize(self)
         hooks.call("on_fit_end")
         self._teardown_stage("fit")
 

@@ -62,9 +62,8 @@ class LightningOptimizer:
             closure = do_nothing_closure
         elif not callable(closure):
             raise MisconfigurationException("When `optimizer.step(closure)` is called, the closure should be callable")
-        if self._trainer is None:
-            closure()
-            out = self._optimizer.step(**kwargs)
+        if self._trainer is None:  # outside a fit: the torch optimizer calls the closure itself (LBFGS may, many times)
+            out = self._optimizer.step(closure=closure, **kwargs)
         else:
             out = self._trainer._optimizer_step(self._optimizer, closure, **kwargs)
         self._on_after_step()
