@@ -214,10 +214,6 @@ class TensorBoardLogger(Logger):
     def __init__(self, save_dir: str | os.PathLike, name: str | None = "lightning_logs", version: int | str | None = None,
                  log_graph: bool = False, default_hp_metric: bool = True, prefix: str = "", sub_dir: str | None = None,
                  **kwargs: Any):
-        try:
-            from torch.utils.tensorboard import SummaryWriter  # noqa: F401
-        except ImportError as err:
-            raise ImportError("TensorBoardLogger needs tensorboard: pip install tensorboard (or use CSVLogger)") from err
         super().__init__(save_dir, name, version)
         self._log_graph, self._default_hp_metric, self._prefix = log_graph, default_hp_metric, prefix
         self._sub_dir = None if sub_dir is None else os.fspath(sub_dir)
@@ -233,7 +229,10 @@ class TensorBoardLogger(Logger):
     @property
     def experiment(self):
         if self._writer is None:
-            from torch.utils.tensorboard import SummaryWriter
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError as err:
+                raise ImportError("TensorBoardLogger needs tensorboard: pip install tensorboard (or use CSVLogger)") from err
             self._writer = SummaryWriter(log_dir=self.log_dir, **self._kwargs)
         return self._writer
 
