@@ -53,8 +53,14 @@ def _lightning_loops(trainer, phase: str, epoch: int, batches_done: int) -> dict
     return checkpoint_loops.to_lightning(
         phase=phase, epoch=epoch, batches_done=batches_done, batches_per_epoch=per_epoch,
         global_step=trainer.global_step, batches_stepped=trainer._batches_stepped, stepped_this_batch=stepped,
-        manual=not module.automatic_optimization, val_batches=int(sum(trainer.num_val_batches or [0])),
+        manual=not module.automatic_optimization, val_batches=_finite_total(trainer.num_val_batches),
         val_ran=trainer._val_has_run, accumulate=accumulate)
+
+
+def _finite_total(counts: list[float] | None) -> int:
+    """How many batches a validation run has; an infinite loader counts 0 (Lightning would count what ran)."""
+    total = sum(counts or [0])
+    return int(total) if total != float("inf") else 0
 
 
 def _hparams_entries(obj: Any, ckpt: dict[str, Any]) -> None:

@@ -500,7 +500,8 @@ class Trainer:
         # by position: the ranks hold copies of these callbacks in the same order (class names of
         # by-value pickled classes may differ, so state_key is not reliable across processes)
         for cb, state in zip(self.callbacks, result["callbacks"]):
-            cb.load_state_dict(state)
+            if state:  # Lightning loads a callback's state only when it saved one
+                cb.load_state_dict(state)
 
     # -- used by the loop at log intervals and epoch ends ----------------------------------------
     def _log_step_metrics(self, to_logger: bool = True) -> None:
@@ -536,12 +537,15 @@ class Trainer:
 
     # -- checkpoints --------------------------------------------------------------------------------
     def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool = False) -> None:
-        """Write a checkpoint of the current state (global rank 0 writes; others return)."""
+        """Write a checkpoint of the current state. Call it on every rank, as in Lightning: each builds the
+        contents (its callbacks' ``state_dict`` and ``on_save_checkpoint`` run), global rank 0 writes, all wait."""
         if self.lightning_module is None:
             raise TrainerError("save_checkpoint needs a model: call it during or after fit()")
-        if not self.is_global_zero:
-            return
-        checkpoint.save(checkpoint.dump(self, weights_only), os.fspath(filepath))
+        ckpt = checkpoint.dump(self, weights_only)
+        if self.is_global_zero:
+            checkpoint.save(ckpt, os.fspath(filepath))
+        if self.world_size > 1:
+            self.strategy.barrier()
 
     def remove_checkpoint(self, filepath: str | os.PathLike) -> None:
         if self.is_global_zero and os.path.isfile(filepath):
