@@ -72,6 +72,18 @@ class LightningOptimizer:
     def __getattr__(self, item: str) -> Any:
         return getattr(self._optimizer, item)
 
+    # Pickling (torch.save(trainer)): the per-instance class made in __init__ cannot be found by name, so the
+    # wrapper is rebuilt around its optimizer and given back its attributes.
+    def __reduce__(self) -> tuple:
+        return (_rewrap, (self._optimizer,), {k: v for k, v in self.__dict__.items() if k != "_optimizer"})
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)  # not the wrapped optimizer's __setstate__, which __getattr__ would find
+
+
+def _rewrap(optimizer: torch.optim.Optimizer) -> LightningOptimizer:
+    return LightningOptimizer(optimizer)
+
 
 # Lightning's private helpers of the same module, which its own tests call directly
 def _init_optimizers_and_lr_schedulers(model: Any) -> tuple[list, list]:
