@@ -66,7 +66,15 @@ class LightningDataModule(HyperparametersMixin):
     def predict_dataloader(self) -> Any:
         raise _NotDefined("`predict_dataloader` must be implemented to be used with the Lightning Trainer")
 
+    # the batch-transfer hooks: when overridden here, the Trainer calls these instead of the module's
     def transfer_batch_to_device(self, batch: Any, device: Any, dataloader_idx: int) -> Any:
+        from gpulayer.trainer.prefetch import move_data_to_device
+        return move_data_to_device(batch, device)
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        return batch
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         return batch
 
     def state_dict(self) -> dict[str, Any]:
