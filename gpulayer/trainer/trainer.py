@@ -557,7 +557,10 @@ def fit_rank(config: TrainerConfig, module: Module, train_dataloaders: Any = Non
     """
     trainer = Trainer.from_config(config)
     trainer._fit_id, trainer._resume_newest = fit_id, resume and fit_id is not None
-    trainer._fit_here(module, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
+    # a running fit, as Trainer.fit marks it: ModelCheckpoint saves only while the state says so
+    trainer._begin(TrainerFn.FITTING, RunningStage.TRAINING)
+    trainer._call_and_handle_interrupt(trainer._fit_here, module, train_dataloaders, val_dataloaders, datamodule,
+                                       ckpt_path)
     if not trainer.is_global_zero:
         return None
     if trainer._resume_newest:
@@ -579,7 +582,9 @@ def stage_rank(config: TrainerConfig, stage: str, module: Module, loaders: Any, 
                ckpt_path: str | None, kw: dict[str, Any]) -> dict[str, Any] | None:
     """One rank's share of a multi-process validate / test / predict; rank 0's output and metrics."""
     trainer = Trainer.from_config(config)
-    output = trainer._in_process(module, trainer._run_eval, stage, module, loaders, datamodule, ckpt_path, kw)
+    trainer._begin(TrainerFn(stage), RunningStage(stage))
+    output = trainer._call_and_handle_interrupt(trainer._in_process, module, trainer._run_eval, stage, module, loaders,
+                                                datamodule, ckpt_path, kw)
     if not trainer.is_global_zero:
         return None
     return {
