@@ -87,11 +87,15 @@ def dump(trainer, weights_only: bool = False) -> dict[str, Any]:
         "state_dict": module.state_dict(),
         "loops": _lightning_loops(trainer, phase, epoch, batches_done),
     }
+    if phase == checkpoint_loops.BETWEEN and (loop is None or loop.epoch_done):
+        own_epoch, own_batches, own_done = max(epoch - 1, 0), 0, epoch > 0  # the counter moved past the last epoch
+    else:
+        own_epoch, own_batches, own_done = epoch, loop.batches_done, loop.epoch_done
     own: dict[str, Any] = {
         "format": FORMAT_VERSION,
-        "epoch": trainer.current_epoch,
-        "batches_done": loop.batches_done if loop is not None else 0,
-        "epoch_done": loop.epoch_done if loop is not None else True,
+        "epoch": own_epoch,
+        "batches_done": own_batches,
+        "epoch_done": own_done,
         "phase": phase,
         "batches_stepped": trainer._batches_stepped,
     }

@@ -150,3 +150,17 @@ def test_amp_scaler_state_is_stored_under_lightnings_key(tmp_path):
     from gpulayer.trainer import checkpoint
     assert checkpoint.SCALER_KEY == type(pl.Trainer(precision="16-mixed", accelerator="cpu",
                                                     logger=False).precision_plugin).__qualname__
+
+
+def test_fit_ckpt_path_hpc_resumes_from_the_highest_numbered_hpc_checkpoint(tmp_path):
+    _, trainer = _fit(_gl_trainer, GlModel, tmp_path, 1)
+    for n in (1, 2):
+        trainer.save_checkpoint(tmp_path / f"hpc_ckpt_{n}.ckpt")
+    resumed = _gl_trainer(tmp_path, 2)
+    train, val = _data()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        resumed.fit(GlModel(), train, val, ckpt_path="hpc")
+    assert resumed.ckpt_path == str(tmp_path / "hpc_ckpt_2.ckpt") and resumed.global_step == 16
+    with pytest.raises(ValueError, match='no HPC checkpoint was found'):
+        _gl_trainer(tmp_path / "empty", 1).fit(GlModel(), train, val, ckpt_path="hpc")
