@@ -421,6 +421,12 @@ class ModelCheckpoint(Callback):
     def to_yaml(self, filepath: str | os.PathLike | None = None) -> None:
         """Write ``best_k_models`` (path -> score) as YAML, ``dirpath/best_k_models.yaml`` by default."""
         path = os.fspath(filepath) if filepath is not None else os.path.join(self.dirpath, "best_k_models.yaml")
+        from gpulayer.trainer.core.saving import _plain_yaml
+        best_k = {k: float(v) for k, v in self.best_k_models.items()}
+        try:
+            import yaml
+            text = yaml.dump(best_k)
+        except ImportError:  # PyYAML is optional: the same layout for these plain values
+            text = _plain_yaml(best_k)
         with open(path, "w") as f:
-            for k, v in self.best_k_models.items():
-                f.write(f"{k}: {float(v)}\n")
+            f.write(text)
