@@ -67,13 +67,18 @@ def test_guarded_imports_keep_line_numbers_and_bind_every_name():
 
 def test_a_missing_name_fails_only_where_it_is_used():
     out = rewrite_test_source("from lightning.pytorch.utilities.nothing_here import Gizmo\n"
+                              "PARAMS = [Gizmo.FIRST, Gizmo.SECOND]\n"  # referred to at import: still collects
+                              "class Custom(Gizmo):\n    pass\n"
                               "def test_public():\n    return 1\n"
-                              "def test_uses():\n    return Gizmo()\n")
+                              "def test_uses():\n    return Gizmo()\n"
+                              "def test_param():\n    return bool(PARAMS[0])\n"
+                              "def test_subclass():\n    return Custom()\n")
     module = types.ModuleType("rewritten")
     exec(compile(out, "t.py", "exec"), module.__dict__)  # collection (the import) succeeds
     assert module.test_public() == 1
-    with pytest.raises(ImportError, match="cannot import name 'Gizmo'"):
-        module.test_uses()
+    for test in (module.test_uses, module.test_param, module.test_subclass):
+        with pytest.raises(ImportError, match="cannot import name 'Gizmo'"):
+            test()
 
 
 def test_environment_facts_are_computed_not_imported_from_gpulayer():
