@@ -226,3 +226,11 @@ def test_a_case_lost_to_a_killed_process_counts_as_failed():
 ])
 def test_failure_causes_are_grouped_by_kind(cause, kind):
     assert cause_kind(cause) == kind
+
+
+def test_a_file_of_private_functions_only_still_renders():
+    from lightning_compat.tally import render_markdown, render_text
+
+    result = tally_file("f.py", {"test_a": "reaches ..."}, _run({"test_a": ("passed", "")}), _run({"test_a": ("failed", "x")}))
+    assert "0/0" in render_text([result])
+    assert "| f.py | 1 | 1 | 0 | 0 | 0 | 0 | - |" in render_markdown([result])

@@ -150,7 +150,8 @@ def _short(text: str, limit: int = 160) -> str:
 
 
 def totals(results: list[FileResult]) -> dict:
-    t = Counter()
+    t = Counter({k: 0 for k in ("functions", "private", "skipped", "lightning_failed", "counted", "passed",
+                                "cases_counted", "cases_passed")})
     for fr in results:
         for f in fr.functions:
             t["functions"] += 1
