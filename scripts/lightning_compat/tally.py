@@ -224,6 +224,12 @@ def render_markdown(results: list[FileResult]) -> str:
         if skips:
             out.append(f"- `{fr.file}`: {skips.replace('|', '/')}")
     out.append("")
+    out.append("### Failing under Lightning on this machine (not counted), by cause")
+    out.append("")
+    light_causes = Counter(_short(f.lightning_cause, 120) for fr in results for f in fr.functions
+                           if not f.private and f.lightning == "failed")
+    out.extend(f"- {cause.replace('|', '/')}: {n}" for cause, n in light_causes.most_common())
+    out.append("")
     out.append("### Private (counted apart), by rule")
     out.append("")
     rules = Counter(f.private.split(":")[0] for fr in results for f in fr.functions if f.private)
