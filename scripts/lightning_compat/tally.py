@@ -144,6 +144,13 @@ def _skip_reasons(fr: FileResult) -> str:
     return ", ".join(f"{r} x{n}" for r, n in reasons.most_common())
 
 
+def _normalized(cause: str) -> str:
+    """A cause without its numbers and quoted values' details, so that the same defect groups together."""
+    cause = re.sub(r"0x[0-9a-f]+", "0x…", cause)
+    cause = re.sub(r"\b\d+(\.\d+)?\b", "N", cause)
+    return _short(cause, 110)
+
+
 def _short(text: str, limit: int = 160) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[:limit - 1] + "…"
@@ -209,6 +216,12 @@ def render_markdown(results: list[FileResult]) -> str:
             if f.counted and f.gpulayer != "passed":
                 by_kind[cause_kind(f.gpulayer_cause)].append(
                     f"- `{fr.file}::{f.key}`: {_short(f.gpulayer_cause, 220).replace('|', '/') or f.gpulayer}")
+    common = Counter(_normalized(f.gpulayer_cause) for fr in results for f in fr.functions
+                     if f.counted and f.gpulayer != "passed")
+    out.append("")
+    out.append("### Most common causes (counted functions failing under gpulayer)")
+    out.append("")
+    out.extend(f"- {n} x {cause.replace('|', '/')}" for cause, n in common.most_common(20) if n > 1)
     out.append("")
     out.append("### Failures by kind")
     for kind, items in sorted(by_kind.items(), key=lambda kv: -len(kv[1])):
