@@ -201,14 +201,28 @@ def render_text(results: list[FileResult], *, verbose_private: bool = False) -> 
     return "\n".join(lines)
 
 
-def render_markdown(results: list[FileResult]) -> str:
-    out = ["| file | functions | private | skipped | fail under Lightning | counted | gpulayer passed | % | cases |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+def per_file_summary(results: list[FileResult]) -> dict:
+    """{file: {"counted", "passed"}} and the totals: what --before reads back from a saved --json."""
+    return {fr.file: {"counted": file_row(fr)["counted"], "passed": file_row(fr)["passed"]} for fr in results}
+
+
+def render_markdown(results: list[FileResult], before: dict | None = None) -> str:
+    """The per-file table (with a "passed before" column when ``before`` maps files to a saved summary), then
+    the most common causes, the failures by kind, the skips, Lightning's own failures and the private rules."""
+    extra = " passed before |" if before else ""
+    out = ["| file | functions | private | skipped | fail under Lightning | counted |" + extra
+           + " gpulayer passed | % | cases |",
+           "|---|---:|---:|---:|---:|---:|" + ("---:|" if before else "") + "---:|---:|---:|"]
     for fr in results + [None]:
         row = file_row(fr) if fr else totals(results) | {"file": "**total**"}
         pct = f"{100.0 * row['passed'] / row['counted']:.0f}" if row["counted"] else "-"
+        cell = ""
+        if before:
+            old = before.get(row["file"]) if fr else {"passed": sum(v["passed"] for v in before.values()
+                                                                    if v is not None and isinstance(v, dict))}
+            cell = f" {old['passed'] if old else '-'} |"
         out.append(f"| {row['file']} | {row['functions']} | {row['private']} | {row['skipped']} | "
-                   f"{row['lightning_failed']} | {row['counted']} | {row['passed']} | {pct} | "
+                   f"{row['lightning_failed']} | {row['counted']} |{cell} {row['passed']} | {pct} | "
                    f"{row['cases_passed']}/{row['cases_counted']} |")
     by_kind: dict[str, list[str]] = defaultdict(list)
     for fr in results:
