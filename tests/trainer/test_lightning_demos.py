@@ -122,6 +122,6 @@ def test_lightning_lstm_trains_to_lightnings_weights(tmp_path, monkeypatch):
         pkg.seed_everything(5)
         model = _offline(cls)(vocab_size=1000)
         loader = DataLoader(ours_loader.dataset, batch_sampler=SequenceSampler(ours_loader.dataset, batch_size=20))
-        pkg.Trainer(max_steps=2, default_root_dir=tmp_path, **QUIET).fit(model, loader)
+        pkg.Trainer(max_steps=1, default_root_dir=tmp_path, **QUIET).fit(model, loader)  # a step is seconds on CPU
         models.append(model)
     _assert_identical(*models)
