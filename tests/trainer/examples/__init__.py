@@ -1,0 +1,8 @@
+"""Small modules written the way Lightning users write them, run under both Trainers by
+``tests/trainer/test_examples_match_lightning.py``.
+
+Each file imports only ``gpulayer.trainer`` (as ``L``) and its submodules; the test swaps
+``gpulayer.trainer`` for ``lightning.pytorch`` in the source text to get Lightning's version.
+Each has ``main(root, **trainer_kwargs) -> (model, trainer, tested, predicted)``: seed, fit,
+then test and predict from the best checkpoint, as a user's script does.
+"""
