@@ -57,14 +57,25 @@ def assert_same_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:
         assert torch.equal(sa[k], sb[k]), f"{k} differs: max |diff| {(sa[k].float() - sb[k].float()).abs().max():.3g}"
 
 
+def run(example: types.ModuleType, root: Path, **trainer_kwargs):
+    """fit, then test and predict from the best checkpoint: the weights after each half, metrics, predictions."""
+    model, trainer, data = example.fit(offline_corpus(root), **trainer_kwargs)
+    fitted = {k: v.clone() for k, v in model.state_dict().items()}
+    tested, predicted = example.evaluate(model, trainer, data)
+    return types.SimpleNamespace(model=model, trainer=trainer, fitted=fitted, tested=tested, predicted=predicted)
+
+
 @pytest.mark.parametrize("example", EXAMPLES)
 def test_example_fits_tests_and_predicts_from_the_best_checkpoint(example, tmp_path):
-    model, trainer, tested, predicted = ours(example).main(offline_corpus(tmp_path), devices=1, **QUIET)
-    best = trainer.checkpoint_callback.best_model_path
-    assert best and os.path.isfile(best) and trainer.current_epoch >= 1
-    assert len(tested) == 1 and all(isinstance(v, float) for v in tested[0].values())
-    assert any(k.startswith("test_") for k in tested[0])
-    assert isinstance(predicted, list) and all(isinstance(p, torch.Tensor) for p in predicted)
+    r = run(ours(example), tmp_path, devices=1, **QUIET)
+    best = r.trainer.checkpoint_callback.best_model_path
+    assert best and os.path.isfile(best) and r.trainer.current_epoch >= 1
+    assert len(r.tested) == 1 and all(isinstance(v, float) for v in r.tested[0].values())
+    assert any(k.startswith("test_") for k in r.tested[0])
+    assert isinstance(r.predicted, list) and all(isinstance(p, torch.Tensor) for p in r.predicted)
+    saved = torch.load(best, weights_only=False)["state_dict"]
+    for k, v in r.model.state_dict().items():  # testing from "best" loaded the best weights into the model
+        assert torch.equal(v, saved[k]), k
 
 
 @needs_lightning
@@ -72,31 +83,33 @@ def test_example_fits_tests_and_predicts_from_the_best_checkpoint(example, tmp_p
 def test_example_gives_lightnings_weights_metrics_and_predictions(example, tmp_path):
     import lightning.pytorch as pl
 
-    mine = ours(example).main(offline_corpus(tmp_path / "gpulayer"), devices=1, **QUIET)
-    theirs = as_lightning(example).main(offline_corpus(tmp_path / "lightning"), devices=1, **QUIET)
-    assert isinstance(theirs[1], pl.Trainer) and isinstance(mine[1], gl.Trainer)
-    assert_same_weights(mine[0], theirs[0])
-    assert mine[1].global_step == theirs[1].global_step and mine[1].current_epoch == theirs[1].current_epoch
-    assert os.path.basename(mine[1].checkpoint_callback.best_model_path) == \
-        os.path.basename(theirs[1].checkpoint_callback.best_model_path)
-    assert mine[2] == theirs[2]  # the test metrics, exactly
-    assert len(mine[3]) == len(theirs[3])
-    for a, b in zip(mine[3], theirs[3]):
+    mine = run(ours(example), tmp_path / "gpulayer", devices=1, **QUIET)
+    theirs = run(as_lightning(example), tmp_path / "lightning", devices=1, **QUIET)
+    assert isinstance(theirs.trainer, pl.Trainer) and isinstance(mine.trainer, gl.Trainer)
+    for a, b in ((mine.fitted, theirs.fitted), (mine.model.state_dict(), theirs.model.state_dict())):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert torch.equal(a[k], b[k]), f"{k} differs: max |diff| {(a[k].float() - b[k].float()).abs().max():.3g}"
+    assert (mine.trainer.global_step, mine.trainer.current_epoch) == (theirs.trainer.global_step,
+                                                                      theirs.trainer.current_epoch)
+    assert os.path.basename(mine.trainer.checkpoint_callback.best_model_path) == \
+        os.path.basename(theirs.trainer.checkpoint_callback.best_model_path)
+    assert mine.tested == theirs.tested  # the test metrics, exactly
+    assert len(mine.predicted) == len(theirs.predicted)
+    for a, b in zip(mine.predicted, theirs.predicted):
         assert torch.equal(a, b)
 
 
 LIGHTNING_DDP = """
 import sys, torch
 sys.path.insert(0, sys.argv[3])
-from tests.trainer.test_examples_match_lightning import as_lightning, offline_corpus
+from tests.trainer.test_examples_match_lightning import as_lightning, run
 from pathlib import Path
-example = as_lightning(sys.argv[4])
-model, trainer, tested, _ = example.main(offline_corpus(Path(sys.argv[2])), accelerator="cpu", devices=2,
-                                         strategy="ddp", logger=False, enable_progress_bar=False,
-                                         enable_model_summary=False)
-if trainer.is_global_zero:
-    torch.save({"weights": model.state_dict(), "tested": tested, "step": trainer.global_step,
-                "best": trainer.checkpoint_callback.best_model_path}, sys.argv[1])
+r = run(as_lightning(sys.argv[4]), Path(sys.argv[2]), accelerator="cpu", devices=2, strategy="ddp", logger=False,
+        enable_progress_bar=False, enable_model_summary=False)
+if r.trainer.is_global_zero:
+    torch.save({"fitted": r.fitted, "tested": r.tested, "step": r.trainer.global_step,
+                "best": r.trainer.checkpoint_callback.best_model_path}, sys.argv[1])
 """
 
 
@@ -110,12 +123,11 @@ def test_example_on_two_devices_matches_lightnings_ddp(example, tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     theirs = torch.load(out, weights_only=False)
-    model, trainer, tested, _ = ours(example).main(offline_corpus(tmp_path / "gpulayer"), devices=2, strategy="ddp",
-                                                   **QUIET)
-    assert trainer.global_step == theirs["step"]
-    assert os.path.basename(trainer.checkpoint_callback.best_model_path) == os.path.basename(theirs["best"])
-    for k, v in model.state_dict().items():
-        torch.testing.assert_close(v, theirs["weights"][k])
-    assert tested[0].keys() == theirs["tested"][0].keys()
-    for k in tested[0]:
-        assert tested[0][k] == pytest.approx(theirs["tested"][0][k], rel=1e-5)
+    mine = run(ours(example), tmp_path / "gpulayer", devices=2, strategy="ddp", **QUIET)
+    assert mine.trainer.global_step == theirs["step"]
+    assert os.path.basename(mine.trainer.checkpoint_callback.best_model_path) == os.path.basename(theirs["best"])
+    for k, v in mine.fitted.items():
+        torch.testing.assert_close(v, theirs["fitted"][k])
+    assert mine.tested[0].keys() == theirs["tested"][0].keys()
+    for k in mine.tested[0]:
+        assert mine.tested[0][k] == pytest.approx(theirs["tested"][0][k], rel=1e-5)

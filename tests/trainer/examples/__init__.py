@@ -3,6 +3,7 @@
 
 Each file imports only ``gpulayer.trainer`` (as ``L``) and its submodules; the test swaps
 ``gpulayer.trainer`` for ``lightning.pytorch`` in the source text to get Lightning's version.
-Each has ``main(root, **trainer_kwargs) -> (model, trainer, tested, predicted)``: seed, fit,
-then test and predict from the best checkpoint, as a user's script does.
+Each has ``fit(root, **trainer_kwargs) -> (model, trainer, data)`` (seed, build, fit) and
+``evaluate(model, trainer, data) -> (tested, predicted)`` (test and predict from the best
+checkpoint), the two halves of a user's script.
 """

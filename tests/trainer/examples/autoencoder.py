@@ -65,10 +65,10 @@ class AutoEncoder(L.LightningModule):
         return loss
 
     def validation_step(self, batch, batch_idx):
-        self.log("val_loss", self._loss(batch), prog_bar=True)
+        self.log("val_loss", self._loss(batch), prog_bar=True, sync_dist=True)
 
     def test_step(self, batch, batch_idx):
-        self.log("test_loss", self._loss(batch))
+        self.log("test_loss", self._loss(batch), sync_dist=True)
 
     def predict_step(self, batch, batch_idx, dataloader_idx=0):
         (images,) = batch
@@ -78,12 +78,16 @@ class AutoEncoder(L.LightningModule):
         return torch.optim.Adam(self.parameters(), lr=self.hparams.lr)
 
 
-def main(root, **trainer_kwargs):
+def fit(root, **trainer_kwargs):
     L.seed_everything(SEED)
     model, data = AutoEncoder(), BlobData()
     best = ModelCheckpoint(monitor="val_loss", save_top_k=2, filename="{epoch}-{val_loss:.4f}")
     trainer = L.Trainer(max_epochs=3, default_root_dir=root, callbacks=[best], **trainer_kwargs)
     trainer.fit(model, datamodule=data)
+    return model, trainer, data
+
+
+def evaluate(model, trainer, data):
     tested = trainer.test(ckpt_path="best", datamodule=data, verbose=False)
     predicted = trainer.predict(ckpt_path="best", datamodule=data)
-    return model, trainer, tested, predicted
+    return tested, predicted

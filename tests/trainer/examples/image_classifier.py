@@ -49,7 +49,9 @@ class Classifier(L.LightningModule):
         logits = self(images)
         loss = F.cross_entropy(logits, labels)
         accuracy = (logits.argmax(-1) == labels).float().mean()
-        self.log_dict({f"{stage}_loss": loss, f"{stage}_acc": accuracy}, prog_bar=stage != "test")
+        # Synced across devices outside training, so every rank checkpoints and stops on the same numbers.
+        self.log_dict({f"{stage}_loss": loss, f"{stage}_acc": accuracy}, prog_bar=stage != "test",
+                      sync_dist=stage != "train")
         return loss
 
     def training_step(self, batch, batch_idx):
@@ -78,13 +80,17 @@ def loaders(batch_size: int = 16):
             DataLoader(TensorDataset(*striped_images(50, seed=3)), batch_size=batch_size))
 
 
-def main(root, **trainer_kwargs):
+def fit(root, **trainer_kwargs):
     L.seed_everything(SEED)
     train, val, test = loaders()
     model = Classifier(Backbone())
     callbacks = [ModelCheckpoint(monitor="val_acc", mode="max"), EarlyStopping(monitor="val_loss", patience=2)]
     trainer = L.Trainer(max_epochs=4, default_root_dir=root, callbacks=callbacks, **trainer_kwargs)
     trainer.fit(model, train, val)
+    return model, trainer, test
+
+
+def evaluate(model, trainer, test):
     tested = trainer.test(model, test, ckpt_path="best", verbose=False)
     predicted = trainer.predict(model, test, ckpt_path="best")
-    return model, trainer, tested, predicted
+    return tested, predicted

@@ -58,12 +58,12 @@ class LanguageModel(L.LightningModule):
         return loss
 
     def validation_step(self, batch, batch_idx):
-        self.log("val_loss", self._loss(batch), prog_bar=True)
+        self.log("val_loss", self._loss(batch), prog_bar=True, sync_dist=True)
 
     def test_step(self, batch, batch_idx):
         loss = self._loss(batch)
-        self.log("test_loss", loss)
-        self.log("test_perplexity", loss.exp())
+        self.log("test_loss", loss, sync_dist=True)
+        self.log("test_perplexity", loss.exp(), sync_dist=True)
 
     def predict_step(self, batch, batch_idx, dataloader_idx=0):
         inputs, target = batch
@@ -73,7 +73,7 @@ class LanguageModel(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.5)
 
 
-def main(root, **trainer_kwargs):
+def fit(root, **trainer_kwargs):
     L.seed_everything(SEED)
     data = WikiData(Path(root) / "data")
     data.prepare_data()
@@ -81,6 +81,10 @@ def main(root, **trainer_kwargs):
     model = LanguageModel(data.vocab_size)
     trainer = L.Trainer(max_epochs=2, gradient_clip_val=0.25, default_root_dir=root, **trainer_kwargs)
     trainer.fit(model, datamodule=data)
+    return model, trainer, data
+
+
+def evaluate(model, trainer, data):
     tested = trainer.test(ckpt_path="best", datamodule=data, verbose=False)
     predicted = trainer.predict(ckpt_path="best", datamodule=data)
-    return model, trainer, tested, predicted
+    return tested, predicted
