@@ -1,35 +1,41 @@
 """``Module``: Lightning's programming model on a plain ``torch.nn.Module``.
 
 Hook names and meanings follow ``lightning.LightningModule``; a module written for
-Lightning runs after changing its imports. Every hook has a no-op default here and
-the Trainer calls only the hooks a subclass overrides (see ``hooks.py``).
+Lightning runs after changing its imports. Every hook has Lightning's default here
+(no-op for the notification hooks) and the Trainer calls it where Lightning does;
+a module that overrides none of the step hooks runs the fast loop (``hooks.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
+import numbers
+import sys
 import warnings
 from typing import Any, Iterator, Mapping
 
 import torch
 from torch import nn
 
-
-class AttributeDict(dict):
-    """``self.hparams.lr`` as well as ``self.hparams["lr"]``, like Lightning's."""
-
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(f"hparams has no {name!r} (saved: {sorted(self)})") from None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        self[name] = value
+from gpulayer.trainer import metrics
+from gpulayer.trainer.errors import MisconfigurationException
+from gpulayer.trainer.hparams import HyperparametersMixin
+from gpulayer.trainer.prefetch import move_data_to_device
+from gpulayer.trainer.utilities.parsing import AttributeDict  # noqa: F401  (old import path, kept working)
 
 
-class Module(nn.Module):
+class _restricted_classmethod(classmethod):
+    """A classmethod that refuses to run on an instance: ``model.load_from_checkpoint(p)`` would discard its result."""
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        if instance is not None:
+            name = self.__func__.__name__
+            raise TypeError(f"The classmethod `{type(instance).__name__}.{name}` cannot be called on an instance. "
+                            "Please call it on the class type and make sure the return value is used.")
+        return super().__get__(instance, owner)
+
+
+class Module(HyperparametersMixin, nn.Module):
     """Subclass and write ``training_step`` and ``configure_optimizers``.
 
     >>> class Net(Module):
@@ -51,6 +57,7 @@ class Module(nn.Module):
         self._metric_store = None
         self._device = None
         self._hparams: AttributeDict = AttributeDict()
+        self._strict_loading: bool | None = None
         self._automatic_optimization = True
         self._param_requires_grad_state: dict = {}
 
@@ -87,30 +94,28 @@ class Module(nn.Module):
     def local_rank(self) -> int:
         return self._trainer.local_rank if self._trainer is not None else 0
 
-    @property
-    def hparams(self) -> "AttributeDict":
-        return self._hparams
+    CHECKPOINT_HYPER_PARAMS_KEY = "hyper_parameters"
+    CHECKPOINT_HYPER_PARAMS_NAME = "hparams_name"
+    CHECKPOINT_HYPER_PARAMS_TYPE = "hparams_type"
 
-    def save_hyperparameters(self, *names: str, ignore: list[str] | str | None = None, logger: bool = True) -> None:
-        """Store the calling ``__init__``'s arguments in ``self.hparams`` (and in checkpoints)."""
-        frame = inspect.currentframe().f_back
-        try:
-            code, local_vars = frame.f_code, frame.f_locals
-            n_args = code.co_argcount + code.co_kwonlyargcount
-            arg_names = list(code.co_varnames[:n_args])
-            if code.co_flags & inspect.CO_VARKEYWORDS:
-                varkw = code.co_varnames[n_args + bool(code.co_flags & inspect.CO_VARARGS)]
-                extra = dict(local_vars.get(varkw, {}))
-            else:
-                extra = {}
-            args = {k: local_vars[k] for k in arg_names[1:] if k in local_vars}
-            args.update(extra)
-        finally:
-            del frame
-        ignore = [ignore] if isinstance(ignore, str) else list(ignore or [])
-        if names:
-            args = {k: v for k, v in args.items() if k in names}
-        self._hparams.update({k: v for k, v in args.items() if k not in ignore})
+    @_restricted_classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
+                             strict: bool | None = None, **kwargs: Any) -> "Module":
+        """A new ``cls`` built from the checkpoint's saved hyperparameters (``kwargs`` override them), weights loaded.
+
+        >>> model = Net.load_from_checkpoint("epoch=9-step=100.ckpt", lr=1e-4)   # doctest: +SKIP
+        """
+        from gpulayer.trainer.core.saving import load_from_checkpoint
+        return load_from_checkpoint(cls, checkpoint_path, map_location, hparams_file, strict, **kwargs)
+
+    @property
+    def strict_loading(self) -> bool:
+        """Whether ``load_state_dict`` of a checkpoint requires every key to match (default True)."""
+        return True if self._strict_loading is None else self._strict_loading
+
+    @strict_loading.setter
+    def strict_loading(self, strict: bool) -> None:
+        self._strict_loading = strict
 
     def __getstate__(self) -> dict[str, Any]:
         # a module pickled for the ranks of a multi-process fit leaves the parent's trainer behind
@@ -138,19 +143,97 @@ class Module(nn.Module):
         metric_attribute: str | None = None,
         rank_zero_only: bool = False,
     ) -> None:
-        """Record a scalar: kept as a detached tensor, turned into a number only at log intervals."""
+        """Record a scalar (a number, a one-element tensor or a ``torchmetrics.Metric``), Lightning's ``log``.
+
+        Defaults of ``on_step`` / ``on_epoch`` and where logging is allowed follow the running hook
+        (``metrics.FX_RULES``). Tensors stay on the device; numbers are made at log intervals.
+        """
+        return self._log(sys._getframe(1), name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, enable_graph,
+                         sync_dist, sync_dist_group, add_dataloader_idx, batch_size, metric_attribute, rank_zero_only)
+
+    def _log(self, frame, name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, enable_graph, sync_dist,
+             sync_dist_group, add_dataloader_idx, batch_size, metric_attribute, rank_zero_only) -> None:
+        metric = None
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise ValueError(f"`self.log({name}, {value})` was called, but the tensor must have a single element."
+                                 f" You can try doing `self.log({name}, {value}.mean())`")
+            value = value.reshape(())
+        elif isinstance(value, numbers.Number):
+            value = torch.tensor(value, device=self.device, dtype=metrics.float_dtype())
+        elif metrics.is_torchmetric(value):
+            metric = value
+        elif isinstance(value, Mapping):
+            raise ValueError(f"`self.log({name}, {value})` was called, but `dict` values cannot be logged;"
+                             " use self.log_dict(...) for several values")
+        else:
+            raise ValueError(f"`self.log({name}, {value})` was called, but `{type(value).__name__}` values cannot be"
+                             " logged (log a number, a one-element tensor or a torchmetrics.Metric)")
         store = self._metric_store
         if store is None:
-            warnings.warn(f"self.log({name!r}) called outside Trainer.fit; the value is dropped", stacklevel=2)
+            warnings.warn("You are trying to `self.log()` but the `self.trainer` reference is not registered on the"
+                          " model yet. This is most likely because the model hasn't been passed to the `Trainer`",
+                          stacklevel=3)
             return
-        if store.dl_suffix and add_dataloader_idx:
-            name += store.dl_suffix
-        store.log(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, batch_size)
+        fx = metrics.current_hook(frame)
+        if add_dataloader_idx and "/dataloader_idx_" in name:
+            raise MisconfigurationException(
+                f"You called `self.log` with the key `{name}` but it should not contain information about "
+                "`dataloader_idx` when `add_dataloader_idx=True`")
+        if metric is not None:
+            self._check_metric_attribute(name, metric, metric_attribute)
+        elif metric_attribute is not None:
+            raise MisconfigurationException(
+                f"self.log({name!r}, ..., metric_attribute={metric_attribute!r}) names the module attribute of a "
+                "logged torchmetrics.Metric; the value is not one: drop metric_attribute")
+        elif value.dtype not in (torch.float32, torch.float64):
+            if not torch.is_floating_point(value):
+                metrics.warn_once(
+                    f"You called `self.log({name!r}, ...)` in your `{fx}` but the value needs to be floating to be "
+                    f"reduced. Converting it to {metrics.float_dtype()}. You can silence this warning by converting "
+                    "the value to floating point yourself. If you don't intend to reduce the value (for instance when "
+                    f"logging the global step or epoch) then you can use `self.logger.log_metrics({{{name!r}: ...}})` "
+                    "instead.")
+            value = value.to(metrics.float_dtype())
+        if sync_dist_group is not None and not sync_dist:
+            raise MisconfigurationException(
+                f"self.log({name!r}, ..., sync_dist_group=...) reduces over that group only with sync_dist=True;"
+                " pass sync_dist=True or drop sync_dist_group")
+        if logger and self._trainer is not None and self._trainer.logger is None:
+            warnings.warn(f"You called `self.log({name!r}, ..., logger=True)` but have no logger configured. You can "
+                          "enable one by doing `Trainer(logger=ALogger(...))`", stacklevel=3)
+        store.log(fx, name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, enable_graph, sync_dist,
+                  sync_dist_group, add_dataloader_idx, batch_size, metric, rank_zero_only)
 
-    def log_dict(self, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
-        """``self.log`` for every item of ``dictionary`` with the same options."""
-        for name, value in dictionary.items():
-            self.log(name, value, **kwargs)
+    def _check_metric_attribute(self, name: str, metric: Any, metric_attribute: str | None) -> None:
+        """Lightning needs the module attribute holding a logged Metric (it restores the metric's state by it)."""
+        found = {id(m): n for n, m in self.named_modules() if metrics.is_torchmetric(m)}
+        if metric_attribute is not None:
+            if found.get(id(metric)) != metric_attribute and getattr(self, metric_attribute, None) is not metric:
+                raise MisconfigurationException(
+                    f"self.log({name!r}, ..., metric_attribute={metric_attribute!r}): the module has no attribute "
+                    f"{metric_attribute!r} holding the logged metric; attributes holding metrics: {list(found.values())}")
+            return
+        if not found:
+            raise MisconfigurationException(
+                "Could not find the `LightningModule` attribute for the `torchmetrics.Metric` logged. You can fix this"
+                " by setting an attribute for the metric in your `LightningModule`.")
+        if id(metric) not in found:
+            raise MisconfigurationException(
+                "Could not find the `LightningModule` attribute for the `torchmetrics.Metric` logged. You can fix this"
+                f" by calling `self.log({name}, ..., metric_attribute=name)` where `name` is one of "
+                f"{list(found.values())}")
+
+    def log_dict(self, dictionary: Mapping[str, Any], prog_bar: bool = False, logger: bool | None = None,
+                 on_step: bool | None = None, on_epoch: bool | None = None, reduce_fx: Any = "mean",
+                 enable_graph: bool = False, sync_dist: bool = False, sync_dist_group: Any = None,
+                 add_dataloader_idx: bool = True, batch_size: int | None = None, rank_zero_only: bool = False) -> None:
+        """``self.log`` for every item of ``dictionary`` (or a ``torchmetrics.MetricCollection``) with the same options."""
+        frame = sys._getframe(1)
+        items = dictionary.items(keep_base=False) if metrics.is_metric_collection(dictionary) else dictionary.items()
+        for name, value in items:
+            self._log(frame, name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, enable_graph, sync_dist,
+                      sync_dist_group, add_dataloader_idx, batch_size, None, rank_zero_only)
 
     # -- the step and optimizer hooks --------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -204,15 +287,15 @@ class Module(nn.Module):
         return scheds[0] if len(scheds) == 1 else scheds
 
     def manual_backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-        """Backward through the precision plugin (loss scaling) for manual optimization."""
-        hooks = self._trainer._hooks
-        for f in hooks.on_before_backward:
-            f(loss)
-        self._trainer._precision.backward(loss)
-        for f in hooks.on_after_backward:
-            f()
+        """Backward for manual optimization: the hooks around it and the loss scaler, as ``backward`` gets in automatic."""
+        if self.automatic_optimization:
+            raise MisconfigurationException(
+                "to use manual_backward, please disable automatic optimization: set model property "
+                "`automatic_optimization` as False")
+        self._trainer._backward(loss, *args, **kwargs)
 
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """Compute gradients of ``loss`` (already scaled by the precision's loss scaler, if any)."""
         loss.backward(*args, **kwargs)
 
     def toggle_optimizer(self, optimizer: Any) -> None:
@@ -242,12 +325,97 @@ class Module(nn.Module):
 
     def clip_gradients(self, optimizer: Any, gradient_clip_val: float | None = None,
                        gradient_clip_algorithm: str | None = None) -> None:
-        """Clip the gradients of ``optimizer``'s parameters (after unscaling), as Lightning's hook does."""
-        if not gradient_clip_val:
-            return
+        """Clip ``optimizer``'s gradients (unscaled by then); the Trainer's values unless given here, never both."""
+        cfg = self._trainer._config
+        trainer_val = cfg.gradient_clip_val
+        # the config keeps "norm" as its default; a Trainer without clipping has no algorithm of its own
+        trainer_algo = cfg.gradient_clip_algorithm if trainer_val is not None or cfg.gradient_clip_algorithm != "norm" \
+            else None
+        if gradient_clip_val is None:
+            gradient_clip_val = trainer_val or 0.0
+        elif trainer_val is not None and trainer_val != gradient_clip_val:
+            raise MisconfigurationException(
+                f"You have set `Trainer(gradient_clip_val={trainer_val!r})` and have passed "
+                f"`clip_gradients(gradient_clip_val={gradient_clip_val!r})`. Please use only one of them.")
+        if gradient_clip_algorithm is None:
+            gradient_clip_algorithm = trainer_algo or "norm"
+        else:
+            gradient_clip_algorithm = gradient_clip_algorithm.lower()
+            if trainer_algo is not None and trainer_algo != gradient_clip_algorithm:
+                raise MisconfigurationException(
+                    f"You have set `Trainer(gradient_clip_algorithm={trainer_algo!r})` and have passed "
+                    f"`clip_gradients(gradient_clip_algorithm={gradient_clip_algorithm!r}) Please use only one of them.")
+        if not isinstance(gradient_clip_val, (int, float)):
+            raise TypeError(f"`gradient_clip_val` should be an int or a float. Got {gradient_clip_val}.")
+        if gradient_clip_algorithm not in ("norm", "value"):
+            raise MisconfigurationException(
+                f"`gradient_clip_algorithm` {gradient_clip_algorithm} is invalid. Allowed algorithms: ['value', 'norm'].")
         opt = getattr(optimizer, "_optimizer", optimizer)
-        params = [p for g in opt.param_groups for p in g["params"]]
-        self._trainer._precision.clip(opt, params, float(gradient_clip_val), gradient_clip_algorithm or "norm")
+        self._trainer._precision.clip_gradients(opt, float(gradient_clip_val), gradient_clip_algorithm)
+
+    def configure_gradient_clipping(self, optimizer: Any, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        """Called before every optimizer step with the Trainer's clip settings; the default clips with them.
+
+        >>> def configure_gradient_clipping(self, optimizer, gradient_clip_val, gradient_clip_algorithm):
+        ...     if self.current_epoch > 5:   # clip only later in training
+        ...         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        """
+        self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm)
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        """Step ``optimizer``; ``optimizer_closure`` runs training_step, zero_grad and backward when the optimizer calls it.
+
+        Override for LR warm-up and the like; call ``optimizer.step(closure=optimizer_closure)`` in it.
+        Not called on the accumulating batches of ``accumulate_grad_batches``.
+        """
+        optimizer.step(closure=optimizer_closure)
+
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:
+        """Reset the gradients (to None, torch's default) before the backward of a new accumulation window."""
+        optimizer.zero_grad()
+
+    # -- data hooks: where a batch goes before the step ---------------------------------------
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Move ``batch`` to ``device``: tensors in lists, tuples, dicts, dataclasses, and objects with ``.to``."""
+        return move_data_to_device(batch, device)
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Change ``batch`` before it moves to the device (e.g. CPU-side augmentation)."""
+        return batch
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Change ``batch`` once on the device (e.g. GPU-side augmentation)."""
+        return batch
+
+    def configure_model(self) -> None:
+        """Create layers here to build them on the device (called at each stage's setup, before the optimizers)."""
+
+    def configure_sharded_model(self) -> None:
+        """Lightning's older name of ``configure_model``; still called when overridden."""
+
+    # -- train / eval mode around evaluation -----------------------------------------------
+    def on_validation_model_zero_grad(self) -> None:
+        """Before validation inside fit: free the gradients' memory."""
+        self.zero_grad()
+
+    def on_validation_model_eval(self) -> None:
+        self.trainer.model.eval()
+
+    def on_validation_model_train(self) -> None:
+        self.trainer.model.train()
+
+    def on_test_model_eval(self) -> None:
+        self.trainer.model.eval()
+
+    def on_test_model_train(self) -> None:
+        self.trainer.model.train()
+
+    def on_predict_model_eval(self) -> None:
+        self.trainer.model.eval()
+
+    def on_predict_model_train(self) -> None:
+        self.trainer.model.train()
 
     @property
     def logger(self) -> Any:
