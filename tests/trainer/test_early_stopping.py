@@ -15,7 +15,7 @@ from torch import nn
 from tests.trainer.twin import QUIET, both, loader
 
 
-def scripted(L, values, *, key="val_loss", in_training=False, max_epochs=None, **es):
+def scripted(L, values, *, key="val_loss", in_training=False, max_epochs=None, with_reason=False, **es):
     """Train with EarlyStopping(**es) watching ``key``, whose value at epoch e is ``values[e]``."""
 
     class Scripted(L.LightningModule):
@@ -40,6 +40,8 @@ def scripted(L, values, *, key="val_loss", in_training=False, max_epochs=None, *
     trainer = L.Trainer(max_epochs=max_epochs or len(values), callbacks=[stopper], enable_checkpointing=False,
                         num_sanity_val_steps=0, **QUIET)
     trainer.fit(Scripted(), loader(), loader(8))
+    if with_reason:
+        return stopper.stopping_reason.name
     return dict(epochs_run=trainer.current_epoch, stopped_epoch=stopper.stopped_epoch, wait=stopper.wait_count,
                 best=round(float(stopper.best_score), 4), stopped=trainer.should_stop)
 
@@ -134,8 +136,20 @@ def test_early_stopping_state_survives_a_checkpoint():
         saved = stopper.state_dict()
         fresh = L.EarlyStopping(monitor="val_loss", patience=4)
         fresh.load_state_dict(saved)
-        return sorted(saved), fresh.wait_count, float(fresh.best_score), fresh.patience
+        documented = {"wait_count", "stopped_epoch", "best_score", "patience"}
+        return documented <= set(saved), fresh.wait_count, float(fresh.best_score), fresh.patience
 
-    keys, wait, best, patience = both(state)
-    assert {"wait_count", "stopped_epoch", "best_score", "patience"} <= set(keys)
-    assert (wait, best, patience) == (1, 1.0, 4)
+    assert both(state) == (True, 1, 1.0, 4)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 26: EarlyStopping has no stopping_reason / stopping_reason_message "
+                                       "(Lightning 2.6's EarlyStoppingReason)")
+def test_early_stopping_says_why_it_stopped():
+    from gpulayer.trainer.callbacks.early_stopping import EarlyStoppingReason  # noqa: F401
+
+    def reasons(L):
+        cases = (([5.0, 5.0, 5.0], dict(patience=1)), ([5.0, 0.5, 0.1], dict(stopping_threshold=1.0)),
+                 ([5.0, 50.0, 1.0], dict(divergence_threshold=10.0)), ([5.0, math.nan, 1.0], {}))
+        return [scripted(L, values, with_reason=True, **es) for values, es in cases]
+
+    assert both(reasons) == ["PATIENCE_EXHAUSTED", "STOPPING_THRESHOLD", "DIVERGENCE_THRESHOLD", "NON_FINITE_METRIC"]
