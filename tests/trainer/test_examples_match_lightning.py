@@ -10,7 +10,6 @@ in a different order).
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import inspect
 import os
 import subprocess
@@ -23,9 +22,8 @@ import torch
 
 import gpulayer.trainer as gl
 from gpulayer.trainer.demos.transformer import WikiText2
+from tests.trainer.twin import needs_lightning
 
-needs_lightning = pytest.mark.skipif(importlib.util.find_spec("lightning") is None and not os.environ.get("CI"),
-                                     reason="lightning is not installed (the test extras install it; required under CI)")
 QUIET = dict(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
 EXAMPLES = ["autoencoder", "image_classifier", "language_model"]
 REPO = Path(__file__).resolve().parents[2]

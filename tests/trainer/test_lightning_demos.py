@@ -6,9 +6,6 @@ Lightning 2.6.6 with Lightning's own demo, and the weights are compared bit for 
 
 from __future__ import annotations
 
-import importlib.util
-import os
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,9 +14,8 @@ from torch.utils.data import DataLoader
 import gpulayer.trainer as gl
 from gpulayer.trainer.demos import transformer as ours
 from gpulayer.trainer.demos.lstm import LightningLSTM, SequenceSampler
+from tests.trainer.twin import needs_lightning
 
-needs_lightning = pytest.mark.skipif(importlib.util.find_spec("lightning") is None and not os.environ.get("CI"),
-                                     reason="lightning is not installed (the test extras install it; required under CI)")
 QUIET = dict(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
              enable_checkpointing=False)
 

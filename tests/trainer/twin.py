@@ -15,8 +15,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-needs_lightning = pytest.mark.skipif(importlib.util.find_spec("lightning") is None and not os.environ.get("CI"),
-                                     reason="lightning is not installed (the test extras install it; required under CI)")
+needs_lightning = pytest.mark.skipif(
+    importlib.util.find_spec("lightning") is None and not os.environ.get("CI"),
+    reason="lightning is not installed (the test extras install it; required under CI)")
 QUIET = dict(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, enable_model_summary=False)
 NAMES = ("LightningModule", "LightningDataModule", "Trainer", "Callback", "seed_everything")
 CALLBACKS = ("EarlyStopping", "ModelCheckpoint")
