@@ -552,6 +552,7 @@ def fit_rank(config: TrainerConfig, module: Module, train_dataloaders: Any = Non
     """
     trainer = Trainer.from_config(config)
     trainer._fit_id, trainer._resume_newest = fit_id, resume and fit_id is not None
+    trainer._begin(TrainerFn.FITTING, RunningStage.TRAINING)  # a rank runs fit as the caller's fit() does
     trainer._fit_here(module, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
     if not trainer.is_global_zero:
         return None
@@ -574,6 +575,7 @@ def stage_rank(config: TrainerConfig, stage: str, module: Module, loaders: Any, 
                ckpt_path: str | None, kw: dict[str, Any]) -> dict[str, Any] | None:
     """One rank's share of a multi-process validate / test / predict; rank 0's output and metrics."""
     trainer = Trainer.from_config(config)
+    trainer._begin(TrainerFn(stage), RunningStage(stage))
     output = trainer._in_process(module, trainer._run_eval, stage, module, loaders, datamodule, ckpt_path, kw)
     if not trainer.is_global_zero:
         return None

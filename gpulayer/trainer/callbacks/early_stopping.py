@@ -14,10 +14,14 @@ def _check_mode(owner: str, mode: str) -> None:
         raise TrainerConfigError(f"{owner}(mode={mode!r}) is not supported; accepted values: 'min', 'max'")
 
 
+class MonitorNotLogged(TrainerError, RuntimeError):
+    """The monitored metric was never logged (a ``RuntimeError`` in Lightning's documentation, so both catch it)."""
+
+
 def _monitored(trainer, owner: str, monitor: str) -> float:
     metrics = trainer.callback_metrics
     if monitor not in metrics:
-        raise TrainerError(
+        raise MonitorNotLogged(
             f"{owner}(monitor={monitor!r}) could not find {monitor!r} in the logged metrics "
             f"(available: {sorted(metrics)}); log it with self.log({monitor!r}, value) in the module"
         )
