@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import warnings
 from typing import Any
 
@@ -21,7 +22,7 @@ from gpulayer.trainer.callbacks import Callback
 from gpulayer.trainer.config import TrainerConfig, build_config
 from gpulayer.trainer.datamodule import LightningDataModule
 from gpulayer.trainer.core.optimizer import LightningOptimizer
-from gpulayer.trainer.errors import TrainerConfigError, TrainerError
+from gpulayer.trainer.errors import TrainerConfigError, TrainerError, TrainerTypeError
 from gpulayer.trainer.fit_data import FitData
 from gpulayer.trainer.hooks import Hooks
 from gpulayer.trainer.loop import FitLoop
@@ -131,11 +132,9 @@ class Trainer(TrainerProperties):
     def _fit_impl(self, model: Module, train_dataloaders: Any, val_dataloaders: Any, datamodule: Any,
                   ckpt_path: str | None) -> None:
         if not isinstance(model, Module):
-            raise TrainerConfigError(
-                f"Trainer.fit got {type(model).__name__}; the model must subclass gpulayer.trainer.Module "
-                "(for a Lightning module, change `from lightning import LightningModule` to "
-                "`from gpulayer.trainer import Module`)"
-            )
+            raise TrainerTypeError(
+                f"`model` must be a `LightningModule` or `torch._dynamo.OptimizedModule`, got `{type(model).__qualname__}`"
+                " (subclass gpulayer.trainer.LightningModule)")
         if datamodule is not None and (train_dataloaders is not None or val_dataloaders is not None):
             raise TrainerConfigError("fit() got both a datamodule and data loaders; pass one or the other")
         cfg = self._config
@@ -187,11 +186,12 @@ class Trainer(TrainerProperties):
         if model is None:
             model = self.lightning_module
             if model is None:
-                raise TrainerError(
+                raise TrainerTypeError(
                     f"`Trainer.{stage}()` requires a `LightningModule` when it hasn't been passed in a previous run; "
                     f"call trainer.{stage}(model, dataloaders)")
         if not isinstance(model, Module):
-            raise TrainerConfigError(f"`Trainer.{stage}()` requires a `LightningModule`, got: {type(model).__qualname__}")
+            raise TrainerTypeError(f"`model` must be a `LightningModule` or `torch._dynamo.OptimizedModule`, got "
+                                   f"`{type(model).__qualname__}` (subclass gpulayer.trainer.LightningModule)")
         if dataloaders is not None and datamodule is not None:
             raise TrainerConfigError(
                 f"You cannot pass both `trainer.{stage}(dataloaders=..., datamodule=...)`, choose one to pass.")
@@ -428,8 +428,8 @@ class Trainer(TrainerProperties):
             self.logger.log_hyperparams(module.hparams)  # also creates version_N now, as Lightning does
         module.zero_grad()
         self._fit_data = fit_data = FitData(self, module, train, val, datamodule)
-        val_loaders = fit_data.load_val()  # first, as Lightning: its sanity check reads them before training
-        train = fit_data.load_train()
+        sanity = cfg.num_sanity_val_steps != 0 and ckpt_path is None and not self._resume_newest
+        val_loaders, train = fit_data.load(sanity_check=sanity)  # val first: Lightning's sanity check reads it
         self._loop = FitLoop(self, module, step_fn, train, val_loaders, resume)
         self.num_training_batches = self._loop.num_train_batches
         with gcfreeze.frozen():  # a failure: the entry point's _call_and_handle_interrupt runs on_exception
@@ -586,3 +586,7 @@ def stage_rank(config: TrainerConfig, stage: str, module: Module, loaders: Any, 
         "logged_metrics": trainer.logged_metrics,
         "callbacks": [cb.state_dict() for cb in trainer.callbacks],
     }
+
+
+# Lightning's path for this module is ``<package>.trainer.trainer``: the same module under that name
+sys.modules.setdefault(__name__ + ".trainer", sys.modules[__name__])
