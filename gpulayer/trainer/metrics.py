@@ -126,13 +126,14 @@ def is_metric_collection(value: Any) -> bool:
 class Entry:
     """One ``self.log`` result: its options, the latest step value and the epoch's values so far."""
 
-    __slots__ = ("fx", "name", "options", "prog_bar", "logger", "on_step", "on_epoch", "reduce", "enable_graph",
+    __slots__ = ("fx", "name", "options", "raw", "prog_bar", "logger", "on_step", "on_epoch", "reduce", "enable_graph",
                  "add_dl", "dl_idx", "sync", "group", "metric", "step_value", "values", "sizes", "computed",
                  "has_reset")
 
     def __init__(self, fx, name, options, prog_bar, logger, on_step, on_epoch, reduce, enable_graph, add_dl, dl_idx,
                  sync, group, metric):
         self.fx, self.name, self.options = fx, name, options
+        self.raw: tuple = ()  # the last call's arguments as given, to skip the checks when they repeat
         self.prog_bar, self.logger, self.on_step, self.on_epoch = prog_bar, logger, on_step, on_epoch
         self.reduce, self.enable_graph, self.add_dl, self.dl_idx = reduce, enable_graph, add_dl, dl_idx
         self.sync, self.group, self.metric = sync, group, metric
@@ -188,6 +189,7 @@ class MetricStore:
         self._reduce_fn = reduce_fn                   # cross-rank reduction (None: one process)
         self.eval_steps: dict[tuple, int] = {}        # (loop, loader) -> eval batches logged: the logger's eval step
         self._context = self.TRAIN_EPOCH
+        self._active = self.results["train"]
         self.context = self.TRAIN_STEP
         self._pending: dict[str, tuple[list, list]] = {}  # a mid-epoch checkpoint's values, until logged again
 
@@ -203,6 +205,7 @@ class MetricStore:
     @context.setter
     def context(self, ctx: tuple) -> None:
         previous, self._context = self._context, ctx
+        self._active = self.results[ctx[2]]
         train = self.results["train"]
         if previous[2] == "train" and train.in_batch and ctx is not self.TRAIN_STEP:
             self.merge(*self.metrics(train, on_step=True, sync=False))
@@ -228,12 +231,42 @@ class MetricStore:
 
     @property
     def active(self) -> Results:
-        return self.results[self.context[2]]
+        return self._active
 
     # -- the hot path ------------------------------------------------------------------
     def log(self, fx: str | None, name: str, value: Any, prog_bar: bool, logger: bool | None, on_step: bool | None,
             on_epoch: bool | None, reduce_fx: Any, enable_graph: bool, sync_dist: bool, sync_dist_group: Any,
             add_dataloader_idx: bool, batch_size: int | None, metric: Any, rank_zero_only: bool) -> None:
+        results = self._active
+        dl_idx = None if results.training else self.dl_idx
+        key = (fx, name, dl_idx if add_dataloader_idx else None)
+        raw = (prog_bar, logger, on_step, on_epoch, reduce_fx, enable_graph, add_dataloader_idx, dl_idx, sync_dist,
+               sync_dist_group, rank_zero_only)
+        entry = results.entries.get(key)
+        if entry is None or entry.raw != raw:  # first time, or other arguments: check them (a repeat call skips this)
+            entry = self._checked_entry(results, key, raw, metric)
+        entry.has_reset = False
+        entry.computed = None
+        if metric is not None:  # a torchmetrics.Metric: it keeps its own state; Lightning reads its forward cache
+            entry.metric = metric
+            if entry.on_step:
+                entry.step_value = metric._forward_cache
+            return
+        detached = value.detach()
+        if entry.on_step:
+            entry.step_value = value if enable_graph else detached
+        if entry.on_epoch:
+            entry.values.append(detached)
+            if entry.reduce == "mean":
+                if batch_size is None:
+                    batch_size = batch_size_of(self.batch) if self.batch is not None else 1
+                entry.sizes.append(batch_size)
+
+    def _checked_entry(self, results: Results, key: tuple, raw: tuple, metric: Any) -> Entry:
+        """Lightning's checks of a ``self.log`` call in hook ``fx``; a new entry, or the existing one if the options
+        (after defaults) are the same."""
+        fx, name, _ = key
+        prog_bar, logger, on_step, on_epoch, reduce_fx, enable_graph, add_dl, dl_idx, sync_dist, group, rank0 = raw
         rules = FX_RULES.get(fx) if fx is not None else None
         if rules is None:
             if fx is not None:
@@ -241,8 +274,7 @@ class MetricStore:
                     f"You can't `self.log()` inside `{fx}`. HINT: You can still log directly to the logger by using"
                     " `self.logger.experiment`.")
             # called from code the stack does not name (a step assigned under another name): the loop's defaults
-            default_step, default_epoch, _ = self.context
-            rules = (default_step, default_epoch, _ANY, _ANY)
+            rules = (self.context[0], self.context[1], _ANY, _ANY)
         on_step = rules[0] if on_step is None else on_step
         on_epoch = rules[1] if on_epoch is None else on_epoch
         if on_step not in rules[2]:
@@ -251,42 +283,27 @@ class MetricStore:
         if on_epoch not in rules[3]:
             raise MisconfigurationException(
                 f"You can't `self.log(on_epoch={on_epoch})` inside `{fx}`, must be one of {rules[3]}.")
-        results = self.active
-        dl_idx = self.dl_idx if not results.training else None
-        key = (fx, name, dl_idx if add_dataloader_idx else None)
+        if not on_step and not on_epoch:
+            raise MisconfigurationException("`self.log(on_step=False, on_epoch=False)` is not useful.")
         logger = True if logger is None else bool(logger)
-        sync = bool(sync_dist) and self._reduce_fn is not None and not rank_zero_only
-        options = (bool(prog_bar), logger, on_step, on_epoch, reduce_fx, enable_graph, add_dataloader_idx, dl_idx,
-                    sync, sync_dist_group, rank_zero_only)
+        sync = bool(sync_dist) and self._reduce_fn is not None and not rank0
+        options = (bool(prog_bar), logger, on_step, on_epoch, reduce_name(reduce_fx), enable_graph, add_dl, dl_idx,
+                   sync, group, rank0)
         entry = results.entries.get(key)
-        if entry is None:
-            if not on_step and not on_epoch:
-                raise MisconfigurationException("`self.log(on_step=False, on_epoch=False)` is not useful.")
-            entry = results.entries[key] = Entry(fx, name, options, bool(prog_bar), logger, on_step, on_epoch,
-                                                 reduce_name(reduce_fx), enable_graph, add_dataloader_idx, dl_idx, sync,
-                                                 sync_dist_group, metric)
-            if self._pending and results.training:
-                saved = self._pending.pop(name if fx == "training_step" else f"{fx}.{name}", None)
-                if saved is not None:
-                    entry.values, entry.sizes = saved
-        elif entry.options != options:
-            raise MisconfigurationException(
-                f"You called `self.log({name}, ...)` twice in `{fx}` with different arguments. This is not allowed")
-        entry.has_reset = False
-        entry.computed = None
-        if metric is not None:  # a torchmetrics.Metric: it keeps its own state; Lightning reads its forward cache
-            entry.metric = metric
-            if on_step:
-                entry.step_value = metric._forward_cache
-            return
-        if on_step:
-            entry.step_value = value if enable_graph else value.detach()
-        if on_epoch:
-            entry.values.append(value.detach())
-            if entry.reduce == "mean":
-                if batch_size is None:
-                    batch_size = batch_size_of(self.batch) if self.batch is not None else 1
-                entry.sizes.append(batch_size)
+        if entry is not None:
+            if entry.options != options:
+                raise MisconfigurationException(
+                    f"You called `self.log({name}, ...)` twice in `{fx}` with different arguments. This is not allowed")
+            entry.raw = raw
+            return entry
+        entry = results.entries[key] = Entry(fx, name, options, bool(prog_bar), logger, on_step, on_epoch, options[4],
+                                             enable_graph, add_dl, dl_idx, sync, group, metric)
+        entry.raw = raw
+        if self._pending and results.training:  # values from a mid-epoch checkpoint join their entry
+            saved = self._pending.pop(name if fx == "training_step" else f"{fx}.{name}", None)
+            if saved is not None:
+                entry.values, entry.sizes = saved
+        return entry
 
     # -- values ----------------------------------------------------------------------------
     def _sync(self, entry: Entry, tensor: torch.Tensor, op: str) -> torch.Tensor:
@@ -419,6 +436,11 @@ class MetricStore:
     def reset(self, acc_name: str) -> None:
         self.results[acc_name].reset()
 
+    def discard_sanity(self, acc_name: str) -> None:
+        """After the sanity check nothing it logged remains, not even in the trainer-wide dicts (Lightning's reset)."""
+        self.results[acc_name].reset()
+        self.callback, self.logged, self.progress = {}, {}, {}
+
     def eval_outputs(self, acc_name: str, n_loaders: int) -> list[dict[str, torch.Tensor]]:
         """Per loader, the epoch values logged while it ran, plus those of the epoch-end hooks (no loader)."""
         results = self.results[acc_name]
@@ -445,6 +467,21 @@ class MetricStore:
     def import_acc(self, acc_name: str, saved: dict[str, tuple[list[float], list[int]]]) -> None:
         """Values logged before the checkpoint; each joins its entry when the name is logged again."""
         self._pending = {k: ([torch.tensor(v) for v in vals], list(sizes)) for k, (vals, sizes) in saved.items()}
+
+    @staticmethod
+    def cpu_copy(values: dict[str, Any]) -> dict[str, Any]:
+        return {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in values.items()}
+
+    def teardown(self) -> None:
+        """After a stage: the trainer-wide dicts hold the last values, on the CPU; the loops' results are gone."""
+        self.callback_metrics()
+        self.logged_metrics()
+        self.progress_bar_metrics()
+        for r in self.results.values():
+            r.entries.clear()
+            r.in_batch = False
+        self.callback = self.cpu_copy(self.callback)
+        self.logged = self.cpu_copy(self.logged)
 
     def load_result(self, callback_metrics: dict[str, Any], logged: dict[str, Any]) -> None:
         """Take the metrics a rank-0 process sent back (multi-process fit)."""

@@ -363,6 +363,7 @@ class Trainer:
         finally:
             self.fit_info = self.strategy.describe()  # now with the comm hook DDP got
             module._metric_store = None
+            self._store.teardown()  # the metrics stay readable on the CPU, as Lightning leaves them
             self.strategy.teardown()
 
     def _setup_backends(self) -> None:
@@ -598,9 +599,8 @@ def fit_rank(config: TrainerConfig, module: Module, train_dataloaders: Any = Non
         "state_dict": {k: v.detach().cpu() for k, v in module.state_dict().items()},
         "global_step": trainer.global_step,
         "current_epoch": trainer.current_epoch,
-        "callback_metrics": {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v)
-                             for k, v in trainer.callback_metrics.items()},
-        "logged_metrics": trainer.logged_metrics,
+        "callback_metrics": trainer._store.cpu_copy(trainer.callback_metrics),
+        "logged_metrics": trainer._store.cpu_copy(trainer.logged_metrics),
         "callbacks": [cb.state_dict() for cb in trainer.callbacks],
         "fit_info": trainer.fit_info,
     }
@@ -615,8 +615,7 @@ def stage_rank(config: TrainerConfig, stage: str, module: Module, loaders: Any, 
         return None
     return {
         "output": output,
-        "callback_metrics": {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v)
-                             for k, v in trainer.callback_metrics.items()},
-        "logged_metrics": trainer.logged_metrics,
+        "callback_metrics": trainer._store.cpu_copy(trainer.callback_metrics),
+        "logged_metrics": trainer._store.cpu_copy(trainer.logged_metrics),
         "callbacks": [cb.state_dict() for cb in trainer.callbacks],
     }
