@@ -41,6 +41,8 @@ class TrainerConfig:
     limit_val_batches: int | float = 1.0
     limit_test_batches: int | float = 1.0
     limit_predict_batches: int | float = 1.0
+    overfit_batches: int | float = 0.0
+    reload_dataloaders_every_n_epochs: int = 0
     inference_mode: bool = True
     use_distributed_sampler: bool = True
     enable_model_summary: bool = True
@@ -89,16 +91,17 @@ def _int_at_least(name: str, value: Any, low: int, *, allow_none: bool = False) 
 
 
 def _limit(name: str, value: Any) -> int | float:
-    """An int count of batches, or a float fraction in [0, 1] (Lightning's meaning); None means all."""
+    """Lightning's batch limits: a float in [0, 1] is a fraction, an int (or a whole float > 1) a count; None: all."""
     if value is None:
         return 1.0
-    if isinstance(value, bool):
-        raise TrainerConfigError(f"Trainer({name}={value!r}) must be an int (batches) or a float in [0.0, 1.0] (fraction)")
-    if isinstance(value, int) and value >= 0:
-        return value
-    if isinstance(value, float) and 0.0 <= value <= 1.0:
-        return value
-    raise TrainerConfigError(f"Trainer({name}={value!r}) must be an int (batches) or a float in [0.0, 1.0] (fraction)")
+    if not isinstance(value, bool) and isinstance(value, (int, float)):
+        if 0 <= value <= 1:
+            return value
+        if value > 1 and value % 1.0 == 0:
+            return int(value)
+    raise TrainerConfigError(
+        f"You have passed invalid value {value} for {name}, it has to be in [0.0, 1.0] or an int. "
+        f"(Trainer({name}={value!r}): a float is a fraction of the batches, an int a number of batches)")
 
 
 def _max_time(value: Any) -> float | None:
@@ -174,7 +177,7 @@ def _devices(value: Any, accelerator: str, here: bool = True) -> tuple[int, list
 def build_config(**kwargs: Any) -> TrainerConfig:
     """Validate Trainer keyword arguments; unknown names get a did-you-mean error."""
     known = set(TrainerConfig.__dataclass_fields__) - {"device_ids"}
-    known |= {"fast_dev_run", "overfit_batches"}
+    known |= {"fast_dev_run"}
     for name in kwargs:
         if name not in known:
             close = difflib.get_close_matches(name, sorted(known), n=1)
@@ -214,10 +217,9 @@ def build_config(**kwargs: Any) -> TrainerConfig:
     cfg.max_time = _max_time(kwargs.get("max_time"))
     cfg.min_epochs = _int_at_least("min_epochs", kwargs.get("min_epochs"), 0, allow_none=True)
     cfg.min_steps = _int_at_least("min_steps", kwargs.get("min_steps"), 0, allow_none=True)
-    if kwargs.get("overfit_batches", 0) not in (0, 0.0):
-        raise TrainerConfigError(
-            f"Trainer(overfit_batches={kwargs['overfit_batches']!r}) is not supported; use limit_train_batches=N with a "
-            "loader without shuffling (and limit_val_batches=N) to train on the same few batches")
+    cfg.overfit_batches = _limit("overfit_batches", kwargs.get("overfit_batches", 0.0))
+    cfg.reload_dataloaders_every_n_epochs = _int_at_least(
+        "reload_dataloaders_every_n_epochs", kwargs.get("reload_dataloaders_every_n_epochs", 0), 0)
     cfg.limit_train_batches = _limit("limit_train_batches", kwargs.get("limit_train_batches", 1.0))
     cfg.limit_val_batches = _limit("limit_val_batches", kwargs.get("limit_val_batches", 1.0))
     cfg.limit_test_batches = _limit("limit_test_batches", kwargs.get("limit_test_batches", 1.0))
@@ -248,12 +250,8 @@ def build_config(**kwargs: Any) -> TrainerConfig:
     cfg.check_val_every_n_epoch = _int_at_least(
         "check_val_every_n_epoch", kwargs.get("check_val_every_n_epoch", 1), 1, allow_none=True
     )
-    vci = kwargs.get("val_check_interval", 1.0)
-    if isinstance(vci, bool) or not (isinstance(vci, int) and vci >= 1 or isinstance(vci, float) and 0.0 < vci <= 1.0):
-        raise TrainerConfigError(
-            f"Trainer(val_check_interval={vci!r}) must be an int >= 1 (train batches) or a float in (0.0, 1.0] (fraction of an epoch)"
-        )
-    cfg.val_check_interval = vci
+    # a float in [0, 1]: that fraction of the epoch's batches; an int: every that many batches (Lightning's rule)
+    cfg.val_check_interval = _limit("val_check_interval", kwargs.get("val_check_interval", 1.0))
     cfg.log_every_n_steps = _int_at_least("log_every_n_steps", kwargs.get("log_every_n_steps", 50), 1)
     cfg.num_sanity_val_steps = _int_at_least("num_sanity_val_steps", kwargs.get("num_sanity_val_steps", 2), -1)
 
@@ -315,7 +313,10 @@ def build_config(**kwargs: Any) -> TrainerConfig:
         cfg.max_epochs, cfg.max_steps = 1, n
         cfg.limit_train_batches = cfg.limit_val_batches = cfg.limit_test_batches = cfg.limit_predict_batches = n
         cfg.num_sanity_val_steps, cfg.logger = 0, None
+        cfg.val_check_interval, cfg.check_val_every_n_epoch = 1.0, 1
         cfg.callbacks = [c for c in cfg.callbacks if not isinstance(c, ModelCheckpoint)]
+    if cfg.overfit_batches > 0:  # the same first batches for training and validation, whatever the limits say
+        cfg.limit_train_batches = cfg.limit_val_batches = cfg.overfit_batches
     return cfg
 
 

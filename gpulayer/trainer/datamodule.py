@@ -6,13 +6,14 @@ stage's ``*_dataloader()`` and ``teardown(stage)``, as Lightning does.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
-from gpulayer.trainer.module import AttributeDict
+from gpulayer.trainer.hparams import HyperparametersMixin
+from gpulayer.trainer.module import _restricted_classmethod
+from gpulayer.trainer.utilities.parsing import AttributeDict
 
 
-class LightningDataModule:
+class LightningDataModule(HyperparametersMixin):
     """Subclass and define ``train_dataloader`` (and ``val_/test_/predict_dataloader``) as in Lightning.
 
     >>> class Data(LightningDataModule):
@@ -22,6 +23,8 @@ class LightningDataModule:
 
     name: str | None = None
     CHECKPOINT_HYPER_PARAMS_KEY = "datamodule_hyper_parameters"
+    CHECKPOINT_HYPER_PARAMS_NAME = "datamodule_hparams_name"
+    CHECKPOINT_HYPER_PARAMS_TYPE = "datamodule_hparams_type"
 
     def __init__(self) -> None:
         self.trainer = None
@@ -29,20 +32,12 @@ class LightningDataModule:
         self.prepare_data_per_node = True
         self.allow_zero_length_dataloader_with_multiple_devices = False
 
-    @property
-    def hparams(self) -> AttributeDict:
-        return self._hparams
-
-    def save_hyperparameters(self, *names: str, ignore: list[str] | str | None = None, logger: bool = True) -> None:
-        frame = inspect.currentframe().f_back
-        try:
-            code, local_vars = frame.f_code, frame.f_locals
-            arg_names = list(code.co_varnames[1:code.co_argcount + code.co_kwonlyargcount])
-            args = {k: local_vars[k] for k in arg_names if k in local_vars}
-        finally:
-            del frame
-        ignore = [ignore] if isinstance(ignore, str) else list(ignore or [])
-        self._hparams.update({k: v for k, v in args.items() if k not in ignore and (not names or k in names)})
+    @_restricted_classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
+                             **kwargs: Any) -> "LightningDataModule":
+        """A new ``cls`` from the datamodule hyperparameters the checkpoint saved (``kwargs`` override them)."""
+        from gpulayer.trainer.core.saving import load_from_checkpoint
+        return load_from_checkpoint(cls, checkpoint_path, map_location, hparams_file, None, **kwargs)
 
     def prepare_data(self) -> None: ...
     def setup(self, stage: str) -> None: ...
@@ -60,7 +55,15 @@ class LightningDataModule:
     def predict_dataloader(self) -> Any:
         raise NotImplementedError("`predict_dataloader` must be implemented to be used with the Lightning Trainer")
 
+    # the batch-transfer hooks: when overridden here, the Trainer calls these instead of the module's
     def transfer_batch_to_device(self, batch: Any, device: Any, dataloader_idx: int) -> Any:
+        from gpulayer.trainer.prefetch import move_data_to_device
+        return move_data_to_device(batch, device)
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        return batch
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         return batch
 
     def state_dict(self) -> dict[str, Any]:

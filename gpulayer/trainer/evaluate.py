@@ -17,6 +17,9 @@ import torch
 
 from gpulayer.trainer import data, metrics
 from gpulayer.trainer.prefetch import device_batches
+from gpulayer.trainer.states import RunningStage
+from gpulayer.trainer.stepping import transfer_batch
+from gpulayer.trainer.utilities.model_helpers import is_overridden
 
 # stage -> (hook prefix, step method, metric accumulator, Trainer limit attribute)
 STAGES = {
@@ -49,13 +52,14 @@ class EvalLoop:
 
     def run(self) -> list:
         t, module, hooks, store, p = self.trainer, self.module, self.trainer._hooks, self.trainer._store, self.prefix
-        was_training = module.training
-        module.eval()
+        modes = {name: m.training for name, m in module.named_modules()}  # restored at the end, submodule by submodule
         saved_context = store.context
         store.context = store.context_for(self.acc_name)
-        t.sanity_checking = self.sanity
+        stage_before = t.state.stage  # a fit's validation runs inside its training stage and returns to it
+        t.state.stage = RunningStage.SANITY_CHECKING if self.sanity else RunningStage(self.stage)
         if self.sanity:
             hooks.call("on_sanity_check_start")
+        getattr(module, f"on_{p}_model_eval")()
         hooks.call(f"on_{p}_start")
         hooks.call(f"on_{p}_epoch_start")
         multi = len(self.loaders) > 1
@@ -73,9 +77,13 @@ class EvalLoop:
                 store.dl_idx = dl_idx if multi else None
                 extra = (dl_idx,) if multi else ()
                 data.set_epoch(loader, t.current_epoch)
-                for i, batch in enumerate(device_batches(iter(loader), t.strategy.root_device, t._config.prefetch)):
+                device = t.strategy.root_device
+                batches = iter(loader) if hooks.transfer else device_batches(iter(loader), device, t._config.prefetch)
+                for i, batch in enumerate(batches):
                     if i >= n:
                         break
+                    if hooks.transfer:
+                        batch = transfer_batch(hooks, batch, device, dl_idx)
                     store.batch = batch
                     hooks.call(f"on_{p}_batch_start", batch, i, *extra)
                     with t._precision.forward_context():
@@ -89,6 +97,7 @@ class EvalLoop:
         if self.stage == "predict":
             hooks.call("on_predict_epoch_end")
             hooks.call("on_predict_end")
+            self._restore_mode(modes)
             results = (predictions[0] if len(predictions) == 1 else predictions) if self.return_predictions else None
         else:
             hooks.call(f"on_{p}_epoch_end")
@@ -102,14 +111,27 @@ class EvalLoop:
                 results = [{k: floats[k] for k in out} for out in outputs]
                 t._log_epoch_metrics(floats)
             hooks.call(f"on_{p}_end")
+        self._restore_mode(modes)
         if self.sanity:
             hooks.call("on_sanity_check_end")
-        t.sanity_checking = False
+        t.state.stage = stage_before
         store.context = saved_context
-        module.train(was_training)
         if self.verbose and results and t.is_global_zero and self.stage != "predict":
             print_results(results, self.stage)
         return results
+
+    def _restore_mode(self, modes: dict[str, bool]) -> None:
+        """``on_<stage>_model_train`` when the module overrides it, else every submodule's mode as it was before.
+
+        A submodule the user froze with ``.eval()`` stays in eval, as in Lightning (predict always restores).
+        """
+        hook = f"on_{self.prefix}_model_train"
+        if self.stage != "predict" and is_overridden(hook, self.module):
+            getattr(self.module, hook)()
+            return
+        for name, m in self.module.named_modules():
+            if name in modes:
+                m.training = modes[name]
 
 
 def print_results(results: list[dict[str, float]], stage: str) -> None:

@@ -1,14 +1,14 @@
 """``Module``: Lightning's programming model on a plain ``torch.nn.Module``.
 
 Hook names and meanings follow ``lightning.LightningModule``; a module written for
-Lightning runs after changing its imports. Every hook has a no-op default here and
-the Trainer calls only the hooks a subclass overrides (see ``hooks.py``).
+Lightning runs after changing its imports. Every hook has Lightning's default here
+(no-op for the notification hooks) and the Trainer calls it where Lightning does;
+a module that overrides none of the step hooks runs the fast loop (``hooks.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import numbers
 import sys
 import warnings
@@ -19,22 +19,23 @@ from torch import nn
 
 from gpulayer.trainer import metrics
 from gpulayer.trainer.errors import MisconfigurationException
+from gpulayer.trainer.hparams import HyperparametersMixin
+from gpulayer.trainer.prefetch import move_data_to_device
+from gpulayer.trainer.utilities.parsing import AttributeDict  # noqa: F401  (old import path, kept working)
 
 
-class AttributeDict(dict):
-    """``self.hparams.lr`` as well as ``self.hparams["lr"]``, like Lightning's."""
+class _restricted_classmethod(classmethod):
+    """A classmethod that refuses to run on an instance: ``model.load_from_checkpoint(p)`` would discard its result."""
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(f"hparams has no {name!r} (saved: {sorted(self)})") from None
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        self[name] = value
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        if instance is not None:
+            name = self.__func__.__name__
+            raise TypeError(f"The classmethod `{type(instance).__name__}.{name}` cannot be called on an instance. "
+                            "Please call it on the class type and make sure the return value is used.")
+        return super().__get__(instance, owner)
 
 
-class Module(nn.Module):
+class Module(HyperparametersMixin, nn.Module):
     """Subclass and write ``training_step`` and ``configure_optimizers``.
 
     >>> class Net(Module):
@@ -56,6 +57,7 @@ class Module(nn.Module):
         self._metric_store = None
         self._device = None
         self._hparams: AttributeDict = AttributeDict()
+        self._strict_loading: bool | None = None
         self._automatic_optimization = True
         self._param_requires_grad_state: dict = {}
 
@@ -92,30 +94,28 @@ class Module(nn.Module):
     def local_rank(self) -> int:
         return self._trainer.local_rank if self._trainer is not None else 0
 
-    @property
-    def hparams(self) -> "AttributeDict":
-        return self._hparams
+    CHECKPOINT_HYPER_PARAMS_KEY = "hyper_parameters"
+    CHECKPOINT_HYPER_PARAMS_NAME = "hparams_name"
+    CHECKPOINT_HYPER_PARAMS_TYPE = "hparams_type"
 
-    def save_hyperparameters(self, *names: str, ignore: list[str] | str | None = None, logger: bool = True) -> None:
-        """Store the calling ``__init__``'s arguments in ``self.hparams`` (and in checkpoints)."""
-        frame = inspect.currentframe().f_back
-        try:
-            code, local_vars = frame.f_code, frame.f_locals
-            n_args = code.co_argcount + code.co_kwonlyargcount
-            arg_names = list(code.co_varnames[:n_args])
-            if code.co_flags & inspect.CO_VARKEYWORDS:
-                varkw = code.co_varnames[n_args + bool(code.co_flags & inspect.CO_VARARGS)]
-                extra = dict(local_vars.get(varkw, {}))
-            else:
-                extra = {}
-            args = {k: local_vars[k] for k in arg_names[1:] if k in local_vars}
-            args.update(extra)
-        finally:
-            del frame
-        ignore = [ignore] if isinstance(ignore, str) else list(ignore or [])
-        if names:
-            args = {k: v for k, v in args.items() if k in names}
-        self._hparams.update({k: v for k, v in args.items() if k not in ignore})
+    @_restricted_classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
+                             strict: bool | None = None, **kwargs: Any) -> "Module":
+        """A new ``cls`` built from the checkpoint's saved hyperparameters (``kwargs`` override them), weights loaded.
+
+        >>> model = Net.load_from_checkpoint("epoch=9-step=100.ckpt", lr=1e-4)   # doctest: +SKIP
+        """
+        from gpulayer.trainer.core.saving import load_from_checkpoint
+        return load_from_checkpoint(cls, checkpoint_path, map_location, hparams_file, strict, **kwargs)
+
+    @property
+    def strict_loading(self) -> bool:
+        """Whether ``load_state_dict`` of a checkpoint requires every key to match (default True)."""
+        return True if self._strict_loading is None else self._strict_loading
+
+    @strict_loading.setter
+    def strict_loading(self, strict: bool) -> None:
+        self._strict_loading = strict
 
     def __getstate__(self) -> dict[str, Any]:
         # a module pickled for the ranks of a multi-process fit leaves the parent's trainer behind
@@ -288,15 +288,15 @@ class Module(nn.Module):
         return scheds[0] if len(scheds) == 1 else scheds
 
     def manual_backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-        """Backward through the precision plugin (loss scaling) for manual optimization."""
-        hooks = self._trainer._hooks
-        for f in hooks.on_before_backward:
-            f(loss)
-        self._trainer._precision.backward(loss)
-        for f in hooks.on_after_backward:
-            f()
+        """Backward for manual optimization: the hooks around it and the loss scaler, as ``backward`` gets in automatic."""
+        if self.automatic_optimization:
+            raise MisconfigurationException(
+                "to use manual_backward, please disable automatic optimization: set model property "
+                "`automatic_optimization` as False")
+        self._trainer._backward(loss, *args, **kwargs)
 
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """Compute gradients of ``loss`` (already scaled by the precision's loss scaler, if any)."""
         loss.backward(*args, **kwargs)
 
     def toggle_optimizer(self, optimizer: Any) -> None:
@@ -326,12 +326,97 @@ class Module(nn.Module):
 
     def clip_gradients(self, optimizer: Any, gradient_clip_val: float | None = None,
                        gradient_clip_algorithm: str | None = None) -> None:
-        """Clip the gradients of ``optimizer``'s parameters (after unscaling), as Lightning's hook does."""
-        if not gradient_clip_val:
-            return
+        """Clip ``optimizer``'s gradients (unscaled by then); the Trainer's values unless given here, never both."""
+        cfg = self._trainer._config
+        trainer_val = cfg.gradient_clip_val
+        # the config keeps "norm" as its default; a Trainer without clipping has no algorithm of its own
+        trainer_algo = cfg.gradient_clip_algorithm if trainer_val is not None or cfg.gradient_clip_algorithm != "norm" \
+            else None
+        if gradient_clip_val is None:
+            gradient_clip_val = trainer_val or 0.0
+        elif trainer_val is not None and trainer_val != gradient_clip_val:
+            raise MisconfigurationException(
+                f"You have set `Trainer(gradient_clip_val={trainer_val!r})` and have passed "
+                f"`clip_gradients(gradient_clip_val={gradient_clip_val!r})`. Please use only one of them.")
+        if gradient_clip_algorithm is None:
+            gradient_clip_algorithm = trainer_algo or "norm"
+        else:
+            gradient_clip_algorithm = gradient_clip_algorithm.lower()
+            if trainer_algo is not None and trainer_algo != gradient_clip_algorithm:
+                raise MisconfigurationException(
+                    f"You have set `Trainer(gradient_clip_algorithm={trainer_algo!r})` and have passed "
+                    f"`clip_gradients(gradient_clip_algorithm={gradient_clip_algorithm!r}) Please use only one of them.")
+        if not isinstance(gradient_clip_val, (int, float)):
+            raise TypeError(f"`gradient_clip_val` should be an int or a float. Got {gradient_clip_val}.")
+        if gradient_clip_algorithm not in ("norm", "value"):
+            raise MisconfigurationException(
+                f"`gradient_clip_algorithm` {gradient_clip_algorithm} is invalid. Allowed algorithms: ['value', 'norm'].")
         opt = getattr(optimizer, "_optimizer", optimizer)
-        params = [p for g in opt.param_groups for p in g["params"]]
-        self._trainer._precision.clip(opt, params, float(gradient_clip_val), gradient_clip_algorithm or "norm")
+        self._trainer._precision.clip_gradients(opt, float(gradient_clip_val), gradient_clip_algorithm)
+
+    def configure_gradient_clipping(self, optimizer: Any, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        """Called before every optimizer step with the Trainer's clip settings; the default clips with them.
+
+        >>> def configure_gradient_clipping(self, optimizer, gradient_clip_val, gradient_clip_algorithm):
+        ...     if self.current_epoch > 5:   # clip only later in training
+        ...         self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        """
+        self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val, gradient_clip_algorithm=gradient_clip_algorithm)
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None) -> None:
+        """Step ``optimizer``; ``optimizer_closure`` runs training_step, zero_grad and backward when the optimizer calls it.
+
+        Override for LR warm-up and the like; call ``optimizer.step(closure=optimizer_closure)`` in it.
+        Not called on the accumulating batches of ``accumulate_grad_batches``.
+        """
+        optimizer.step(closure=optimizer_closure)
+
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:
+        """Reset the gradients (to None, torch's default) before the backward of a new accumulation window."""
+        optimizer.zero_grad()
+
+    # -- data hooks: where a batch goes before the step ---------------------------------------
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Move ``batch`` to ``device``: tensors in lists, tuples, dicts, dataclasses, and objects with ``.to``."""
+        return move_data_to_device(batch, device)
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Change ``batch`` before it moves to the device (e.g. CPU-side augmentation)."""
+        return batch
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Change ``batch`` once on the device (e.g. GPU-side augmentation)."""
+        return batch
+
+    def configure_model(self) -> None:
+        """Create layers here to build them on the device (called at each stage's setup, before the optimizers)."""
+
+    def configure_sharded_model(self) -> None:
+        """Lightning's older name of ``configure_model``; still called when overridden."""
+
+    # -- train / eval mode around evaluation -----------------------------------------------
+    def on_validation_model_zero_grad(self) -> None:
+        """Before validation inside fit: free the gradients' memory."""
+        self.zero_grad()
+
+    def on_validation_model_eval(self) -> None:
+        self.trainer.model.eval()
+
+    def on_validation_model_train(self) -> None:
+        self.trainer.model.train()
+
+    def on_test_model_eval(self) -> None:
+        self.trainer.model.eval()
+
+    def on_test_model_train(self) -> None:
+        self.trainer.model.train()
+
+    def on_predict_model_eval(self) -> None:
+        self.trainer.model.eval()
+
+    def on_predict_model_train(self) -> None:
+        self.trainer.model.train()
 
     @property
     def logger(self) -> Any:

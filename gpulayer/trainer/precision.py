@@ -8,10 +8,12 @@ unscaled before clipping so the clip threshold means what it says.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
+
+from gpulayer.trainer.errors import MisconfigurationException
 
 
 class Precision:
@@ -22,6 +24,7 @@ class Precision:
     def __init__(self, device_type: str = "cpu"):
         self.device_type = device_type
         self._null = contextlib.nullcontext()
+        self._automatic: Callable[[], bool] = lambda: True  # the Trainer points it at the module's flag
 
     def forward_context(self):
         return self._null
@@ -34,6 +37,34 @@ class Precision:
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.step()
+
+    # -- the path of Lightning's hooks: LightningOptimizer.step(closure) ends here ------------------
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """The tensor ``backward`` runs on (what ``on_before_backward`` sees, as in Lightning)."""
+        return loss
+
+    def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], after_closure: Callable[[], None],
+                       **kwargs: Any) -> Any:
+        """``optimizer.step(closure=...)``; the closure runs the step and backward, then ``after_closure``.
+
+        ``after_closure`` (``on_before_optimizer_step`` and gradient clipping) sees the gradients of this
+        step before the optimizer uses them; LBFGS and other closure-calling optimizers work unchanged.
+        """
+        def wrapped() -> Any:
+            result = closure()
+            after_closure()
+            return result
+        return optimizer.step(closure=wrapped, **kwargs)
+
+    def clip_gradients(self, optimizer: Any, value: float, algorithm: str) -> None:
+        """Clip ``optimizer``'s gradients as they are now (the loss scaler, if any, already unscaled them)."""
+        if value <= 0:
+            return
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        if algorithm == "value":
+            torch.nn.utils.clip_grad_value_(params, value)
+        else:
+            torch.nn.utils.clip_grad_norm_(params, value)
 
     def clip(self, optimizer: torch.optim.Optimizer, params: list[nn.Parameter], value: float, algorithm: str) -> None:
         self.unscale(optimizer)
@@ -80,6 +111,35 @@ class MixedPrecision(Precision):
         else:
             self.scaler.step(optimizer)
             self.scaler.update()
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss if self.scaler is None else self.scaler.scale(loss)
+
+    def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], after_closure: Callable[[], None],
+                       **kwargs: Any) -> Any:
+        """With a loss scaler: closure, unscale, ``after_closure``, then the scaler's step (skipped on inf/NaN)."""
+        if self.scaler is None:
+            return super().optimizer_step(optimizer, closure, after_closure, **kwargs)
+        if isinstance(optimizer, torch.optim.LBFGS):
+            raise MisconfigurationException("AMP and the LBFGS optimizer are not compatible.")
+        result = closure()
+        # a training_step that returned None (automatic optimization) skips the step entirely
+        skipped = result is None and self._automatic()
+        if not skipped and not getattr(optimizer, "_step_supports_amp_scaling", False):
+            self.scaler.unscale_(optimizer)
+        after_closure()
+        if skipped:
+            return result
+        out = self.scaler.step(optimizer, **kwargs)
+        self.scaler.update()
+        return out
+
+    def clip_gradients(self, optimizer: Any, value: float, algorithm: str) -> None:
+        if value > 0 and getattr(optimizer, "_step_supports_amp_scaling", False):
+            raise RuntimeError(
+                f"The current optimizer, {type(optimizer).__qualname__}, does not allow for gradient clipping because it "
+                "performs unscaling of gradients internally. HINT: Are you using a 'fused' optimizer?")
+        super().clip_gradients(optimizer, value, algorithm)
 
     def state_dict(self) -> dict[str, Any]:
         return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}

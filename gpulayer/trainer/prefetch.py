@@ -8,6 +8,7 @@ as they come (``move`` is the identity for CPU tensors).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Iterator
 
 import torch
@@ -24,6 +25,32 @@ def apply_to_tensors(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> An
     if isinstance(obj, dict):
         return type(obj)((k, apply_to_tensors(v, fn)) for k, v in obj.items())
     return obj
+
+
+def move_data_to_device(batch: Any, device: torch.device | str) -> Any:
+    """What ``transfer_batch_to_device`` does by default: every tensor, dataclass field and object with a
+    ``.to(device)`` method inside ``batch`` moved to ``device`` (Lightning's ``move_data_to_device``)."""
+    device = torch.device(device)
+
+    def move(obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            return obj.to(device, non_blocking=device.type == "cuda")
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            return dataclasses.replace(obj, **{f.name: move(getattr(obj, f.name))
+                                               for f in dataclasses.fields(obj) if f.init})
+        if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+            return type(obj)(*(move(o) for o in obj))
+        if isinstance(obj, (list, tuple)):
+            return type(obj)(move(o) for o in obj)
+        if isinstance(obj, dict):
+            return type(obj)((k, move(v)) for k, v in obj.items())
+        to = getattr(obj, "to", None)
+        if callable(to):
+            moved = to(device)
+            return obj if moved is None else moved
+        return obj
+
+    return move(batch)
 
 
 def to_device(batch: Any, device: torch.device) -> Any:

@@ -9,6 +9,7 @@ works in any process whose torchrun environment is set.
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from typing import Any
@@ -16,17 +17,22 @@ from typing import Any
 import torch
 
 from gpulayer.trainer import checkpoint, data, evaluate, gcfreeze, optimizers, summary
-from gpulayer.trainer.callbacks import Callback, EarlyStopping, ModelCheckpoint
+from gpulayer.trainer.callbacks import Callback
 from gpulayer.trainer.config import TrainerConfig, build_config
+from gpulayer.trainer.datamodule import LightningDataModule
 from gpulayer.trainer.core.optimizer import LightningOptimizer
 from gpulayer.trainer.errors import TrainerConfigError, TrainerError
+from gpulayer.trainer.fit_data import FitData
 from gpulayer.trainer.hooks import Hooks
 from gpulayer.trainer.loop import FitLoop
 from gpulayer.trainer import metrics as metrics_mod
 from gpulayer.trainer.metrics import MetricStore
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.precision import Precision, make_precision
+from gpulayer.trainer.states import RunningStage, TrainerFn, TrainerState
 from gpulayer.trainer.strategies import DDPStrategy, SingleDeviceStrategy
+from gpulayer.trainer.trainer_state import TrainerProperties
+from gpulayer.trainer.utilities.model_helpers import is_overridden
 
 _UNSET: Any = object()
 
@@ -36,7 +42,7 @@ def _in_matching_job(cfg: TrainerConfig) -> bool:
     return "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) == cfg.devices * cfg.num_nodes
 
 
-class Trainer:
+class Trainer(TrainerProperties):
     """Train a ``Module``: ``Trainer(max_epochs=2, precision="bf16-mixed").fit(model, train_loader)``.
 
     Arguments have Lightning's names and meanings: ``max_epochs``, ``max_steps``,
@@ -78,14 +84,20 @@ class Trainer:
         self.global_step = 0
         self.current_epoch = 0
         self.should_stop = False
-        self.sanity_checking = False
+        self.state = TrainerState()
         self.optimizers: list[torch.optim.Optimizer] = []
         self._lightning_optimizers: list[LightningOptimizer] = []
         self.datamodule: Any = None
-        self.state_stage: str | None = None  # "fit", "validate", "test", "predict" while one runs
         self._batches_stepped = 0  # Lightning's _batches_that_stepped: the logger's step
         self._val_has_run = False  # a (non-sanity) validation ran in this fit
         self.num_val_batches: list[float] = []
+        self.num_test_batches: list[float] = []
+        self.num_predict_batches: list[float] = []
+        self._train_loader: Any = None  # the fit's train loader (a CombinedLoader for several)
+        self._train_source: Any = None  # a zero-argument function that requests it again
+        self._stage_loaders: dict[str, Any] = {}  # "validate" / "test" / "predict" -> the loaders a run used
+        self._fit_data: FitData | None = None
+        self.val_check_batch: float = math.inf  # validate every this many train batches (set when a fit loads data)
         self.ckpt_path: str | None = None
         self.lr_scheduler_configs: list[optimizers.SchedulerConfig] = []
         self.strategy: SingleDeviceStrategy | None = None
@@ -102,56 +114,6 @@ class Trainer:
         self._resume_newest = False
         self._resumed_from: dict[str, Any] | None = None
 
-    # -- what callbacks and modules read ----------------------------------------------------
-    callbacks = property(lambda self: self._config.callbacks)
-    logger = property(lambda self: self._config.logger)
-    loggers = property(lambda self: [self._config.logger] if self._config.logger is not None else [])
-    default_root_dir = property(lambda self: self._config.default_root_dir)
-    max_epochs = property(lambda self: self._config.max_epochs)
-    max_steps = property(lambda self: self._config.max_steps)
-    val_check_interval = property(lambda self: self._config.val_check_interval)
-    check_val_every_n_epoch = property(lambda self: self._config.check_val_every_n_epoch)
-    log_every_n_steps = property(lambda self: self._config.log_every_n_steps)
-    accumulate_grad_batches = property(lambda self: self._config.accumulate_grad_batches)
-    precision = property(lambda self: self._config.precision)
-    num_nodes = property(lambda self: self._config.num_nodes)
-    num_devices = property(lambda self: self._config.devices)
-    fast_dev_run = property(lambda self: self._config.fast_dev_run)
-    model = property(lambda self: self.lightning_module)
-    global_rank = property(lambda self: self.strategy.global_rank if self.strategy else 0)
-    local_rank = property(lambda self: self.strategy.local_rank if self.strategy else 0)
-    world_size = property(lambda self: self.strategy.world_size if self.strategy else 1)
-    is_global_zero = property(lambda self: self.strategy.is_global_zero if self.strategy else True)
-    checkpoint_callbacks = property(lambda self: [c for c in self.callbacks if isinstance(c, ModelCheckpoint)])
-    checkpoint_callback = property(lambda self: next(iter(self.checkpoint_callbacks), None))
-    early_stopping_callback = property(lambda self: next((c for c in self.callbacks if isinstance(c, EarlyStopping)), None))
-
-    @property
-    def log_dir(self) -> str:
-        return self.logger.log_dir if self.logger is not None else self.default_root_dir
-
-    @property
-    def callback_metrics(self) -> dict[str, Any]:
-        """What callbacks monitor: the latest step values and epoch values as tensors, like Lightning's.
-
-        A plain dict that callbacks may add to (``LearningRateMonitor`` puts its ``lr-*`` values here).
-        """
-        return self._store.callback_metrics()
-
-    @property
-    def logged_metrics(self) -> dict[str, Any]:
-        """The values sent to the logger (tensors, Lightning's names: ``x_step``, ``x_epoch/dataloader_idx_0``)."""
-        return self._store.logged_metrics()
-
-    @property
-    def progress_bar_metrics(self) -> dict[str, float]:
-        """The ``prog_bar=True`` values, as floats."""
-        return self._store.progress_bar_metrics()
-
-    @property
-    def is_log_step(self) -> bool:
-        return self.global_step % self._config.log_every_n_steps == 0
-
     # -- fit ------------------------------------------------------------------------------------
     def fit(self, model: Module, train_dataloaders: Any = None, val_dataloaders: Any = None, datamodule: Any = None,
             ckpt_path: str | None = None) -> None:
@@ -161,6 +123,13 @@ class Trainer:
         restoring weights, optimizers, schedulers, the loss scaler, loop position
         and random states so the run continues as if never interrupted.
         """
+        self._begin(TrainerFn.FITTING, RunningStage.TRAINING)
+        self.should_stop = False
+        self._call_and_handle_interrupt(self._fit_impl, model, train_dataloaders, val_dataloaders, datamodule,
+                                        ckpt_path)
+
+    def _fit_impl(self, model: Module, train_dataloaders: Any, val_dataloaders: Any, datamodule: Any,
+                  ckpt_path: str | None) -> None:
         if not isinstance(model, Module):
             raise TrainerConfigError(
                 f"Trainer.fit got {type(model).__name__}; the model must subclass gpulayer.trainer.Module "
@@ -177,6 +146,7 @@ class Trainer:
             run = cluster.fit_on_cluster if cfg.num_nodes > 1 else launcher.fit_in_processes
             result = run(fit_rank, cfg, model, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
             self._take_result(model, result)
+            self.training = False
             return
         self._fit_here(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
 
@@ -207,6 +177,12 @@ class Trainer:
 
     def _evaluate(self, stage: str, model: Module | None, dataloaders: Any, datamodule: Any, ckpt_path: str | None,
                   **kw: Any) -> Any:
+        self._begin(TrainerFn(stage), RunningStage(stage))
+        return self._call_and_handle_interrupt(self._evaluate_impl, stage, model, dataloaders, datamodule, ckpt_path,
+                                               kw)
+
+    def _evaluate_impl(self, stage: str, model: Module | None, dataloaders: Any, datamodule: Any,
+                       ckpt_path: str | None, kw: dict[str, Any]) -> Any:
         model_provided = model is not None
         if model is None:
             model = self.lightning_module
@@ -276,6 +252,7 @@ class Trainer:
         self.state_stage = stage
         hooks = self._setup_stage("validate" if stage == "validate" else stage, module, datamodule)
         prefix, _, _, _ = evaluate.STAGES[stage]
+        module.zero_grad()
         method = f"{'val' if stage == 'validate' else stage}_dataloader"
         if dataloaders is not None:
             loaders = data.resolve(dataloaders)
@@ -288,7 +265,8 @@ class Trainer:
                 f"No `{method}()` method defined to run `Trainer.{stage}`; pass dataloaders=... or define "
                 f"{method}() on the module or the datamodule")
         mode = "predict" if stage == "predict" else "eval"
-        loaders = [self._prepare_loader(dl, mode) for dl in data.as_list(loaders)]
+        given, loaders = loaders, [self._prepare_loader(dl, mode) for dl in data.as_list(loaders)]
+        self._stage_loaders[stage] = data.as_given(given, loaders)
         self.strategy.setup_eval_module(module)
         if ckpt_path is not None:
             ckpt = checkpoint.load(ckpt_path)
@@ -310,25 +288,40 @@ class Trainer:
         return self.strategy.prepare_loader(loader, mode)
 
     def _optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Any, **kwargs: Any) -> Any:
-        """``LightningOptimizer.step``: closure, hooks, a precision-aware step; counts a step in manual optimization."""
-        out = closure()
-        for f in self._hooks.on_before_optimizer_step:
-            f(optimizer)
-        if kwargs:
-            optimizer.step(**kwargs)
-        else:
-            self._precision.step(optimizer)
-        if not self.lightning_module.automatic_optimization:
+        """``LightningOptimizer.step``: the precision plugin steps ``optimizer`` with ``closure`` (LBFGS calls it).
+
+        After the closure (step and backward) and before the update: ``on_before_optimizer_step``, then, under
+        automatic optimization, ``configure_gradient_clipping`` with the Trainer's settings. Under manual
+        optimization each step counts as one ``global_step``.
+        """
+        module, cfg = self.lightning_module, self._config
+
+        def after_closure() -> None:
+            for f in self._hooks.on_before_optimizer_step:
+                f(optimizer)
+            if module.automatic_optimization:
+                algo = cfg.gradient_clip_algorithm if cfg.gradient_clip_val is not None or \
+                    cfg.gradient_clip_algorithm != "norm" else None
+                module.configure_gradient_clipping(optimizer, gradient_clip_val=cfg.gradient_clip_val,
+                                                   gradient_clip_algorithm=algo)
+
+        out = self._precision.optimizer_step(optimizer, closure, after_closure, **kwargs)
+        if not module.automatic_optimization:
             self.global_step += 1
         return out
 
+    def _backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """``on_before_backward`` -> ``module.backward`` (on the scaled loss) -> ``on_after_backward``."""
+        hooks = self._hooks
+        loss = self._precision.scale_loss(loss)
+        for f in hooks.on_before_backward:
+            f(loss)
+        self.lightning_module.backward(loss, *args, **kwargs)
+        for f in hooks.on_after_backward:
+            f()
+
     def _val_due_this_epoch(self) -> bool:
         return self._loop is not None and self._loop._val_due() and sum(self.num_val_batches) > 0
-
-    training = property(lambda self: self.state_stage == "fit")
-    validating = property(lambda self: self.state_stage == "validate")
-    testing = property(lambda self: self.state_stage == "test")
-    predicting = property(lambda self: self.state_stage == "predict")
 
     def _fit_here(self, module: Module, train_dataloaders: Any, val_dataloaders: Any, datamodule: Any,
                   ckpt_path: str | None) -> None:
@@ -375,65 +368,41 @@ class Trainer:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
     def _setup_stage(self, stage: str, module: Module, datamodule: Any) -> Hooks:
-        """Callbacks from the module, hook lists, and Lightning's prepare_data / setup order for ``stage``."""
+        """Lightning's start of every stage: configure_callbacks, prepare_data, setup, configure_model."""
         cfg = self._config
         extra = module.configure_callbacks() or []
         cfg.callbacks = cfg.callbacks + [c for c in (extra if isinstance(extra, (list, tuple)) else [extra])
                                          if isinstance(c, Callback) and c not in cfg.callbacks]
-        self._hooks = hooks = Hooks(self, module, cfg.callbacks)
+        self._hooks = hooks = Hooks(self, module, cfg.callbacks, datamodule)
+        self._precision._automatic = lambda: module.automatic_optimization
         metrics_mod.attach_callback_logging(cfg.callbacks, module)
         self.datamodule = datamodule
         if datamodule is not None:
             datamodule.trainer = self
-            if self.local_rank == 0 and hasattr(datamodule, "prepare_data"):
+            if self.local_rank == 0 and is_overridden("prepare_data", datamodule, LightningDataModule):
                 datamodule.prepare_data()
-        if self.local_rank == 0:
+        if self.local_rank == 0 and is_overridden("prepare_data", module, Module):
             module.prepare_data()
         self.strategy.barrier()
+        module._device = self.strategy.root_device  # `self.device` in setup() already says where it will run
         if datamodule is not None and hasattr(datamodule, "setup"):
-            datamodule.setup(stage)
-        hooks.call("setup", stage)
+            datamodule.setup(stage=stage)
+        hooks.call("setup", stage=stage)
+        if is_overridden("configure_sharded_model", module, Module):
+            module.configure_sharded_model()
+        if is_overridden("configure_model", module, Module):
+            module.configure_model()
         return hooks
-
-    def _on_exception(self, err: BaseException) -> None:
-        """Lightning's ``on_exception`` hooks (callbacks, module, datamodule) before the error propagates."""
-        for cb in self.callbacks:
-            if type(cb).on_exception is not Callback.on_exception:
-                cb.on_exception(self, self.lightning_module, err)
-        if hasattr(self.lightning_module, "on_exception"):
-            self.lightning_module.on_exception(err)
-        if self.datamodule is not None and hasattr(self.datamodule, "on_exception"):
-            self.datamodule.on_exception(err)
 
     def _teardown_stage(self, stage: str) -> None:
         if self.datamodule is not None and hasattr(self.datamodule, "teardown"):
-            self.datamodule.teardown(stage)
-        self._hooks.call("teardown", stage)
+            self.datamodule.teardown(stage=stage)
+        self._hooks.call("teardown", stage=stage)
 
     def _run(self, module: Module, train: Any, val: Any, datamodule: Any, ckpt_path: str | None) -> None:
+        """Lightning's fit order: setup and configure_model, the optimizers, on_fit_start, then the data and the loop."""
         cfg = self._config
         self.state_stage = "fit"
-        hooks = self._setup_stage("fit", module, datamodule)
-        if datamodule is not None:
-            train, val = datamodule.train_dataloader(), data.from_datamodule(datamodule, "val_dataloader")
-        train = data.resolve(train) if train is not None else module.train_dataloader()
-        if train is None:
-            raise TrainerConfigError(
-                "no training data: pass train_dataloaders to fit(model, train_loader) or define train_dataloader() on the module"
-            )
-        if isinstance(train, (list, tuple)):
-            raise TrainerConfigError("fit() takes one training loader; combine several into one dataset or loader")
-        val = data.resolve(val) if val is not None else (module.val_dataloader() if callable(module.val_dataloader)
-                                                           else None)
-        val_loaders = [self._prepare_loader(v, "eval") for v in data.as_list(val)]
-        train = self._prepare_loader(train, "train")
-        for loader in [train, *val_loaders]:
-            data.seed_workers(loader)
-        self.has_val_loader = bool(val_loaders) and evaluate.defines(module, "validation_step")
-        if not self.has_val_loader:
-            val_loaders = []
-        self.num_val_batches = [data.num_batches(v, cfg.limit_val_batches) for v in val_loaders]
-        self.ckpt_path = ckpt_path
         if not module.automatic_optimization and cfg.gradient_clip_val:
             raise TrainerConfigError(
                 "Automatic gradient clipping is not supported for manual optimization. Remove "
@@ -445,7 +414,8 @@ class Trainer:
                 "Automatic gradient accumulation is not supported for manual optimization. Remove "
                 f"`Trainer(accumulate_grad_batches={cfg.accumulate_grad_batches})` or switch to automatic optimization."
             )
-
+        hooks = self._setup_stage("fit", module, datamodule)
+        self.ckpt_path = ckpt_path
         step_fn = self.strategy.setup_module(module)
         self.optimizers, self.lr_scheduler_configs = optimizers.parse(module.configure_optimizers(), module)
         self._lightning_optimizers = [LightningOptimizer._to_lightning_optimizer(o, self) for o in self.optimizers]
@@ -457,18 +427,16 @@ class Trainer:
             resume = self._restore(ckpt_path)
         if self.logger is not None and self.is_global_zero:
             self.logger.log_hyperparams(module.hparams)  # also creates version_N now, as Lightning does
+        module.zero_grad()
+        self._fit_data = fit_data = FitData(self, module, train, val, datamodule)
+        val_loaders = fit_data.load_val()  # first, as Lightning: its sanity check reads them before training
+        train = fit_data.load_train()
         self._loop = FitLoop(self, module, step_fn, train, val_loaders, resume)
         self.num_training_batches = self._loop.num_train_batches
-        try:
-            with gcfreeze.frozen():
-                self._loop.run()
-        except BaseException as err:
-            self._on_exception(err)
-            raise
-        finally:
-            self.state_stage = None
-            if self.logger is not None and self.is_global_zero:
-                self.logger.finalize("success")
+        with gcfreeze.frozen():  # a failure: the entry point's _call_and_handle_interrupt runs on_exception
+            self._loop.run()
+        if self.logger is not None and self.is_global_zero:
+            self.logger.finalize("success")
         hooks.call("on_fit_end")
         self._teardown_stage("fit")
 
@@ -487,28 +455,23 @@ class Trainer:
         self._resumed_from = {"path": path, "global_step": ckpt["global_step"], "epoch": ckpt["epoch"]}
         return checkpoint.restore(self, ckpt)
 
-    def _restore(self, ckpt_path: str) -> dict[str, Any]:
-        path = ckpt_path
+    def _restore(self, ckpt_path: str) -> dict[str, Any] | None:
+        """Resume from ``ckpt_path`` (a file, ``"last"``, ``"best"`` or ``"hpc"``); ``trainer.ckpt_path`` becomes the file."""
+        path = checkpoint.hpc_resume_path(self.default_root_dir) if ckpt_path == "hpc" else ckpt_path
+        if ckpt_path == "hpc" and path is None:
+            raise ValueError('`.fit(ckpt_path="hpc")` is set but no HPC checkpoint was found. '
+                             "Please pass an exact checkpoint path to `.fit(ckpt_path=...)`")
         if ckpt_path in ("last", "best"):
-            cbs = self.checkpoint_callbacks
-            if ckpt_path == "best":
-                path = next((c.best_model_path for c in cbs if c.best_model_path), None)
-            else:
-                candidates = [c.last_model_path for c in cbs if c.last_model_path]
-                candidates += [os.path.join(c.dirpath, "last.ckpt") for c in cbs if c.dirpath]
-                path = next((p for p in candidates if os.path.isfile(p)), None)
-            if path is None:
-                raise TrainerError(
-                    f"fit(ckpt_path={ckpt_path!r}) found no {ckpt_path} checkpoint (ModelCheckpoint dirs: "
-                    f"{[c.dirpath for c in cbs]}); use ModelCheckpoint(save_last=True) or pass a file path"
-                )
-        return checkpoint.restore(self, checkpoint.load(os.fspath(path)))
+            path = self._eval_checkpoint("fit", ckpt_path, model_provided=True)
+        self.ckpt_path = path
+        return checkpoint.restore(self, checkpoint.load(os.fspath(path))) if path is not None else None
 
     def _take_result(self, module: Module, result: dict[str, Any]) -> None:
         """Rank 0's weights, counters, metrics and callback states, into this process's objects."""
         module.load_state_dict(result["state_dict"])
         self.lightning_module = module
         self.global_step, self.current_epoch = result["global_step"], result["current_epoch"]
+        self.should_stop = result.get("should_stop", False)
         self.fit_info = dict(result.get("fit_info", {}))
         self._store.load_result(result["callback_metrics"], result["logged_metrics"])
         # by position: the ranks hold copies of these callbacks in the same order (class names of
@@ -599,6 +562,7 @@ def fit_rank(config: TrainerConfig, module: Module, train_dataloaders: Any = Non
         "state_dict": {k: v.detach().cpu() for k, v in module.state_dict().items()},
         "global_step": trainer.global_step,
         "current_epoch": trainer.current_epoch,
+        "should_stop": trainer.should_stop,
         "callback_metrics": trainer._store.cpu_copy(trainer.callback_metrics),
         "logged_metrics": trainer._store.cpu_copy(trainer.logged_metrics),
         "callbacks": [cb.state_dict() for cb in trainer.callbacks],

@@ -18,7 +18,7 @@ from gpulayer.trainer import EarlyStopping, ModelCheckpoint, Module, Trainer, Tr
         ({"limit_train_batches": 1.5}, r"limit_train_batches=1.5.*fraction"),
         ({"devices": 0}, r"devices=0"),
         ({"accumulate_grad_batches": 0}, r"accumulate_grad_batches=0.*>= 1"),
-        ({"val_check_interval": 0.0}, r"val_check_interval=0.0"),
+        ({"val_check_interval": -0.5}, r"val_check_interval=-0.5"),
         ({"enable_progress_bar": "yes"}, r"enable_progress_bar='yes'.*True, False"),
         ({"logger": object()}, r"logger=object.*CSVLogger"),
         ({"callbacks": [object()]}, r"callbacks must subclass"),
