@@ -90,7 +90,7 @@ def _step_epoch_model(pkg, boring):
             out = super().training_step(batch, batch_idx)
             self.log("a", float(batch_idx), on_step=True, on_epoch=True, prog_bar=True)
             self.log("b", float(batch_idx) * 2, reduce_fx="max")
-            self.log("c", out["loss"], on_step=False, on_epoch=True, logger=False)
+            self.log("c", float(batch_idx) / 3, on_step=False, on_epoch=True, logger=False)
             return out
 
         def validation_step(self, batch, batch_idx):
