@@ -208,7 +208,7 @@ class MetricStore:
         self._active = self.results[ctx[2]]
         train = self.results["train"]
         if previous[2] == "train" and train.in_batch and ctx is not self.TRAIN_STEP:
-            self.merge(*self.metrics(train, on_step=True, sync=False))
+            self.merge(*self.metrics(train, on_step=True))
         if ctx is self.TRAIN_STEP:
             if not train.in_batch:
                 train.reset()
@@ -254,7 +254,10 @@ class MetricStore:
             return
         detached = value.detach()
         if entry.on_step:
-            entry.step_value = value if enable_graph else detached
+            if entry.sync:  # reduced across ranks now, with reduce_fx as the op (every rank logs, as Lightning)
+                entry.step_value = self._sync(entry, detached.to(float_dtype()), entry.reduce)
+            else:
+                entry.step_value = value if enable_graph else detached
         if entry.on_epoch:
             entry.values.append(detached)
             if entry.reduce == "mean":
@@ -337,15 +340,15 @@ class MetricStore:
         entry.computed = value
         return value
 
-    def _step_value(self, entry: Entry, sync: bool) -> torch.Tensor | None:
+    def _step_value(self, entry: Entry) -> torch.Tensor | None:
         v = entry.step_value
         if v is None:
             return None
-        if v.dtype not in (torch.float32, torch.float64):
+        if v.dtype is not torch.float32 and v.dtype is not torch.float64:
             v = v.to(float_dtype())
-        return self._sync(entry, v, "mean") if sync else v
+        return v
 
-    def metrics(self, results: Results, on_step: bool, dl_idx: Any = "current", sync: bool = True) -> tuple[dict, dict, dict]:
+    def metrics(self, results: Results, on_step: bool, dl_idx: Any = "current") -> tuple[dict, dict, dict]:
         """(callback, log, progress bar) values of ``results`` at step or epoch level, as Lightning builds them.
 
         ``dl_idx``: only entries of that loader (Lightning reads one loader at a time); ``"all"``: every entry.
@@ -358,7 +361,7 @@ class MetricStore:
             if e.has_reset or (want != "all" and not results.training and e.dl_idx != want):
                 continue
             if on_step:
-                value = self._step_value(e, sync) if e.on_step else None
+                value = self._step_value(e) if e.on_step else None
             else:
                 value = self._epoch_value(e) if e.on_epoch else None
             if value is None:
@@ -387,7 +390,7 @@ class MetricStore:
         results = self.active
         if not results.entries:
             return {}, {}, {}
-        return self.metrics(results, on_step=results.in_batch, sync=False)
+        return self.metrics(results, on_step=results.in_batch)
 
     def callback_metrics(self) -> dict[str, torch.Tensor]:
         callback, _, _ = self.live()
@@ -406,23 +409,20 @@ class MetricStore:
         return self.progress
 
     # -- the loops' events -------------------------------------------------------------------
-    def step_metrics(self, acc_name: str = "train", sync: bool = True) -> dict[str, float]:
+    def step_metrics(self, acc_name: str = "train") -> dict[str, float]:
         """The latest step values of a loop, merged into the trainer's dicts; returns the logger's floats."""
         results = self.results[acc_name]
         if not results.in_batch:  # between an epoch's end and the next: the epoch values stand
             return {}
-        callback, log, pbar = self.metrics(results, on_step=True, sync=sync)
+        callback, log, pbar = self.metrics(results, on_step=True)
         self.merge(callback, log, pbar)
         return dict(zip(log, to_floats(list(log.values())))) if log else {}
-
-    def materialize_step(self, sync: bool = True) -> dict[str, float]:
-        return self.step_metrics("train", sync)
 
     def epoch_metrics(self, acc_name: str, dl_idx: Any = "all") -> dict[str, torch.Tensor]:
         """A loop's epoch values, merged into the trainer's dicts; returns the logger's tensors."""
         results = self.results[acc_name]
         if results.in_batch and results.training:  # the last step values stay visible after the epoch
-            self.merge(*self.metrics(results, on_step=True, sync=False))
+            self.merge(*self.metrics(results, on_step=True))
         results.in_batch = False
         callback, log, pbar = self.metrics(results, on_step=False, dl_idx=dl_idx)
         self.merge(callback, log, pbar)

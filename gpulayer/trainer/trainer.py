@@ -481,7 +481,7 @@ class Trainer(TrainerProperties):
 
     # -- used by the loops at log intervals and epoch ends ----------------------------------------
     def _log_step_metrics(self, to_logger: bool = True) -> None:
-        metrics = self._store.step_metrics("train", sync=to_logger)
+        metrics = self._store.step_metrics("train")
         if to_logger and metrics:
             self._send_to_loggers({**metrics, "epoch": self.current_epoch}, self._batches_stepped - 1)
 
