@@ -176,6 +176,10 @@ class Module(HyperparametersMixin, nn.Module):
                           " model yet. This is most likely because the model hasn't been passed to the `Trainer`",
                           stacklevel=3)
             return
+        if store.context is store.PREDICT:
+            raise MisconfigurationException(
+                "You are trying to `self.log()` but the loop's result collection is not registered yet. This is most "
+                "likely because you are trying to log in a `predict` hook, but it doesn't support logging")
         fx = metrics.current_hook(frame)
         if add_dataloader_idx and "/dataloader_idx_" in name:
             raise MisconfigurationException(
