@@ -507,3 +507,16 @@ def test_logging_in_predict_is_refused_as_lightning_does():
 
     with pytest.raises(MisconfigurationException, match="trying to log in a `predict` hook"):
         _trainer(gl, limit_predict_batches=1).predict(Model(), DataLoader(boring.RandomDataset(32, 4)))
+
+
+def test_a_callback_pickled_after_a_run_leaves_the_modules_log_behind():
+    import pickle
+
+    from gpulayer.trainer.callbacks import TQDMProgressBar
+
+    boring = _pkg("gpulayer.trainer")[1]
+    cb, bar = gl.Callback(), TQDMProgressBar()
+    _trainer(gl, callbacks=[cb, bar], limit_train_batches=1, enable_progress_bar=True).fit(boring.BoringModel())
+    assert cb.log.__self__ is not None and bar.trainer is not None
+    copy, bar_copy = pickle.loads(pickle.dumps(cb)), pickle.loads(pickle.dumps(bar))
+    assert not hasattr(copy, "log") and bar_copy._trainer is None

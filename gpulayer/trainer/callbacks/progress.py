@@ -37,7 +37,7 @@ class TQDMProgressBar(Callback):
 
     def __getstate__(self) -> dict[str, Any]:
         # copies sent to the ranks of a multi-process fit leave this process's trainer behind
-        return {**self.__dict__, "_trainer": None}
+        return {**super().__getstate__(), "_trainer": None}
 
     def get_metrics(self, trainer, pl_module) -> dict[str, Any]:
         """What the bar shows after the counts: ``v_num`` (the logger's version) and the ``prog_bar=True`` values.
