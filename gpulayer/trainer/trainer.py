@@ -356,6 +356,7 @@ class Trainer(TrainerProperties):
         finally:
             self.fit_info = self.strategy.describe()  # now with the comm hook DDP got
             module._metric_store = None
+            self._store.teardown()  # the metrics stay readable on the CPU, as Lightning leaves them
             self.strategy.teardown()
 
     def _setup_backends(self) -> None:
@@ -480,7 +481,7 @@ class Trainer(TrainerProperties):
 
     # -- used by the loops at log intervals and epoch ends ----------------------------------------
     def _log_step_metrics(self, to_logger: bool = True) -> None:
-        metrics = self._store.step_metrics("train", sync=to_logger)
+        metrics = self._store.step_metrics("train")
         if to_logger and metrics:
             self._send_to_loggers({**metrics, "epoch": self.current_epoch}, self._batches_stepped - 1)
 
@@ -563,9 +564,8 @@ def fit_rank(config: TrainerConfig, module: Module, train_dataloaders: Any = Non
         "global_step": trainer.global_step,
         "current_epoch": trainer.current_epoch,
         "should_stop": trainer.should_stop,
-        "callback_metrics": {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v)
-                             for k, v in trainer.callback_metrics.items()},
-        "logged_metrics": trainer.logged_metrics,
+        "callback_metrics": trainer._store.cpu_copy(trainer.callback_metrics),
+        "logged_metrics": trainer._store.cpu_copy(trainer.logged_metrics),
         "callbacks": [cb.state_dict() for cb in trainer.callbacks],
         "fit_info": trainer.fit_info,
     }
@@ -581,9 +581,8 @@ def stage_rank(config: TrainerConfig, stage: str, module: Module, loaders: Any, 
         return None
     return {
         "output": output,
-        "callback_metrics": {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v)
-                             for k, v in trainer.callback_metrics.items()},
-        "logged_metrics": trainer.logged_metrics,
+        "callback_metrics": trainer._store.cpu_copy(trainer.callback_metrics),
+        "logged_metrics": trainer._store.cpu_copy(trainer.logged_metrics),
         "callbacks": [cb.state_dict() for cb in trainer.callbacks],
     }
 
