@@ -17,6 +17,14 @@ class Callback:
     def state_key(self) -> str:
         return type(self).__qualname__
 
+    @property
+    def _legacy_state_key(self) -> type:
+        return type(self)  # what checkpoints of Lightning before 1.5 keyed callback states by
+
+    def _generate_state_key(self, **kwargs: Any) -> str:
+        """A ``state_key`` that tells apart instances of one class by the arguments given (Lightning's format)."""
+        return f"{type(self).__qualname__}{repr(kwargs)}"
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
