@@ -142,8 +142,6 @@ def test_early_stopping_state_survives_a_checkpoint():
     assert both(state) == (True, 1, 1.0, 4)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26: EarlyStopping has no stopping_reason / stopping_reason_message "
-                                       "(Lightning 2.6's EarlyStoppingReason)")
 def test_early_stopping_says_why_it_stopped():
     from gpulayer.trainer.callbacks.early_stopping import EarlyStoppingReason  # noqa: F401
 
