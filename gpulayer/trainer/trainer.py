@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import warnings
 from typing import Any
 
@@ -22,7 +23,7 @@ from gpulayer.trainer.callbacks import Callback
 from gpulayer.trainer.config import TrainerConfig, build_config
 from gpulayer.trainer.datamodule import LightningDataModule
 from gpulayer.trainer.core.optimizer import LightningOptimizer
-from gpulayer.trainer.errors import TrainerConfigError, TrainerError
+from gpulayer.trainer.errors import TrainerConfigError, TrainerError, TrainerTypeError
 from gpulayer.trainer.fit_data import FitData
 from gpulayer.trainer.hooks import Hooks
 from gpulayer.trainer.loop import FitLoop
@@ -132,11 +133,9 @@ class Trainer(TrainerProperties):
     def _fit_impl(self, model: Module, train_dataloaders: Any, val_dataloaders: Any, datamodule: Any,
                   ckpt_path: str | None) -> None:
         if not isinstance(model, Module):
-            raise TrainerConfigError(
-                f"Trainer.fit got {type(model).__name__}; the model must subclass gpulayer.trainer.Module "
-                "(for a Lightning module, change `from lightning import LightningModule` to "
-                "`from gpulayer.trainer import Module`)"
-            )
+            raise TrainerTypeError(
+                f"`model` must be a `LightningModule` or `torch._dynamo.OptimizedModule`, got `{type(model).__qualname__}`"
+                " (subclass gpulayer.trainer.LightningModule)")
         if datamodule is not None and (train_dataloaders is not None or val_dataloaders is not None):
             raise TrainerConfigError("fit() got both a datamodule and data loaders; pass one or the other")
         cfg = self._config
@@ -188,11 +187,12 @@ class Trainer(TrainerProperties):
         if model is None:
             model = self.lightning_module
             if model is None:
-                raise TrainerError(
+                raise TrainerTypeError(
                     f"`Trainer.{stage}()` requires a `LightningModule` when it hasn't been passed in a previous run; "
                     f"call trainer.{stage}(model, dataloaders)")
         if not isinstance(model, Module):
-            raise TrainerConfigError(f"`Trainer.{stage}()` requires a `LightningModule`, got: {type(model).__qualname__}")
+            raise TrainerTypeError(f"`model` must be a `LightningModule` or `torch._dynamo.OptimizedModule`, got "
+                                   f"`{type(model).__qualname__}` (subclass gpulayer.trainer.LightningModule)")
         if dataloaders is not None and datamodule is not None:
             raise TrainerConfigError(
                 f"You cannot pass both `trainer.{stage}(dataloaders=..., datamodule=...)`, choose one to pass.")
@@ -359,6 +359,7 @@ class Trainer(TrainerProperties):
         finally:
             self.fit_info = self.strategy.describe()  # now with the comm hook DDP got
             module._metric_store = None
+            self._store.teardown()  # the metrics stay readable on the CPU, as Lightning leaves them
             self.strategy.teardown()
 
     def _setup_backends(self) -> None:
@@ -430,8 +431,8 @@ class Trainer(TrainerProperties):
         loggers_mod.log_hyperparams(self)  # also creates version_N now, as Lightning does
         module.zero_grad()
         self._fit_data = fit_data = FitData(self, module, train, val, datamodule)
-        val_loaders = fit_data.load_val()  # first, as Lightning: its sanity check reads them before training
-        train = fit_data.load_train()
+        sanity = cfg.num_sanity_val_steps != 0 and ckpt_path is None and not self._resume_newest
+        val_loaders, train = fit_data.load(sanity_check=sanity)  # val first: Lightning's sanity check reads it
         self._loop = FitLoop(self, module, step_fn, train, val_loaders, resume)
         self.num_training_batches = self._loop.num_train_batches
         with gcfreeze.frozen():  # a failure: the entry point's _call_and_handle_interrupt runs on_exception
@@ -482,7 +483,7 @@ class Trainer(TrainerProperties):
 
     # -- used by the loops at log intervals and epoch ends ----------------------------------------
     def _log_step_metrics(self, to_logger: bool = True) -> None:
-        metrics = self._store.step_metrics("train", sync=to_logger)
+        metrics = self._store.step_metrics("train")
         if to_logger and metrics:
             self._send_to_loggers({**metrics, "epoch": self.current_epoch}, self._batches_stepped - 1)
 
@@ -570,9 +571,8 @@ def fit_rank(config: TrainerConfig, module: Module, train_dataloaders: Any = Non
         "global_step": trainer.global_step,
         "current_epoch": trainer.current_epoch,
         "should_stop": trainer.should_stop,
-        "callback_metrics": {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v)
-                             for k, v in trainer.callback_metrics.items()},
-        "logged_metrics": trainer.logged_metrics,
+        "callback_metrics": trainer._store.cpu_copy(trainer.callback_metrics),
+        "logged_metrics": trainer._store.cpu_copy(trainer.logged_metrics),
         "callbacks": [cb.state_dict() for cb in trainer.callbacks],
         "fit_info": trainer.fit_info,
     }
@@ -589,8 +589,11 @@ def stage_rank(config: TrainerConfig, stage: str, module: Module, loaders: Any, 
         return None
     return {
         "output": output,
-        "callback_metrics": {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v)
-                             for k, v in trainer.callback_metrics.items()},
-        "logged_metrics": trainer.logged_metrics,
+        "callback_metrics": trainer._store.cpu_copy(trainer.callback_metrics),
+        "logged_metrics": trainer._store.cpu_copy(trainer.logged_metrics),
         "callbacks": [cb.state_dict() for cb in trainer.callbacks],
     }
+
+
+# Lightning's path for this module is ``<package>.trainer.trainer``: the same module under that name
+sys.modules.setdefault(__name__ + ".trainer", sys.modules[__name__])

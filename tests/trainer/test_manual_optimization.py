@@ -1,82 +1,142 @@
-"""Manual optimization: opt.step(closure=...) hands the closure to the torch optimizer (LBFGS), as Lightning."""
+"""Manual optimization as Lightning documents it (``automatic_optimization = False``): the user zeroes,
+backpropagates with ``manual_backward`` and steps; ``self.optimizers()`` and ``self.lr_schedulers()``;
+several optimizers with ``toggle_optimizer``; closures; accumulation; ``clip_gradients``.
+
+Each scenario runs under both Trainers (``twin.both``) and must end with the same weights, bit for bit.
+"""
 
 from __future__ import annotations
 
-import warnings
-
-import pytest
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch import nn
 
-import gpulayer.trainer as gl
-from gpulayer.trainer.core.optimizer import LightningOptimizer
-
-pl = pytest.importorskip("lightning.pytorch")
+from tests.trainer.twin import QUIET, both, loader
 
 
-def _lbfgs_model(base):
-    class Fit(base):
+def weights(module: nn.Module) -> list:
+    return [p.detach().flatten().tolist() for p in module.parameters()]
+
+
+def manual(L, step, optimizers, epochs=2, **trainer):
+    """Fit a two-layer module whose training_step is ``step(self, batch, batch_idx)`` under manual optimization."""
+
+    class Manual(L.LightningModule):
         def __init__(self):
             super().__init__()
             self.automatic_optimization = False
-            self.layer = torch.nn.Linear(3, 1)
-            self.closure_calls = 0
+            self.first, self.second = nn.Linear(4, 3), nn.Linear(3, 1)
+            self.record = []
+
+        def forward(self, x):
+            return self.second(torch.tanh(self.first(x)))
+
+        def loss(self, batch):
+            x, y = batch
+            return nn.functional.mse_loss(self(x), y)
 
         def training_step(self, batch, batch_idx):
-            opt = self.optimizers()
-            x, y = batch
-
-            def closure():
-                self.closure_calls += 1
-                opt.zero_grad()
-                loss = torch.nn.functional.mse_loss(self.layer(x), y)
-                self.manual_backward(loss)
-                return loss
-
-            opt.step(closure=closure)
+            return step(self, batch, batch_idx)
 
         def configure_optimizers(self):
-            return torch.optim.LBFGS(self.parameters(), lr=0.5, max_iter=5)
+            return optimizers(self)
 
-    return Fit
-
-
-def _data():
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(32, 3, generator=g)
-    return DataLoader(TensorDataset(x, x @ torch.tensor([[1.0], [-2.0], [0.5]])), batch_size=16)
+    L.seed_everything(11)
+    model = Manual()
+    trainer = L.Trainer(max_epochs=epochs, enable_checkpointing=False, **QUIET, **trainer)
+    trainer.fit(model, loader(rows=24, batch_size=4))
+    return weights(model), trainer.global_step, model.record
 
 
-def test_lbfgs_calls_the_closure_itself_and_ends_at_lightnings_weights():
-    models = {}
-    for side, mod in (("gl", gl), ("pl", pl)):
-        torch.manual_seed(4)
-        model = _lbfgs_model(mod.LightningModule)()
-        kw = dict(accelerator="cpu", devices=1) if side == "pl" else {}
-        trainer = mod.Trainer(max_epochs=2, logger=False, enable_progress_bar=False, enable_checkpointing=False,
-                              enable_model_summary=False, **kw)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            trainer.fit(model, _data())
-        models[side] = (model, trainer)
-    ours, theirs = models["gl"][0], models["pl"][0]
-    assert ours.closure_calls == theirs.closure_calls > 4  # LBFGS evaluates it several times a step
-    assert models["gl"][1].global_step == models["pl"][1].global_step == 4
-    for a, b in zip(ours.parameters(), theirs.parameters()):
-        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
-
-
-def test_a_lightning_optimizer_outside_a_fit_passes_the_closure_through():
-    p = torch.nn.Parameter(torch.tensor([3.0]))
-    opt = LightningOptimizer(torch.optim.LBFGS([p], lr=1.0, max_iter=4))
-    calls = []
-
-    def closure():
-        calls.append(1)
+def test_manual_steps_give_lightnings_weights_and_count_one_global_step_per_optimizer_step():
+    def step(self, batch, batch_idx):
+        opt = self.optimizers()
         opt.zero_grad()
-        loss = (p - 1).pow(2).sum()
-        loss.backward()
-        return loss
+        loss = self.loss(batch)
+        self.manual_backward(loss)
+        opt.step()
+        self.record.append(any(c.__name__ == "LightningOptimizer" for c in type(opt).__mro__))
 
-    opt.step(closure=closure)
-    assert len(calls) > 1 and abs(p.item() - 1.0) < 1e-3
+    def run(L):
+        w, steps, record = manual(L, step, lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9))
+        return w, steps, set(record)
+
+    w, steps, kinds = both(run)
+    assert steps == 12 and kinds == {True}  # self.optimizers() hands out LightningOptimizer wrappers
+
+
+def test_two_optimizers_each_step_their_own_parameters_and_both_count():
+    def step(self, batch, batch_idx):
+        first, second = self.optimizers()
+        for opt in (first, second):
+            self.toggle_optimizer(opt)
+            opt.zero_grad()
+            self.manual_backward(self.loss(batch))
+            opt.step()
+            self.untoggle_optimizer(opt)
+
+    def optimizers(m):
+        return [torch.optim.SGD(m.first.parameters(), lr=0.1), torch.optim.Adam(m.second.parameters(), lr=0.01)]
+
+    w, steps, _ = both(manual, step, optimizers)
+    assert steps == 24  # two optimizer steps per batch, as Lightning counts them
+
+
+def test_the_user_steps_the_schedulers_from_lr_schedulers():
+    def step(self, batch, batch_idx):
+        opt, sched = self.optimizers(), self.lr_schedulers()
+        opt.zero_grad()
+        self.manual_backward(self.loss(batch))
+        opt.step()
+        if batch_idx == 5:  # the epoch's last batch
+            sched.step()
+        self.record.append(opt.param_groups[0]["lr"])
+
+    def optimizers(m):
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        return [opt], [torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)]
+
+    w, steps, lrs = both(manual, step, optimizers)
+    assert lrs == [0.1] * 5 + [0.05] * 6 + [0.025]  # stepped by the user only, never by the Trainer
+
+
+def test_accumulating_gradients_by_hand_steps_every_second_batch():
+    def step(self, batch, batch_idx):
+        opt = self.optimizers()
+        self.manual_backward(self.loss(batch) / 2)
+        if (batch_idx + 1) % 2 == 0:
+            opt.step()
+            opt.zero_grad()
+
+    w, steps, _ = both(manual, step, lambda m: torch.optim.SGD(m.parameters(), lr=0.1))
+    assert steps == 6
+
+
+def test_clip_gradients_clips_before_the_users_step():
+    def step(self, batch, batch_idx):
+        opt = self.optimizers()
+        opt.zero_grad()
+        self.manual_backward(self.loss(batch) * 100)
+        self.clip_gradients(opt, gradient_clip_val=0.5, gradient_clip_algorithm="norm")
+        total = torch.norm(torch.stack([p.grad.norm() for p in self.parameters()]))
+        self.record.append(round(float(total), 4))
+        opt.step()
+
+    w, steps, norms = both(manual, step, lambda m: torch.optim.SGD(m.parameters(), lr=0.01), epochs=1)
+    assert max(norms) <= 0.5
+
+
+def test_a_closure_is_handed_to_the_torch_optimizer():
+    def step(self, batch, batch_idx):
+        opt = self.optimizers()
+
+        def closure():
+            opt.zero_grad()
+            loss = self.loss(batch)
+            self.manual_backward(loss)
+            self.record.append("closure")
+            return loss
+
+        opt.step(closure=closure)
+
+    w, steps, calls = both(manual, step, lambda m: torch.optim.LBFGS(m.parameters(), lr=0.1, max_iter=3), epochs=1)
+    assert steps == 6 and len(calls) > 6  # LBFGS evaluates the closure several times per step

@@ -1,6 +1,7 @@
 """``Callback``: the base class (Lightning's ``callbacks.callback``); a callback overrides only the hooks it needs.
 
-The Trainer never calls a hook a callback leaves as the base's no-op (``hooks.py``).
+The Trainer never calls a hook a callback leaves as the base's no-op (``hooks.py``). Inside a hook,
+``self.log(...)`` / ``self.log_dict(...)`` log through the module (the Trainer attaches them at each run).
 Callbacks run on every rank; files are written by global rank 0 only.
 """
 
@@ -29,6 +30,14 @@ class Callback:
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         pass
+
+    def __getstate__(self) -> dict[str, Any]:
+        # ``log`` / ``log_dict`` are the module's, attached for one run (as Lightning does); a copy sent to
+        # the ranks of a multi-process fit gets them there, not the module pickled along
+        state = self.__dict__.copy()
+        state.pop("log", None)
+        state.pop("log_dict", None)
+        return state
 
     def setup(self, trainer, pl_module, stage: str) -> None: ...
     def teardown(self, trainer, pl_module, stage: str) -> None: ...
