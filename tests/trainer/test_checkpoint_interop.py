@@ -52,6 +52,7 @@ def _data():
 
 
 def _quiet(**kw):
+    kw.setdefault("enable_checkpointing", False)  # the tests that want checkpoints pass their own callbacks
     return dict(logger=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, **kw)
 
 
@@ -59,13 +60,14 @@ def _pl_trainer(tmp_path, max_epochs, **kw):
     cbs = [pl.callbacks.ModelCheckpoint(dirpath=tmp_path, monitor="val_loss", save_last=True),
            pl.callbacks.EarlyStopping(monitor="val_loss", patience=50)]
     return pl.Trainer(max_epochs=max_epochs, callbacks=cbs, accelerator="cpu", devices=1,
-                      default_root_dir=tmp_path, **_quiet(**kw))
+                      default_root_dir=tmp_path, **_quiet(enable_checkpointing=True, **kw))
 
 
 def _gl_trainer(tmp_path, max_epochs, **kw):
     cbs = [GlModelCheckpoint(dirpath=tmp_path, monitor="val_loss", save_last=True),
            GlEarlyStopping(monitor="val_loss", patience=50)]
-    return gl.Trainer(max_epochs=max_epochs, callbacks=cbs, default_root_dir=tmp_path, **_quiet(**kw))
+    return gl.Trainer(max_epochs=max_epochs, callbacks=cbs, default_root_dir=tmp_path,
+                      **_quiet(enable_checkpointing=True, **kw))
 
 
 def _fit(make_trainer, model_cls, tmp_path, max_epochs, ckpt_path=None):
@@ -117,7 +119,7 @@ def test_a_mid_epoch_gpulayer_checkpoint_continues_in_lightning_from_its_step(tm
     torch.manual_seed(1)
     cb = GlModelCheckpoint(dirpath=tmp_path, every_n_train_steps=5, save_top_k=-1)
     train, val = _data()
-    gl.Trainer(max_epochs=1, callbacks=[cb], **_quiet()).fit(GlModel(), train, val)
+    gl.Trainer(max_epochs=1, callbacks=[cb], **_quiet(enable_checkpointing=True)).fit(GlModel(), train, val)
     path = str(tmp_path / "epoch=0-step=5.ckpt")
     trainer = pl.Trainer(max_epochs=1, accelerator="cpu", devices=1, **_quiet())
     with warnings.catch_warnings():
