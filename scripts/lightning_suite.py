@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from lightning_compat.private_rule import classify_file  # noqa: E402
 from lightning_compat.runner import FileRun, build_tree, run_file  # noqa: E402
-from lightning_compat.tally import function_key, render_markdown, render_text, tally_file, totals  # noqa: E402
+from lightning_compat.tally import (  # noqa: E402
+    function_key, per_file_summary, render_markdown, render_text, tally_file, totals)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -137,6 +138,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", type=Path, help="write every function's outcome on both sides here")
     p.add_argument("--markdown", type=Path, help="write the per-file table and the failures grouped by kind here; in a file holding\n"
                         "the generated-table markers (docs/LIGHTNING.md), only the part between them")
+    p.add_argument("--before", type=Path,
+                   help="a JSON an earlier run wrote with --json: --markdown adds its per-file passes as a column")
     p.add_argument("--show-private", action="store_true", help="list each private function with the rule it matched")
     p.add_argument("--keep-temp", action="store_true", help="leave the temporary trees (their path is printed)")
     return p.parse_args(argv)
@@ -199,14 +202,29 @@ def main(argv: list[str] | None = None) -> int:
     header = {"lightning_commit": commit, "lightning_version": version, "gpulayer_root": gpulayer_root,
               "against": args.against, "files": files}
     if args.json:
-        payload = header | {"totals": totals(results), "files": [
+        payload = header | {"totals": totals(results), "per_file": per_file_summary(results), "files": [
             {"file": fr.file, "note": fr.note, "functions": [f.__dict__ for f in fr.functions]} for fr in results]}
         args.json.write_text(json.dumps(payload, indent=1))
     if args.markdown:
         intro = (f"Lightning tests at commit `{commit}`, reference lightning {version}, gpulayer at "
                  f"`{gpulayer_commit(args.gpulayer_root)}`, `--against {args.against}`, run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n\n")
-        write_markdown(args.markdown, intro + render_markdown(results))
+        before = read_before(args.before) if args.before else None
+        if args.before:
+            intro += f"\"passed before\": {args.before.name}.\n\n"
+        write_markdown(args.markdown, intro + render_markdown(results, before))
     return 0
+
+
+def read_before(path: Path) -> dict:
+    """{file: {"counted", "passed"}} from a --json output (its per_file, or recounted from its functions)."""
+    data = json.loads(path.read_text())
+    if "per_file" in data:
+        return data["per_file"]
+    summary = {}
+    for entry in data["files"]:
+        counted = [f for f in entry["functions"] if not f["private"] and f["lightning"] == "passed"]
+        summary[entry["file"]] = {"counted": len(counted), "passed": sum(f["gpulayer"] == "passed" for f in counted)}
+    return summary
 
 
 BEGIN, END = "<!-- lightning_suite: begin generated table -->", "<!-- lightning_suite: end generated table -->"

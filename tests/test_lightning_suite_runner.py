@@ -67,13 +67,18 @@ def test_guarded_imports_keep_line_numbers_and_bind_every_name():
 
 def test_a_missing_name_fails_only_where_it_is_used():
     out = rewrite_test_source("from lightning.pytorch.utilities.nothing_here import Gizmo\n"
+                              "PARAMS = [Gizmo.FIRST, Gizmo.SECOND]\n"  # referred to at import: still collects
+                              "class Custom(Gizmo):\n    pass\n"
                               "def test_public():\n    return 1\n"
-                              "def test_uses():\n    return Gizmo()\n")
+                              "def test_uses():\n    return Gizmo()\n"
+                              "def test_param():\n    return bool(PARAMS[0])\n"
+                              "def test_subclass():\n    return Custom()\n")
     module = types.ModuleType("rewritten")
     exec(compile(out, "t.py", "exec"), module.__dict__)  # collection (the import) succeeds
     assert module.test_public() == 1
-    with pytest.raises(ImportError, match="cannot import name 'Gizmo'"):
-        module.test_uses()
+    for test in (module.test_uses, module.test_param, module.test_subclass):
+        with pytest.raises(ImportError, match="cannot import name 'Gizmo'"):
+            test()
 
 
 def test_environment_facts_are_computed_not_imported_from_gpulayer():
@@ -221,3 +226,11 @@ def test_a_case_lost_to_a_killed_process_counts_as_failed():
 ])
 def test_failure_causes_are_grouped_by_kind(cause, kind):
     assert cause_kind(cause) == kind
+
+
+def test_a_file_of_private_functions_only_still_renders():
+    from lightning_compat.tally import render_markdown, render_text
+
+    result = tally_file("f.py", {"test_a": "reaches ..."}, _run({"test_a": ("passed", "")}), _run({"test_a": ("failed", "x")}))
+    assert "0/0" in render_text([result])
+    assert "| f.py | 1 | 1 | 0 | 0 | 0 | 0 | - |" in render_markdown([result])

@@ -87,6 +87,11 @@ def build_tree(side: str, tests_pytorch: Path, files: list[str], root: Path) -> 
         shutil.copyfile(SANDBOX / "runif.py", dst / "helpers" / "runif.py")
         for name in ("lsr_runtime.py", "lsr_env.py"):
             shutil.copyfile(SANDBOX / name, tests / name)
+    # tests/legacy: the list of released versions checkpointing/test_legacy_checkpoints.py reads at import, and
+    # the checkpoints a Lightning checkout may hold (downloaded separately): data, the same on both sides.
+    legacy = tests_pytorch.parent / "legacy"
+    if legacy.is_dir():
+        shutil.copytree(legacy, tests / "legacy", ignore=shutil.ignore_patterns("*.py", "*.sh"), dirs_exist_ok=True)
     shutil.copyfile(SANDBOX / "lsr_plugin.py", tests / "lsr_plugin.py")
     (tests / "pytest.ini").write_text(PYTEST_INI)
     return tests

@@ -144,13 +144,21 @@ def _skip_reasons(fr: FileResult) -> str:
     return ", ".join(f"{r} x{n}" for r, n in reasons.most_common())
 
 
+def _normalized(cause: str) -> str:
+    """A cause without its numbers and quoted values' details, so that the same defect groups together."""
+    cause = re.sub(r"0x[0-9a-f]+", "0x…", cause)
+    cause = re.sub(r"\b\d+(\.\d+)?\b", "N", cause)
+    return _short(cause, 110)
+
+
 def _short(text: str, limit: int = 160) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 def totals(results: list[FileResult]) -> dict:
-    t = Counter()
+    t = Counter({k: 0 for k in ("functions", "private", "skipped", "lightning_failed", "counted", "passed",
+                                "cases_counted", "cases_passed")})
     for fr in results:
         for f in fr.functions:
             t["functions"] += 1
@@ -193,14 +201,28 @@ def render_text(results: list[FileResult], *, verbose_private: bool = False) -> 
     return "\n".join(lines)
 
 
-def render_markdown(results: list[FileResult]) -> str:
-    out = ["| file | functions | private | skipped | fail under Lightning | counted | gpulayer passed | % | cases |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+def per_file_summary(results: list[FileResult]) -> dict:
+    """{file: {"counted", "passed"}} and the totals: what --before reads back from a saved --json."""
+    return {fr.file: {"counted": file_row(fr)["counted"], "passed": file_row(fr)["passed"]} for fr in results}
+
+
+def render_markdown(results: list[FileResult], before: dict | None = None) -> str:
+    """The per-file table (with a "passed before" column when ``before`` maps files to a saved summary), then
+    the most common causes, the failures by kind, the skips, Lightning's own failures and the private rules."""
+    extra = " passed before |" if before else ""
+    out = ["| file | functions | private | skipped | fail under Lightning | counted |" + extra
+           + " gpulayer passed | % | cases |",
+           "|---|---:|---:|---:|---:|---:|" + ("---:|" if before else "") + "---:|---:|---:|"]
     for fr in results + [None]:
         row = file_row(fr) if fr else totals(results) | {"file": "**total**"}
         pct = f"{100.0 * row['passed'] / row['counted']:.0f}" if row["counted"] else "-"
+        cell = ""
+        if before:
+            old = before.get(row["file"]) if fr else {"passed": sum(v["passed"] for v in before.values()
+                                                                    if v is not None and isinstance(v, dict))}
+            cell = f" {old['passed'] if old else '-'} |"
         out.append(f"| {row['file']} | {row['functions']} | {row['private']} | {row['skipped']} | "
-                   f"{row['lightning_failed']} | {row['counted']} | {row['passed']} | {pct} | "
+                   f"{row['lightning_failed']} | {row['counted']} |{cell} {row['passed']} | {pct} | "
                    f"{row['cases_passed']}/{row['cases_counted']} |")
     by_kind: dict[str, list[str]] = defaultdict(list)
     for fr in results:
@@ -208,6 +230,12 @@ def render_markdown(results: list[FileResult]) -> str:
             if f.counted and f.gpulayer != "passed":
                 by_kind[cause_kind(f.gpulayer_cause)].append(
                     f"- `{fr.file}::{f.key}`: {_short(f.gpulayer_cause, 220).replace('|', '/') or f.gpulayer}")
+    common = Counter(_normalized(f.gpulayer_cause) for fr in results for f in fr.functions
+                     if f.counted and f.gpulayer != "passed")
+    out.append("")
+    out.append("### Most common causes (counted functions failing under gpulayer)")
+    out.append("")
+    out.extend(f"- {n} x {cause.replace('|', '/')}" for cause, n in common.most_common(20) if n > 1)
     out.append("")
     out.append("### Failures by kind")
     for kind, items in sorted(by_kind.items(), key=lambda kv: -len(kv[1])):
@@ -222,6 +250,12 @@ def render_markdown(results: list[FileResult]) -> str:
         skips = _skip_reasons(fr)
         if skips:
             out.append(f"- `{fr.file}`: {skips.replace('|', '/')}")
+    out.append("")
+    out.append("### Failing under Lightning on this machine (not counted), by cause")
+    out.append("")
+    light_causes = Counter(_short(f.lightning_cause, 120) for fr in results for f in fr.functions
+                           if not f.private and f.lightning == "failed")
+    out.extend(f"- {cause.replace('|', '/')}: {n}" for cause, n in light_causes.most_common())
     out.append("")
     out.append("### Private (counted apart), by rule")
     out.append("")
