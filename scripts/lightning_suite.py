@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -150,6 +151,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # `timeout` and job control end a run with SIGTERM: as SystemExit, it still kills the current file's pytest
+    # process group and removes the temporary trees (the finally blocks), instead of leaving both behind.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     if args.from_json:
         data = json.loads(args.from_json.read_text())
         results = [FileResult(e["file"], [FunctionResult(**f) for f in e["functions"]], e.get("note", ""))
