@@ -53,8 +53,14 @@ def _lightning_loops(trainer, phase: str, epoch: int, batches_done: int) -> dict
     return checkpoint_loops.to_lightning(
         phase=phase, epoch=epoch, batches_done=batches_done, batches_per_epoch=per_epoch,
         global_step=trainer.global_step, batches_stepped=trainer._batches_stepped, stepped_this_batch=stepped,
-        manual=not module.automatic_optimization, val_batches=int(sum(trainer.num_val_batches or [0])),
+        manual=not module.automatic_optimization, val_batches=_finite_total(trainer.num_val_batches),
         val_ran=trainer._val_has_run, accumulate=accumulate)
+
+
+def _finite_total(counts: list[float] | None) -> int:
+    """How many batches a validation run has; an infinite loader counts 0 (Lightning would count what ran)."""
+    total = sum(counts or [0])
+    return int(total) if total != float("inf") else 0
 
 
 def _hparams_entries(obj: Any, ckpt: dict[str, Any]) -> None:
@@ -81,11 +87,15 @@ def dump(trainer, weights_only: bool = False) -> dict[str, Any]:
         "state_dict": module.state_dict(),
         "loops": _lightning_loops(trainer, phase, epoch, batches_done),
     }
+    if phase == checkpoint_loops.BETWEEN and (loop is None or loop.epoch_done):
+        own_epoch, own_batches, own_done = max(epoch - 1, 0), 0, epoch > 0  # the counter moved past the last epoch
+    else:
+        own_epoch, own_batches, own_done = epoch, loop.batches_done, loop.epoch_done
     own: dict[str, Any] = {
         "format": FORMAT_VERSION,
-        "epoch": trainer.current_epoch,
-        "batches_done": loop.batches_done if loop is not None else 0,
-        "epoch_done": loop.epoch_done if loop is not None else True,
+        "epoch": own_epoch,
+        "batches_done": own_batches,
+        "epoch_done": own_done,
         "phase": phase,
         "batches_stepped": trainer._batches_stepped,
     }

@@ -34,9 +34,9 @@ def _opt_counts(n_cur: int, n_tot: int) -> dict[str, Any]:
                           "current": {"ready": n_cur, "completed": n_cur, "started": n_cur}}}
 
 
-def _eval_loop(done: int) -> dict[str, Any]:
+def _eval_loop(done: int, ran: bool = False) -> dict[str, Any]:
     p = _progress(done, done, done, done)
-    return {"state_dict": {}, "batch_progress": {**_both(p, p), "is_last_batch": done > 0}}
+    return {"state_dict": {}, "batch_progress": {**_both(p, p), "is_last_batch": ran or done > 0}}
 
 
 def to_lightning(*, phase: str, epoch: int, batches_done: int, batches_per_epoch: float, global_step: int,
@@ -69,7 +69,7 @@ def to_lightning(*, phase: str, epoch: int, batches_done: int, batches_per_epoch
     auto_total, auto_cur = (0, 0) if manual else (global_step, min(steps_this_epoch, global_step))
     man = 0 if not manual else global_step
     val_done = val_batches if val_ran else 0
-    val = _eval_loop(val_done)
+    val = _eval_loop(val_done, val_ran)
     if phase == BATCH_END:  # a new epoch's validation has not run yet: Lightning's total restarts at 0
         val["batch_progress"]["total"] = _progress(0, 0, 0, 0)
     fit_loop = {

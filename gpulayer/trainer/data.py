@@ -191,7 +191,8 @@ def from_datamodule(datamodule: Any, method: str) -> Any:
     if fn is None:
         return None
     from gpulayer.trainer.datamodule import LightningDataModule
-    if isinstance(datamodule, LightningDataModule) and getattr(type(datamodule), method) is getattr(LightningDataModule, method):
+    if isinstance(datamodule, LightningDataModule) and method not in vars(datamodule) \
+            and getattr(type(datamodule), method) is getattr(LightningDataModule, method):
         return None
     return fn()
 

@@ -102,7 +102,7 @@ class EvalLoop:
         else:
             hooks.call(f"on_{p}_epoch_end")
             if self.sanity:
-                store.reset(self.acc_name)  # Lightning discards what the sanity check logged
+                store.discard_sanity(self.acc_name)  # Lightning discards what the sanity check logged
                 results = []
             else:
                 outputs = store.eval_outputs(self.acc_name, len(self.loaders))

@@ -16,6 +16,8 @@ from typing import Any, Callable
 
 from gpulayer.trainer import data, evaluate
 from gpulayer.trainer.errors import TrainerConfigError
+from gpulayer.trainer.seed import capture_rng, restore_rng
+from gpulayer.trainer.states import RunningStage
 
 Source = Callable[[], Any]
 
@@ -49,19 +51,62 @@ class FitData:
         self.trainer, self.module, self.cfg = trainer, module, trainer._config
         self.train_source, self.val_source = sources(module, train, val, datamodule)
         trainer._train_source = self.train_source
-        self.train_loaded_epoch = self.val_loaded_epoch = 0
+        self.train_loaded_epoch: float = 0
+        self.val_loaded_epoch: float = -math.inf  # never: the first validating epoch requests them
+        self.val_loaded = False
 
-    # -- validation loaders -------------------------------------------------------------------------
+    def load(self, sanity_check: bool) -> tuple[list, Any]:
+        """The fit's first loaders, in Lightning's order; val ones only if validation runs in the first epoch.
+
+        With a sanity check, the val loaders come first, requested inside it (``trainer.sanity_checking``)
+        under a random state put back afterwards, as Lightning's isolated sanity check: the train data is
+        then built from the same random state as without validation (a ``RandomDataset`` made in
+        ``train_dataloader()`` holds the same numbers). Without one, train first, then val.
+        """
+        t = self.trainer
+        t.has_val_loader = self.validation_possible()
+        if sanity_check and self.validation_possible():
+            rng = capture_rng()
+            val = self._load_val_as(RunningStage.SANITY_CHECKING, record=self.val_epoch())
+            restore_rng(rng)
+            return val, self.load_train()
+        train = self.load_train()
+        val = self._load_val_as(RunningStage.VALIDATING) if self.validation_possible() and self.val_epoch() else []
+        return val, train
+
+    def val_epoch(self) -> bool:
+        """``check_val_every_n_epoch`` lets validation run in the current epoch."""
+        n = self.cfg.check_val_every_n_epoch
+        return n is None or (self.trainer.current_epoch + 1) % n == 0
+
+    def reload_val(self) -> list:
+        """At a validating epoch's start: the val loaders requested again (first load, or every n epochs)."""
+        return self._load_val_as(RunningStage.VALIDATING)
+
+    def _load_val_as(self, stage: RunningStage, record: bool = True) -> list:
+        """``load_val`` with ``trainer.state.stage`` showing why the loaders are requested (the hooks read it)."""
+        t = self.trainer
+        before, t.state.stage = t.state.stage, stage
+        try:
+            return self.load_val(record)
+        finally:
+            t.state.stage = before
+
+    # -- validation loaders ----------------------------------------------------------------------
     def validation_possible(self) -> bool:
         return self.val_source is not None and evaluate.defines(self.module, "validation_step") \
             and self.cfg.limit_val_batches > 0
 
-    def load_val(self) -> list:
-        """Request the val loaders (or none, when validation cannot run), prepared for this process."""
+    def load_val(self, record: bool = True) -> list:
+        """Request the val loaders (or none, when validation cannot run), prepared for this process.
+
+        ``record``: the request counts for ``reload_dataloaders_every_n_epochs`` (Lightning does not count a
+        sanity check's request made in an epoch that does not validate).
+        """
         t = self.trainer
-        t.has_val_loader = False
+        self.val_loaded = True
         if not self.validation_possible():
-            t.num_val_batches = []
+            t.has_val_loader, t.num_val_batches = False, []
             return []
         given = self.val_source()
         loaders = data.as_list(given)
@@ -73,7 +118,8 @@ class FitData:
         t.has_val_loader = bool(loaders)
         t._stage_loaders["validate"] = data.as_given(given, loaders) if loaders else None
         t.num_val_batches = [data.num_batches(dl, self.cfg.limit_val_batches, "val") for dl in loaders]
-        self.val_loaded_epoch = t.current_epoch
+        if record:
+            self.val_loaded_epoch = t.current_epoch
         return loaders
 
     def val_reload_due(self) -> bool:
@@ -104,6 +150,10 @@ class FitData:
             data.seed_workers(loader)
         t._train_loader = loader
         t.num_training_batches = data.num_batches(loader, cfg.limit_train_batches, "train")
+        if isinstance(loader, data.CombinedLoader) and loader._mode == "sequential":
+            raise TrainerConfigError(
+                '`FitLoop` does not support the `CombinedLoader(mode="sequential")` mode: a training step takes a '
+                'batch of every loader; use mode "max_size_cycle", "max_size" or "min_size"')
         self.train_loaded_epoch = t.current_epoch
         t.val_check_batch = self.val_check_batch(t.num_training_batches)
         return loader

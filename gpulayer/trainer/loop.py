@@ -113,6 +113,8 @@ class FitLoop:
 
     def _fit_done(self) -> bool:
         t, cfg = self.trainer, self.cfg
+        if self.num_train_batches == 0:  # limit_train_batches=0 or an empty loader: no epoch runs (Lightning)
+            return True
         if cfg.max_steps != -1 and t.global_step >= cfg.max_steps:
             return True
         if cfg.max_epochs != -1 and t.current_epoch >= cfg.max_epochs:
@@ -132,8 +134,8 @@ class FitLoop:
         if fit_data is not None and fit_data.train_reload_due():
             self.train_loader = fit_data.load_train()
             self.num_train_batches = t.num_training_batches
-        if fit_data is not None and self.val_loaders and fit_data.val_reload_due() and self._val_epoch():
-            self.val_loaders = fit_data.load_val()
+        if fit_data is not None and self._val_epoch() and (not fit_data.val_loaded or fit_data.val_reload_due()):
+            self.val_loaders = fit_data.reload_val()
         self.hooks.call("on_train_epoch_start")
         data.set_epoch(self.train_loader, t.current_epoch)
         skip, resume, self.resume = 0, self.resume, None
@@ -279,7 +281,12 @@ class FitLoop:
     def _val_epoch(self) -> bool:
         """Validation can run in this epoch: loaders, validation_step, check_val_every_n_epoch."""
         n = self.cfg.check_val_every_n_epoch
-        return bool(self.val_loaders) and (n is None or (self.trainer.current_epoch + 1) % n == 0)
+        due = n is None or (self.trainer.current_epoch + 1) % n == 0
+        fit_data = self.trainer._fit_data
+        if fit_data is None:
+            return due and bool(self.val_loaders)
+        # not requested yet (no sanity check, no validation in the first epochs): requested when first due
+        return due and fit_data.validation_possible() and (bool(self.val_loaders) or not fit_data.val_loaded)
 
     def _val_due(self) -> bool:
         """Validation runs after the epoch's last batch: the interval falls on it, or the epoch is unsized."""

@@ -126,13 +126,14 @@ def is_metric_collection(value: Any) -> bool:
 class Entry:
     """One ``self.log`` result: its options, the latest step value and the epoch's values so far."""
 
-    __slots__ = ("fx", "name", "options", "prog_bar", "logger", "on_step", "on_epoch", "reduce", "enable_graph",
+    __slots__ = ("fx", "name", "options", "raw", "prog_bar", "logger", "on_step", "on_epoch", "reduce", "enable_graph",
                  "add_dl", "dl_idx", "sync", "group", "metric", "step_value", "values", "sizes", "computed",
                  "has_reset")
 
     def __init__(self, fx, name, options, prog_bar, logger, on_step, on_epoch, reduce, enable_graph, add_dl, dl_idx,
                  sync, group, metric):
         self.fx, self.name, self.options = fx, name, options
+        self.raw: tuple = ()  # the last call's arguments as given, to skip the checks when they repeat
         self.prog_bar, self.logger, self.on_step, self.on_epoch = prog_bar, logger, on_step, on_epoch
         self.reduce, self.enable_graph, self.add_dl, self.dl_idx = reduce, enable_graph, add_dl, dl_idx
         self.sync, self.group, self.metric = sync, group, metric
@@ -188,6 +189,7 @@ class MetricStore:
         self._reduce_fn = reduce_fn                   # cross-rank reduction (None: one process)
         self.eval_steps: dict[tuple, int] = {}        # (loop, loader) -> eval batches logged: the logger's eval step
         self._context = self.TRAIN_EPOCH
+        self._active = self.results["train"]
         self.context = self.TRAIN_STEP
         self._pending: dict[str, tuple[list, list]] = {}  # a mid-epoch checkpoint's values, until logged again
 
@@ -203,9 +205,10 @@ class MetricStore:
     @context.setter
     def context(self, ctx: tuple) -> None:
         previous, self._context = self._context, ctx
+        self._active = self.results[ctx[2]]
         train = self.results["train"]
         if previous[2] == "train" and train.in_batch and ctx is not self.TRAIN_STEP:
-            self.merge(*self.metrics(train, on_step=True, sync=False))
+            self.merge(*self.metrics(train, on_step=True))
         if ctx is self.TRAIN_STEP:
             if not train.in_batch:
                 train.reset()
@@ -228,12 +231,45 @@ class MetricStore:
 
     @property
     def active(self) -> Results:
-        return self.results[self.context[2]]
+        return self._active
 
     # -- the hot path ------------------------------------------------------------------
     def log(self, fx: str | None, name: str, value: Any, prog_bar: bool, logger: bool | None, on_step: bool | None,
             on_epoch: bool | None, reduce_fx: Any, enable_graph: bool, sync_dist: bool, sync_dist_group: Any,
             add_dataloader_idx: bool, batch_size: int | None, metric: Any, rank_zero_only: bool) -> None:
+        results = self._active
+        dl_idx = None if results.training else self.dl_idx
+        key = (fx, name, dl_idx if add_dataloader_idx else None)
+        raw = (prog_bar, logger, on_step, on_epoch, reduce_fx, enable_graph, add_dataloader_idx, dl_idx, sync_dist,
+               sync_dist_group, rank_zero_only)
+        entry = results.entries.get(key)
+        if entry is None or entry.raw != raw:  # first time, or other arguments: check them (a repeat call skips this)
+            entry = self._checked_entry(results, key, raw, metric)
+        entry.has_reset = False
+        entry.computed = None
+        if metric is not None:  # a torchmetrics.Metric: it keeps its own state; Lightning reads its forward cache
+            entry.metric = metric
+            if entry.on_step:
+                entry.step_value = metric._forward_cache
+            return
+        detached = value.detach()
+        if entry.on_step:
+            if entry.sync:  # reduced across ranks now, with reduce_fx as the op (every rank logs, as Lightning)
+                entry.step_value = self._sync(entry, detached.to(float_dtype()), entry.reduce)
+            else:
+                entry.step_value = value if enable_graph else detached
+        if entry.on_epoch:
+            entry.values.append(detached)
+            if entry.reduce == "mean":
+                if batch_size is None:
+                    batch_size = batch_size_of(self.batch) if self.batch is not None else 1
+                entry.sizes.append(batch_size)
+
+    def _checked_entry(self, results: Results, key: tuple, raw: tuple, metric: Any) -> Entry:
+        """Lightning's checks of a ``self.log`` call in hook ``fx``; a new entry, or the existing one if the options
+        (after defaults) are the same."""
+        fx, name, _ = key
+        prog_bar, logger, on_step, on_epoch, reduce_fx, enable_graph, add_dl, dl_idx, sync_dist, group, rank0 = raw
         rules = FX_RULES.get(fx) if fx is not None else None
         if rules is None:
             if fx is not None:
@@ -241,8 +277,7 @@ class MetricStore:
                     f"You can't `self.log()` inside `{fx}`. HINT: You can still log directly to the logger by using"
                     " `self.logger.experiment`.")
             # called from code the stack does not name (a step assigned under another name): the loop's defaults
-            default_step, default_epoch, _ = self.context
-            rules = (default_step, default_epoch, _ANY, _ANY)
+            rules = (self.context[0], self.context[1], _ANY, _ANY)
         on_step = rules[0] if on_step is None else on_step
         on_epoch = rules[1] if on_epoch is None else on_epoch
         if on_step not in rules[2]:
@@ -251,42 +286,27 @@ class MetricStore:
         if on_epoch not in rules[3]:
             raise MisconfigurationException(
                 f"You can't `self.log(on_epoch={on_epoch})` inside `{fx}`, must be one of {rules[3]}.")
-        results = self.active
-        dl_idx = self.dl_idx if not results.training else None
-        key = (fx, name, dl_idx if add_dataloader_idx else None)
+        if not on_step and not on_epoch:
+            raise MisconfigurationException("`self.log(on_step=False, on_epoch=False)` is not useful.")
         logger = True if logger is None else bool(logger)
-        sync = bool(sync_dist) and self._reduce_fn is not None and not rank_zero_only
-        options = (bool(prog_bar), logger, on_step, on_epoch, reduce_fx, enable_graph, add_dataloader_idx, dl_idx,
-                    sync, sync_dist_group, rank_zero_only)
+        sync = bool(sync_dist) and self._reduce_fn is not None and not rank0
+        options = (bool(prog_bar), logger, on_step, on_epoch, reduce_name(reduce_fx), enable_graph, add_dl, dl_idx,
+                   sync, group, rank0)
         entry = results.entries.get(key)
-        if entry is None:
-            if not on_step and not on_epoch:
-                raise MisconfigurationException("`self.log(on_step=False, on_epoch=False)` is not useful.")
-            entry = results.entries[key] = Entry(fx, name, options, bool(prog_bar), logger, on_step, on_epoch,
-                                                 reduce_name(reduce_fx), enable_graph, add_dataloader_idx, dl_idx, sync,
-                                                 sync_dist_group, metric)
-            if self._pending and results.training:
-                saved = self._pending.pop(name if fx == "training_step" else f"{fx}.{name}", None)
-                if saved is not None:
-                    entry.values, entry.sizes = saved
-        elif entry.options != options:
-            raise MisconfigurationException(
-                f"You called `self.log({name}, ...)` twice in `{fx}` with different arguments. This is not allowed")
-        entry.has_reset = False
-        entry.computed = None
-        if metric is not None:  # a torchmetrics.Metric: it keeps its own state; Lightning reads its forward cache
-            entry.metric = metric
-            if on_step:
-                entry.step_value = metric._forward_cache
-            return
-        if on_step:
-            entry.step_value = value if enable_graph else value.detach()
-        if on_epoch:
-            entry.values.append(value.detach())
-            if entry.reduce == "mean":
-                if batch_size is None:
-                    batch_size = batch_size_of(self.batch) if self.batch is not None else 1
-                entry.sizes.append(batch_size)
+        if entry is not None:
+            if entry.options != options:
+                raise MisconfigurationException(
+                    f"You called `self.log({name}, ...)` twice in `{fx}` with different arguments. This is not allowed")
+            entry.raw = raw
+            return entry
+        entry = results.entries[key] = Entry(fx, name, options, bool(prog_bar), logger, on_step, on_epoch, options[4],
+                                             enable_graph, add_dl, dl_idx, sync, group, metric)
+        entry.raw = raw
+        if self._pending and results.training:  # values from a mid-epoch checkpoint join their entry
+            saved = self._pending.pop(name if fx == "training_step" else f"{fx}.{name}", None)
+            if saved is not None:
+                entry.values, entry.sizes = saved
+        return entry
 
     # -- values ----------------------------------------------------------------------------
     def _sync(self, entry: Entry, tensor: torch.Tensor, op: str) -> torch.Tensor:
@@ -320,15 +340,15 @@ class MetricStore:
         entry.computed = value
         return value
 
-    def _step_value(self, entry: Entry, sync: bool) -> torch.Tensor | None:
+    def _step_value(self, entry: Entry) -> torch.Tensor | None:
         v = entry.step_value
         if v is None:
             return None
-        if v.dtype not in (torch.float32, torch.float64):
+        if v.dtype is not torch.float32 and v.dtype is not torch.float64:
             v = v.to(float_dtype())
-        return self._sync(entry, v, "mean") if sync else v
+        return v
 
-    def metrics(self, results: Results, on_step: bool, dl_idx: Any = "current", sync: bool = True) -> tuple[dict, dict, dict]:
+    def metrics(self, results: Results, on_step: bool, dl_idx: Any = "current") -> tuple[dict, dict, dict]:
         """(callback, log, progress bar) values of ``results`` at step or epoch level, as Lightning builds them.
 
         ``dl_idx``: only entries of that loader (Lightning reads one loader at a time); ``"all"``: every entry.
@@ -341,7 +361,7 @@ class MetricStore:
             if e.has_reset or (want != "all" and not results.training and e.dl_idx != want):
                 continue
             if on_step:
-                value = self._step_value(e, sync) if e.on_step else None
+                value = self._step_value(e) if e.on_step else None
             else:
                 value = self._epoch_value(e) if e.on_epoch else None
             if value is None:
@@ -370,7 +390,7 @@ class MetricStore:
         results = self.active
         if not results.entries:
             return {}, {}, {}
-        return self.metrics(results, on_step=results.in_batch, sync=False)
+        return self.metrics(results, on_step=results.in_batch)
 
     def callback_metrics(self) -> dict[str, torch.Tensor]:
         callback, _, _ = self.live()
@@ -389,23 +409,20 @@ class MetricStore:
         return self.progress
 
     # -- the loops' events -------------------------------------------------------------------
-    def step_metrics(self, acc_name: str = "train", sync: bool = True) -> dict[str, float]:
+    def step_metrics(self, acc_name: str = "train") -> dict[str, float]:
         """The latest step values of a loop, merged into the trainer's dicts; returns the logger's floats."""
         results = self.results[acc_name]
         if not results.in_batch:  # between an epoch's end and the next: the epoch values stand
             return {}
-        callback, log, pbar = self.metrics(results, on_step=True, sync=sync)
+        callback, log, pbar = self.metrics(results, on_step=True)
         self.merge(callback, log, pbar)
         return dict(zip(log, to_floats(list(log.values())))) if log else {}
-
-    def materialize_step(self, sync: bool = True) -> dict[str, float]:
-        return self.step_metrics("train", sync)
 
     def epoch_metrics(self, acc_name: str, dl_idx: Any = "all") -> dict[str, torch.Tensor]:
         """A loop's epoch values, merged into the trainer's dicts; returns the logger's tensors."""
         results = self.results[acc_name]
         if results.in_batch and results.training:  # the last step values stay visible after the epoch
-            self.merge(*self.metrics(results, on_step=True, sync=False))
+            self.merge(*self.metrics(results, on_step=True))
         results.in_batch = False
         callback, log, pbar = self.metrics(results, on_step=False, dl_idx=dl_idx)
         self.merge(callback, log, pbar)
@@ -418,6 +435,11 @@ class MetricStore:
 
     def reset(self, acc_name: str) -> None:
         self.results[acc_name].reset()
+
+    def discard_sanity(self, acc_name: str) -> None:
+        """After the sanity check nothing it logged remains, not even in the trainer-wide dicts (Lightning's reset)."""
+        self.results[acc_name].reset()
+        self.callback, self.logged, self.progress = {}, {}, {}
 
     def eval_outputs(self, acc_name: str, n_loaders: int) -> list[dict[str, torch.Tensor]]:
         """Per loader, the epoch values logged while it ran, plus those of the epoch-end hooks (no loader)."""
@@ -445,6 +467,21 @@ class MetricStore:
     def import_acc(self, acc_name: str, saved: dict[str, tuple[list[float], list[int]]]) -> None:
         """Values logged before the checkpoint; each joins its entry when the name is logged again."""
         self._pending = {k: ([torch.tensor(v) for v in vals], list(sizes)) for k, (vals, sizes) in saved.items()}
+
+    @staticmethod
+    def cpu_copy(values: dict[str, Any]) -> dict[str, Any]:
+        return {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v) for k, v in values.items()}
+
+    def teardown(self) -> None:
+        """After a stage: the trainer-wide dicts hold the last values, on the CPU; the loops' results are gone."""
+        self.callback_metrics()
+        self.logged_metrics()
+        self.progress_bar_metrics()
+        for r in self.results.values():
+            r.entries.clear()
+            r.in_batch = False
+        self.callback = self.cpu_copy(self.callback)
+        self.logged = self.cpu_copy(self.logged)
 
     def load_result(self, callback_metrics: dict[str, Any], logged: dict[str, Any]) -> None:
         """Take the metrics a rank-0 process sent back (multi-process fit)."""

@@ -9,7 +9,9 @@ a module that overrides none of the step hooks runs the fast loop (``hooks.py``)
 from __future__ import annotations
 
 import contextlib
+import inspect
 import numbers
+import os
 import sys
 import warnings
 from typing import Any, Iterator, Mapping
@@ -28,7 +30,8 @@ class _restricted_classmethod(classmethod):
     """A classmethod that refuses to run on an instance: ``model.load_from_checkpoint(p)`` would discard its result."""
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
-        if instance is not None:
+        # TorchScript reads every attribute of the module it compiles: let it through
+        if instance is not None and not any(os.path.join("torch", "jit") in f.filename for f in inspect.stack(0)):
             name = self.__func__.__name__
             raise TypeError(f"The classmethod `{type(instance).__name__}.{name}` cannot be called on an instance. "
                             "Please call it on the class type and make sure the return value is used.")
@@ -155,10 +158,11 @@ class Module(HyperparametersMixin, nn.Module):
              sync_dist_group, add_dataloader_idx, batch_size, metric_attribute, rank_zero_only) -> None:
         metric = None
         if isinstance(value, torch.Tensor):
-            if value.numel() != 1:
-                raise ValueError(f"`self.log({name}, {value})` was called, but the tensor must have a single element."
-                                 f" You can try doing `self.log({name}, {value}.mean())`")
-            value = value.reshape(())
+            if value.ndim:  # a 0-dim tensor (the usual loss) needs no check and no reshape
+                if value.numel() != 1:
+                    raise ValueError(f"`self.log({name}, {value})` was called, but the tensor must have a single "
+                                     f"element. You can try doing `self.log({name}, {value}.mean())`")
+                value = value.reshape(())
         elif isinstance(value, numbers.Number):
             value = torch.tensor(value, device=self.device, dtype=metrics.float_dtype())
         elif metrics.is_torchmetric(value):
@@ -175,6 +179,10 @@ class Module(HyperparametersMixin, nn.Module):
                           " model yet. This is most likely because the model hasn't been passed to the `Trainer`",
                           stacklevel=3)
             return
+        if store.context is store.PREDICT:
+            raise MisconfigurationException(
+                "You are trying to `self.log()` but the loop's result collection is not registered yet. This is most "
+                "likely because you are trying to log in a `predict` hook, but it doesn't support logging")
         fx = metrics.current_hook(frame)
         if add_dataloader_idx and "/dataloader_idx_" in name:
             raise MisconfigurationException(
@@ -186,7 +194,7 @@ class Module(HyperparametersMixin, nn.Module):
             raise MisconfigurationException(
                 f"self.log({name!r}, ..., metric_attribute={metric_attribute!r}) names the module attribute of a "
                 "logged torchmetrics.Metric; the value is not one: drop metric_attribute")
-        elif value.dtype not in (torch.float32, torch.float64):
+        elif value.dtype is not torch.float32 and value.dtype is not torch.float64:  # `is`: dtypes are singletons
             if not torch.is_floating_point(value):
                 metrics.warn_once(
                     f"You called `self.log({name!r}, ...)` in your `{fx}` but the value needs to be floating to be "

@@ -11,17 +11,19 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import warnings
 from typing import Any
 
 import torch
 
 from gpulayer.trainer import checkpoint, data, evaluate, gcfreeze, optimizers, summary
+from gpulayer.trainer import loggers as loggers_mod
 from gpulayer.trainer.callbacks import Callback
 from gpulayer.trainer.config import TrainerConfig, build_config
 from gpulayer.trainer.datamodule import LightningDataModule
 from gpulayer.trainer.core.optimizer import LightningOptimizer
-from gpulayer.trainer.errors import TrainerConfigError, TrainerError
+from gpulayer.trainer.errors import TrainerConfigError, TrainerError, TrainerTypeError
 from gpulayer.trainer.fit_data import FitData
 from gpulayer.trainer.hooks import Hooks
 from gpulayer.trainer.loop import FitLoop
@@ -131,11 +133,9 @@ class Trainer(TrainerProperties):
     def _fit_impl(self, model: Module, train_dataloaders: Any, val_dataloaders: Any, datamodule: Any,
                   ckpt_path: str | None) -> None:
         if not isinstance(model, Module):
-            raise TrainerConfigError(
-                f"Trainer.fit got {type(model).__name__}; the model must subclass gpulayer.trainer.Module "
-                "(for a Lightning module, change `from lightning import LightningModule` to "
-                "`from gpulayer.trainer import Module`)"
-            )
+            raise TrainerTypeError(
+                f"`model` must be a `LightningModule` or `torch._dynamo.OptimizedModule`, got `{type(model).__qualname__}`"
+                " (subclass gpulayer.trainer.LightningModule)")
         if datamodule is not None and (train_dataloaders is not None or val_dataloaders is not None):
             raise TrainerConfigError("fit() got both a datamodule and data loaders; pass one or the other")
         cfg = self._config
@@ -187,11 +187,12 @@ class Trainer(TrainerProperties):
         if model is None:
             model = self.lightning_module
             if model is None:
-                raise TrainerError(
+                raise TrainerTypeError(
                     f"`Trainer.{stage}()` requires a `LightningModule` when it hasn't been passed in a previous run; "
                     f"call trainer.{stage}(model, dataloaders)")
         if not isinstance(model, Module):
-            raise TrainerConfigError(f"`Trainer.{stage}()` requires a `LightningModule`, got: {type(model).__qualname__}")
+            raise TrainerTypeError(f"`model` must be a `LightningModule` or `torch._dynamo.OptimizedModule`, got "
+                                   f"`{type(model).__qualname__}` (subclass gpulayer.trainer.LightningModule)")
         if dataloaders is not None and datamodule is not None:
             raise TrainerConfigError(
                 f"You cannot pass both `trainer.{stage}(dataloaders=..., datamodule=...)`, choose one to pass.")
@@ -273,12 +274,14 @@ class Trainer(TrainerProperties):
             module.load_state_dict(ckpt["state_dict"])
             hooks.call("on_load_checkpoint", ckpt)
         self.ckpt_path = ckpt_path
+        loggers_mod.log_hyperparams(self)
         setattr(self, f"num_{'val' if stage == 'validate' else stage}_batches",
                 [data.num_batches(dl, getattr(self._config, evaluate.STAGES[stage][3])) for dl in loaders])
         try:
             out = evaluate.EvalLoop(self, module, stage, loaders, **kw).run()
         finally:
             self.state_stage = None
+        loggers_mod.finalize(self)  # flush what the run logged (metrics.csv), as Lightning does after every stage
         self._teardown_stage(stage)
         return out
 
@@ -356,6 +359,7 @@ class Trainer(TrainerProperties):
         finally:
             self.fit_info = self.strategy.describe()  # now with the comm hook DDP got
             module._metric_store = None
+            self._store.teardown()  # the metrics stay readable on the CPU, as Lightning leaves them
             self.strategy.teardown()
 
     def _setup_backends(self) -> None:
@@ -424,18 +428,16 @@ class Trainer(TrainerProperties):
         resume = self._resume_attempt() if self._resume_newest else None
         if resume is None and ckpt_path is not None:
             resume = self._restore(ckpt_path)
-        if self.logger is not None and self.is_global_zero:
-            self.logger.log_hyperparams(module.hparams)  # also creates version_N now, as Lightning does
+        loggers_mod.log_hyperparams(self)  # also creates version_N now, as Lightning does
         module.zero_grad()
         self._fit_data = fit_data = FitData(self, module, train, val, datamodule)
-        val_loaders = fit_data.load_val()  # first, as Lightning: its sanity check reads them before training
-        train = fit_data.load_train()
+        sanity = cfg.num_sanity_val_steps != 0 and ckpt_path is None and not self._resume_newest
+        val_loaders, train = fit_data.load(sanity_check=sanity)  # val first: Lightning's sanity check reads it
         self._loop = FitLoop(self, module, step_fn, train, val_loaders, resume)
         self.num_training_batches = self._loop.num_train_batches
         with gcfreeze.frozen():  # a failure: the entry point's _call_and_handle_interrupt runs on_exception
             self._loop.run()
-        if self.logger is not None and self.is_global_zero:
-            self.logger.finalize("success")
+        loggers_mod.finalize(self)
         hooks.call("on_fit_end")
         self._teardown_stage("fit")
 
@@ -476,11 +478,12 @@ class Trainer(TrainerProperties):
         # by position: the ranks hold copies of these callbacks in the same order (class names of
         # by-value pickled classes may differ, so state_key is not reliable across processes)
         for cb, state in zip(self.callbacks, result["callbacks"]):
-            cb.load_state_dict(state)
+            if state:  # Lightning loads a callback's state only when it saved one
+                cb.load_state_dict(state)
 
     # -- used by the loops at log intervals and epoch ends ----------------------------------------
     def _log_step_metrics(self, to_logger: bool = True) -> None:
-        metrics = self._store.step_metrics("train", sync=to_logger)
+        metrics = self._store.step_metrics("train")
         if to_logger and metrics:
             self._send_to_loggers({**metrics, "epoch": self.current_epoch}, self._batches_stepped - 1)
 
@@ -527,12 +530,15 @@ class Trainer(TrainerProperties):
 
     # -- checkpoints --------------------------------------------------------------------------------
     def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool = False) -> None:
-        """Write a checkpoint of the current state (global rank 0 writes; others return)."""
+        """Write a checkpoint of the current state. Call it on every rank, as in Lightning: each builds the
+        contents (its callbacks' ``state_dict`` and ``on_save_checkpoint`` run), global rank 0 writes, all wait."""
         if self.lightning_module is None:
             raise TrainerError("save_checkpoint needs a model: call it during or after fit()")
-        if not self.is_global_zero:
-            return
-        checkpoint.save(checkpoint.dump(self, weights_only), os.fspath(filepath))
+        ckpt = checkpoint.dump(self, weights_only)
+        if self.is_global_zero:
+            checkpoint.save(ckpt, os.fspath(filepath))
+        if self.world_size > 1:
+            self.strategy.barrier()
 
     def remove_checkpoint(self, filepath: str | os.PathLike) -> None:
         if self.is_global_zero and os.path.isfile(filepath):
@@ -552,7 +558,10 @@ def fit_rank(config: TrainerConfig, module: Module, train_dataloaders: Any = Non
     """
     trainer = Trainer.from_config(config)
     trainer._fit_id, trainer._resume_newest = fit_id, resume and fit_id is not None
-    trainer._fit_here(module, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
+    # a running fit, as Trainer.fit marks it: ModelCheckpoint saves only while the state says so
+    trainer._begin(TrainerFn.FITTING, RunningStage.TRAINING)
+    trainer._call_and_handle_interrupt(trainer._fit_here, module, train_dataloaders, val_dataloaders, datamodule,
+                                       ckpt_path)
     if not trainer.is_global_zero:
         return None
     if trainer._resume_newest:
@@ -562,9 +571,8 @@ def fit_rank(config: TrainerConfig, module: Module, train_dataloaders: Any = Non
         "global_step": trainer.global_step,
         "current_epoch": trainer.current_epoch,
         "should_stop": trainer.should_stop,
-        "callback_metrics": {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v)
-                             for k, v in trainer.callback_metrics.items()},
-        "logged_metrics": trainer.logged_metrics,
+        "callback_metrics": trainer._store.cpu_copy(trainer.callback_metrics),
+        "logged_metrics": trainer._store.cpu_copy(trainer.logged_metrics),
         "callbacks": [cb.state_dict() for cb in trainer.callbacks],
         "fit_info": trainer.fit_info,
     }
@@ -574,13 +582,18 @@ def stage_rank(config: TrainerConfig, stage: str, module: Module, loaders: Any, 
                ckpt_path: str | None, kw: dict[str, Any]) -> dict[str, Any] | None:
     """One rank's share of a multi-process validate / test / predict; rank 0's output and metrics."""
     trainer = Trainer.from_config(config)
-    output = trainer._in_process(module, trainer._run_eval, stage, module, loaders, datamodule, ckpt_path, kw)
+    trainer._begin(TrainerFn(stage), RunningStage(stage))
+    output = trainer._call_and_handle_interrupt(trainer._in_process, module, trainer._run_eval, stage, module, loaders,
+                                                datamodule, ckpt_path, kw)
     if not trainer.is_global_zero:
         return None
     return {
         "output": output,
-        "callback_metrics": {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v)
-                             for k, v in trainer.callback_metrics.items()},
-        "logged_metrics": trainer.logged_metrics,
+        "callback_metrics": trainer._store.cpu_copy(trainer.callback_metrics),
+        "logged_metrics": trainer._store.cpu_copy(trainer.logged_metrics),
         "callbacks": [cb.state_dict() for cb in trainer.callbacks],
     }
+
+
+# Lightning's path for this module is ``<package>.trainer.trainer``: the same module under that name
+sys.modules.setdefault(__name__ + ".trainer", sys.modules[__name__])

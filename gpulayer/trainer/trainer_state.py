@@ -10,6 +10,7 @@ does when they fail: Ctrl-C ends the process after a graceful shutdown, other er
 from __future__ import annotations
 
 import math
+import os
 import signal
 import sys
 from typing import Any, Callable
@@ -39,11 +40,23 @@ class TrainerProperties:
     """Mixed into ``Trainer``; reads ``self._config`` and the run's attributes."""
 
     state: TrainerState
+    _fit_started = False  # a fit began on this Trainer (max_epochs is resolved from then on)
 
     # -- settings -------------------------------------------------------------------------------
     callbacks = property(lambda self: self._config.callbacks)
-    default_root_dir = property(lambda self: self._config.default_root_dir)
-    max_epochs = property(lambda self: self._config.max_epochs)
+
+    @property
+    def default_root_dir(self) -> str:
+        """Where logs and checkpoints go; ``~`` expanded for a local path, as Lightning shows it."""
+        path = self._config.default_root_dir
+        return path if "://" in path else os.path.normpath(os.path.expanduser(path))
+
+    @property
+    def max_epochs(self) -> int | None:
+        # not given: None until a fit resolves it (1000, or -1 when max_steps bounds the run), as Lightning shows
+        cfg = self._config
+        return cfg.max_epochs if cfg.max_epochs_given or self._fit_started else None
+
     min_epochs = property(lambda self: self._config.min_epochs)
     max_steps = property(lambda self: self._config.max_steps)
     min_steps = property(lambda self: self._config.min_steps)
@@ -56,7 +69,7 @@ class TrainerProperties:
     precision = property(lambda self: self._config.precision)
     num_nodes = property(lambda self: self._config.num_nodes)
     num_devices = property(lambda self: self._config.devices)
-    fast_dev_run = property(lambda self: self._config.fast_dev_run)
+    fast_dev_run = property(lambda self: True if self._config.fast_dev_run == 1 else self._config.fast_dev_run)
     limit_train_batches = property(lambda self: self._config.limit_train_batches)
     limit_val_batches = property(lambda self: self._config.limit_val_batches)
     limit_test_batches = property(lambda self: self._config.limit_test_batches)
@@ -205,6 +218,7 @@ class TrainerProperties:
 
     # -- running an entry point ---------------------------------------------------------------------
     def _begin(self, fn: TrainerFn, stage: RunningStage) -> None:
+        self._fit_started = self._fit_started or fn == TrainerFn.FITTING
         self.state.fn, self.state.status, self.state.stage = fn, TrainerStatus.RUNNING, stage
 
     def _call_and_handle_interrupt(self, body: Callable[..., Any], *args: Any) -> Any:

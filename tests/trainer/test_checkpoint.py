@@ -92,6 +92,7 @@ def test_resume_from_last_after_an_epoch_end(tmp_path):
     cb2 = ModelCheckpoint(dirpath=tmp_path, save_last=True)
     trainer = Trainer(max_epochs=2, logger=False, callbacks=[cb2], enable_progress_bar=False)
     trainer.fit(second, _loader(), ckpt_path="last")
+    assert trainer.ckpt_path == str(tmp_path / "last.ckpt")  # the file "last" resolved to, as Lightning reports it
     assert {**first.losses, **second.losses} == full.losses
     assert trainer.current_epoch == 2
 

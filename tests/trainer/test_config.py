@@ -103,7 +103,7 @@ def test_bad_configure_optimizers_results_are_explained():
         Trainer(**quiet).fit(_Net(lambda m: {"optimizer": (o := torch.optim.SGD(m.parameters(), 0.1)),
                                              "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(o, 1),
                                                               "interval": "hour"}}), _loader())
-    with pytest.raises(TrainerConfigError, match="must subclass gpulayer.trainer.Module"):
+    with pytest.raises(TrainerConfigError, match="must be a `LightningModule`.*subclass gpulayer.trainer.LightningModule"):
         Trainer(**quiet).fit(torch.nn.Linear(2, 1), _loader())
     with pytest.raises(TrainerConfigError, match="no training data"):
         Trainer(**quiet).fit(_Net(lambda m: torch.optim.SGD(m.parameters(), 0.1)))

@@ -90,7 +90,7 @@ def _step_epoch_model(pkg, boring):
             out = super().training_step(batch, batch_idx)
             self.log("a", float(batch_idx), on_step=True, on_epoch=True, prog_bar=True)
             self.log("b", float(batch_idx) * 2, reduce_fx="max")
-            self.log("c", out["loss"], on_step=False, on_epoch=True, logger=False)
+            self.log("c", float(batch_idx) / 3, on_step=False, on_epoch=True, logger=False)
             return out
 
         def validation_step(self, batch, batch_idx):
@@ -473,3 +473,50 @@ def test_fit_then_test_logger_rows_match_lightning():
         rows.append(([(s, _as_floats(m)) for s, m in logger.rows], result, _as_floats(trainer.callback_metrics),
                      _as_floats(trainer.logged_metrics)))
     assert rows[0] == rows[1]
+
+
+def test_a_logged_torchmetrics_metric_gives_lightnings_step_and_epoch_values():
+    torchmetrics = pytest.importorskip("torchmetrics")
+
+    def build(pkg, boring):
+        class Model(boring.BoringModel):
+            def __init__(self):
+                super().__init__()
+                self.acc = torchmetrics.classification.BinaryAccuracy()
+
+            def validation_step(self, batch, batch_idx):
+                preds = (torch.arange(4) + batch_idx) % 2
+                target = torch.tensor([0, 1, 1, 1])
+                self.acc(preds, target)
+                self.log("acc", self.acc, on_step=True, on_epoch=True)
+
+        return Model()
+
+    (g, g_rows, _), (lt, l_rows, _) = _run_both(build, max_epochs=2)
+    assert _as_floats(g.callback_metrics) == _as_floats(lt.callback_metrics)
+    assert [(s, _as_floats(m)) for s, m in g_rows] == [(s, _as_floats(m)) for s, m in l_rows]
+
+
+def test_logging_in_predict_is_refused_as_lightning_does():
+    boring = _pkg("gpulayer.trainer")[1]
+
+    class Model(boring.BoringModel):
+        def predict_step(self, batch, batch_idx):
+            self.log("p", 1.0)
+            return batch
+
+    with pytest.raises(MisconfigurationException, match="trying to log in a `predict` hook"):
+        _trainer(gl, limit_predict_batches=1).predict(Model(), DataLoader(boring.RandomDataset(32, 4)))
+
+
+def test_a_callback_pickled_after_a_run_leaves_the_modules_log_behind():
+    import pickle
+
+    from gpulayer.trainer.callbacks import TQDMProgressBar
+
+    boring = _pkg("gpulayer.trainer")[1]
+    cb, bar = gl.Callback(), TQDMProgressBar()
+    _trainer(gl, callbacks=[cb, bar], limit_train_batches=1, enable_progress_bar=True).fit(boring.BoringModel())
+    assert cb.log.__self__ is not None and bar.trainer is not None
+    copy, bar_copy = pickle.loads(pickle.dumps(cb)), pickle.loads(pickle.dumps(bar))
+    assert not hasattr(copy, "log") and bar_copy._trainer is None

@@ -170,3 +170,79 @@ def test_training_batch_is_a_tensor_for_one_loader():
 
     Trainer(**QUIET, max_steps=1).fit(Model())
     assert got == [torch.Tensor]
+
+
+def test_overfit_batches_validates_on_the_numbers_it_trains_on_as_lightning():
+    """Lightning requests val_dataloader inside its sanity check, whose random state is restored: a
+    RandomDataset built in val_dataloader() and one built in train_dataloader() hold the same numbers."""
+
+    def first_batches(base, trainer_cls, **extra):
+        class Model(base):
+            def __init__(self):
+                super().__init__()
+                self.train_batches, self.val_batches = [], []
+
+            def training_step(self, batch, batch_idx):
+                self.train_batches.append(batch)
+                return super().training_step(batch, batch_idx)
+
+            def validation_step(self, batch, batch_idx):
+                self.val_batches.append(batch)
+                return super().validation_step(batch, batch_idx)
+
+        torch.manual_seed(3)
+        model = Model()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer_cls(**QUIET, max_epochs=2, overfit_batches=1, **extra).fit(model)
+        return model.train_batches[0], model.val_batches[0]
+
+    ours = first_batches(BoringModel, Trainer)
+    theirs = first_batches(LBoringModel, lp.Trainer, accelerator="cpu")
+    assert torch.equal(ours[0], ours[1]) and torch.equal(theirs[0], theirs[1])
+    assert torch.equal(ours[0], theirs[0])
+
+
+def _request_epochs(base, trainer_cls, **kwargs):
+    """(epoch of each train request, of each val request outside the sanity check, of each validation)."""
+    class Model(base):
+        def __init__(self):
+            super().__init__()
+            self.train_requests, self.val_requests, self.val_epochs = [], [], []
+
+        def train_dataloader(self):
+            self.train_requests.append(self.current_epoch)
+            return super().train_dataloader()
+
+        def val_dataloader(self):
+            if not self.trainer.sanity_checking:
+                self.val_requests.append(self.current_epoch)
+            return super().val_dataloader()
+
+        def on_validation_epoch_start(self):
+            if not self.trainer.sanity_checking:
+                self.val_epochs.append(self.current_epoch)
+
+    model = Model()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer_cls(**QUIET, max_epochs=7, limit_train_batches=1, limit_val_batches=1, **kwargs).fit(model)
+    return model.train_requests, model.val_requests, model.val_epochs
+
+
+@pytest.mark.parametrize("sanity", [0, 1])
+@pytest.mark.parametrize("every_n, reload_n", [(1, 1), (1, 2), (3, 2), (2, 3), (3, 4)])
+def test_reload_with_infrequent_validation_requests_in_the_epochs_lightning_does(sanity, every_n, reload_n):
+    kwargs = dict(num_sanity_val_steps=sanity, check_val_every_n_epoch=every_n,
+                  reload_dataloaders_every_n_epochs=reload_n)
+    assert _request_epochs(BoringModel, Trainer, **kwargs) == \
+        _request_epochs(LBoringModel, lp.Trainer, accelerator="cpu", **kwargs)
+
+
+def test_fit_refuses_a_sequential_combined_loader_after_counting_its_batches():
+    combined = CombinedLoader([DataLoader(RandomDataset(32, 8), batch_size=2),
+                               DataLoader(RandomDataset(32, 4), batch_size=2)], "sequential")
+    trainer = Trainer(**QUIET, max_epochs=1)
+    with pytest.raises(TrainerConfigError, match=r'FitLoop` does not support the `CombinedLoader\(mode="sequential"\)'):
+        trainer.fit(BoringModel(), train_dataloaders=combined)
+    assert trainer.num_training_batches == 6

@@ -23,6 +23,21 @@ class TQDMProgressBar(Callback):
         self.refresh_rate = refresh_rate
         self.process_position = process_position
         self.leave = leave
+        self._trainer = None
+
+    @property
+    def trainer(self):
+        """The trainer this bar belongs to (set in ``setup``, as Lightning's)."""
+        if self._trainer is None:
+            raise TypeError(f"The `{type(self).__name__}._trainer` reference has not been set yet.")
+        return self._trainer
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        self._trainer = trainer
+
+    def __getstate__(self) -> dict[str, Any]:
+        # copies sent to the ranks of a multi-process fit leave this process's trainer behind
+        return {**super().__getstate__(), "_trainer": None}
 
     def get_metrics(self, trainer, pl_module) -> dict[str, Any]:
         """What the bar shows after the counts: ``v_num`` (the logger's version) and the ``prog_bar=True`` values.

@@ -120,8 +120,10 @@ def _instantiate(cls: type, ckpt: dict[str, Any], new_kwargs: dict[str, Any]) ->
 
 def save_hparams_to_yaml(config_yaml: str | os.PathLike, hparams: Any, use_omegaconf: bool = True) -> None:
     """Write ``hparams`` (a dict or Namespace) as YAML; values YAML cannot hold are skipped with a warning."""
-    import yaml
-
+    try:
+        import yaml
+    except ImportError:  # PyYAML is not a dependency of gpulayer: plain values still get a readable file
+        yaml = None
     folder = os.path.dirname(os.fspath(config_yaml))
     if folder and not os.path.isdir(folder):
         raise RuntimeError(f"Missing folder: {folder}.")
@@ -142,13 +144,56 @@ def save_hparams_to_yaml(config_yaml: str | os.PathLike, hparams: Any, use_omega
     for k, v in hparams.items():
         try:
             v = vars(v) if isinstance(v, Namespace) else v
-            yaml.dump(v)
+            yaml.dump(v) if yaml is not None else _plain_yaml(v)
         except Exception:
             rank_zero_warn(f"Skipping '{k}' parameter because it is not possible to safely dump to YAML.")
             continue
         kept[k] = v
     with open(config_yaml, "w", newline="", encoding="utf-8") as f:
-        yaml.dump(kept, f)
+        if yaml is not None:
+            yaml.dump(kept, f)
+        else:
+            f.write(_plain_yaml(kept) if kept else "{}\n")
+
+
+def _plain_yaml(value: Any, indent: int = 0) -> str:
+    """Block-style YAML of dicts, lists and scalars, as PyYAML's default dump lays them out (sorted keys)."""
+    pad = " " * indent
+    if isinstance(value, dict):
+        if not value:
+            return "{}\n"
+        out = []
+        for k in sorted(value, key=str):
+            v = value[k]
+            if isinstance(v, (dict, list, tuple)) and v:
+                out.append(f"{pad}{_scalar(k)}:\n" + _plain_yaml(v, indent if isinstance(v, (list, tuple)) else indent + 2))
+            else:
+                out.append(f"{pad}{_scalar(k)}: {_plain_yaml(v).strip()}\n")
+        return "".join(out)
+    if isinstance(value, (list, tuple)):
+        if not value:
+            return "[]\n"
+        return "".join(f"{pad}- " + _plain_yaml(v, indent + 2).lstrip() for v in value)
+    return _scalar(value) + "\n"
+
+
+def _scalar(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        plain = value and value.strip() == value and not any(c in value for c in ":#{}[],&*!|>'\"%@`\n") \
+            and value.lower() not in ("null", "true", "false", "yes", "no", "on", "off", "~")
+        try:
+            float(value)
+            plain = False
+        except ValueError:
+            pass
+        return value if plain else "'" + value.replace("'", "''") + "'"
+    raise TypeError(f"{type(value).__name__} is not a plain YAML value")
 
 
 def load_hparams_from_yaml(config_yaml: str | os.PathLike, use_omegaconf: bool = True) -> dict[str, Any]:
