@@ -19,6 +19,8 @@ import glob
 import hashlib
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lightning_compat.private_rule import classify_file  # noqa: E402
 from lightning_compat.runner import FileRun, build_tree, run_file  # noqa: E402
 from lightning_compat.tally import (  # noqa: E402
-    function_key, per_file_summary, render_markdown, render_text, tally_file, totals)
+    FileResult, FunctionResult, function_key, per_file_summary, render_markdown, render_text, tally_file, totals)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -121,7 +123,7 @@ class BaselineCache:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--lightning-src", required=True, type=Path, help="a Lightning checkout (holds tests/tests_pytorch)")
+    p.add_argument("--lightning-src", type=Path, help="a Lightning checkout (holds tests/tests_pytorch); required")
     p.add_argument("--files", nargs="+", default=DEFAULT_FILES,
                    help="paths under tests/tests_pytorch, globs allowed (default: issue 26's list)")
     p.add_argument("--gpulayer-root", type=Path, default=REPO,
@@ -138,8 +140,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--json", type=Path, help="write every function's outcome on both sides here")
     p.add_argument("--markdown", type=Path, help="write the per-file table and the failures grouped by kind here; in a file holding\n"
                         "the generated-table markers (docs/LIGHTNING.md), only the part between them")
-    p.add_argument("--before", type=Path,
-                   help="a JSON an earlier run wrote with --json: --markdown adds its per-file passes as a column")
+    p.add_argument("--before", type=Path, nargs="+",
+                   help="JSONs earlier runs wrote with --json: --markdown adds their per-file passes as columns")
+    p.add_argument("--from-json", type=Path,
+                   help="run nothing: print (and --markdown) the results a --json of an earlier run saved")
     p.add_argument("--show-private", action="store_true", help="list each private function with the rule it matched")
     p.add_argument("--keep-temp", action="store_true", help="leave the temporary trees (their path is printed)")
     return p.parse_args(argv)
@@ -147,6 +151,25 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # `timeout` and job control end a run with SIGTERM: as SystemExit, it still kills the current file's pytest
+    # process group and removes the temporary trees (the finally blocks), instead of leaving both behind.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    if args.from_json:
+        data = json.loads(args.from_json.read_text())
+        results = [FileResult(e["file"], [FunctionResult(**f) for f in e["functions"]], e.get("note", ""))
+                   for e in data["files"]]
+        header = {k: data.get(k) for k in ("lightning_commit", "lightning_version", "gpulayer_root", "against",
+                                           "gpulayer_commit", "run_at")}
+    else:
+        if args.lightning_src is None:
+            raise SystemExit("--lightning-src is required (or --from-json to render a saved run)")
+        results, header = run(args)
+    report(args, results, header)
+    return 0
+
+
+def run(args: argparse.Namespace) -> tuple[list, dict]:
+    """Both sides over every file; the per-file results and what identifies the run."""
     tests_pytorch = args.lightning_src / "tests" / "tests_pytorch"
     if not tests_pytorch.is_dir():
         raise SystemExit(f"{tests_pytorch} is not a directory: --lightning-src must be a Lightning checkout")
@@ -188,43 +211,50 @@ def main(argv: list[str] | None = None) -> int:
             if whole is not None:
                 light = whole.restricted_to(gpu.collected) if gpu and gpu.collected else whole
             if args.k:  # only the functions -k selected
-                selected = {function_key(c) for run in (light, gpu) if run for c in run.collected}
+                selected = {function_key(c) for side_run in (light, gpu) if side_run for c in side_run.collected}
                 private = {key: reason for key, reason in private.items() if key in selected}
             results.append(tally_file(rel, private, light, gpu))
     finally:
         if args.keep_temp:
             log(f"temporary trees kept in {temp}")
         else:
-            import shutil
             shutil.rmtree(temp, ignore_errors=True)
 
-    print(render_text(results, verbose_private=args.show_private))
     header = {"lightning_commit": commit, "lightning_version": version, "gpulayer_root": gpulayer_root,
-              "against": args.against, "files": files}
+              "gpulayer_commit": gpulayer_commit(args.gpulayer_root), "against": args.against,
+              "run_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "files": files}
+    return results, header
+
+
+def report(args: argparse.Namespace, results: list, header: dict) -> None:
+    print(render_text(results, verbose_private=args.show_private))
     if args.json:
         payload = header | {"totals": totals(results), "per_file": per_file_summary(results), "files": [
             {"file": fr.file, "note": fr.note, "functions": [f.__dict__ for f in fr.functions]} for fr in results]}
         args.json.write_text(json.dumps(payload, indent=1))
     if args.markdown:
-        intro = (f"Lightning tests at commit `{commit}`, reference lightning {version}, gpulayer at "
-                 f"`{gpulayer_commit(args.gpulayer_root)}`, `--against {args.against}`, run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n\n")
-        before = read_before(args.before) if args.before else None
-        if args.before:
-            intro += f"\"passed before\": {args.before.name}.\n\n"
+        intro = (f"Lightning tests at commit `{header['lightning_commit']}`, reference lightning "
+                 f"{header['lightning_version']}, gpulayer at `{header.get('gpulayer_commit') or header['gpulayer_root']}`, "
+                 f"`--against {header['against']}`, run {header.get('run_at') or 'at an unrecorded time'}.\n\n")
+        before = [read_before(path) for path in args.before or []]
+        for label, _, path in before:
+            intro += f"\"passed at {label}\": gpulayer at `{path}`.\n\n"
+        before = [(label, summary) for label, summary, _ in before]
         write_markdown(args.markdown, intro + render_markdown(results, before))
-    return 0
 
 
-def read_before(path: Path) -> dict:
-    """{file: {"counted", "passed"}} from a --json output (its per_file, or recounted from its functions)."""
+def read_before(path: Path) -> tuple[str, dict, str]:
+    """(short commit, {file: {"counted", "passed"}}, description) from a --json output or a summary of one."""
     data = json.loads(path.read_text())
+    description = str(data.get("gpulayer_commit") or data.get("gpulayer_root") or path.name)
+    label = description.split()[0][:12]
     if "per_file" in data:
-        return data["per_file"]
+        return label, data["per_file"], description
     summary = {}
     for entry in data["files"]:
         counted = [f for f in entry["functions"] if not f["private"] and f["lightning"] == "passed"]
         summary[entry["file"]] = {"counted": len(counted), "passed": sum(f["gpulayer"] == "passed" for f in counted)}
-    return summary
+    return label, summary, description
 
 
 BEGIN, END = "<!-- lightning_suite: begin generated table -->", "<!-- lightning_suite: end generated table -->"

@@ -234,3 +234,15 @@ def test_a_file_of_private_functions_only_still_renders():
     result = tally_file("f.py", {"test_a": "reaches ..."}, _run({"test_a": ("passed", "")}), _run({"test_a": ("failed", "x")}))
     assert "0/0" in render_text([result])
     assert "| f.py | 1 | 1 | 0 | 0 | 0 | 0 | - |" in render_markdown([result])
+
+
+def test_the_markdown_table_shows_earlier_runs_as_columns():
+    from lightning_compat.tally import render_markdown
+
+    light = _run({"test_a": ("passed", ""), "test_b": ("passed", "")})
+    result = tally_file("f.py", {"test_a": None, "test_b": None}, light, _run({"test_a": ("passed", ""),
+                                                                             "test_b": ("failed", "x")}))
+    table = render_markdown([result], [("abc1234", {"f.py": {"counted": 2, "passed": 0}})])
+    assert "| file | functions | private | skipped | fail under Lightning | counted | passed at abc1234 |" in table
+    assert "| f.py | 2 | 0 | 0 | 0 | 2 | 0 | 1 | 50 | 1/2 |" in table
+    assert "| **total** | 2 | 0 | 0 | 0 | 2 | 0 | 1 | 50 | 1/2 |" in table

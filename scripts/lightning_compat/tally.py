@@ -206,30 +206,26 @@ def per_file_summary(results: list[FileResult]) -> dict:
     return {fr.file: {"counted": file_row(fr)["counted"], "passed": file_row(fr)["passed"]} for fr in results}
 
 
-def render_markdown(results: list[FileResult], before: dict | None = None) -> str:
-    """The per-file table (with a "passed before" column when ``before`` maps files to a saved summary), then
-    the most common causes, the failures by kind, the skips, Lightning's own failures and the private rules."""
-    extra = " passed before |" if before else ""
+def render_markdown(results: list[FileResult], before: list[tuple[str, dict]] | None = None) -> str:
+    """The per-file table (with a "passed at X" column per (label, saved summary) in ``before``), then the most
+    common causes, the failures by kind, the skips, Lightning's own failures and the private rules."""
+    before = before or []
+    extra = "".join(f" passed at {label} |" for label, _ in before)
     out = ["| file | functions | private | skipped | fail under Lightning | counted |" + extra
            + " gpulayer passed | % | cases |",
-           "|---|---:|---:|---:|---:|---:|" + ("---:|" if before else "") + "---:|---:|---:|"]
+           "|---|---:|---:|---:|---:|---:|" + "---:|" * len(before) + "---:|---:|---:|"]
     for fr in results + [None]:
         row = file_row(fr) if fr else totals(results) | {"file": "**total**"}
         pct = f"{100.0 * row['passed'] / row['counted']:.0f}" if row["counted"] else "-"
-        cell = ""
-        if before:
-            old = before.get(row["file"]) if fr else {"passed": sum(v["passed"] for v in before.values()
-                                                                    if v is not None and isinstance(v, dict))}
-            cell = f" {old['passed'] if old else '-'} |"
+        cells = ""
+        for _, summary in before:
+            if fr:
+                cells += f" {summary[fr.file]['passed'] if fr.file in summary else '-'} |"
+            else:
+                cells += f" {sum(v['passed'] for k, v in summary.items() if k in {r.file for r in results})} |"
         out.append(f"| {row['file']} | {row['functions']} | {row['private']} | {row['skipped']} | "
-                   f"{row['lightning_failed']} | {row['counted']} |{cell} {row['passed']} | {pct} | "
+                   f"{row['lightning_failed']} | {row['counted']} |{cells} {row['passed']} | {pct} | "
                    f"{row['cases_passed']}/{row['cases_counted']} |")
-    by_kind: dict[str, list[str]] = defaultdict(list)
-    for fr in results:
-        for f in fr.functions:
-            if f.counted and f.gpulayer != "passed":
-                by_kind[cause_kind(f.gpulayer_cause)].append(
-                    f"- `{fr.file}::{f.key}`: {_short(f.gpulayer_cause, 220).replace('|', '/') or f.gpulayer}")
     common = Counter(_normalized(f.gpulayer_cause) for fr in results for f in fr.functions
                      if f.counted and f.gpulayer != "passed")
     out.append("")
@@ -238,6 +234,12 @@ def render_markdown(results: list[FileResult], before: dict | None = None) -> st
     out.extend(f"- {n} x {cause.replace('|', '/')}" for cause, n in common.most_common(20) if n > 1)
     out.append("")
     out.append("### Failures by kind")
+    by_kind: dict[str, list[str]] = defaultdict(list)
+    for fr in results:
+        for f in fr.functions:
+            if f.counted and f.gpulayer != "passed":
+                by_kind[cause_kind(f.gpulayer_cause)].append(
+                    f"- `{fr.file}::{f.key}`: {_short(f.gpulayer_cause, 220).replace('|', '/') or f.gpulayer}")
     for kind, items in sorted(by_kind.items(), key=lambda kv: -len(kv[1])):
         out.append("")
         out.append(f"#### {kind} ({len(items)})")

@@ -8,8 +8,10 @@ Fixtures that simulate accelerators by patching Lightning's device probes skip: 
 their tests apart anyway.
 """
 
+import importlib.abc
 import os
 import signal
+import sys
 import socket
 import threading
 from functools import partial
@@ -21,6 +23,24 @@ import torch
 import torch.distributed
 
 from tests_pytorch import _PATH_DATASETS
+
+
+class _NoLightning(importlib.abc.MetaPathFinder):
+    """Refuses Lightning's packages on the gpulayer side: no test may pass on Lightning's code by accident
+    (a mock target or a helper the rewrite missed)."""
+
+    BLOCKED = ("lightning", "pytorch_lightning", "lightning_fabric")
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.split(".")[0] in self.BLOCKED:
+            raise ImportError(f"{fullname} is not available on the gpulayer side of scripts/lightning_suite.py")
+        return None
+
+
+_loaded = sorted(name for name in sys.modules if name.split(".")[0] in _NoLightning.BLOCKED)
+if _loaded:
+    raise RuntimeError(f"Lightning was imported before the gpulayer side's conftest: {_loaded[:5]}")
+sys.meta_path.insert(0, _NoLightning())
 
 _SIGNALS = [s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)]
 
