@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from gpulayer.trainer import checkpoint, data, evaluate, gcfreeze, optimizers, summary
+from gpulayer.trainer import checkpoint, data, evaluate, gcfreeze, optimizers, stepping, summary
 from gpulayer.trainer.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from gpulayer.trainer.config import TrainerConfig, build_config
 from gpulayer.trainer.datamodule import LightningDataModule
@@ -307,37 +307,11 @@ class Trainer:
         return self.strategy.prepare_loader(loader, mode)
 
     def _optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Any, **kwargs: Any) -> Any:
-        """``LightningOptimizer.step``: the precision plugin steps ``optimizer`` with ``closure`` (LBFGS calls it).
+        """``LightningOptimizer.step`` ends here: ``stepping.optimizer_step``."""
+        return stepping.optimizer_step(self, optimizer, closure, **kwargs)
 
-        After the closure (step and backward) and before the update: ``on_before_optimizer_step``, then, under
-        automatic optimization, ``configure_gradient_clipping`` with the Trainer's settings. Under manual
-        optimization each step counts as one ``global_step``.
-        """
-        module, cfg = self.lightning_module, self._config
-
-        def after_closure() -> None:
-            for f in self._hooks.on_before_optimizer_step:
-                f(optimizer)
-            if module.automatic_optimization:
-                algo = cfg.gradient_clip_algorithm if cfg.gradient_clip_val is not None or \
-                    cfg.gradient_clip_algorithm != "norm" else None
-                module.configure_gradient_clipping(optimizer, gradient_clip_val=cfg.gradient_clip_val,
-                                                   gradient_clip_algorithm=algo)
-
-        out = self._precision.optimizer_step(optimizer, closure, after_closure, **kwargs)
-        if not module.automatic_optimization:
-            self.global_step += 1
-        return out
-
-    def _backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-        """``on_before_backward`` -> ``module.backward`` (on the scaled loss) -> ``on_after_backward``."""
-        hooks = self._hooks
-        loss = self._precision.scale_loss(loss)
-        for f in hooks.on_before_backward:
-            f(loss)
-        self.lightning_module.backward(loss, *args, **kwargs)
-        for f in hooks.on_after_backward:
-            f()
+    def _backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:  # manual_backward and the closure
+        stepping.backward(self, loss, *args, **kwargs)
 
     def _val_due_this_epoch(self) -> bool:
         return self._loop is not None and self._loop._val_due() and sum(self.num_val_batches) > 0
@@ -406,14 +380,12 @@ class Trainer:
         if self.local_rank == 0 and is_overridden("prepare_data", module, Module):
             module.prepare_data()
         self.strategy.barrier()
-        module._device = self.strategy.root_device  # `self.device` in setup() already says where it will run
         if datamodule is not None and hasattr(datamodule, "setup"):
             datamodule.setup(stage=stage)
         hooks.call("setup", stage=stage)
-        if is_overridden("configure_sharded_model", module, Module):
-            module.configure_sharded_model()
-        if is_overridden("configure_model", module, Module):
-            module.configure_model()
+        for name in ("configure_sharded_model", "configure_model"):  # Lightning's older name first
+            if is_overridden(name, module, Module):
+                getattr(module, name)()
         return hooks
 
     def _on_exception(self, err: BaseException) -> None:
@@ -439,13 +411,11 @@ class Trainer:
             raise TrainerConfigError(
                 "Automatic gradient clipping is not supported for manual optimization. Remove "
                 f"`Trainer(gradient_clip_val={cfg.gradient_clip_val})` or switch to automatic optimization "
-                "(call self.clip_gradients(opt, gradient_clip_val=...) in training_step instead)."
-            )
+                "(call self.clip_gradients(opt, gradient_clip_val=...) in training_step instead).")
         if not module.automatic_optimization and cfg.accumulate_grad_batches != 1:
             raise TrainerConfigError(
                 "Automatic gradient accumulation is not supported for manual optimization. Remove "
-                f"`Trainer(accumulate_grad_batches={cfg.accumulate_grad_batches})` or switch to automatic optimization."
-            )
+                f"`Trainer(accumulate_grad_batches={cfg.accumulate_grad_batches})` or switch to automatic optimization.")
         hooks = self._setup_stage("fit", module, datamodule)
         self.ckpt_path = ckpt_path
         step_fn = self.strategy.setup_module(module)

@@ -144,3 +144,182 @@ def test_instance_defined_hooks_are_called():
     loader = torch.utils.data.DataLoader(hook_recorder.Points(4), batch_size=2)
     gl.Trainer(max_epochs=1, **{k: v for k, v in TRAINER_KW.items() if k != "max_epochs"}).fit(model, loader)
     assert seen == ["zero_grad", "zero_grad", "epoch_end"]
+
+
+# -- overriding a default changes exactly what it changes in Lightning -------------------------------
+def _regression_net(pkg, variant: str):
+    """A small regression whose training is altered by one overridden hook (``variant``)."""
+
+    class Net(pkg.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+            self.automatic_optimization = variant != "lbfgs_manual"
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.net(x), y)
+            if variant == "lbfgs_manual":
+                opt = self.optimizers()
+
+                def closure():
+                    opt.zero_grad()
+                    out = torch.nn.functional.mse_loss(self.net(x), y)
+                    self.manual_backward(out)
+                    return out
+                opt.step(closure=closure)
+            return loss
+
+        def configure_optimizers(self):
+            if variant == "lbfgs_manual":
+                return torch.optim.LBFGS(self.parameters(), lr=0.5, max_iter=4)
+            return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+
+        if variant == "warmup":
+            def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure):
+                optimizer.step(closure=optimizer_closure)
+                scale = min(1.0, (self.trainer.global_step + 1) / 5)  # LR warm-up over 5 steps
+                for group in optimizer.param_groups:
+                    group["lr"] = 0.05 * scale
+
+        if variant == "augment":
+            def on_before_batch_transfer(self, batch, dataloader_idx):
+                x, y = batch
+                return x * 0.5, y
+
+            def on_after_batch_transfer(self, batch, dataloader_idx):
+                x, y = batch  # "GPU-side" augmentation: a fixed flip of every other feature
+                return x * torch.tensor([1.0, -1.0] * 4), y
+
+        if variant == "clip":
+            def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+                if self.trainer.global_step >= 2:  # clip by value, only after two steps
+                    self.clip_gradients(optimizer, gradient_clip_val=0.05, gradient_clip_algorithm="value")
+
+        if variant == "zero_grad_kept":
+            def optimizer_zero_grad(self, epoch, batch_idx, optimizer):
+                if batch_idx % 2 == 0:  # keep gradients across two batches on purpose
+                    optimizer.zero_grad()
+
+        if variant == "backward_scaled":
+            def backward(self, loss, *args, **kwargs):
+                (loss * 3.0).backward(*args, **kwargs)
+
+    return Net
+
+
+def _regression_data():
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(48, 8, generator=g)
+    return torch.utils.data.TensorDataset(x, x[:, :1] * 2 - x[:, 1:2])
+
+
+def _final_weights(pkg, variant: str, **kw) -> dict:
+    pkg.seed_everything(3) if hasattr(pkg, "seed_everything") else torch.manual_seed(3)
+    torch.manual_seed(3)
+    model = _regression_net(pkg, variant)()
+    loader = torch.utils.data.DataLoader(_regression_data(), batch_size=8, shuffle=False)
+    trainer_kw = dict(max_epochs=2, enable_progress_bar=False, enable_model_summary=False, logger=False,
+                      enable_checkpointing=False, accelerator="cpu", devices=1, num_sanity_val_steps=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pkg.Trainer(**{**trainer_kw, **kw}).fit(model, loader)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _assert_same_weights(ours: dict, theirs: dict) -> None:
+    assert ours.keys() == theirs.keys()
+    for k in ours:
+        torch.testing.assert_close(ours[k], theirs[k], atol=1e-6, rtol=0, msg=f"{k} differs from lightning's")
+
+
+@needs_lightning
+@pytest.mark.parametrize("variant, kw", [
+    ("warmup", {}),
+    ("warmup", {"accumulate_grad_batches": 2}),
+    ("augment", {}),
+    ("clip", {}),
+    ("none", {"gradient_clip_val": 0.05, "gradient_clip_algorithm": "value"}),
+    ("zero_grad_kept", {}),
+    ("backward_scaled", {}),
+    ("lbfgs_manual", {}),
+], ids=["optimizer_step_warmup", "warmup_with_accumulation", "batch_transfer_augmentation",
+        "configure_gradient_clipping", "trainer_gradient_clip_val", "optimizer_zero_grad", "backward", "lbfgs_closure_in_manual_optimization"])
+def test_overridden_hook_gives_lightnings_final_weights(variant, kw):
+    import lightning.pytorch as lp
+    ours = _final_weights(gl, variant, **kw)
+    theirs = _final_weights(lp, variant, **kw)
+    _assert_same_weights(ours, theirs)
+    if variant == "none":
+        return
+    untouched = _final_weights(gl, "none", **kw)
+    assert any(not torch.allclose(ours[k], untouched[k]) for k in ours), "the override changed nothing"
+
+
+def test_plain_module_takes_the_fast_loop_and_an_override_the_general_one():
+    from gpulayer.trainer.hooks import Hooks
+    plain = _regression_net(gl, "none")()
+    warm = _regression_net(gl, "warmup")()
+    trainer = gl.Trainer(logger=False)
+    assert not Hooks(trainer, plain, []).general
+    assert Hooks(trainer, warm, []).general
+    plain.optimizer_zero_grad = lambda epoch, batch_idx, optimizer: optimizer.zero_grad()
+    assert Hooks(trainer, plain, []).general
+
+
+def test_clip_gradients_refuses_a_value_that_contradicts_the_trainer():
+    class Clash(_regression_net(gl, "none")):
+        def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+            self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val * 2)
+
+    loader = torch.utils.data.DataLoader(_regression_data(), batch_size=8)
+    trainer = gl.Trainer(max_epochs=1, gradient_clip_val=0.5, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False)
+    with pytest.raises(gl.utilities.MisconfigurationException, match="Please use only one of them"):
+        trainer.fit(Clash(), loader)
+
+
+def test_an_optimizer_step_that_skips_the_closure_is_an_error():
+    class Skips(_regression_net(gl, "none")):
+        def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure):
+            pass
+
+    loader = torch.utils.data.DataLoader(_regression_data(), batch_size=8)
+    trainer = gl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    with pytest.raises(gl.utilities.MisconfigurationException, match="closure hasn't been executed"):
+        trainer.fit(Skips(), loader)
+
+
+def test_a_submodule_frozen_in_eval_stays_in_eval_through_fit_validate_test_predict():
+    seen = []
+
+    class Frozen(_regression_net(gl, "none")):
+        def __init__(self):
+            super().__init__()
+            self.frozen = torch.nn.Linear(2, 2).eval()
+
+        def training_step(self, batch, batch_idx):
+            seen.append(("train", self.net.training, self.frozen.training))
+            return super().training_step(batch, batch_idx)
+
+        def validation_step(self, batch, batch_idx):
+            seen.append(("val", self.net.training, self.frozen.training))
+
+        def test_step(self, batch, batch_idx):
+            seen.append(("test", self.net.training, self.frozen.training))
+
+        def predict_step(self, batch, batch_idx):
+            seen.append(("predict", self.net.training, self.frozen.training))
+
+    model = Frozen()
+    loader = torch.utils.data.DataLoader(_regression_data(), batch_size=16)
+    trainer = gl.Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         num_sanity_val_steps=0)
+    trainer.fit(model, loader, loader)
+    trainer.validate(model, loader, verbose=False)
+    trainer.test(model, loader, verbose=False)
+    trainer.predict(model, loader)
+    assert {s for s in seen if s[0] == "train"} == {("train", True, False)}
+    assert {s for s in seen if s[0] != "train"} == {("val", False, False), ("test", False, False),
+                                                    ("predict", False, False)}
+    assert model.net.training and not model.frozen.training
