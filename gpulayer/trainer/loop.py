@@ -3,6 +3,11 @@
 Per step: forward under the precision context, backward, (clip), step, zero
 grads, count. Nothing syncs with the device per step: logged values stay
 tensors until ``log_every_n_steps``; hooks nobody overrides are empty lists.
+
+That inline step is the fast path. A module that overrides a hook with a default
+behaviour (``optimizer_step``, ``backward``, the batch transfer...) runs each batch
+through ``stepping.GeneralStep`` instead, which calls every hook in Lightning's
+order; the choice is made once per fit (``Hooks.general``).
 """
 
 from __future__ import annotations
@@ -146,6 +151,7 @@ class FitLoop:
         clip, log_every, max_steps = cfg.gradient_clip_val, cfg.log_every_n_steps, cfg.max_steps
         manual = not self.module.automatic_optimization
         general, transfer, device = self.general, hooks.transfer, self.strategy.root_device
+        step_scheds, epoch_scheds = bool(self.step_schedulers), bool(self.epoch_schedulers)
         val_every = self._val_interval()
         batches, skip = self._batches()
         self.epoch_done, self.batches_done, self.epoch_scheds_stepped = False, skip, False
@@ -193,7 +199,8 @@ class FitLoop:
                 if not manual:
                     t.global_step += 1  # manual optimization: each optimizer.step() counts (LightningOptimizer)
                 t._batches_stepped += 1
-            self._step_schedulers(last=batch_idx + 1 == total, stepped=stepping)
+            if stepping and step_scheds or epoch_scheds and batch_idx + 1 == total:
+                self._step_schedulers(last=batch_idx + 1 == total, stepped=stepping)
             if stepping and self.log_needed and t._batches_stepped % log_every == 0:
                 t._log_step_metrics()
             self.batches_done = batch_idx + 1
