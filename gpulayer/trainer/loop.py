@@ -12,6 +12,7 @@ order; the choice is made once per fit (``Hooks.general``).
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from typing import Any, Mapping
@@ -62,6 +63,15 @@ def batch_output(out: Any, accum: int, manual: bool) -> dict:
     return {"loss": (loss / accum if accum > 1 else loss).detach().clone(), **extra}
 
 
+def _needs_closure(optimizer: Any) -> bool:
+    """``optimizer.step`` requires a closure (LBFGS): the fast loop, which steps without one, cannot drive it."""
+    try:
+        closure = inspect.signature(type(optimizer).step).parameters.get("closure")
+    except (TypeError, ValueError):
+        return False
+    return closure is not None and closure.default is inspect.Parameter.empty
+
+
 class FitLoop:
     def __init__(self, trainer, module, step_fn, train_loader, val_loaders, resume: dict | None):
         cfg = trainer._config
@@ -81,7 +91,8 @@ class FitLoop:
         self.epoch_schedulers = [c for c in scheds if c.interval == "epoch"]
         self.log_needed = trainer.logger is not None or cfg.enable_progress_bar
         # decided once per fit: the general path calls every step hook in Lightning's order (stepping.py)
-        self.general = self.hooks.general
+        # (and for an optimizer that must call the closure itself, like LBFGS)
+        self.general = self.hooks.general or (module.automatic_optimization and _needs_closure(self.optimizer))
         self.general_step = GeneralStep(self)
         self.bar = ProgressBar() if cfg.enable_progress_bar and trainer.is_global_zero else None
         self.deadline = time.monotonic() + cfg.max_time if cfg.max_time is not None else None

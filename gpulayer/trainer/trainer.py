@@ -269,33 +269,33 @@ class Trainer:
 
     def _run_eval(self, stage: str, module: Module, dataloaders: Any, datamodule: Any, ckpt_path: str | None,
                   kw: dict[str, Any]) -> Any:
+        """Lightning's order: setup, configure_model, weights (checkpoint), zero_grad, then the loaders and the loop."""
         self.state_stage = stage
-        hooks = self._setup_stage("validate" if stage == "validate" else stage, module, datamodule)
-        prefix, _, _, _ = evaluate.STAGES[stage]
-        module.zero_grad()
-        method = f"{'val' if stage == 'validate' else stage}_dataloader"
-        if dataloaders is not None:
-            loaders = data.resolve(dataloaders)
-        elif datamodule is not None:
-            loaders = data.from_datamodule(datamodule, method)
-        else:
-            loaders = getattr(module, method)()
-        if loaders is None:
-            raise TrainerConfigError(
-                f"No `{method}()` method defined to run `Trainer.{stage}`; pass dataloaders=... or define "
-                f"{method}() on the module or the datamodule")
-        mode = "predict" if stage == "predict" else "eval"
-        loaders = [self._prepare_loader(dl, mode) for dl in data.as_list(loaders)]
+        hooks = self._setup_stage(stage, module, datamodule)
+        _, _, _, limit_name = evaluate.STAGES[stage]
         self.strategy.setup_eval_module(module)
         if ckpt_path is not None:
             ckpt = checkpoint.load(ckpt_path)
             module.load_state_dict(ckpt["state_dict"])
             hooks.call("on_load_checkpoint", ckpt)
         self.ckpt_path = ckpt_path
-        setattr(self, f"num_{'val' if stage == 'validate' else stage}_batches",
-                [data.num_batches(dl, getattr(self._config, evaluate.STAGES[stage][3])) for dl in loaders])
+        module.zero_grad()
+        method, loaders = f"{'val' if stage == 'validate' else stage}_dataloader", []
+        if stage == "predict" or getattr(self._config, limit_name) != 0:  # a limit of 0: no loader, no loop
+            if dataloaders is not None:
+                loaders = data.resolve(dataloaders)
+            elif datamodule is not None:
+                loaders = data.from_datamodule(datamodule, method)
+            else:
+                loaders = getattr(module, method)()
+            if loaders is None:
+                raise TrainerConfigError(
+                    f"No `{method}()` method defined to run `Trainer.{stage}`; pass dataloaders=... or define "
+                    f"{method}() on the module or the datamodule")
+            loaders = [self._prepare_loader(dl, "predict" if stage == "predict" else "eval") for dl in data.as_list(loaders)]
+        setattr(self, f"num_{method[:-11]}_batches", [data.num_batches(dl, getattr(self._config, limit_name)) for dl in loaders])
         try:
-            out = evaluate.EvalLoop(self, module, stage, loaders, **kw).run()
+            out = evaluate.EvalLoop(self, module, stage, loaders, **kw).run() if loaders else []
         finally:
             self.state_stage = None
         self._teardown_stage(stage)

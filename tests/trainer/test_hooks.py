@@ -323,3 +323,26 @@ def test_a_submodule_frozen_in_eval_stays_in_eval_through_fit_validate_test_pred
     assert {s for s in seen if s[0] != "train"} == {("val", False, False), ("test", False, False),
                                                     ("predict", False, False)}
     assert model.net.training and not model.frozen.training
+
+
+@needs_lightning
+def test_lbfgs_in_automatic_optimization_gives_lightnings_weights():
+    import lightning.pytorch as lp
+
+    def lbfgs(pkg):
+        class Net(_regression_net(pkg, "none")):
+            def configure_optimizers(self):
+                return torch.optim.LBFGS(self.parameters(), lr=0.5, max_iter=3)
+        return Net
+
+    results = []
+    for pkg in (gl, lp):
+        torch.manual_seed(3)
+        model = lbfgs(pkg)()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            pkg.Trainer(max_epochs=1, enable_progress_bar=False, enable_model_summary=False, logger=False,
+                        enable_checkpointing=False, accelerator="cpu").fit(
+                model, torch.utils.data.DataLoader(_regression_data(), batch_size=8))
+        results.append(model.state_dict())
+    _assert_same_weights(*results)
