@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -258,3 +259,49 @@ def test_a_stopping_worker_removes_its_directories_and_a_starting_one_sweeps_sta
     assert not base.exists()
     with pytest.raises(JobRejected, match="no live worker"):  # the restart finds no worker
         job.get(timeout=60)
+
+
+# -- a script written for Lightning itself, unchanged -------------------------------------------
+
+LIGHTNING_SCRIPT = textwrap.dedent("""
+    import os
+    import torch, torch.distributed as dist
+    import lightning as L
+    from lightning.pytorch.demos.boring_classes import BoringModel
+
+    class Reporting(BoringModel):
+        def on_fit_start(self):
+            t = self.trainer
+            print(f"world {t.world_size} rank {t.global_rank} node {t.node_rank} local {t.local_rank} "
+                  f"of nodes {t.num_nodes} (RANK {os.environ['RANK']} GROUP_RANK {os.environ['GROUP_RANK']})",
+                  flush=True)
+
+    L.seed_everything(3)
+    model = Reporting()
+    trainer = L.Trainer(num_nodes=2, devices=2, strategy="ddp", accelerator="cpu", max_epochs=1,
+                        limit_train_batches=4, limit_val_batches=2, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(model)
+    # DDP keeps the replicas identical: every rank ends with the same weights.
+    mine = torch.cat([p.detach().flatten() for p in model.parameters()])
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    if trainer.global_rank == 0:
+        same = all(torch.equal(mine, other) for other in every)
+        print(f"weights identical on {len(every)} ranks: {same}; steps {trainer.global_step}", flush=True)
+""")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("lightning") is None and not os.environ.get("CI"),
+                    reason="lightning is not installed (the test extras install it; required under CI)")
+def test_a_script_written_for_lightning_runs_unchanged_on_two_machines_of_two(fleet, project):
+    """Lightning finds torchrun's environment in every rank: world size 4, node ranks from GROUP_RANK."""
+    (project / "lit.py").write_text(LIGHTNING_SCRIPT)
+    out = run_train(fleet, project, "--nodes", "2", "--procs-per-node", "2", "lit.py")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    for rank in range(4):
+        node, local = divmod(rank, 2)
+        assert (f"[rank {rank}] world 4 rank {rank} node {node} local {local} of nodes 2 "
+                f"(RANK {rank} GROUP_RANK {node})") in out.stdout, out.stdout
+    # limit_train_batches=4 of each rank's shard (16 of the 64 rows): 4 optimizer steps, in step on every rank.
+    assert "[rank 0] weights identical on 4 ranks: True; steps 4" in out.stdout, out.stdout

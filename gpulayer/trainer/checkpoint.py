@@ -1,10 +1,13 @@
-"""Checkpoint contents: everything a resumed fit needs to continue exactly where it stopped.
+"""Checkpoint contents, in Lightning's format so a file moves both ways between gpulayer and Lightning 2.6.
 
-Besides Lightning's keys (``state_dict``, ``optimizer_states``, ``lr_schedulers``,
-``epoch``, ``global_step``, ``callbacks``) a gpulayer checkpoint records the loop
-position inside the epoch and two sets of RNG states: the ones at the start of
-the epoch (to rebuild the same shuffled order) and the ones at the save (to
-continue dropout and friends with the same numbers).
+The keys are Lightning's: ``epoch``, ``global_step``, ``pytorch-lightning_version``,
+``state_dict``, ``loops`` (its progress counters: ``checkpoint_loops.py``),
+``callbacks`` (by ``state_key``), ``optimizer_states``, ``lr_schedulers``, the AMP
+scaler under ``MixedPrecision``, ``hparams_name`` / ``hyper_parameters`` and the
+datamodule's. What only gpulayer reads sits under ``"gpulayer"``: the exact
+position inside the epoch, the fit id of a cluster fit, and two sets of RNG states
+(at the epoch start, to rebuild the same shuffled order; at the save, to continue
+dropout and friends with the same numbers), which make a resume exact.
 """
 
 from __future__ import annotations
@@ -15,39 +18,107 @@ from typing import Any
 
 import torch
 
+from gpulayer.trainer import checkpoint_loops
 from gpulayer.trainer.errors import TrainerError
 from gpulayer.trainer.seed import capture_rng
 
-FORMAT_VERSION = 1
-FIT_ID = "gpulayer_fit_id"  # which cluster fit wrote the file: a restart resumes only from its own
+FORMAT_VERSION = 2
+GPULAYER_KEY = "gpulayer"
+LIGHTNING_FORMAT_VERSION = "2.6.6"  # the Lightning release whose checkpoint format this follows
+SCALER_KEY = "MixedPrecision"       # Lightning's key: its precision plugin's class name
+_LEGACY_SCALER_KEY = "native_amp_scaling_state"
+
+
+def _phase(trainer) -> tuple[str, int, int]:
+    """(where the fit is, its epoch, batches done in that epoch) at this save."""
+    loop = trainer._loop
+    if loop is None or trainer.state_stage != "fit":
+        return checkpoint_loops.BETWEEN, trainer.current_epoch, 0
+    context = getattr(trainer._store, "context", None)
+    in_validation = isinstance(context, tuple) and len(context) == 3 and context[2] == "val"
+    if in_validation:
+        return checkpoint_loops.VALIDATION, trainer.current_epoch, loop.batches_done
+    if not loop.epoch_done:
+        return checkpoint_loops.BATCH_END, trainer.current_epoch, loop.batches_done
+    if context == getattr(trainer._store, "TRAIN_EPOCH", None):
+        return checkpoint_loops.EPOCH_END, trainer.current_epoch, loop.batches_done
+    return checkpoint_loops.BETWEEN, trainer.current_epoch, 0  # the epoch counter already moved on
+
+
+def _lightning_loops(trainer, phase: str, epoch: int, batches_done: int) -> dict[str, Any]:
+    loop, module, cfg = trainer._loop, trainer.lightning_module, trainer._config
+    per_epoch = loop.num_train_batches if loop is not None else batches_done
+    accumulate = cfg.accumulate_grad_batches
+    stepped = batches_done % accumulate == 0 or batches_done >= per_epoch
+    return checkpoint_loops.to_lightning(
+        phase=phase, epoch=epoch, batches_done=batches_done, batches_per_epoch=per_epoch,
+        global_step=trainer.global_step, batches_stepped=trainer._batches_stepped, stepped_this_batch=stepped,
+        manual=not module.automatic_optimization, val_batches=_finite_total(trainer.num_val_batches),
+        val_ran=trainer._val_has_run, accumulate=accumulate)
+
+
+def _finite_total(counts: list[float] | None) -> int:
+    """How many batches a validation run has; an infinite loader counts 0 (Lightning would count what ran)."""
+    total = sum(counts or [0])
+    return int(total) if total != float("inf") else 0
+
+
+def _hparams_entries(obj: Any, ckpt: dict[str, Any]) -> None:
+    hparams = getattr(obj, "hparams", None) if obj is not None else None
+    if not hparams:
+        return
+    if hasattr(obj, "_hparams_name"):
+        ckpt[obj.CHECKPOINT_HYPER_PARAMS_NAME] = obj._hparams_name
+    if isinstance(hparams, dict):
+        ckpt[obj.CHECKPOINT_HYPER_PARAMS_KEY] = dict(hparams)
+    else:  # an OmegaConf container is kept as itself, with its type, as Lightning does
+        ckpt[obj.CHECKPOINT_HYPER_PARAMS_KEY] = hparams
+        ckpt[obj.CHECKPOINT_HYPER_PARAMS_TYPE] = type(hparams)
 
 
 def dump(trainer, weights_only: bool = False) -> dict[str, Any]:
     module = trainer.lightning_module
     loop = trainer._loop
+    phase, epoch, batches_done = _phase(trainer)
     ckpt: dict[str, Any] = {
-        "gpulayer_checkpoint": FORMAT_VERSION,
         "epoch": trainer.current_epoch,
         "global_step": trainer.global_step,
+        "pytorch-lightning_version": LIGHTNING_FORMAT_VERSION,
         "state_dict": module.state_dict(),
-        "hyper_parameters": dict(module.hparams),
-        "loops": {
-            "epoch": trainer.current_epoch,
-            "batches_done": loop.batches_done if loop is not None else 0,
-            "epoch_done": loop.epoch_done if loop is not None else True,
-            "batches_stepped": trainer._batches_stepped,
-        },
+        "loops": _lightning_loops(trainer, phase, epoch, batches_done),
+    }
+    if phase == checkpoint_loops.BETWEEN and (loop is None or loop.epoch_done):
+        own_epoch, own_batches, own_done = max(epoch - 1, 0), 0, epoch > 0  # the counter moved past the last epoch
+    else:
+        own_epoch, own_batches, own_done = epoch, loop.batches_done, loop.epoch_done
+    own: dict[str, Any] = {
+        "format": FORMAT_VERSION,
+        "epoch": own_epoch,
+        "batches_done": own_batches,
+        "epoch_done": own_done,
+        "phase": phase,
+        "batches_stepped": trainer._batches_stepped,
     }
     if trainer._fit_id is not None:
-        ckpt[FIT_ID] = trainer._fit_id
+        own["fit_id"] = trainer._fit_id
     if not weights_only:
+        ckpt["callbacks"] = {cb.state_key: cb.state_dict() for cb in trainer.callbacks}
         ckpt["optimizer_states"] = [o.state_dict() for o in trainer.optimizers]
         ckpt["lr_schedulers"] = [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs]
-        ckpt["precision"] = trainer._precision.state_dict() if trainer._precision is not None else {}
-        ckpt["callbacks"] = {cb.state_key: cb.state_dict() for cb in trainer.callbacks}
-        ckpt["rng"] = capture_rng()
-        ckpt["epoch_rng"] = loop.epoch_start_rng if loop is not None else None
-        ckpt["train_metric_acc"] = trainer._store.export_acc("train")
+        scaler = trainer._precision.state_dict().get("scaler") if trainer._precision is not None else None
+        if scaler:
+            ckpt[SCALER_KEY] = scaler
+        own["rng"] = capture_rng()
+        own["epoch_rng"] = loop.epoch_start_rng if loop is not None else None
+        own["train_metric_acc"] = trainer._store.export_acc("train")
+    for obj in (module, trainer.datamodule):
+        _hparams_entries(obj, ckpt)
+    datamodule = trainer.datamodule
+    if datamodule is not None and hasattr(datamodule, "state_dict"):
+        dm_state = datamodule.state_dict()
+        if dm_state:
+            ckpt[type(datamodule).__qualname__] = dm_state
+    ckpt[GPULAYER_KEY] = own
     trainer._hooks.call("on_save_checkpoint", ckpt)
     return ckpt
 
@@ -55,7 +126,7 @@ def dump(trainer, weights_only: bool = False) -> dict[str, Any]:
 def save(ckpt: dict[str, Any], path: str) -> None:
     """Write atomically: a crash mid-write never leaves a truncated checkpoint under ``path``."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    buf = io.BytesIO()  # serialise first, as Lightning's checkpoint IO does, then write the bytes in one go
+    buf = io.BytesIO()  # serialise first, then write the bytes in one go
     torch.save(ckpt, buf)
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "wb") as f:
@@ -67,6 +138,13 @@ def load(path: str) -> dict[str, Any]:
     if not os.path.isfile(path):
         raise TrainerError(f"fit(ckpt_path={path!r}): no such checkpoint file")
     return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def fit_id_of(ckpt: Any) -> str | None:
+    if not isinstance(ckpt, dict):
+        return None
+    own = ckpt.get(GPULAYER_KEY)
+    return own.get("fit_id") if isinstance(own, dict) else ckpt.get("gpulayer_fit_id")
 
 
 def newest_of_fit(dirs: list[str], fit_id: str) -> tuple[str, dict[str, Any]] | None:
@@ -86,21 +164,40 @@ def newest_of_fit(dirs: list[str], fit_id: str) -> tuple[str, dict[str, Any]] | 
             ckpt = load(path)
         except Exception:  # not a checkpoint torch can read (another tool's file): not ours either
             continue
-        if isinstance(ckpt, dict) and ckpt.get(FIT_ID) == fit_id and "optimizer_states" in ckpt:
+        if fit_id_of(ckpt) == fit_id and "optimizer_states" in ckpt:
             return path, ckpt
     return None
+
+
+def _position(trainer, ckpt: dict[str, Any]) -> dict[str, Any]:
+    """Where to resume: gpulayer's own record when present, else derived from Lightning's loop counters."""
+    own = ckpt.get(GPULAYER_KEY)
+    if isinstance(own, dict) and "epoch" in own:
+        return {"epoch": own["epoch"], "batches_done": own["batches_done"], "epoch_done": own["epoch_done"],
+                "batches_stepped": own.get("batches_stepped", ckpt["global_step"]),
+                "rng": own.get("rng"), "epoch_rng": own.get("epoch_rng"), "acc": own.get("train_metric_acc", {})}
+    if "gpulayer_checkpoint" in ckpt:  # gpulayer's first format (before it followed Lightning's keys)
+        loops = ckpt.get("loops", {})
+        return {"epoch": loops.get("epoch", ckpt.get("epoch", 0)), "batches_done": loops.get("batches_done", 0),
+                "epoch_done": loops.get("epoch_done", True),
+                "batches_stepped": loops.get("batches_stepped", ckpt["global_step"]),
+                "rng": ckpt.get("rng"), "epoch_rng": ckpt.get("epoch_rng"), "acc": ckpt.get("train_metric_acc", {})}
+    per_epoch = trainer.num_training_batches or float("inf")
+    pos = checkpoint_loops.from_lightning(ckpt.get("loops") or {}, per_epoch) if ckpt.get("loops") else {
+        "epoch": max(ckpt.get("epoch", 0) - 1, 0), "batches_done": 0, "epoch_done": ckpt.get("epoch", 0) > 0,
+        "batches_stepped": ckpt.get("global_step", 0)}
+    return {**pos, "rng": None, "epoch_rng": None, "acc": {}}
 
 
 def restore(trainer, ckpt: dict[str, Any]) -> dict[str, Any]:
     """Load weights, optimizers, schedulers, scaler, callbacks and counters; return the loop position."""
     module = trainer.lightning_module
-    module.load_state_dict(ckpt["state_dict"])
-    if ckpt.get("hyper_parameters"):
-        module._hparams.update(ckpt["hyper_parameters"])
+    module.load_state_dict(ckpt["state_dict"], strict=module.strict_loading)
     trainer._hooks.call("on_load_checkpoint", ckpt)
     if "optimizer_states" not in ckpt:
         raise TrainerError("the checkpoint holds weights only (save_weights_only=True); load it with "
-                           "model.load_state_dict(torch.load(path)['state_dict']) instead of fit(ckpt_path=...)")
+                           "Model.load_from_checkpoint(path) or model.load_state_dict(torch.load(path)['state_dict']) "
+                           "instead of fit(ckpt_path=...)")
     states = ckpt["optimizer_states"]
     if len(states) != len(trainer.optimizers):
         raise TrainerError(f"the checkpoint has {len(states)} optimizer state(s) but configure_optimizers returned "
@@ -109,14 +206,30 @@ def restore(trainer, ckpt: dict[str, Any]) -> dict[str, Any]:
         opt.load_state_dict(state)
     for cfg, state in zip(trainer.lr_scheduler_configs, ckpt.get("lr_schedulers", [])):
         cfg.scheduler.load_state_dict(state)
-    trainer._precision.load_state_dict(ckpt.get("precision", {}))
+    scaler = ckpt.get(SCALER_KEY) or ckpt.get(_LEGACY_SCALER_KEY)
+    trainer._precision.load_state_dict({"scaler": scaler} if scaler else ckpt.get("precision", {}))
+    datamodule = trainer.datamodule
+    if datamodule is not None and type(datamodule).__qualname__ in ckpt:
+        datamodule.load_state_dict(ckpt[type(datamodule).__qualname__])
     saved_callbacks = ckpt.get("callbacks", {})
     for cb in trainer.callbacks:
-        if cb.state_key in saved_callbacks:
-            cb.load_state_dict(saved_callbacks[cb.state_key])
-    trainer._store.import_acc("train", ckpt.get("train_metric_acc", {}))
+        state = saved_callbacks.get(cb.state_key)
+        if state is None:
+            state = saved_callbacks.get(getattr(cb, "_legacy_state_key", type(cb)))
+        if state:
+            cb.load_state_dict(state)
+    pos = _position(trainer, ckpt)
+    trainer._store.import_acc("train", pos["acc"])
     trainer.global_step = ckpt["global_step"]
-    trainer._batches_stepped = ckpt.get("loops", {}).get("batches_stepped", ckpt["global_step"])
-    loops = ckpt.get("loops", {"epoch": ckpt.get("epoch", 0), "batches_done": 0, "epoch_done": True})
-    return {"epoch": loops["epoch"], "batches_done": loops["batches_done"], "epoch_done": loops["epoch_done"],
-            "rng": ckpt.get("rng"), "epoch_rng": ckpt.get("epoch_rng")}
+    trainer._batches_stepped = pos["batches_stepped"]
+    return {"epoch": pos["epoch"], "batches_done": pos["batches_done"], "epoch_done": pos["epoch_done"],
+            "rng": pos["rng"], "epoch_rng": pos["epoch_rng"]}
+
+
+def hpc_resume_path(root_dir: str) -> str | None:
+    """Lightning's ``ckpt_path="hpc"``: the highest-numbered ``hpc_ckpt_N.ckpt`` in the Trainer's root dir."""
+    if not os.path.isdir(root_dir):
+        return None
+    numbers = [int(f[len("hpc_ckpt_"):-len(".ckpt")]) for f in os.listdir(root_dir)
+               if f.startswith("hpc_ckpt_") and f.endswith(".ckpt") and f[len("hpc_ckpt_"):-len(".ckpt")].isdigit()]
+    return os.path.join(root_dir, f"hpc_ckpt_{max(numbers)}.ckpt") if numbers else None

@@ -6,6 +6,7 @@ holds only values and picklable objects (callbacks, logger), never live state.
 
 from __future__ import annotations
 
+import ast
 import datetime as _dt
 import difflib
 import os
@@ -15,7 +16,7 @@ from typing import Any
 
 import torch
 
-from gpulayer.trainer.errors import TrainerConfigError
+from gpulayer.trainer.errors import TrainerConfigError, TrainerTypeError
 
 PRECISIONS = {
     "32-true": "32-true", "32": "32-true", 32: "32-true",
@@ -41,6 +42,8 @@ class TrainerConfig:
     limit_val_batches: int | float = 1.0
     limit_test_batches: int | float = 1.0
     limit_predict_batches: int | float = 1.0
+    overfit_batches: int | float = 0.0
+    reload_dataloaders_every_n_epochs: int = 0
     inference_mode: bool = True
     use_distributed_sampler: bool = True
     enable_model_summary: bool = True
@@ -69,6 +72,7 @@ class TrainerConfig:
     grad_sync: str = "auto"
     cluster_resources: Any = None  # num_nodes > 1: gpulayer.Resources (or a dict) every rank's worker must offer
     max_restarts: int = 0  # num_nodes > 1: restarts of the whole gang after a rank or worker fails (gpulayer)
+    max_epochs_given: bool = True  # False: max_epochs was derived (Lightning reports None until a fit resolves it)
 
     @property
     def multi_process(self) -> bool:
@@ -80,6 +84,16 @@ def _choices_error(name: str, value: Any, accepted) -> TrainerConfigError:
     return TrainerConfigError(f"Trainer({name}={value!r}) is not supported; accepted values: {shown}")
 
 
+def _strategy_name(value: Any) -> Any:
+    """A strategy object (``strategy=DDPStrategy()``, as Lightning accepts) becomes the name it stands for."""
+    from gpulayer.trainer.strategies import DDPStrategy, SingleDeviceStrategy
+    if isinstance(value, DDPStrategy):
+        return "ddp_find_unused_parameters_true" if value.find_unused_parameters else "ddp"
+    if isinstance(value, SingleDeviceStrategy):
+        return "single_device"
+    return value
+
+
 def _int_at_least(name: str, value: Any, low: int, *, allow_none: bool = False) -> int | None:
     if value is None and allow_none:
         return None
@@ -89,16 +103,32 @@ def _int_at_least(name: str, value: Any, low: int, *, allow_none: bool = False) 
 
 
 def _limit(name: str, value: Any) -> int | float:
-    """An int count of batches, or a float fraction in [0, 1] (Lightning's meaning); None means all."""
+    """Lightning's batch limits: a float in [0, 1] is a fraction, an int (or a whole float > 1) a count; None: all."""
     if value is None:
         return 1.0
-    if isinstance(value, bool):
-        raise TrainerConfigError(f"Trainer({name}={value!r}) must be an int (batches) or a float in [0.0, 1.0] (fraction)")
-    if isinstance(value, int) and value >= 0:
-        return value
-    if isinstance(value, float) and 0.0 <= value <= 1.0:
-        return value
-    raise TrainerConfigError(f"Trainer({name}={value!r}) must be an int (batches) or a float in [0.0, 1.0] (fraction)")
+    if value == 1 and not isinstance(value, bool) and isinstance(value, (int, float)):
+        _say_what_one_means(name, value)
+    if not isinstance(value, bool) and isinstance(value, (int, float)):
+        if 0 <= value <= 1:
+            return value
+        if value > 1 and value % 1.0 == 0:
+            return int(value)
+    raise TrainerConfigError(
+        f"You have passed invalid value {value} for {name}, it has to be in [0.0, 1.0] or an int. "
+        f"(Trainer({name}={value!r}): a float is a fraction of the batches, an int a number of batches)")
+
+
+def _say_what_one_means(name: str, value: int | float) -> None:
+    """``1`` and ``1.0`` mean different things (a batch, the whole epoch): an explicit one is explained (INFO)."""
+    from gpulayer.trainer.utilities.rank_zero import rank_zero_info
+    if name == "val_check_interval":
+        what = "validation will run after every batch" if isinstance(value, int) else \
+            "validation will run at the end of the training epoch"
+    elif name == "limit_train_batches":
+        what = "1 batch per epoch will be used" if isinstance(value, int) else "100% of the batches per epoch will be used"
+    else:
+        what = "1 batch will be used" if isinstance(value, int) else "100% of the batches will be used"
+    rank_zero_info(f"`Trainer({name}={value})` was configured so {what}.")
 
 
 def _max_time(value: Any) -> float | None:
@@ -174,12 +204,13 @@ def _devices(value: Any, accelerator: str, here: bool = True) -> tuple[int, list
 def build_config(**kwargs: Any) -> TrainerConfig:
     """Validate Trainer keyword arguments; unknown names get a did-you-mean error."""
     known = set(TrainerConfig.__dataclass_fields__) - {"device_ids"}
-    known |= {"fast_dev_run", "overfit_batches"}
+    known |= {"fast_dev_run"}
     for name in kwargs:
         if name not in known:
             close = difflib.get_close_matches(name, sorted(known), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise TrainerConfigError(f"Trainer got an unknown argument {name!r}{hint} (accepted: {', '.join(sorted(known))})")
+    kwargs = {**env_defaults(known), **kwargs}
     fast_dev_run = kwargs.pop("fast_dev_run", False)
 
     cfg = TrainerConfig()
@@ -196,32 +227,34 @@ def build_config(**kwargs: Any) -> TrainerConfig:
             "on CPU use precision='bf16-mixed'"
         )
     cfg.devices, cfg.device_ids = _devices(kwargs.get("devices", "auto"), cfg.accelerator, here)
-    strategy = kwargs.get("strategy", "auto")
+    strategy = _strategy_name(kwargs.get("strategy", "auto"))
     if strategy not in STRATEGIES:
         raise _choices_error("strategy", strategy, STRATEGIES)
     cfg.strategy = strategy
 
     max_steps = kwargs.get("max_steps", -1)
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < -1:
-        raise TrainerConfigError(f"Trainer(max_steps={max_steps!r}) must be -1 (no limit) or an integer >= 0")
+        raise TrainerConfigError(f"`max_steps` must be a non-negative integer or -1 (infinite steps). You passed in "
+                                 f"{max_steps}. (Trainer(max_steps={max_steps!r}): -1 means no limit)")
     cfg.max_steps = max_steps
     max_epochs = kwargs.get("max_epochs")
+    cfg.max_epochs_given = max_epochs is not None
     if max_epochs is None:  # Lightning: 1000 epochs unless max_steps bounds the run
         max_epochs = -1 if max_steps != -1 else 1000
     if isinstance(max_epochs, bool) or not isinstance(max_epochs, int) or max_epochs < -1:
-        raise TrainerConfigError(f"Trainer(max_epochs={max_epochs!r}) must be -1 (no limit) or an integer >= 0")
+        raise TrainerConfigError(f"`max_epochs` must be a non-negative integer or -1. You passed in {max_epochs}. "
+                                 f"(Trainer(max_epochs={max_epochs!r}): -1 means no limit)")
     cfg.max_epochs = max_epochs
     cfg.max_time = _max_time(kwargs.get("max_time"))
     cfg.min_epochs = _int_at_least("min_epochs", kwargs.get("min_epochs"), 0, allow_none=True)
     cfg.min_steps = _int_at_least("min_steps", kwargs.get("min_steps"), 0, allow_none=True)
-    if kwargs.get("overfit_batches", 0) not in (0, 0.0):
-        raise TrainerConfigError(
-            f"Trainer(overfit_batches={kwargs['overfit_batches']!r}) is not supported; use limit_train_batches=N with a "
-            "loader without shuffling (and limit_val_batches=N) to train on the same few batches")
-    cfg.limit_train_batches = _limit("limit_train_batches", kwargs.get("limit_train_batches", 1.0))
-    cfg.limit_val_batches = _limit("limit_val_batches", kwargs.get("limit_val_batches", 1.0))
-    cfg.limit_test_batches = _limit("limit_test_batches", kwargs.get("limit_test_batches", 1.0))
-    cfg.limit_predict_batches = _limit("limit_predict_batches", kwargs.get("limit_predict_batches", 1.0))
+    cfg.overfit_batches = _limit("overfit_batches", kwargs.get("overfit_batches", 0.0))
+    cfg.reload_dataloaders_every_n_epochs = _int_at_least(
+        "reload_dataloaders_every_n_epochs", kwargs.get("reload_dataloaders_every_n_epochs", 0), 0)
+    cfg.limit_train_batches = _limit("limit_train_batches", kwargs.get("limit_train_batches"))
+    cfg.limit_val_batches = _limit("limit_val_batches", kwargs.get("limit_val_batches"))
+    cfg.limit_test_batches = _limit("limit_test_batches", kwargs.get("limit_test_batches"))
+    cfg.limit_predict_batches = _limit("limit_predict_batches", kwargs.get("limit_predict_batches"))
     cfg.inference_mode = _bool("inference_mode", kwargs.get("inference_mode", True))
     cfg.use_distributed_sampler = _bool("use_distributed_sampler", kwargs.get("use_distributed_sampler", True))
     summary = kwargs.get("enable_model_summary")
@@ -237,23 +270,31 @@ def build_config(**kwargs: Any) -> TrainerConfig:
     cfg.benchmark = (not cfg.deterministic) if benchmark is None else benchmark
 
     clip = kwargs.get("gradient_clip_val")
-    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float)) or clip < 0):
+    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float))):
+        raise TrainerTypeError(f"`gradient_clip_val` should be an int or a float. Got {clip}. "
+                               f"(Trainer(gradient_clip_val={clip!r}): pass a number >= 0 or None)")
+    if clip is not None and clip < 0:
         raise TrainerConfigError(f"Trainer(gradient_clip_val={clip!r}) must be None or a number >= 0")
     cfg.gradient_clip_val = float(clip) if clip else None
     algo = kwargs.get("gradient_clip_algorithm", "norm")
     if algo not in CLIP_ALGORITHMS:
-        raise _choices_error("gradient_clip_algorithm", algo, CLIP_ALGORITHMS)
+        raise TrainerConfigError(f"`gradient_clip_algorithm` {algo} is invalid. Allowed algorithms: "
+                                 f"{list(CLIP_ALGORITHMS)}.")
     cfg.gradient_clip_algorithm = algo
     cfg.accumulate_grad_batches = _int_at_least("accumulate_grad_batches", kwargs.get("accumulate_grad_batches", 1), 1)
-    cfg.check_val_every_n_epoch = _int_at_least(
-        "check_val_every_n_epoch", kwargs.get("check_val_every_n_epoch", 1), 1, allow_none=True
-    )
-    vci = kwargs.get("val_check_interval", 1.0)
-    if isinstance(vci, bool) or not (isinstance(vci, int) and vci >= 1 or isinstance(vci, float) and 0.0 < vci <= 1.0):
+    every_n = kwargs.get("check_val_every_n_epoch", 1)
+    if every_n is not None and (isinstance(every_n, bool) or not isinstance(every_n, int)):
+        raise TrainerConfigError(f"`check_val_every_n_epoch` should be an integer, found {every_n!r}. "
+                                 "(None validates by val_check_interval batches across epochs)")
+    cfg.check_val_every_n_epoch = _int_at_least("check_val_every_n_epoch", every_n, 1, allow_none=True)
+    # a float in [0, 1]: that fraction of the epoch's batches; an int: every that many batches (Lightning's rule)
+    cfg.val_check_interval = _limit("val_check_interval", kwargs.get("val_check_interval"))
+    if cfg.check_val_every_n_epoch is None and isinstance(kwargs.get("val_check_interval"), float):
         raise TrainerConfigError(
-            f"Trainer(val_check_interval={vci!r}) must be an int >= 1 (train batches) or a float in (0.0, 1.0] (fraction of an epoch)"
-        )
-    cfg.val_check_interval = vci
+            "`val_check_interval` should be an integer or a time-based duration (str 'DD:HH:MM:SS', "
+            "datetime.timedelta, or dict kwargs for timedelta) when `check_val_every_n_epoch=None`. "
+            f"(Trainer(val_check_interval={cfg.val_check_interval}) is a fraction of an epoch, which has no meaning "
+            "without epochs; pass a number of batches.)")
     cfg.log_every_n_steps = _int_at_least("log_every_n_steps", kwargs.get("log_every_n_steps", 50), 1)
     cfg.num_sanity_val_steps = _int_at_least("num_sanity_val_steps", kwargs.get("num_sanity_val_steps", 2), -1)
 
@@ -315,8 +356,27 @@ def build_config(**kwargs: Any) -> TrainerConfig:
         cfg.max_epochs, cfg.max_steps = 1, n
         cfg.limit_train_batches = cfg.limit_val_batches = cfg.limit_test_batches = cfg.limit_predict_batches = n
         cfg.num_sanity_val_steps, cfg.logger = 0, None
+        cfg.val_check_interval, cfg.check_val_every_n_epoch = 1.0, 1
         cfg.callbacks = [c for c in cfg.callbacks if not isinstance(c, ModelCheckpoint)]
+    if cfg.overfit_batches > 0:  # the same first batches for training and validation, whatever the limits say
+        cfg.limit_train_batches = cfg.limit_val_batches = cfg.overfit_batches
     return cfg
+
+
+def env_defaults(names: set[str]) -> dict[str, Any]:
+    """Lightning's ``PL_TRAINER_<ARGUMENT>`` environment variables: defaults that explicit arguments override.
+
+    Values are read as Python literals (``"7"`` is 7, ``"False"`` is False), else kept as strings.
+    """
+    found = {}
+    for name in names:
+        raw = os.environ.get(f"PL_TRAINER_{name.upper()}")
+        if raw:
+            try:
+                found[name] = ast.literal_eval(raw)
+            except (ValueError, SyntaxError):
+                found[name] = raw
+    return found
 
 
 def _cluster_resources(value: Any, num_nodes: int) -> Any:

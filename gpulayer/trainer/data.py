@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from typing import Any, Iterable
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, IterableDataset, RandomSampler
+from torch.utils.data import (
+    BatchSampler, DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler,
+)
 
 from gpulayer.trainer.errors import TrainerConfigError
 from gpulayer.trainer.seed import SEED_ENV, SEED_WORKERS_ENV, worker_init_fn
+from gpulayer.trainer.utilities.combined_loader import CombinedLoader
 
 
 def resolve(loaders: Any) -> Any:
@@ -26,32 +30,110 @@ def resolve(loaders: Any) -> Any:
 
 
 def as_list(loaders: Any) -> list:
+    """Evaluation loaders as a list, read one after another (a dict's values, a CombinedLoader's iterables)."""
     if loaders is None:
         return []
+    if isinstance(loaders, CombinedLoader):
+        return list(loaders.flattened)
+    if isinstance(loaders, dict):
+        return list(loaders.values())
     if isinstance(loaders, (list, tuple)):
         return list(loaders)
     return [loaders]
 
 
-def num_batches(loader: Iterable, limit: int | float) -> float:
-    """How many batches of ``loader`` an epoch uses (``inf`` for an unsized iterable)."""
+def as_given(given: Any, prepared: list) -> Any:
+    """What ``trainer.val_dataloaders`` & co. show: one loader when one was given, else the list."""
+    if len(prepared) == 1 and not isinstance(given, (list, tuple, dict, CombinedLoader)):
+        return prepared[0]
+    return prepared
+
+
+def combine_train(loaders: Any) -> Any:
+    """Several train loaders (a list, a dict, a CombinedLoader) as one CombinedLoader; one loader as it is.
+
+    Lightning's default for a collection is ``max_size_cycle``: batches of every loader each step,
+    the shorter loaders starting over until the longest ends.
+    """
+    if isinstance(loaders, (list, tuple, dict)):
+        return CombinedLoader(loaders, "max_size_cycle")
+    return loaders
+
+
+def num_batches(loader: Iterable, limit: int | float, stage: str = "train") -> float:
+    """How many batches of ``loader`` an epoch uses (``inf`` for an unsized iterable), as Lightning counts.
+
+    ``limit``: an int caps the count, a float takes that fraction (rounded down). A fraction that leaves
+    no batch of a sized loader is refused: it would silently skip the stage.
+    """
+    if isinstance(loader, CombinedLoader):
+        flat = loader.flattened
+        loader.limits = [num_batches(dl, limit, stage) for dl in flat]
+        try:
+            return len(loader)
+        except TypeError:
+            return math.inf
     try:
         n = len(loader)  # type: ignore[arg-type]
-    except TypeError:
+    except (TypeError, NotImplementedError):
         n = math.inf
+    if n == 0:
+        return 0
     if isinstance(limit, int) and not isinstance(limit, bool):
         return min(n, limit)
     if n == math.inf:
-        if limit not in (0.0, 1.0):
+        if limit != 1.0:
             raise TrainerConfigError(
-                f"a fractional limit ({limit}) needs a loader with len(); pass an int number of batches instead"
-            )
-        return 0 if limit == 0.0 else math.inf
-    return int(n * limit)
+                f"When using an `IterableDataset`, `Trainer(limit_{stage}_batches)` must be `1.0` or an int. An int "
+                f"specifies `num_{stage}_batches` to use.")
+        return math.inf
+    count = int(n * limit)
+    if count == 0 and limit > 0.0:
+        raise TrainerConfigError(
+            f"You requested to check {limit} of the `{stage}_dataloader` but {limit} * {n} < 1. Please increase the "
+            f"`limit_{stage}_batches` argument. Try at least `limit_{stage}_batches={1.0 / n}`")
+    return count
+
+
+def without_shuffle(loader: Any, stage: str) -> Any:
+    """``overfit_batches``: the same batches every epoch, so a shuffling loader is rebuilt in order (with a warning)."""
+    flat = loader.flattened if isinstance(loader, CombinedLoader) else [loader]
+    if all(not _reorderable(dl) or isinstance(dl.sampler, SequentialSampler) for dl in flat):
+        return loader
+    warnings.warn(f"You requested to overfit but enabled {stage} dataloader shuffling. We are turning off the "
+                  f"{stage} dataloader shuffling for you.", UserWarning, stacklevel=3)
+    flat = [_rebuild(dl, SequentialSampler(dl.dataset)) if _reorderable(dl) else dl for dl in flat]
+    if isinstance(loader, CombinedLoader):
+        loader.flattened = flat
+        return loader
+    return flat[0]
+
+
+def _reorderable(loader: Any) -> bool:
+    """A DataLoader whose sampler can be swapped (a map-style dataset, no custom batch sampler)."""
+    return isinstance(loader, DataLoader) and not isinstance(loader.dataset, IterableDataset) \
+        and loader.batch_size is not None
+
+
+def _rebuild(loader: DataLoader, sampler: Any) -> DataLoader:
+    """``loader`` with another sampler, every other setting kept."""
+    kwargs = dict(
+        batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory, drop_last=loader.drop_last, timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn, persistent_workers=loader.persistent_workers,
+    )
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+        kwargs["multiprocessing_context"] = loader.multiprocessing_context
+    return DataLoader(loader.dataset, **kwargs)
 
 
 def seed_workers(loader: Any) -> None:
     """``seed_everything(workers=True)``: give each DataLoader worker a derived seed."""
+    if isinstance(loader, CombinedLoader):
+        for dl in loader.flattened:
+            seed_workers(dl)
+        return
     if os.environ.get(SEED_WORKERS_ENV) == "1" and isinstance(loader, DataLoader) and loader.num_workers > 0 \
             and loader.worker_init_fn is None:
         loader.worker_init_fn = worker_init_fn
@@ -100,15 +182,7 @@ def distributed(loader: Any, num_replicas: int, rank: int, mode: str = "train") 
         sampler: Any = UnrepeatedDistributedSampler(loader.dataset, num_replicas, rank, shuffle=shuffle, seed=seed)
     else:  # Lightning passes no drop_last to the sampler: it pads; the loader keeps its own drop_last
         sampler = DistributedSampler(loader.dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
-    kwargs = dict(
-        batch_size=loader.batch_size, sampler=sampler, num_workers=loader.num_workers, collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory, drop_last=loader.drop_last, timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn, persistent_workers=loader.persistent_workers,
-    )
-    if loader.num_workers > 0:
-        kwargs["prefetch_factor"] = loader.prefetch_factor
-        kwargs["multiprocessing_context"] = loader.multiprocessing_context
-    return DataLoader(loader.dataset, **kwargs)
+    return _rebuild(loader, sampler)
 
 
 def from_datamodule(datamodule: Any, method: str) -> Any:
@@ -117,12 +191,17 @@ def from_datamodule(datamodule: Any, method: str) -> Any:
     if fn is None:
         return None
     from gpulayer.trainer.datamodule import LightningDataModule
-    if isinstance(datamodule, LightningDataModule) and getattr(type(datamodule), method) is getattr(LightningDataModule, method):
+    if isinstance(datamodule, LightningDataModule) and method not in vars(datamodule) \
+            and getattr(type(datamodule), method) is getattr(LightningDataModule, method):
         return None
     return fn()
 
 
 def set_epoch(loader: Any, epoch: int) -> None:
+    if isinstance(loader, CombinedLoader):
+        for dl in loader.flattened:
+            set_epoch(dl, epoch)
+        return
     for obj in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None)):
         if hasattr(obj, "set_epoch"):
             obj.set_epoch(epoch)

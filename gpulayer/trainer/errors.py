@@ -20,6 +20,10 @@ class TrainerConfigError(MisconfigurationException, ValueError):
     """A Trainer argument or a module hook returned a value the Trainer does not accept."""
 
 
+class TrainerTypeError(TrainerConfigError, TypeError):
+    """An argument of the wrong type (a ``TypeError`` in Lightning, so both catch it)."""
+
+
 class RankFailed(TrainerError):
     """A rank of a multi-process fit failed; carries the rank and its traceback."""
 

@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
-from gpulayer.trainer import data
+from gpulayer.trainer import data, metrics
 from gpulayer.trainer.prefetch import device_batches
+from gpulayer.trainer.states import RunningStage
 from gpulayer.trainer.stepping import transfer_batch
 from gpulayer.trainer.utilities.model_helpers import is_overridden
 
@@ -54,7 +55,8 @@ class EvalLoop:
         modes = {name: m.training for name, m in module.named_modules()}  # restored at the end, submodule by submodule
         saved_context = store.context
         store.context = store.context_for(self.acc_name)
-        t.sanity_checking = self.sanity
+        stage_before = t.state.stage  # a fit's validation runs inside its training stage and returns to it
+        t.state.stage = RunningStage.SANITY_CHECKING if self.sanity else RunningStage(self.stage)
         if self.sanity:
             hooks.call("on_sanity_check_start")
         getattr(module, f"on_{p}_model_eval")()
@@ -72,7 +74,7 @@ class EvalLoop:
                 predictions.append(preds)
                 if n == 0:
                     continue
-                store.dl_suffix = dataloader_suffix(dl_idx) if multi else ""
+                store.dl_idx = dl_idx if multi else None
                 extra = (dl_idx,) if multi else ()
                 data.set_epoch(loader, t.current_epoch)
                 device = t.strategy.root_device
@@ -89,7 +91,9 @@ class EvalLoop:
                     if self.stage == "predict" and self.return_predictions:
                         preds.append(out)
                     hooks.call(f"on_{p}_batch_end", out, batch, i, *extra)
-                store.dl_suffix = ""
+                    if not self.sanity and self.acc_name is not None:
+                        t._log_eval_step_metrics(self.acc_name)
+                store.dl_idx = None
         if self.stage == "predict":
             hooks.call("on_predict_epoch_end")
             hooks.call("on_predict_end")
@@ -98,22 +102,23 @@ class EvalLoop:
         else:
             hooks.call(f"on_{p}_epoch_end")
             if self.sanity:
-                store.acc[self.acc_name] = {}  # Lightning discards what the sanity check logged
+                store.discard_sanity(self.acc_name)  # Lightning discards what the sanity check logged
                 results = []
             else:
-                logged = store.reduce_epoch(self.acc_name)
-                results = _per_loader(logged, len(self.loaders))
-                t._log_epoch_metrics(logged)
+                outputs = store.eval_outputs(self.acc_name, len(self.loaders))
+                merged = {k: v for out in outputs for k, v in out.items()}
+                floats = dict(zip(merged, metrics.to_floats(list(merged.values()))))
+                results = [{k: floats[k] for k in out} for out in outputs]
+                t._log_epoch_metrics(floats)
             hooks.call(f"on_{p}_end")
         self._restore_mode(modes)
         if self.sanity:
             hooks.call("on_sanity_check_end")
-        t.sanity_checking = False
+        t.state.stage = stage_before
         store.context = saved_context
         if self.verbose and results and t.is_global_zero and self.stage != "predict":
             print_results(results, self.stage)
         return results
-
 
     def _restore_mode(self, modes: dict[str, bool]) -> None:
         """``on_<stage>_model_train`` when the module overrides it, else every submodule's mode as it was before.
@@ -127,18 +132,6 @@ class EvalLoop:
         for name, m in self.module.named_modules():
             if name in modes:
                 m.training = modes[name]
-
-
-def _per_loader(logged: dict[str, float], n_loaders: int) -> list[dict[str, float]]:
-    """Lightning's return value: one dict per loader; a name with no loader suffix goes in every dict."""
-    if n_loaders <= 1:
-        return [dict(logged)] if n_loaders == 1 else []
-    out: list[dict[str, float]] = [{} for _ in range(n_loaders)]
-    for name, value in logged.items():
-        owner = next((i for i in range(n_loaders) if name.endswith(dataloader_suffix(i))), None)
-        for i in range(n_loaders) if owner is None else [owner]:
-            out[i][name] = value
-    return out
 
 
 def print_results(results: list[dict[str, float]], stage: str) -> None:

@@ -81,6 +81,7 @@ class FitLoop:
         self.resume = resume
         self.num_train_batches = data.num_batches(train_loader, cfg.limit_train_batches)
         self.batches_done = 0
+        self._batches_before = 0  # train batches of the epochs before this one
         self.epoch_done = False
         self.epoch_start_rng: dict | None = None
         self.params = [p for p in module.parameters() if p.requires_grad]
@@ -128,6 +129,8 @@ class FitLoop:
 
     def _fit_done(self) -> bool:
         t, cfg = self.trainer, self.cfg
+        if self.num_train_batches == 0:  # limit_train_batches=0 or an empty loader: no epoch runs (Lightning)
+            return True
         if cfg.max_steps != -1 and t.global_step >= cfg.max_steps:
             return True
         if cfg.max_epochs != -1 and t.current_epoch >= cfg.max_epochs:
@@ -136,15 +139,27 @@ class FitLoop:
 
     # -- one epoch ----------------------------------------------------------------------------
     def _batches(self) -> Any:
-        """This epoch's batch iterator, fast-forwarded when resuming mid-epoch."""
+        """This epoch's batch iterator, fast-forwarded when resuming mid-epoch.
+
+        Loaders due for ``reload_dataloaders_every_n_epochs`` are requested again first (train, then
+        val), before ``on_train_epoch_start``, as Lightning does.
+        """
         t = self.trainer
+        self._batches_before += self.batches_done  # the previous epoch's, for check_val_every_n_epoch=None
+        fit_data = t._fit_data
+        if fit_data is not None and fit_data.train_reload_due():
+            self.train_loader = fit_data.load_train()
+            self.num_train_batches = t.num_training_batches
+        if fit_data is not None and self._val_epoch() and (not fit_data.val_loaded or fit_data.val_reload_due()):
+            self.val_loaders = fit_data.reload_val()
         self.hooks.call("on_train_epoch_start")
         data.set_epoch(self.train_loader, t.current_epoch)
         skip, resume, self.resume = 0, self.resume, None
         if resume is not None and resume["epoch_rng"] is not None:
             restore_rng(resume["epoch_rng"])  # the shuffle of this epoch draws from these states
         self.epoch_start_rng = capture_rng()
-        it = iter(self.train_loader)
+        loader = self.train_loader
+        it = loader._batches() if isinstance(loader, data.CombinedLoader) else iter(loader)
         if resume is not None:
             skip = resume["batches_done"]
             for _ in range(skip):  # replay the sampler; these batches were trained on before the save
@@ -158,13 +173,13 @@ class FitLoop:
     def run_epoch(self) -> None:
         t, cfg, hooks, store, prec = self.trainer, self.cfg, self.hooks, self.store, self.precision
         step_fn, opt, params = self.step_fn, self.optimizer, self.params
-        accum, total = cfg.accumulate_grad_batches, self.num_train_batches
         clip, log_every, max_steps = cfg.gradient_clip_val, cfg.log_every_n_steps, cfg.max_steps
         manual = not self.module.automatic_optimization
         general, transfer, device = self.general, hooks.transfer, self.strategy.root_device
         step_scheds, epoch_scheds = bool(self.step_schedulers), bool(self.epoch_schedulers)
-        val_every = self._val_interval()
-        batches, skip = self._batches()
+        batches, skip = self._batches()  # may reload the loaders: read the counts after it
+        accum, total = cfg.accumulate_grad_batches, self.num_train_batches
+        val_every, val_offset = self._val_interval(), self._val_offset()
         self.epoch_done, self.batches_done, self.epoch_scheds_stepped = False, skip, False
         if self.bar is not None:
             self.bar.start_epoch(t.current_epoch, cfg.max_epochs, None if total == math.inf else int(total))
@@ -222,7 +237,7 @@ class FitLoop:
                     f(out, batch, batch_idx)
             if self.bar is not None:
                 self.bar.update(batch_idx + 1, store.progress)
-            if val_every and (batch_idx + 1) % val_every == 0 and batch_idx + 1 != total:
+            if val_every and (val_offset + batch_idx + 1) % val_every == 0 and batch_idx + 1 != total:
                 self.run_validation()
                 store.context = store.TRAIN_STEP
             if stepping and (max_steps != -1 and t.global_step >= max_steps
@@ -266,19 +281,39 @@ class FitLoop:
         return out
 
     def _val_interval(self) -> int:
-        """Run validation every this many batches inside the epoch (0: only at the epoch end)."""
-        cfg, vci = self.cfg, self.cfg.val_check_interval
-        if not self.val_loaders or vci == 1.0:
+        """Validate inside this epoch every this many batches (0: none before its last batch).
+
+        Lightning validates after batch ``i`` when ``(i + 1) % val_check_batch == 0``, counting batches
+        across epochs when ``check_val_every_n_epoch=None``; so ``val_check_interval=1/3`` of 10
+        batches validates after batches 3, 6 and 9, and not again at the epoch's end.
+        """
+        vcb = self.trainer.val_check_batch
+        if not self._val_epoch() or vcb == math.inf:
             return 0
-        if not self._val_due():
-            return 0
-        if isinstance(vci, float):
-            return max(1, int(self.num_train_batches * vci)) if self.num_train_batches != math.inf else 0
-        return vci
+        return int(vcb)
+
+    def _val_offset(self) -> int:
+        """Batches of earlier epochs that count towards the interval (all of them when check_val_every_n_epoch=None)."""
+        return self._batches_before if self.cfg.check_val_every_n_epoch is None else 0
+
+    def _val_epoch(self) -> bool:
+        """Validation can run in this epoch: loaders, validation_step, check_val_every_n_epoch."""
+        n = self.cfg.check_val_every_n_epoch
+        due = n is None or (self.trainer.current_epoch + 1) % n == 0
+        fit_data = self.trainer._fit_data
+        if fit_data is None:
+            return due and bool(self.val_loaders)
+        # not requested yet (no sanity check, no validation in the first epochs): requested when first due
+        return due and fit_data.validation_possible() and (bool(self.val_loaders) or not fit_data.val_loaded)
 
     def _val_due(self) -> bool:
-        n = self.cfg.check_val_every_n_epoch
-        return bool(self.val_loaders) and (n is None or (self.trainer.current_epoch + 1) % n == 0)
+        """Validation runs after the epoch's last batch: the interval falls on it, or the epoch is unsized."""
+        if not self._val_epoch():
+            return False
+        vcb = self.trainer.val_check_batch
+        if vcb == math.inf:
+            return True
+        return (self._val_offset() + self.batches_done) % int(vcb) == 0
 
     def _end_epoch(self) -> None:
         t, store = self.trainer, self.store

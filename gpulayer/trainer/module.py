@@ -10,30 +10,35 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import numbers
+import os
+import sys
 import warnings
 from typing import Any, Iterator, Mapping
 
 import torch
 from torch import nn
 
+from gpulayer.trainer import metrics
 from gpulayer.trainer.errors import MisconfigurationException
+from gpulayer.trainer.hparams import HyperparametersMixin
 from gpulayer.trainer.prefetch import move_data_to_device
+from gpulayer.trainer.utilities.parsing import AttributeDict  # noqa: F401  (old import path, kept working)
 
 
-class AttributeDict(dict):
-    """``self.hparams.lr`` as well as ``self.hparams["lr"]``, like Lightning's."""
+class _restricted_classmethod(classmethod):
+    """A classmethod that refuses to run on an instance: ``model.load_from_checkpoint(p)`` would discard its result."""
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self[name]
-        except KeyError:
-            raise AttributeError(f"hparams has no {name!r} (saved: {sorted(self)})") from None
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        # TorchScript reads every attribute of the module it compiles: let it through
+        if instance is not None and not any(os.path.join("torch", "jit") in f.filename for f in inspect.stack(0)):
+            name = self.__func__.__name__
+            raise TypeError(f"The classmethod `{type(instance).__name__}.{name}` cannot be called on an instance. "
+                            "Please call it on the class type and make sure the return value is used.")
+        return super().__get__(instance, owner)
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        self[name] = value
 
-
-class Module(nn.Module):
+class Module(HyperparametersMixin, nn.Module):
     """Subclass and write ``training_step`` and ``configure_optimizers``.
 
     >>> class Net(Module):
@@ -55,6 +60,7 @@ class Module(nn.Module):
         self._metric_store = None
         self._device = None
         self._hparams: AttributeDict = AttributeDict()
+        self._strict_loading: bool | None = None
         self._automatic_optimization = True
         self._param_requires_grad_state: dict = {}
 
@@ -91,30 +97,28 @@ class Module(nn.Module):
     def local_rank(self) -> int:
         return self._trainer.local_rank if self._trainer is not None else 0
 
-    @property
-    def hparams(self) -> "AttributeDict":
-        return self._hparams
+    CHECKPOINT_HYPER_PARAMS_KEY = "hyper_parameters"
+    CHECKPOINT_HYPER_PARAMS_NAME = "hparams_name"
+    CHECKPOINT_HYPER_PARAMS_TYPE = "hparams_type"
 
-    def save_hyperparameters(self, *names: str, ignore: list[str] | str | None = None, logger: bool = True) -> None:
-        """Store the calling ``__init__``'s arguments in ``self.hparams`` (and in checkpoints)."""
-        frame = inspect.currentframe().f_back
-        try:
-            code, local_vars = frame.f_code, frame.f_locals
-            n_args = code.co_argcount + code.co_kwonlyargcount
-            arg_names = list(code.co_varnames[:n_args])
-            if code.co_flags & inspect.CO_VARKEYWORDS:
-                varkw = code.co_varnames[n_args + bool(code.co_flags & inspect.CO_VARARGS)]
-                extra = dict(local_vars.get(varkw, {}))
-            else:
-                extra = {}
-            args = {k: local_vars[k] for k in arg_names[1:] if k in local_vars}
-            args.update(extra)
-        finally:
-            del frame
-        ignore = [ignore] if isinstance(ignore, str) else list(ignore or [])
-        if names:
-            args = {k: v for k, v in args.items() if k in names}
-        self._hparams.update({k: v for k, v in args.items() if k not in ignore})
+    @_restricted_classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
+                             strict: bool | None = None, **kwargs: Any) -> "Module":
+        """A new ``cls`` built from the checkpoint's saved hyperparameters (``kwargs`` override them), weights loaded.
+
+        >>> model = Net.load_from_checkpoint("epoch=9-step=100.ckpt", lr=1e-4)   # doctest: +SKIP
+        """
+        from gpulayer.trainer.core.saving import load_from_checkpoint
+        return load_from_checkpoint(cls, checkpoint_path, map_location, hparams_file, strict, **kwargs)
+
+    @property
+    def strict_loading(self) -> bool:
+        """Whether ``load_state_dict`` of a checkpoint requires every key to match (default True)."""
+        return True if self._strict_loading is None else self._strict_loading
+
+    @strict_loading.setter
+    def strict_loading(self, strict: bool) -> None:
+        self._strict_loading = strict
 
     def __getstate__(self) -> dict[str, Any]:
         # a module pickled for the ranks of a multi-process fit leaves the parent's trainer behind
@@ -142,19 +146,102 @@ class Module(nn.Module):
         metric_attribute: str | None = None,
         rank_zero_only: bool = False,
     ) -> None:
-        """Record a scalar: kept as a detached tensor, turned into a number only at log intervals."""
+        """Record a scalar (a number, a one-element tensor or a ``torchmetrics.Metric``), Lightning's ``log``.
+
+        Defaults of ``on_step`` / ``on_epoch`` and where logging is allowed follow the running hook
+        (``metrics.FX_RULES``). Tensors stay on the device; numbers are made at log intervals.
+        """
+        return self._log(sys._getframe(1), name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, enable_graph,
+                         sync_dist, sync_dist_group, add_dataloader_idx, batch_size, metric_attribute, rank_zero_only)
+
+    def _log(self, frame, name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, enable_graph, sync_dist,
+             sync_dist_group, add_dataloader_idx, batch_size, metric_attribute, rank_zero_only) -> None:
+        metric = None
+        if isinstance(value, torch.Tensor):
+            if value.ndim:  # a 0-dim tensor (the usual loss) needs no check and no reshape
+                if value.numel() != 1:
+                    raise ValueError(f"`self.log({name}, {value})` was called, but the tensor must have a single "
+                                     f"element. You can try doing `self.log({name}, {value}.mean())`")
+                value = value.reshape(())
+        elif isinstance(value, numbers.Number):
+            value = torch.tensor(value, device=self.device, dtype=metrics.float_dtype())
+        elif metrics.is_torchmetric(value):
+            metric = value
+        elif isinstance(value, Mapping):
+            raise ValueError(f"`self.log({name}, {value})` was called, but `dict` values cannot be logged;"
+                             " use self.log_dict(...) for several values")
+        else:
+            raise ValueError(f"`self.log({name}, {value})` was called, but `{type(value).__name__}` values cannot be"
+                             " logged (log a number, a one-element tensor or a torchmetrics.Metric)")
         store = self._metric_store
         if store is None:
-            warnings.warn(f"self.log({name!r}) called outside Trainer.fit; the value is dropped", stacklevel=2)
+            warnings.warn("You are trying to `self.log()` but the `self.trainer` reference is not registered on the"
+                          " model yet. This is most likely because the model hasn't been passed to the `Trainer`",
+                          stacklevel=3)
             return
-        if store.dl_suffix and add_dataloader_idx:
-            name += store.dl_suffix
-        store.log(name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, sync_dist, batch_size)
+        if store.context is store.PREDICT:
+            raise MisconfigurationException(
+                "You are trying to `self.log()` but the loop's result collection is not registered yet. This is most "
+                "likely because you are trying to log in a `predict` hook, but it doesn't support logging")
+        fx = metrics.current_hook(frame)
+        if add_dataloader_idx and "/dataloader_idx_" in name:
+            raise MisconfigurationException(
+                f"You called `self.log` with the key `{name}` but it should not contain information about "
+                "`dataloader_idx` when `add_dataloader_idx=True`")
+        if metric is not None:
+            self._check_metric_attribute(name, metric, metric_attribute)
+        elif metric_attribute is not None:
+            raise MisconfigurationException(
+                f"self.log({name!r}, ..., metric_attribute={metric_attribute!r}) names the module attribute of a "
+                "logged torchmetrics.Metric; the value is not one: drop metric_attribute")
+        elif value.dtype is not torch.float32 and value.dtype is not torch.float64:  # `is`: dtypes are singletons
+            if not torch.is_floating_point(value):
+                metrics.warn_once(
+                    f"You called `self.log({name!r}, ...)` in your `{fx}` but the value needs to be floating to be "
+                    f"reduced. Converting it to {metrics.float_dtype()}. You can silence this warning by converting "
+                    "the value to floating point yourself. If you don't intend to reduce the value (for instance when "
+                    f"logging the global step or epoch) then you can use `self.logger.log_metrics({{{name!r}: ...}})` "
+                    "instead.")
+            value = value.to(metrics.float_dtype())
+        if sync_dist_group is not None and not sync_dist:
+            raise MisconfigurationException(
+                f"self.log({name!r}, ..., sync_dist_group=...) reduces over that group only with sync_dist=True;"
+                " pass sync_dist=True or drop sync_dist_group")
+        if logger and self._trainer is not None and self._trainer.logger is None:
+            warnings.warn(f"You called `self.log({name!r}, ..., logger=True)` but have no logger configured. You can "
+                          "enable one by doing `Trainer(logger=ALogger(...))`", stacklevel=3)
+        store.log(fx, name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, enable_graph, sync_dist,
+                  sync_dist_group, add_dataloader_idx, batch_size, metric, rank_zero_only)
 
-    def log_dict(self, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
-        """``self.log`` for every item of ``dictionary`` with the same options."""
-        for name, value in dictionary.items():
-            self.log(name, value, **kwargs)
+    def _check_metric_attribute(self, name: str, metric: Any, metric_attribute: str | None) -> None:
+        """Lightning needs the module attribute holding a logged Metric (it restores the metric's state by it)."""
+        found = {id(m): n for n, m in self.named_modules() if metrics.is_torchmetric(m)}
+        if metric_attribute is not None:
+            if found.get(id(metric)) != metric_attribute and getattr(self, metric_attribute, None) is not metric:
+                raise MisconfigurationException(
+                    f"self.log({name!r}, ..., metric_attribute={metric_attribute!r}): the module has no attribute "
+                    f"{metric_attribute!r} holding the logged metric; attributes holding metrics: {list(found.values())}")
+            return
+        if not found:
+            raise MisconfigurationException(
+                "Could not find the `LightningModule` attribute for the `torchmetrics.Metric` logged. You can fix this"
+                " by setting an attribute for the metric in your `LightningModule`.")
+        if id(metric) not in found:
+            raise MisconfigurationException(
+                "Could not find the `LightningModule` attribute for the `torchmetrics.Metric` logged. You can fix this"
+                f" by calling `self.log({name}, ..., metric_attribute=name)` where `name` is one of "
+                f"{list(found.values())}")
+
+    def log_dict(self, dictionary: Mapping[str, Any], prog_bar: bool = False, logger: bool | None = None,
+                 on_step: bool | None = None, on_epoch: bool | None = None, reduce_fx: Any = "mean",
+                 enable_graph: bool = False, sync_dist: bool = False, sync_dist_group: Any = None,
+                 add_dataloader_idx: bool = True, batch_size: int | None = None, rank_zero_only: bool = False) -> None:
+        """``self.log`` for every item of ``dictionary`` (or a ``torchmetrics.MetricCollection``) with the same options."""
+        frame = sys._getframe(1)
+        items = dictionary.items(keep_base=False) if metrics.is_metric_collection(dictionary) else dictionary.items()
+        for name, value in items:
+            self._log(frame, name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, enable_graph, sync_dist,
+                      sync_dist_group, add_dataloader_idx, batch_size, None, rank_zero_only)
 
     # -- the step and optimizer hooks --------------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:

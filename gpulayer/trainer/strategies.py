@@ -96,11 +96,12 @@ class _TrainingStep(nn.Module):
 class DDPStrategy(SingleDeviceStrategy):
     """Data parallel inside a process whose torchrun environment is set (RANK, WORLD_SIZE, MASTER_ADDR...)."""
 
-    def __init__(self, device: torch.device | None, grad_sync: str = "auto", find_unused_parameters: bool = False,
-                 timeout_s: float = 1800.0):
-        self.global_rank = int(os.environ["RANK"])
+    def __init__(self, device: torch.device | None = None, grad_sync: str = "auto",
+                 find_unused_parameters: bool = False, timeout_s: float = 1800.0):
+        # built outside a launched rank (``DDPStrategy()`` as a Lightning user writes it): rank 0 of 1 until launched
+        self.global_rank = int(os.environ.get("RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.world_size = int(os.environ["WORLD_SIZE"])
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.is_global_zero = self.global_rank == 0
         if device is None or (device.type == "cuda" and device.index is None):
             device = torch.device("cuda", self.local_rank) if device is not None else torch.device("cpu")

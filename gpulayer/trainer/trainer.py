@@ -9,24 +9,31 @@ works in any process whose torchrun environment is set.
 
 from __future__ import annotations
 
+import math
 import os
+import sys
 import warnings
 from typing import Any
 
 import torch
 
 from gpulayer.trainer import checkpoint, data, evaluate, gcfreeze, optimizers, stepping, summary
-from gpulayer.trainer.callbacks import Callback, EarlyStopping, ModelCheckpoint
+from gpulayer.trainer import loggers as loggers_mod
+from gpulayer.trainer.callbacks import Callback
 from gpulayer.trainer.config import TrainerConfig, build_config
 from gpulayer.trainer.datamodule import LightningDataModule
 from gpulayer.trainer.core.optimizer import LightningOptimizer
-from gpulayer.trainer.errors import TrainerConfigError, TrainerError
+from gpulayer.trainer.errors import TrainerConfigError, TrainerError, TrainerTypeError
+from gpulayer.trainer.fit_data import FitData
 from gpulayer.trainer.hooks import Hooks
 from gpulayer.trainer.loop import FitLoop
+from gpulayer.trainer import metrics as metrics_mod
 from gpulayer.trainer.metrics import MetricStore
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.precision import Precision, make_precision
+from gpulayer.trainer.states import RunningStage, TrainerFn, TrainerState
 from gpulayer.trainer.strategies import DDPStrategy, SingleDeviceStrategy
+from gpulayer.trainer.trainer_state import TrainerProperties
 from gpulayer.trainer.utilities.model_helpers import is_overridden
 
 _UNSET: Any = object()
@@ -37,7 +44,7 @@ def _in_matching_job(cfg: TrainerConfig) -> bool:
     return "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) == cfg.devices * cfg.num_nodes
 
 
-class Trainer:
+class Trainer(TrainerProperties):
     """Train a ``Module``: ``Trainer(max_epochs=2, precision="bf16-mixed").fit(model, train_loader)``.
 
     Arguments have Lightning's names and meanings: ``max_epochs``, ``max_steps``,
@@ -79,14 +86,20 @@ class Trainer:
         self.global_step = 0
         self.current_epoch = 0
         self.should_stop = False
-        self.sanity_checking = False
+        self.state = TrainerState()
         self.optimizers: list[torch.optim.Optimizer] = []
         self._lightning_optimizers: list[LightningOptimizer] = []
         self.datamodule: Any = None
-        self.state_stage: str | None = None  # "fit", "validate", "test", "predict" while one runs
         self._batches_stepped = 0  # Lightning's _batches_that_stepped: the logger's step
         self._val_has_run = False  # a (non-sanity) validation ran in this fit
         self.num_val_batches: list[float] = []
+        self.num_test_batches: list[float] = []
+        self.num_predict_batches: list[float] = []
+        self._train_loader: Any = None  # the fit's train loader (a CombinedLoader for several)
+        self._train_source: Any = None  # a zero-argument function that requests it again
+        self._stage_loaders: dict[str, Any] = {}  # "validate" / "test" / "predict" -> the loaders a run used
+        self._fit_data: FitData | None = None
+        self.val_check_batch: float = math.inf  # validate every this many train batches (set when a fit loads data)
         self.ckpt_path: str | None = None
         self.lr_scheduler_configs: list[optimizers.SchedulerConfig] = []
         self.strategy: SingleDeviceStrategy | None = None
@@ -103,51 +116,6 @@ class Trainer:
         self._resume_newest = False
         self._resumed_from: dict[str, Any] | None = None
 
-    # -- what callbacks and modules read ----------------------------------------------------
-    callbacks = property(lambda self: self._config.callbacks)
-    logger = property(lambda self: self._config.logger)
-    loggers = property(lambda self: [self._config.logger] if self._config.logger is not None else [])
-    default_root_dir = property(lambda self: self._config.default_root_dir)
-    max_epochs = property(lambda self: self._config.max_epochs)
-    max_steps = property(lambda self: self._config.max_steps)
-    val_check_interval = property(lambda self: self._config.val_check_interval)
-    check_val_every_n_epoch = property(lambda self: self._config.check_val_every_n_epoch)
-    log_every_n_steps = property(lambda self: self._config.log_every_n_steps)
-    accumulate_grad_batches = property(lambda self: self._config.accumulate_grad_batches)
-    precision = property(lambda self: self._config.precision)
-    num_nodes = property(lambda self: self._config.num_nodes)
-    num_devices = property(lambda self: self._config.devices)
-    fast_dev_run = property(lambda self: self._config.fast_dev_run)
-    model = property(lambda self: self.lightning_module)
-    global_rank = property(lambda self: self.strategy.global_rank if self.strategy else 0)
-    local_rank = property(lambda self: self.strategy.local_rank if self.strategy else 0)
-    world_size = property(lambda self: self.strategy.world_size if self.strategy else 1)
-    is_global_zero = property(lambda self: self.strategy.is_global_zero if self.strategy else True)
-    checkpoint_callbacks = property(lambda self: [c for c in self.callbacks if isinstance(c, ModelCheckpoint)])
-    checkpoint_callback = property(lambda self: next(iter(self.checkpoint_callbacks), None))
-    early_stopping_callback = property(lambda self: next((c for c in self.callbacks if isinstance(c, EarlyStopping)), None))
-
-    @property
-    def log_dir(self) -> str:
-        return self.logger.log_dir if self.logger is not None else self.default_root_dir
-
-    @property
-    def callback_metrics(self) -> dict[str, Any]:
-        """Latest step values and epoch means as 0-dim tensors, like Lightning's."""
-        return self._store.callback_metrics()
-
-    @property
-    def logged_metrics(self) -> dict[str, float]:
-        return dict(self._store.logged)
-
-    @property
-    def progress_bar_metrics(self) -> dict[str, float]:
-        return dict(self._store.progress)
-
-    @property
-    def is_log_step(self) -> bool:
-        return self.global_step % self._config.log_every_n_steps == 0
-
     # -- fit ------------------------------------------------------------------------------------
     def fit(self, model: Module, train_dataloaders: Any = None, val_dataloaders: Any = None, datamodule: Any = None,
             ckpt_path: str | None = None) -> None:
@@ -157,12 +125,17 @@ class Trainer:
         restoring weights, optimizers, schedulers, the loss scaler, loop position
         and random states so the run continues as if never interrupted.
         """
+        self._begin(TrainerFn.FITTING, RunningStage.TRAINING)
+        self.should_stop = False
+        self._call_and_handle_interrupt(self._fit_impl, model, train_dataloaders, val_dataloaders, datamodule,
+                                        ckpt_path)
+
+    def _fit_impl(self, model: Module, train_dataloaders: Any, val_dataloaders: Any, datamodule: Any,
+                  ckpt_path: str | None) -> None:
         if not isinstance(model, Module):
-            raise TrainerConfigError(
-                f"Trainer.fit got {type(model).__name__}; the model must subclass gpulayer.trainer.Module "
-                "(for a Lightning module, change `from lightning import LightningModule` to "
-                "`from gpulayer.trainer import Module`)"
-            )
+            raise TrainerTypeError(
+                f"`model` must be a `LightningModule` or `torch._dynamo.OptimizedModule`, got `{type(model).__qualname__}`"
+                " (subclass gpulayer.trainer.LightningModule)")
         if datamodule is not None and (train_dataloaders is not None or val_dataloaders is not None):
             raise TrainerConfigError("fit() got both a datamodule and data loaders; pass one or the other")
         cfg = self._config
@@ -173,6 +146,7 @@ class Trainer:
             run = cluster.fit_on_cluster if cfg.num_nodes > 1 else launcher.fit_in_processes
             result = run(fit_rank, cfg, model, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
             self._take_result(model, result)
+            self.training = False
             return
         self._fit_here(model, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
 
@@ -203,15 +177,22 @@ class Trainer:
 
     def _evaluate(self, stage: str, model: Module | None, dataloaders: Any, datamodule: Any, ckpt_path: str | None,
                   **kw: Any) -> Any:
+        self._begin(TrainerFn(stage), RunningStage(stage))
+        return self._call_and_handle_interrupt(self._evaluate_impl, stage, model, dataloaders, datamodule, ckpt_path,
+                                               kw)
+
+    def _evaluate_impl(self, stage: str, model: Module | None, dataloaders: Any, datamodule: Any,
+                       ckpt_path: str | None, kw: dict[str, Any]) -> Any:
         model_provided = model is not None
         if model is None:
             model = self.lightning_module
             if model is None:
-                raise TrainerError(
+                raise TrainerTypeError(
                     f"`Trainer.{stage}()` requires a `LightningModule` when it hasn't been passed in a previous run; "
                     f"call trainer.{stage}(model, dataloaders)")
         if not isinstance(model, Module):
-            raise TrainerConfigError(f"`Trainer.{stage}()` requires a `LightningModule`, got: {type(model).__qualname__}")
+            raise TrainerTypeError(f"`model` must be a `LightningModule` or `torch._dynamo.OptimizedModule`, got "
+                                   f"`{type(model).__qualname__}` (subclass gpulayer.trainer.LightningModule)")
         if dataloaders is not None and datamodule is not None:
             raise TrainerConfigError(
                 f"You cannot pass both `trainer.{stage}(dataloaders=..., datamodule=...)`, choose one to pass.")
@@ -292,12 +273,16 @@ class Trainer:
                 raise TrainerConfigError(
                     f"No `{method}()` method defined to run `Trainer.{stage}`; pass dataloaders=... or define "
                     f"{method}() on the module or the datamodule")
-            loaders = [self._prepare_loader(dl, "predict" if stage == "predict" else "eval") for dl in data.as_list(loaders)]
+            mode = "predict" if stage == "predict" else "eval"
+            given, loaders = loaders, [self._prepare_loader(dl, mode) for dl in data.as_list(loaders)]
+            self._stage_loaders[stage] = data.as_given(given, loaders)
+        loggers_mod.log_hyperparams(self)
         setattr(self, f"num_{method[:-11]}_batches", [data.num_batches(dl, getattr(self._config, limit_name)) for dl in loaders])
         try:
             out = evaluate.EvalLoop(self, module, stage, loaders, **kw).run() if loaders else []
         finally:
             self.state_stage = None
+        loggers_mod.finalize(self)  # flush what the run logged (metrics.csv), as Lightning does after every stage
         self._teardown_stage(stage)
         return out
 
@@ -315,11 +300,6 @@ class Trainer:
 
     def _val_due_this_epoch(self) -> bool:
         return self._loop is not None and self._loop._val_due() and sum(self.num_val_batches) > 0
-
-    training = property(lambda self: self.state_stage == "fit")
-    validating = property(lambda self: self.state_stage == "validate")
-    testing = property(lambda self: self.state_stage == "test")
-    predicting = property(lambda self: self.state_stage == "predict")
 
     def _fit_here(self, module: Module, train_dataloaders: Any, val_dataloaders: Any, datamodule: Any,
                   ckpt_path: str | None) -> None:
@@ -354,6 +334,7 @@ class Trainer:
         finally:
             self.fit_info = self.strategy.describe()  # now with the comm hook DDP got
             module._metric_store = None
+            self._store.teardown()  # the metrics stay readable on the CPU, as Lightning leaves them
             self.strategy.teardown()
 
     def _setup_backends(self) -> None:
@@ -372,6 +353,7 @@ class Trainer:
                                          if isinstance(c, Callback) and c not in cfg.callbacks]
         self._hooks = hooks = Hooks(self, module, cfg.callbacks, datamodule)
         self._precision._automatic = lambda: module.automatic_optimization
+        metrics_mod.attach_callback_logging(cfg.callbacks, module)
         self.datamodule = datamodule
         if datamodule is not None:
             datamodule.trainer = self
@@ -387,16 +369,6 @@ class Trainer:
             if is_overridden(name, module, Module):
                 getattr(module, name)()
         return hooks
-
-    def _on_exception(self, err: BaseException) -> None:
-        """Lightning's ``on_exception`` hooks (callbacks, module, datamodule) before the error propagates."""
-        for cb in self.callbacks:
-            if type(cb).on_exception is not Callback.on_exception:
-                cb.on_exception(self, self.lightning_module, err)
-        if hasattr(self.lightning_module, "on_exception"):
-            self.lightning_module.on_exception(err)
-        if self.datamodule is not None and hasattr(self.datamodule, "on_exception"):
-            self.datamodule.on_exception(err)
 
     def _teardown_stage(self, stage: str) -> None:
         if self.datamodule is not None and hasattr(self.datamodule, "teardown"):
@@ -427,40 +399,16 @@ class Trainer:
         resume = self._resume_attempt() if self._resume_newest else None
         if resume is None and ckpt_path is not None:
             resume = self._restore(ckpt_path)
-        if self.logger is not None and self.is_global_zero:
-            self.logger.log_hyperparams(module.hparams)  # also creates version_N now, as Lightning does
+        loggers_mod.log_hyperparams(self)  # also creates version_N now, as Lightning does
         module.zero_grad()
-        if datamodule is not None:
-            train, val = datamodule.train_dataloader(), data.from_datamodule(datamodule, "val_dataloader")
-        train = data.resolve(train) if train is not None else module.train_dataloader()
-        if train is None:
-            raise TrainerConfigError(
-                "no training data: pass train_dataloaders to fit(model, train_loader) or define train_dataloader() on the module"
-            )
-        if isinstance(train, (list, tuple)):
-            raise TrainerConfigError("fit() takes one training loader; combine several into one dataset or loader")
-        val = data.resolve(val) if val is not None else (module.val_dataloader() if callable(module.val_dataloader)
-                                                           else None)
-        val_loaders = [self._prepare_loader(v, "eval") for v in data.as_list(val)]
-        train = self._prepare_loader(train, "train")
-        for loader in [train, *val_loaders]:
-            data.seed_workers(loader)
-        self.has_val_loader = bool(val_loaders) and evaluate.defines(module, "validation_step")
-        if not self.has_val_loader:
-            val_loaders = []
-        self.num_val_batches = [data.num_batches(v, cfg.limit_val_batches) for v in val_loaders]
+        self._fit_data = fit_data = FitData(self, module, train, val, datamodule)
+        sanity = cfg.num_sanity_val_steps != 0 and ckpt_path is None and not self._resume_newest
+        val_loaders, train = fit_data.load(sanity_check=sanity)  # val first: Lightning's sanity check reads it
         self._loop = FitLoop(self, module, step_fn, train, val_loaders, resume)
         self.num_training_batches = self._loop.num_train_batches
-        try:
-            with gcfreeze.frozen():
-                self._loop.run()
-        except BaseException as err:
-            self._on_exception(err)
-            raise
-        finally:
-            self.state_stage = None
-            if self.logger is not None and self.is_global_zero:
-                self.logger.finalize("success")
+        with gcfreeze.frozen():  # a failure: the entry point's _call_and_handle_interrupt runs on_exception
+            self._loop.run()
+        loggers_mod.finalize(self)
         hooks.call("on_fit_end")
         self._teardown_stage("fit")
 
@@ -479,49 +427,60 @@ class Trainer:
         self._resumed_from = {"path": path, "global_step": ckpt["global_step"], "epoch": ckpt["epoch"]}
         return checkpoint.restore(self, ckpt)
 
-    def _restore(self, ckpt_path: str) -> dict[str, Any]:
-        path = ckpt_path
+    def _restore(self, ckpt_path: str) -> dict[str, Any] | None:
+        """Resume from ``ckpt_path`` (a file, ``"last"``, ``"best"`` or ``"hpc"``); ``trainer.ckpt_path`` becomes the file."""
+        path = checkpoint.hpc_resume_path(self.default_root_dir) if ckpt_path == "hpc" else ckpt_path
+        if ckpt_path == "hpc" and path is None:
+            raise ValueError('`.fit(ckpt_path="hpc")` is set but no HPC checkpoint was found. '
+                             "Please pass an exact checkpoint path to `.fit(ckpt_path=...)`")
         if ckpt_path in ("last", "best"):
-            cbs = self.checkpoint_callbacks
-            if ckpt_path == "best":
-                path = next((c.best_model_path for c in cbs if c.best_model_path), None)
-            else:
-                candidates = [c.last_model_path for c in cbs if c.last_model_path]
-                candidates += [os.path.join(c.dirpath, "last.ckpt") for c in cbs if c.dirpath]
-                path = next((p for p in candidates if os.path.isfile(p)), None)
-            if path is None:
-                raise TrainerError(
-                    f"fit(ckpt_path={ckpt_path!r}) found no {ckpt_path} checkpoint (ModelCheckpoint dirs: "
-                    f"{[c.dirpath for c in cbs]}); use ModelCheckpoint(save_last=True) or pass a file path"
-                )
-        return checkpoint.restore(self, checkpoint.load(os.fspath(path)))
+            path = self._eval_checkpoint("fit", ckpt_path, model_provided=True)
+        self.ckpt_path = path
+        return checkpoint.restore(self, checkpoint.load(os.fspath(path))) if path is not None else None
 
     def _take_result(self, module: Module, result: dict[str, Any]) -> None:
         """Rank 0's weights, counters, metrics and callback states, into this process's objects."""
         module.load_state_dict(result["state_dict"])
         self.lightning_module = module
         self.global_step, self.current_epoch = result["global_step"], result["current_epoch"]
+        self.should_stop = result.get("should_stop", False)
         self.fit_info = dict(result.get("fit_info", {}))
         self._store.load_result(result["callback_metrics"], result["logged_metrics"])
         # by position: the ranks hold copies of these callbacks in the same order (class names of
         # by-value pickled classes may differ, so state_key is not reliable across processes)
         for cb, state in zip(self.callbacks, result["callbacks"]):
-            cb.load_state_dict(state)
+            if state:  # Lightning loads a callback's state only when it saved one
+                cb.load_state_dict(state)
 
-    # -- used by the loop at log intervals and epoch ends ----------------------------------------
+    # -- used by the loops at log intervals and epoch ends ----------------------------------------
     def _log_step_metrics(self, to_logger: bool = True) -> None:
-        metrics = self._store.materialize_step(sync=to_logger)
-        if to_logger and metrics and self.logger is not None and self.is_global_zero:
-            self.logger.log_metrics({**metrics, "epoch": self.current_epoch}, step=self._batches_stepped - 1)
+        metrics = self._store.step_metrics("train")
+        if to_logger and metrics:
+            self._send_to_loggers({**metrics, "epoch": self.current_epoch}, self._batches_stepped - 1)
 
     def _log_epoch_metrics(self, metrics: dict[str, float]) -> None:
-        if metrics and self.logger is not None and self.is_global_zero:
-            self.logger.log_metrics({**metrics, "epoch": self.current_epoch}, step=max(self._batches_stepped - 1, 0))
+        if metrics:
+            # in a fit the counter already moved past the last step (Lightning logs at the step that ran);
+            # a validate/test on its own logs at the count the trainer holds
+            step = self._batches_stepped - 1 if self._loop is not None and self.state_stage == "fit" \
+                else self._batches_stepped
+            self._send_to_loggers({**metrics, "epoch": self.current_epoch}, max(step, 0))
 
-    def log_to_logger(self, metrics: dict[str, float]) -> None:
-        """For callbacks: send numbers straight to the logger (rank 0)."""
-        if self.logger is not None and self.is_global_zero:
-            self.logger.log_metrics(metrics, step=max(self._batches_stepped - 1, 0))
+    def _log_eval_step_metrics(self, acc_name: str) -> None:
+        """An eval batch's ``on_step`` values, to the logger at that loader's batch count (Lightning's eval step)."""
+        metrics = self._store.step_metrics(acc_name)
+        step = self._store.next_eval_step(acc_name)
+        if metrics:
+            self._send_to_loggers(metrics, step)
+
+    def log_to_logger(self, metrics: dict[str, float], step: int | None = None) -> None:
+        """For callbacks: send numbers straight to the logger (rank 0), at the current step by default."""
+        self._send_to_loggers(metrics, max(self._batches_stepped - 1, 0) if step is None else step)
+
+    def _send_to_loggers(self, metrics: dict[str, float], step: int) -> None:
+        if self.is_global_zero:
+            for logger in self.loggers:
+                logger.log_metrics(metrics, step=step)
 
     def _step_scheduler(self, cfg: optimizers.SchedulerConfig) -> None:
         metric = None
@@ -542,12 +501,15 @@ class Trainer:
 
     # -- checkpoints --------------------------------------------------------------------------------
     def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool = False) -> None:
-        """Write a checkpoint of the current state (global rank 0 writes; others return)."""
+        """Write a checkpoint of the current state. Call it on every rank, as in Lightning: each builds the
+        contents (its callbacks' ``state_dict`` and ``on_save_checkpoint`` run), global rank 0 writes, all wait."""
         if self.lightning_module is None:
             raise TrainerError("save_checkpoint needs a model: call it during or after fit()")
-        if not self.is_global_zero:
-            return
-        checkpoint.save(checkpoint.dump(self, weights_only), os.fspath(filepath))
+        ckpt = checkpoint.dump(self, weights_only)
+        if self.is_global_zero:
+            checkpoint.save(ckpt, os.fspath(filepath))
+        if self.world_size > 1:
+            self.strategy.barrier()
 
     def remove_checkpoint(self, filepath: str | os.PathLike) -> None:
         if self.is_global_zero and os.path.isfile(filepath):
@@ -567,7 +529,10 @@ def fit_rank(config: TrainerConfig, module: Module, train_dataloaders: Any = Non
     """
     trainer = Trainer.from_config(config)
     trainer._fit_id, trainer._resume_newest = fit_id, resume and fit_id is not None
-    trainer._fit_here(module, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
+    # a running fit, as Trainer.fit marks it: ModelCheckpoint saves only while the state says so
+    trainer._begin(TrainerFn.FITTING, RunningStage.TRAINING)
+    trainer._call_and_handle_interrupt(trainer._fit_here, module, train_dataloaders, val_dataloaders, datamodule,
+                                       ckpt_path)
     if not trainer.is_global_zero:
         return None
     if trainer._resume_newest:
@@ -576,9 +541,9 @@ def fit_rank(config: TrainerConfig, module: Module, train_dataloaders: Any = Non
         "state_dict": {k: v.detach().cpu() for k, v in module.state_dict().items()},
         "global_step": trainer.global_step,
         "current_epoch": trainer.current_epoch,
-        "callback_metrics": {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v)
-                             for k, v in trainer.callback_metrics.items()},
-        "logged_metrics": trainer.logged_metrics,
+        "should_stop": trainer.should_stop,
+        "callback_metrics": trainer._store.cpu_copy(trainer.callback_metrics),
+        "logged_metrics": trainer._store.cpu_copy(trainer.logged_metrics),
         "callbacks": [cb.state_dict() for cb in trainer.callbacks],
         "fit_info": trainer.fit_info,
     }
@@ -588,13 +553,18 @@ def stage_rank(config: TrainerConfig, stage: str, module: Module, loaders: Any, 
                ckpt_path: str | None, kw: dict[str, Any]) -> dict[str, Any] | None:
     """One rank's share of a multi-process validate / test / predict; rank 0's output and metrics."""
     trainer = Trainer.from_config(config)
-    output = trainer._in_process(module, trainer._run_eval, stage, module, loaders, datamodule, ckpt_path, kw)
+    trainer._begin(TrainerFn(stage), RunningStage(stage))
+    output = trainer._call_and_handle_interrupt(trainer._in_process, module, trainer._run_eval, stage, module, loaders,
+                                                datamodule, ckpt_path, kw)
     if not trainer.is_global_zero:
         return None
     return {
         "output": output,
-        "callback_metrics": {k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v)
-                             for k, v in trainer.callback_metrics.items()},
-        "logged_metrics": trainer.logged_metrics,
+        "callback_metrics": trainer._store.cpu_copy(trainer.callback_metrics),
+        "logged_metrics": trainer._store.cpu_copy(trainer.logged_metrics),
         "callbacks": [cb.state_dict() for cb in trainer.callbacks],
     }
+
+
+# Lightning's path for this module is ``<package>.trainer.trainer``: the same module under that name
+sys.modules.setdefault(__name__ + ".trainer", sys.modules[__name__])

@@ -18,7 +18,7 @@ from gpulayer.trainer import EarlyStopping, ModelCheckpoint, Module, Trainer, Tr
         ({"limit_train_batches": 1.5}, r"limit_train_batches=1.5.*fraction"),
         ({"devices": 0}, r"devices=0"),
         ({"accumulate_grad_batches": 0}, r"accumulate_grad_batches=0.*>= 1"),
-        ({"val_check_interval": 0.0}, r"val_check_interval=0.0"),
+        ({"val_check_interval": -0.5}, r"val_check_interval=-0.5"),
         ({"enable_progress_bar": "yes"}, r"enable_progress_bar='yes'.*True, False"),
         ({"logger": object()}, r"logger=object.*CSVLogger"),
         ({"callbacks": [object()]}, r"callbacks must subclass"),
@@ -103,7 +103,7 @@ def test_bad_configure_optimizers_results_are_explained():
         Trainer(**quiet).fit(_Net(lambda m: {"optimizer": (o := torch.optim.SGD(m.parameters(), 0.1)),
                                              "lr_scheduler": {"scheduler": torch.optim.lr_scheduler.StepLR(o, 1),
                                                               "interval": "hour"}}), _loader())
-    with pytest.raises(TrainerConfigError, match="must subclass gpulayer.trainer.Module"):
+    with pytest.raises(TrainerConfigError, match="must be a `LightningModule`.*subclass gpulayer.trainer.LightningModule"):
         Trainer(**quiet).fit(torch.nn.Linear(2, 1), _loader())
     with pytest.raises(TrainerConfigError, match="no training data"):
         Trainer(**quiet).fit(_Net(lambda m: torch.optim.SGD(m.parameters(), 0.1)))

@@ -1,6 +1,7 @@
 """``Callback``: the base class (Lightning's ``callbacks.callback``); a callback overrides only the hooks it needs.
 
-The Trainer never calls a hook a callback leaves as the base's no-op (``hooks.py``).
+The Trainer never calls a hook a callback leaves as the base's no-op (``hooks.py``). Inside a hook,
+``self.log(...)`` / ``self.log_dict(...)`` log through the module (the Trainer attaches them at each run).
 Callbacks run on every rank; files are written by global rank 0 only.
 """
 
@@ -16,11 +17,27 @@ class Callback:
     def state_key(self) -> str:
         return type(self).__qualname__
 
+    @property
+    def _legacy_state_key(self) -> type:
+        return type(self)  # what checkpoints of Lightning before 1.5 keyed callback states by
+
+    def _generate_state_key(self, **kwargs: Any) -> str:
+        """A ``state_key`` that tells apart instances of one class by the arguments given (Lightning's format)."""
+        return f"{type(self).__qualname__}{repr(kwargs)}"
+
     def state_dict(self) -> dict[str, Any]:
         return {}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         pass
+
+    def __getstate__(self) -> dict[str, Any]:
+        # ``log`` / ``log_dict`` are the module's, attached for one run (as Lightning does); a copy sent to
+        # the ranks of a multi-process fit gets them there, not the module pickled along
+        state = self.__dict__.copy()
+        state.pop("log", None)
+        state.pop("log_dict", None)
+        return state
 
     def setup(self, trainer, pl_module, stage: str) -> None: ...
     def teardown(self, trainer, pl_module, stage: str) -> None: ...

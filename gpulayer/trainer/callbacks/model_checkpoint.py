@@ -79,8 +79,10 @@ class ModelCheckpoint(Callback):
         self.best_model_path = ""
         self.last_model_path = ""
         self._last_checkpoint_saved = ""
-        if dirpath:
+        if dirpath and "://" not in os.fspath(dirpath):  # a URL (s3://...) is kept as given, as Lightning does
             dirpath = os.path.realpath(os.path.expanduser(os.fspath(dirpath)))
+        elif dirpath:
+            dirpath = os.fspath(dirpath)
         self.dirpath: str | None = dirpath
         self.filename = filename
         if every_n_train_steps is None and every_n_epochs is None and train_time_interval is None:
@@ -151,6 +153,10 @@ class ModelCheckpoint(Callback):
         if trainer.is_global_zero and stage == "fit" and self.save_top_k != 0 and os.path.isdir(self.dirpath) \
                 and os.listdir(self.dirpath):
             warnings.warn(f"Checkpoint directory {self.dirpath} exists and is not empty.", stacklevel=2)
+        if self.save_last == "link" and "://" in str(self.dirpath) and not str(self.dirpath).startswith("file://"):
+            # a symlink needs a local file system; remote URLs (s3://, memory://) have none
+            raise ValueError(f"`ModelCheckpoint(save_last='link')` is only supported for local file paths, got "
+                             f"`dirpath={self.dirpath}`. Use save_last=True to write last.ckpt as a copy.")
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._last_time_checked = time.monotonic()

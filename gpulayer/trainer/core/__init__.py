@@ -1,7 +1,7 @@
 """Lightning's ``lightning.pytorch.core`` names."""
 
 from gpulayer.trainer.core.optimizer import LightningOptimizer
-from gpulayer.trainer.datamodule import LightningDataModule
+from gpulayer.trainer.core.datamodule import LightningDataModule
 from gpulayer.trainer.module import LightningModule
 
 __all__ = ["LightningDataModule", "LightningModule", "LightningOptimizer"]

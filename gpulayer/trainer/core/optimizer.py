@@ -62,9 +62,8 @@ class LightningOptimizer:
             closure = do_nothing_closure
         elif not callable(closure):
             raise MisconfigurationException("When `optimizer.step(closure)` is called, the closure should be callable")
-        if self._trainer is None:
-            closure()
-            out = self._optimizer.step(**kwargs)
+        if self._trainer is None:  # outside a fit: the torch optimizer calls the closure itself (LBFGS may, many times)
+            out = self._optimizer.step(closure=closure, **kwargs)
         else:
             out = self._trainer._optimizer_step(self._optimizer, closure, **kwargs)
         self._on_after_step()
@@ -72,6 +71,18 @@ class LightningOptimizer:
 
     def __getattr__(self, item: str) -> Any:
         return getattr(self._optimizer, item)
+
+    # Pickling (torch.save(trainer)): the per-instance class made in __init__ cannot be found by name, so the
+    # wrapper is rebuilt around its optimizer and given back its attributes.
+    def __reduce__(self) -> tuple:
+        return (_rewrap, (self._optimizer,), {k: v for k, v in self.__dict__.items() if k != "_optimizer"})
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)  # not the wrapped optimizer's __setstate__, which __getattr__ would find
+
+
+def _rewrap(optimizer: torch.optim.Optimizer) -> LightningOptimizer:
+    return LightningOptimizer(optimizer)
 
 
 # Lightning's private helpers of the same module, which its own tests call directly

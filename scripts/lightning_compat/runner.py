@@ -1,0 +1,154 @@
+"""Build a temporary test tree for one side and run each Lightning test file in its own pytest process.
+
+The Lightning side gets Lightning's files unchanged (its conftest, its helpers, the installed lightning). The
+gpulayer side gets the same files rewritten (``rewrite.rewrite_test_source``), with our conftest, RunIf and
+``tests_pytorch/__init__`` from ``sandbox/`` in place of Lightning's. Both trees live under one temporary
+directory outside any repository, removed at the end; each pytest runs in a new session and its whole process
+group is killed when it ends, so nothing it started outlives it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lightning_compat.rewrite import rewrite_test_source
+
+SANDBOX = Path(__file__).parent / "sandbox"
+
+# Lightning's pyproject.toml also turns FutureWarning into an error: not here, on either side. Its CI pins the
+# torch it tests with; on this machine's newer torch, torch's own deprecation notices would fail Lightning's
+# tests and gpulayer's alike for reasons neither Trainer controls. Strict xfail is kept (an unexpected pass fails).
+PYTEST_INI = """[pytest]
+addopts = -p no:cacheprovider -p lsr_plugin --color=no -q --disable-pytest-warnings
+xfail_strict = true
+"""
+
+
+@dataclass
+class FileRun:
+    """What one pytest process reported for one test file."""
+    file: str                                   # path under tests_pytorch
+    rc: int | None = None
+    wall_s: float = 0.0
+    collected: list[str] = field(default_factory=list)       # case ids ("test_x[a]", "TestC::test_y")
+    collect_errors: list[str] = field(default_factory=list)  # one-line causes
+    cases: dict[str, dict] = field(default_factory=dict)     # case id -> {"outcome", "cause"}
+    note: str = ""                                            # why the process ended early, if it did
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    def restricted_to(self, case_ids: list[str]) -> "FileRun":
+        """The same run, keeping only the given cases (a whole-file baseline seen through a -k selection)."""
+        keep = set(case_ids)
+        return FileRun(self.file, self.rc, self.wall_s, [c for c in self.collected if c in keep],
+                       list(self.collect_errors), {c: r for c, r in self.cases.items() if c in keep}, self.note)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "FileRun":
+        return cls(**data)
+
+
+def _copy(src: Path, dst: Path, transform) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if src.suffix == ".py" and transform is not None:
+        dst.write_text(transform(src.read_text(encoding="utf-8")), encoding="utf-8")
+    else:
+        shutil.copyfile(src, dst)
+
+
+def build_tree(side: str, tests_pytorch: Path, files: list[str], root: Path) -> Path:
+    """Lay out ``root/tests/tests_pytorch`` for ``side`` ("lightning" or "gpulayer"); return ``root/tests``."""
+    tests = root / "tests"
+    dst = tests / "tests_pytorch"
+    transform = rewrite_test_source if side == "gpulayer" else None
+    wanted = {Path("__init__.py"), Path("conftest.py")}
+    wanted |= {p.relative_to(tests_pytorch) for p in (tests_pytorch / "helpers").glob("*.py")}
+    for rel in files:
+        wanted.add(Path(rel))
+        for parent in Path(rel).parents:
+            for name in ("__init__.py", "conftest.py"):
+                if (tests_pytorch / parent / name).exists():
+                    wanted.add(parent / name)
+    for rel in sorted(wanted):
+        if (tests_pytorch / rel).exists():
+            _copy(tests_pytorch / rel, dst / rel, transform)
+    if side == "gpulayer":
+        shutil.copyfile(SANDBOX / "tests_pytorch_init.py", dst / "__init__.py")
+        shutil.copyfile(SANDBOX / "conftest.py", dst / "conftest.py")
+        shutil.copyfile(SANDBOX / "runif.py", dst / "helpers" / "runif.py")
+        for name in ("lsr_runtime.py", "lsr_env.py"):
+            shutil.copyfile(SANDBOX / name, tests / name)
+    # tests/legacy: the list of released versions checkpointing/test_legacy_checkpoints.py reads at import, and
+    # the checkpoints a Lightning checkout may hold (downloaded separately): data, the same on both sides.
+    legacy = tests_pytorch.parent / "legacy"
+    if legacy.is_dir():
+        shutil.copytree(legacy, tests / "legacy", ignore=shutil.ignore_patterns("*.py", "*.sh"), dirs_exist_ok=True)
+    shutil.copyfile(SANDBOX / "lsr_plugin.py", tests / "lsr_plugin.py")
+    (tests / "pytest.ini").write_text(PYTEST_INI)
+    return tests
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_file(tests: Path, rel: str, *, python: str, pythonpath: list[str], timeout: float, file_timeout: float,
+             k: str | None, log=None) -> FileRun:
+    """Run one file in its own pytest process; parse the plugin's JSON lines into a FileRun."""
+    out = tests / f".lsr-{rel.replace('/', '_')}.jsonl"
+    out.unlink(missing_ok=True)
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("PL_", "PYTEST_", "LSR_")) and key != "PYTHONPATH"}
+    env.update(PYTHONPATH=os.pathsep.join(pythonpath + [str(tests)]), LSR_OUT=str(out), PYTHONDONTWRITEBYTECODE="1",
+               MPLBACKEND="Agg")
+    cmd = [python, "-m", "pytest", f"tests_pytorch/{rel}", "-c", str(tests / "pytest.ini"), "--rootdir", str(tests),
+           "--timeout", str(int(timeout))]
+    if k:
+        cmd += ["-k", k]
+    run = FileRun(file=rel)
+    started = time.monotonic()
+    with open(tests / f".lsr-{rel.replace('/', '_')}.log", "w") as stdout:
+        proc = subprocess.Popen(cmd, cwd=tests, env=env, stdout=stdout, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            run.rc = proc.wait(timeout=file_timeout)
+        except subprocess.TimeoutExpired:
+            run.note = f"the file's pytest process was killed after {file_timeout:.0f}s"
+        finally:
+            _kill_group(proc)  # also whatever it spawned (DDP workers, data loader workers)
+            proc.wait()
+    run.wall_s = round(time.monotonic() - started, 1)
+    prefix = f"tests_pytorch/{rel}::"
+    for line in out.read_text(encoding="utf-8").splitlines() if out.exists() else []:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # the last line of a killed process
+        case = record["nodeid"].removeprefix(prefix)
+        if record["event"] == "collected":
+            run.collected.append(case)
+        elif record["event"] == "collect_error":
+            run.collect_errors.append(record["cause"])
+        else:
+            previous = run.cases.get(case)
+            if previous is None or previous["outcome"] == "passed" or \
+                    (previous["outcome"] == "skipped" and record["outcome"] == "failed"):
+                run.cases[case] = {"outcome": record["outcome"], "cause": record["cause"], "when": record["when"]}
+    if run.rc not in (0, 1, 5, None) and not run.note:
+        tail = (tests / f".lsr-{rel.replace('/', '_')}.log").read_text(errors="replace").strip().splitlines()[-3:]
+        run.note = f"pytest exited with {run.rc}: " + " | ".join(tail)[-300:]
+    if log:
+        log(f"  {rel}: rc={run.rc} {len(run.collected)} cases in {run.wall_s}s {run.note}")
+    return run
