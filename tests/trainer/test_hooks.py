@@ -367,3 +367,21 @@ def test_lbfgs_in_automatic_optimization_gives_lightnings_weights():
                 model, torch.utils.data.DataLoader(_regression_data(), batch_size=8))
         results.append(model.state_dict())
     _assert_same_weights(*results)
+
+
+def test_dataloader_idx_is_required_with_several_loaders_and_must_default_with_one():
+    class NeedsIdx(_regression_net(gl, "none")):
+        def validation_step(self, batch, batch_idx, dataloader_idx):
+            pass
+
+    class NoIdx(_regression_net(gl, "none")):
+        def validation_step(self, batch, batch_idx):
+            pass
+
+    loader = torch.utils.data.DataLoader(_regression_data(), batch_size=16)
+    trainer = gl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    with pytest.raises(RuntimeError, match="have included `dataloader_idx` in `NeedsIdx.validation_step"):
+        trainer.validate(NeedsIdx(), loader, verbose=False)
+    with pytest.raises(RuntimeError, match="but no `dataloader_idx` argument in `NoIdx.validation_step"):
+        trainer.validate(NoIdx(), [loader, loader], verbose=False)
+    assert len(trainer.validate(NeedsIdx(), [loader, loader], verbose=False)) == 2
