@@ -385,3 +385,37 @@ def test_dataloader_idx_is_required_with_several_loaders_and_must_default_with_o
     with pytest.raises(RuntimeError, match="but no `dataloader_idx` argument in `NoIdx.validation_step"):
         trainer.validate(NoIdx(), [loader, loader], verbose=False)
     assert len(trainer.validate(NeedsIdx(), [loader, loader], verbose=False)) == 2
+
+
+def test_load_from_checkpoint_calls_configure_model_before_the_weights_load(tmp_path):
+    calls = []
+
+    class Lazy(gl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = None
+
+        def configure_model(self):
+            calls.append("configure_model")
+            if self.layer is None:
+                self.layer = torch.nn.Linear(4, 1)
+
+        def on_load_checkpoint(self, checkpoint):
+            calls.append("on_load_checkpoint")
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    model = Lazy()
+    loader = torch.utils.data.DataLoader(hook_recorder.Points(4), batch_size=2)
+    trainer = gl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer.fit(model, loader)
+    assert calls == ["configure_model"]  # fit builds the layer in configure_model, before the optimizers
+    trainer.save_checkpoint(tmp_path / "lazy.ckpt")
+    calls.clear()
+    loaded = Lazy.load_from_checkpoint(tmp_path / "lazy.ckpt")
+    assert calls == ["configure_model", "on_load_checkpoint"]
+    torch.testing.assert_close(loaded.layer.weight, model.layer.weight)
