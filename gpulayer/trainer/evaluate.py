@@ -131,6 +131,8 @@ class EvalLoop:
                 params = inspect.signature(getattr(self.module, name)).parameters
             except (TypeError, ValueError):
                 continue
+            if "dataloader_iter" in params:  # the iterator flavour picks its loaders itself
+                continue
             idx = params.get("dataloader_idx")
             if not multi and idx is not None and idx.default is inspect.Parameter.empty:
                 raise RuntimeError(
