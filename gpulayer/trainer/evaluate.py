@@ -59,6 +59,7 @@ class EvalLoop:
         t.state.stage = RunningStage.SANITY_CHECKING if self.sanity else RunningStage(self.stage)
         if self.sanity:
             hooks.call("on_sanity_check_start")
+        self._check_dataloader_idx()
         getattr(module, f"on_{p}_model_eval")()
         hooks.call(f"on_{p}_start")
         hooks.call(f"on_{p}_epoch_start")
@@ -119,6 +120,29 @@ class EvalLoop:
         if self.verbose and results and t.is_global_zero and self.stage != "predict":
             print_results(results, self.stage)
         return results
+
+    def _check_dataloader_idx(self) -> None:
+        """Lightning's rule: ``dataloader_idx`` is required with several loaders and must default with one."""
+        if self.stage == "predict":
+            return
+        multi, kind = len(self.loaders) > 1, "val" if self.stage == "validate" else "test"
+        for name in (self.step_name, f"on_{self.prefix}_batch_start", f"on_{self.prefix}_batch_end"):
+            try:
+                params = inspect.signature(getattr(self.module, name)).parameters
+            except (TypeError, ValueError):
+                continue
+            if "dataloader_iter" in params:  # the iterator flavour picks its loaders itself
+                continue
+            idx = params.get("dataloader_idx")
+            if not multi and idx is not None and idx.default is inspect.Parameter.empty:
+                raise RuntimeError(
+                    f"You provided only a single `{kind}_dataloader`, but have included `dataloader_idx` in "
+                    f"`{type(self.module).__name__}.{name}()`. Either remove the argument or give it a default value "
+                    "i.e. `dataloader_idx=0`.")
+            if multi and idx is None and not any(p.kind == p.VAR_POSITIONAL for p in params.values()):
+                raise RuntimeError(
+                    f"You provided multiple `{kind}_dataloader`, but no `dataloader_idx` argument in "
+                    f"`{type(self.module).__name__}.{name}()`. Try adding `dataloader_idx=0` to its signature.")
 
     def _restore_mode(self, modes: dict[str, bool]) -> None:
         """``on_<stage>_model_train`` when the module overrides it, else every submodule's mode as it was before.

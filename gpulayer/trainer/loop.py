@@ -3,10 +3,16 @@
 Per step: forward under the precision context, backward, (clip), step, zero
 grads, count. Nothing syncs with the device per step: logged values stay
 tensors until ``log_every_n_steps``; hooks nobody overrides are empty lists.
+
+That inline step is the fast path. A module that overrides a hook with a default
+behaviour (``optimizer_step``, ``backward``, the batch transfer...) runs each batch
+through ``stepping.GeneralStep`` instead, which calls every hook in Lightning's
+order; the choice is made once per fit (``Hooks.general``).
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from typing import Any, Mapping
@@ -57,6 +63,15 @@ def batch_output(out: Any, accum: int, manual: bool) -> dict:
     return {"loss": (loss / accum if accum > 1 else loss).detach().clone(), **extra}
 
 
+def _needs_closure(optimizer: Any) -> bool:
+    """``optimizer.step`` requires a closure (LBFGS): the fast loop, which steps without one, cannot drive it."""
+    try:
+        closure = inspect.signature(type(optimizer).step).parameters.get("closure")
+    except (TypeError, ValueError):
+        return False
+    return closure is not None and closure.default is inspect.Parameter.empty
+
+
 class FitLoop:
     def __init__(self, trainer, module, step_fn, train_loader, val_loaders, resume: dict | None):
         cfg = trainer._config
@@ -77,7 +92,8 @@ class FitLoop:
         self.epoch_schedulers = [c for c in scheds if c.interval == "epoch"]
         self.log_needed = trainer.logger is not None or cfg.enable_progress_bar
         # decided once per fit: the general path calls every step hook in Lightning's order (stepping.py)
-        self.general = self.hooks.general
+        # (and for an optimizer that must call the closure itself, like LBFGS)
+        self.general = self.hooks.general or (module.automatic_optimization and _needs_closure(self.optimizer))
         self.general_step = GeneralStep(self)
         self.bar = ProgressBar() if cfg.enable_progress_bar and trainer.is_global_zero else None
         self.deadline = time.monotonic() + cfg.max_time if cfg.max_time is not None else None
@@ -160,6 +176,7 @@ class FitLoop:
         clip, log_every, max_steps = cfg.gradient_clip_val, cfg.log_every_n_steps, cfg.max_steps
         manual = not self.module.automatic_optimization
         general, transfer, device = self.general, hooks.transfer, self.strategy.root_device
+        step_scheds, epoch_scheds = bool(self.step_schedulers), bool(self.epoch_schedulers)
         batches, skip = self._batches()  # may reload the loaders: read the counts after it
         accum, total = cfg.accumulate_grad_batches, self.num_train_batches
         val_every, val_offset = self._val_interval(), self._val_offset()
@@ -208,7 +225,8 @@ class FitLoop:
                 if not manual:
                     t.global_step += 1  # manual optimization: each optimizer.step() counts (LightningOptimizer)
                 t._batches_stepped += 1
-            self._step_schedulers(last=batch_idx + 1 == total, stepped=stepping)
+            if stepping and step_scheds or epoch_scheds and batch_idx + 1 == total:
+                self._step_schedulers(last=batch_idx + 1 == total, stepped=stepping)
             if stepping and self.log_needed and t._batches_stepped % log_every == 0:
                 t._log_step_metrics()
             self.batches_done = batch_idx + 1

@@ -36,6 +36,42 @@ def transfer_batch(hooks: Any, batch: Any, device: torch.device, dataloader_idx:
     return after(batch, dataloader_idx)
 
 
+def optimizer_step(trainer: Any, optimizer: Any, closure: Any, **kwargs: Any) -> Any:
+    """``LightningOptimizer.step``: the precision plugin steps ``optimizer`` with ``closure`` (LBFGS calls it).
+
+    After the closure (step and backward) and before the update: ``on_before_optimizer_step``, then, under
+    automatic optimization, ``configure_gradient_clipping`` with the Trainer's settings. Under manual
+    optimization each step counts as one ``global_step``.
+    """
+    module, cfg = trainer.lightning_module, trainer._config
+
+    def after_closure() -> None:
+        for f in trainer._hooks.on_before_optimizer_step:
+            f(optimizer)
+        if module.automatic_optimization:
+            # the config keeps "norm" as its default; a Trainer without clipping has no algorithm of its own
+            algo = cfg.gradient_clip_algorithm if cfg.gradient_clip_val is not None or \
+                cfg.gradient_clip_algorithm != "norm" else None
+            module.configure_gradient_clipping(optimizer, gradient_clip_val=cfg.gradient_clip_val,
+                                               gradient_clip_algorithm=algo)
+
+    out = trainer._precision.optimizer_step(optimizer, closure, after_closure, **kwargs)
+    if not module.automatic_optimization:
+        trainer.global_step += 1
+    return out
+
+
+def backward(trainer: Any, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+    """``on_before_backward`` -> ``module.backward`` on the loss the precision scaled -> ``on_after_backward``."""
+    hooks = trainer._hooks
+    loss = trainer._precision.scale_loss(loss)
+    for f in hooks.on_before_backward:
+        f(loss)
+    trainer.lightning_module.backward(loss, *args, **kwargs)
+    for f in hooks.on_after_backward:
+        f()
+
+
 class _Closure:
     """training_step, zero_grad (when due) and backward; called by the optimizer (maybe several times: LBFGS)."""
 

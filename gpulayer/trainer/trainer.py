@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from gpulayer.trainer import checkpoint, data, evaluate, gcfreeze, optimizers, summary
+from gpulayer.trainer import checkpoint, data, evaluate, gcfreeze, optimizers, stepping, summary
 from gpulayer.trainer import loggers as loggers_mod
 from gpulayer.trainer.callbacks import Callback
 from gpulayer.trainer.config import TrainerConfig, build_config
@@ -250,35 +250,36 @@ class Trainer(TrainerProperties):
 
     def _run_eval(self, stage: str, module: Module, dataloaders: Any, datamodule: Any, ckpt_path: str | None,
                   kw: dict[str, Any]) -> Any:
+        """Lightning's order: setup, configure_model, weights (checkpoint), zero_grad, then the loaders and the loop."""
         self.state_stage = stage
-        hooks = self._setup_stage("validate" if stage == "validate" else stage, module, datamodule)
-        prefix, _, _, _ = evaluate.STAGES[stage]
-        module.zero_grad()
-        method = f"{'val' if stage == 'validate' else stage}_dataloader"
-        if dataloaders is not None:
-            loaders = data.resolve(dataloaders)
-        elif datamodule is not None:
-            loaders = data.from_datamodule(datamodule, method)
-        else:
-            loaders = getattr(module, method)()
-        if loaders is None:
-            raise TrainerConfigError(
-                f"No `{method}()` method defined to run `Trainer.{stage}`; pass dataloaders=... or define "
-                f"{method}() on the module or the datamodule")
-        mode = "predict" if stage == "predict" else "eval"
-        given, loaders = loaders, [self._prepare_loader(dl, mode) for dl in data.as_list(loaders)]
-        self._stage_loaders[stage] = data.as_given(given, loaders)
+        hooks = self._setup_stage(stage, module, datamodule)
+        _, _, _, limit_name = evaluate.STAGES[stage]
         self.strategy.setup_eval_module(module)
         if ckpt_path is not None:
             ckpt = checkpoint.load(ckpt_path)
             module.load_state_dict(ckpt["state_dict"])
             hooks.call("on_load_checkpoint", ckpt)
         self.ckpt_path = ckpt_path
+        module.zero_grad()
+        method, loaders = f"{'val' if stage == 'validate' else stage}_dataloader", []
+        if stage == "predict" or getattr(self._config, limit_name) != 0:  # a limit of 0: no loader, no loop
+            if dataloaders is not None:
+                loaders = data.resolve(dataloaders)
+            elif datamodule is not None:
+                loaders = data.from_datamodule(datamodule, method)
+            else:
+                loaders = getattr(module, method)()
+            if loaders is None:
+                raise TrainerConfigError(
+                    f"No `{method}()` method defined to run `Trainer.{stage}`; pass dataloaders=... or define "
+                    f"{method}() on the module or the datamodule")
+            mode = "predict" if stage == "predict" else "eval"
+            given, loaders = loaders, [self._prepare_loader(dl, mode) for dl in data.as_list(loaders)]
+            self._stage_loaders[stage] = data.as_given(given, loaders)
         loggers_mod.log_hyperparams(self)
-        setattr(self, f"num_{'val' if stage == 'validate' else stage}_batches",
-                [data.num_batches(dl, getattr(self._config, evaluate.STAGES[stage][3])) for dl in loaders])
+        setattr(self, f"num_{method[:-11]}_batches", [data.num_batches(dl, getattr(self._config, limit_name)) for dl in loaders])
         try:
-            out = evaluate.EvalLoop(self, module, stage, loaders, **kw).run()
+            out = evaluate.EvalLoop(self, module, stage, loaders, **kw).run() if loaders else []
         finally:
             self.state_stage = None
         loggers_mod.finalize(self)  # flush what the run logged (metrics.csv), as Lightning does after every stage
@@ -291,37 +292,11 @@ class Trainer(TrainerProperties):
         return self.strategy.prepare_loader(loader, mode)
 
     def _optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Any, **kwargs: Any) -> Any:
-        """``LightningOptimizer.step``: the precision plugin steps ``optimizer`` with ``closure`` (LBFGS calls it).
+        """``LightningOptimizer.step`` ends here: ``stepping.optimizer_step``."""
+        return stepping.optimizer_step(self, optimizer, closure, **kwargs)
 
-        After the closure (step and backward) and before the update: ``on_before_optimizer_step``, then, under
-        automatic optimization, ``configure_gradient_clipping`` with the Trainer's settings. Under manual
-        optimization each step counts as one ``global_step``.
-        """
-        module, cfg = self.lightning_module, self._config
-
-        def after_closure() -> None:
-            for f in self._hooks.on_before_optimizer_step:
-                f(optimizer)
-            if module.automatic_optimization:
-                algo = cfg.gradient_clip_algorithm if cfg.gradient_clip_val is not None or \
-                    cfg.gradient_clip_algorithm != "norm" else None
-                module.configure_gradient_clipping(optimizer, gradient_clip_val=cfg.gradient_clip_val,
-                                                   gradient_clip_algorithm=algo)
-
-        out = self._precision.optimizer_step(optimizer, closure, after_closure, **kwargs)
-        if not module.automatic_optimization:
-            self.global_step += 1
-        return out
-
-    def _backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-        """``on_before_backward`` -> ``module.backward`` (on the scaled loss) -> ``on_after_backward``."""
-        hooks = self._hooks
-        loss = self._precision.scale_loss(loss)
-        for f in hooks.on_before_backward:
-            f(loss)
-        self.lightning_module.backward(loss, *args, **kwargs)
-        for f in hooks.on_after_backward:
-            f()
+    def _backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:  # manual_backward and the closure
+        stepping.backward(self, loss, *args, **kwargs)
 
     def _val_due_this_epoch(self) -> bool:
         return self._loop is not None and self._loop._val_due() and sum(self.num_val_batches) > 0
@@ -387,14 +362,12 @@ class Trainer(TrainerProperties):
         if self.local_rank == 0 and is_overridden("prepare_data", module, Module):
             module.prepare_data()
         self.strategy.barrier()
-        module._device = self.strategy.root_device  # `self.device` in setup() already says where it will run
         if datamodule is not None and hasattr(datamodule, "setup"):
             datamodule.setup(stage=stage)
         hooks.call("setup", stage=stage)
-        if is_overridden("configure_sharded_model", module, Module):
-            module.configure_sharded_model()
-        if is_overridden("configure_model", module, Module):
-            module.configure_model()
+        for name in ("configure_sharded_model", "configure_model"):  # Lightning's older name first
+            if is_overridden(name, module, Module):
+                getattr(module, name)()
         return hooks
 
     def _teardown_stage(self, stage: str) -> None:
@@ -410,13 +383,11 @@ class Trainer(TrainerProperties):
             raise TrainerConfigError(
                 "Automatic gradient clipping is not supported for manual optimization. Remove "
                 f"`Trainer(gradient_clip_val={cfg.gradient_clip_val})` or switch to automatic optimization "
-                "(call self.clip_gradients(opt, gradient_clip_val=...) in training_step instead)."
-            )
+                "(call self.clip_gradients(opt, gradient_clip_val=...) in training_step instead).")
         if not module.automatic_optimization and cfg.accumulate_grad_batches != 1:
             raise TrainerConfigError(
                 "Automatic gradient accumulation is not supported for manual optimization. Remove "
-                f"`Trainer(accumulate_grad_batches={cfg.accumulate_grad_batches})` or switch to automatic optimization."
-            )
+                f"`Trainer(accumulate_grad_batches={cfg.accumulate_grad_batches})` or switch to automatic optimization.")
         hooks = self._setup_stage("fit", module, datamodule)
         self.ckpt_path = ckpt_path
         step_fn = self.strategy.setup_module(module)

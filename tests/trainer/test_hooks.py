@@ -48,6 +48,20 @@ def _both(stage: str, **kw) -> tuple[list, list]:
     return _calls(gl, stage, **kw), _calls(lp, stage, **kw)
 
 
+def _without_loader_requests(calls: list) -> list:
+    """The calls minus the *_dataloader requests, whose exact place in fit is checked apart."""
+    return [c for c in calls if not c[0].endswith("_dataloader")]
+
+
+def _loader_requests_follow_the_optimizers(calls: list) -> None:
+    names = [c[0] for c in calls]
+    requests = [i for i, n in enumerate(names) if n.endswith("_dataloader")]
+    assert requests and min(requests) > names.index("on_fit_start") > names.index("configure_optimizers")
+    vals = [i for i in requests if names[i].endswith("val_dataloader")]
+    trains = [i for i in requests if names[i].endswith("train_dataloader")]
+    assert not vals or vals[0] < trains[0], "Lightning asks for the validation loaders first"
+
+
 def _first_difference(ours: list, theirs: list) -> str:
     for i, (a, b) in enumerate(zip(ours, theirs)):
         if a != b:
@@ -59,6 +73,10 @@ def _first_difference(ours: list, theirs: list) -> str:
 @pytest.mark.parametrize("automatic", [True, False])
 def test_fit_calls_every_hook_in_lightnings_order(automatic):
     ours, theirs = _both("fit", automatic=automatic)
+    _loader_requests_follow_the_optimizers(ours)
+    # Lightning asks for the val loader inside the sanity check and the train loader after it; gpulayer asks
+    # for both just before the sanity check (fit_data.py), so the requests are compared apart
+    ours, theirs = _without_loader_requests(ours), _without_loader_requests(theirs)
     assert ours == theirs, _first_difference(ours, theirs)
 
 
@@ -80,6 +98,9 @@ def test_evaluation_stages_call_hooks_in_lightnings_order(stage):
 @pytest.mark.parametrize("stage", ["fit", "validate", "test", "predict"])
 def test_datamodule_hooks_in_lightnings_order(stage):
     ours, theirs = _both(stage, with_datamodule=True, dm_transfer=True)
+    if stage == "fit":
+        _loader_requests_follow_the_optimizers(ours)
+        ours, theirs = _without_loader_requests(ours), _without_loader_requests(theirs)
     assert ours == theirs, _first_difference(ours, theirs)
 
 
@@ -144,3 +165,257 @@ def test_instance_defined_hooks_are_called():
     loader = torch.utils.data.DataLoader(hook_recorder.Points(4), batch_size=2)
     gl.Trainer(max_epochs=1, **{k: v for k, v in TRAINER_KW.items() if k != "max_epochs"}).fit(model, loader)
     assert seen == ["zero_grad", "zero_grad", "epoch_end"]
+
+
+# -- overriding a default changes exactly what it changes in Lightning -------------------------------
+def _regression_net(pkg, variant: str):
+    """A small regression whose training is altered by one overridden hook (``variant``)."""
+
+    class Net(pkg.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+            self.automatic_optimization = variant != "lbfgs_manual"
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self.net(x), y)
+            if variant == "lbfgs_manual":
+                opt = self.optimizers()
+
+                def closure():
+                    opt.zero_grad()
+                    out = torch.nn.functional.mse_loss(self.net(x), y)
+                    self.manual_backward(out)
+                    return out
+                opt.step(closure=closure)
+            return loss
+
+        def configure_optimizers(self):
+            if variant == "lbfgs_manual":
+                return torch.optim.LBFGS(self.parameters(), lr=0.5, max_iter=4)
+            return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+
+        if variant == "warmup":
+            def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure):
+                optimizer.step(closure=optimizer_closure)
+                scale = min(1.0, (self.trainer.global_step + 1) / 5)  # LR warm-up over 5 steps
+                for group in optimizer.param_groups:
+                    group["lr"] = 0.05 * scale
+
+        if variant == "augment":
+            def on_before_batch_transfer(self, batch, dataloader_idx):
+                x, y = batch
+                return x * 0.5, y
+
+            def on_after_batch_transfer(self, batch, dataloader_idx):
+                x, y = batch  # "GPU-side" augmentation: a fixed flip of every other feature
+                return x * torch.tensor([1.0, -1.0] * 4), y
+
+        if variant == "clip":
+            def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+                if self.trainer.global_step >= 2:  # clip by value, only after two steps
+                    self.clip_gradients(optimizer, gradient_clip_val=0.05, gradient_clip_algorithm="value")
+
+        if variant == "zero_grad_kept":
+            def optimizer_zero_grad(self, epoch, batch_idx, optimizer):
+                if batch_idx % 2 == 0:  # keep gradients across two batches on purpose
+                    optimizer.zero_grad()
+
+        if variant == "backward_scaled":
+            def backward(self, loss, *args, **kwargs):
+                (loss * 3.0).backward(*args, **kwargs)
+
+    return Net
+
+
+def _regression_data():
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(48, 8, generator=g)
+    return torch.utils.data.TensorDataset(x, x[:, :1] * 2 - x[:, 1:2])
+
+
+def _final_weights(pkg, variant: str, **kw) -> dict:
+    pkg.seed_everything(3) if hasattr(pkg, "seed_everything") else torch.manual_seed(3)
+    torch.manual_seed(3)
+    model = _regression_net(pkg, variant)()
+    loader = torch.utils.data.DataLoader(_regression_data(), batch_size=8, shuffle=False)
+    trainer_kw = dict(max_epochs=2, enable_progress_bar=False, enable_model_summary=False, logger=False,
+                      enable_checkpointing=False, accelerator="cpu", devices=1, num_sanity_val_steps=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pkg.Trainer(**{**trainer_kw, **kw}).fit(model, loader)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _assert_same_weights(ours: dict, theirs: dict) -> None:
+    assert ours.keys() == theirs.keys()
+    for k in ours:
+        torch.testing.assert_close(ours[k], theirs[k], atol=1e-6, rtol=0, msg=f"{k} differs from lightning's")
+
+
+@needs_lightning
+@pytest.mark.parametrize("variant, kw", [
+    ("warmup", {}),
+    ("warmup", {"accumulate_grad_batches": 2}),
+    ("augment", {}),
+    ("clip", {}),
+    ("none", {"gradient_clip_val": 0.05, "gradient_clip_algorithm": "value"}),
+    ("zero_grad_kept", {}),
+    ("backward_scaled", {}),
+    ("lbfgs_manual", {}),
+], ids=["optimizer_step_warmup", "warmup_with_accumulation", "batch_transfer_augmentation",
+        "configure_gradient_clipping", "trainer_gradient_clip_val", "optimizer_zero_grad", "backward", "lbfgs_closure_in_manual_optimization"])
+def test_overridden_hook_gives_lightnings_final_weights(variant, kw):
+    import lightning.pytorch as lp
+    ours = _final_weights(gl, variant, **kw)
+    theirs = _final_weights(lp, variant, **kw)
+    _assert_same_weights(ours, theirs)
+    if variant == "none":
+        return
+    untouched = _final_weights(gl, "none", **kw)
+    assert any(not torch.allclose(ours[k], untouched[k]) for k in ours), "the override changed nothing"
+
+
+def test_plain_module_takes_the_fast_loop_and_an_override_the_general_one():
+    from gpulayer.trainer.hooks import Hooks
+    plain = _regression_net(gl, "none")()
+    warm = _regression_net(gl, "warmup")()
+    trainer = gl.Trainer(logger=False)
+    assert not Hooks(trainer, plain, []).general
+    assert Hooks(trainer, warm, []).general
+    plain.optimizer_zero_grad = lambda epoch, batch_idx, optimizer: optimizer.zero_grad()
+    assert Hooks(trainer, plain, []).general
+
+
+def test_clip_gradients_refuses_a_value_that_contradicts_the_trainer():
+    class Clash(_regression_net(gl, "none")):
+        def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+            self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val * 2)
+
+    loader = torch.utils.data.DataLoader(_regression_data(), batch_size=8)
+    trainer = gl.Trainer(max_epochs=1, gradient_clip_val=0.5, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False)
+    with pytest.raises(gl.utilities.MisconfigurationException, match="Please use only one of them"):
+        trainer.fit(Clash(), loader)
+
+
+def test_an_optimizer_step_that_skips_the_closure_is_an_error():
+    class Skips(_regression_net(gl, "none")):
+        def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure):
+            pass
+
+    loader = torch.utils.data.DataLoader(_regression_data(), batch_size=8)
+    trainer = gl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    with pytest.raises(gl.utilities.MisconfigurationException, match="closure hasn't been executed"):
+        trainer.fit(Skips(), loader)
+
+
+def test_a_submodule_frozen_in_eval_stays_in_eval_through_fit_validate_test_predict():
+    seen = []
+
+    class Frozen(_regression_net(gl, "none")):
+        def __init__(self):
+            super().__init__()
+            self.frozen = torch.nn.Linear(2, 2).eval()
+
+        def training_step(self, batch, batch_idx):
+            seen.append(("train", self.net.training, self.frozen.training))
+            return super().training_step(batch, batch_idx)
+
+        def validation_step(self, batch, batch_idx):
+            seen.append(("val", self.net.training, self.frozen.training))
+
+        def test_step(self, batch, batch_idx):
+            seen.append(("test", self.net.training, self.frozen.training))
+
+        def predict_step(self, batch, batch_idx):
+            seen.append(("predict", self.net.training, self.frozen.training))
+
+    model = Frozen()
+    loader = torch.utils.data.DataLoader(_regression_data(), batch_size=16)
+    trainer = gl.Trainer(max_epochs=2, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         num_sanity_val_steps=0)
+    trainer.fit(model, loader, loader)
+    trainer.validate(model, loader, verbose=False)
+    trainer.test(model, loader, verbose=False)
+    trainer.predict(model, loader)
+    assert {s for s in seen if s[0] == "train"} == {("train", True, False)}
+    assert {s for s in seen if s[0] != "train"} == {("val", False, False), ("test", False, False),
+                                                    ("predict", False, False)}
+    assert model.net.training and not model.frozen.training
+
+
+@needs_lightning
+def test_lbfgs_in_automatic_optimization_gives_lightnings_weights():
+    import lightning.pytorch as lp
+
+    def lbfgs(pkg):
+        class Net(_regression_net(pkg, "none")):
+            def configure_optimizers(self):
+                return torch.optim.LBFGS(self.parameters(), lr=0.5, max_iter=3)
+        return Net
+
+    results = []
+    for pkg in (gl, lp):
+        torch.manual_seed(3)
+        model = lbfgs(pkg)()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            pkg.Trainer(max_epochs=1, enable_progress_bar=False, enable_model_summary=False, logger=False,
+                        enable_checkpointing=False, accelerator="cpu").fit(
+                model, torch.utils.data.DataLoader(_regression_data(), batch_size=8))
+        results.append(model.state_dict())
+    _assert_same_weights(*results)
+
+
+def test_dataloader_idx_is_required_with_several_loaders_and_must_default_with_one():
+    class NeedsIdx(_regression_net(gl, "none")):
+        def validation_step(self, batch, batch_idx, dataloader_idx):
+            pass
+
+    class NoIdx(_regression_net(gl, "none")):
+        def validation_step(self, batch, batch_idx):
+            pass
+
+    loader = torch.utils.data.DataLoader(_regression_data(), batch_size=16)
+    trainer = gl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    with pytest.raises(RuntimeError, match="have included `dataloader_idx` in `NeedsIdx.validation_step"):
+        trainer.validate(NeedsIdx(), loader, verbose=False)
+    with pytest.raises(RuntimeError, match="but no `dataloader_idx` argument in `NoIdx.validation_step"):
+        trainer.validate(NoIdx(), [loader, loader], verbose=False)
+    assert len(trainer.validate(NeedsIdx(), [loader, loader], verbose=False)) == 2
+
+
+def test_load_from_checkpoint_calls_configure_model_before_the_weights_load(tmp_path):
+    calls = []
+
+    class Lazy(gl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = None
+
+        def configure_model(self):
+            calls.append("configure_model")
+            if self.layer is None:
+                self.layer = torch.nn.Linear(4, 1)
+
+        def on_load_checkpoint(self, checkpoint):
+            calls.append("on_load_checkpoint")
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    model = Lazy()
+    loader = torch.utils.data.DataLoader(hook_recorder.Points(4), batch_size=2)
+    trainer = gl.Trainer(max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    trainer.fit(model, loader)
+    assert calls == ["configure_model"]  # fit builds the layer in configure_model, before the optimizers
+    trainer.save_checkpoint(tmp_path / "lazy.ckpt")
+    calls.clear()
+    loaded = Lazy.load_from_checkpoint(tmp_path / "lazy.ckpt")
+    assert calls == ["configure_model", "on_load_checkpoint"]
+    torch.testing.assert_close(loaded.layer.weight, model.layer.weight)

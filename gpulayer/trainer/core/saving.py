@@ -72,6 +72,9 @@ def load_from_checkpoint(cls: type, checkpoint_path: Any, map_location: Any = No
         raise ValueError(f"You set `.load_from_checkpoint(..., strict={strict!r})` which is in conflict with "
                          f"`{cls.__name__}.strict_loading={module_strict!r}. Please set the same value for both of them.")
     strict = (module_strict if module_strict is not None else True) if strict is None else strict
+    from gpulayer.trainer.utilities.model_helpers import is_overridden
+    if is_overridden("configure_model", obj, Module):  # layers it builds must exist before the weights load
+        obj.configure_model()
     obj.on_load_checkpoint(ckpt)
     keys = obj.load_state_dict(ckpt["state_dict"], strict=strict)
     if not strict:
