@@ -23,22 +23,9 @@ from gpulayer.trainer import data
 from gpulayer.trainer.errors import MisconfigurationException
 from gpulayer.trainer.evaluate import EvalLoop
 from gpulayer.trainer.prefetch import device_batches
-from gpulayer.trainer.stepping import GeneralStep, transfer_batch
+from gpulayer.trainer.stepping import GeneralStep, _loss_of, transfer_batch
 from gpulayer.trainer.progress import ProgressBar
 from gpulayer.trainer.seed import capture_rng, restore_rng
-
-
-def _loss_of(out: Any) -> torch.Tensor | None:
-    if isinstance(out, torch.Tensor) or out is None:
-        return out
-    if isinstance(out, Mapping):
-        if out.get("loss") is None:
-            raise MisconfigurationException(
-                "In automatic_optimization, when `training_step` returns a dict, the 'loss' key needs to be present")
-        return out["loss"]
-    raise MisconfigurationException(
-        "In automatic optimization, `training_step` must return a Tensor, a dict, or None (where the step will be "
-        f"skipped); it returned {type(out).__name__}")
 
 
 def batch_output(out: Any, accum: int, manual: bool) -> dict:

@@ -28,6 +28,20 @@ import torch
 from gpulayer.trainer.errors import MisconfigurationException
 
 
+def _loss_of(out: Any) -> torch.Tensor | None:
+    if isinstance(out, torch.Tensor) or out is None:
+        return out
+    if isinstance(out, Mapping):
+        if out.get("loss") is None:
+            raise MisconfigurationException(
+                "In automatic_optimization, when `training_step` returns a dict, the 'loss' key needs to be present")
+        return out["loss"]
+    raise MisconfigurationException(
+        "In automatic optimization, `training_step` must return a Tensor, a dict, or None (where the step will be "
+        f"skipped); it returned {type(out).__name__}")
+
+
+
 def transfer_batch(hooks: Any, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
     """The batch through ``on_before_batch_transfer``, ``transfer_batch_to_device``, ``on_after_batch_transfer``."""
     before, to_device, after = hooks.transfer_fns
@@ -83,7 +97,6 @@ class _Closure:
 
     @torch.enable_grad()
     def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor | None:
-        from gpulayer.trainer.loop import _loss_of
         loop, t = self.loop, self.loop.trainer
         with loop.precision.forward_context():
             out = loop.step_fn(self.batch, self.batch_idx)

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from gpulayer.trainer.utilities.model_helpers import is_overridden, trainer_base
 from gpulayer.trainer.utilities.parsing import parse_class_init_keys
 from gpulayer.trainer.utilities.rank_zero import rank_zero_warn
 
@@ -44,9 +45,7 @@ def load_file(path_or_buffer: Any, map_location: Any = None) -> dict[str, Any]:
 
 def load_from_checkpoint(cls: type, checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
                          strict: bool | None = None, **kwargs: Any) -> Any:
-    from gpulayer.trainer.datamodule import LightningDataModule
-    from gpulayer.trainer.module import Module
-
+    Module, LightningDataModule = trainer_base(cls, "Module"), trainer_base(cls, "LightningDataModule")
     ckpt = load_file(checkpoint_path, map_location=map_location or _map_cpu_when_absent)
     key = cls.CHECKPOINT_HYPER_PARAMS_KEY
     if hparams_file is not None:
@@ -60,19 +59,18 @@ def load_from_checkpoint(cls: type, checkpoint_path: Any, map_location: Any = No
     ckpt.setdefault(key, {})
     ckpt[key].update(kwargs)
     obj = _instantiate(cls, ckpt, kwargs)
-    if issubclass(cls, LightningDataModule):
+    if LightningDataModule is not None:
         state = ckpt.get(type(obj).__qualname__)
         if state:
             obj.load_state_dict(state)
         return obj
-    if not issubclass(cls, Module):
+    if Module is None:
         raise NotImplementedError(f"Unsupported {cls}")
     module_strict = getattr(obj, "_strict_loading", None)
     if module_strict is not None and strict is not None and strict != module_strict:
         raise ValueError(f"You set `.load_from_checkpoint(..., strict={strict!r})` which is in conflict with "
                          f"`{cls.__name__}.strict_loading={module_strict!r}. Please set the same value for both of them.")
     strict = (module_strict if module_strict is not None else True) if strict is None else strict
-    from gpulayer.trainer.utilities.model_helpers import is_overridden
     if is_overridden("configure_model", obj, Module):  # layers it builds must exist before the weights load
         obj.configure_model()
     obj.on_load_checkpoint(ckpt)
@@ -91,14 +89,14 @@ def load_from_checkpoint(cls: type, checkpoint_path: Any, map_location: Any = No
 
 
 def _instantiate(cls: type, ckpt: dict[str, Any], new_kwargs: dict[str, Any]) -> Any:
-    from gpulayer.trainer.module import Module
+    Module = trainer_base(cls, "Module")
 
     self_name, var_args, var_kwargs = parse_class_init_keys(cls)
     init_names = [n for n in inspect.signature(cls.__init__).parameters if n not in (self_name, var_args, var_kwargs)]
     loaded: dict[str, Any] = {}
     key = cls.CHECKPOINT_HYPER_PARAMS_KEY
     if key in ckpt:
-        if issubclass(cls, Module):
+        if Module is not None:
             for old in CHECKPOINT_PAST_HPARAMS_KEYS:
                 loaded.update(ckpt.get(old, {}))
         loaded.update(ckpt.get(key) or {})

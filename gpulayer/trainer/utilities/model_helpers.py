@@ -25,13 +25,17 @@ def _code_of(fn: Any) -> Any:
     return getattr(fn, "__code__", fn)
 
 
-def _default_parent(instance: object) -> type:
-    from gpulayer.trainer.callbacks import Callback
-    from gpulayer.trainer.datamodule import LightningDataModule
-    from gpulayer.trainer.module import Module
+def trainer_base(obj: object, name: str) -> type | None:
+    """gpulayer's base class called ``name`` (``Module``, ``LightningDataModule``, ``Callback``) that ``obj`` (or
+    the class ``obj``) derives from; found by name so this module imports none of the classes it serves."""
+    cls = obj if isinstance(obj, type) else type(obj)
+    return next((c for c in cls.__mro__ if c.__name__ == name and c.__module__.startswith("gpulayer.trainer.")), None)
 
-    for parent in (Module, LightningDataModule, Callback):
-        if isinstance(instance, parent):
+
+def _default_parent(instance: object) -> type:
+    for name in ("Module", "LightningDataModule", "Callback"):
+        parent = trainer_base(instance, name)
+        if parent is not None:
             return parent
     raise ValueError(f"Expected a parent: is_overridden(..., {type(instance).__name__}) needs "
                      "parent=<the base class that declares the method>")
