@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 
