@@ -249,8 +249,10 @@ def build_config(**kwargs: Any) -> TrainerConfig:
     cfg.min_epochs = _int_at_least("min_epochs", kwargs.get("min_epochs"), 0, allow_none=True)
     cfg.min_steps = _int_at_least("min_steps", kwargs.get("min_steps"), 0, allow_none=True)
     cfg.overfit_batches = _limit("overfit_batches", kwargs.get("overfit_batches", 0.0))
-    cfg.reload_dataloaders_every_n_epochs = _int_at_least(
-        "reload_dataloaders_every_n_epochs", kwargs.get("reload_dataloaders_every_n_epochs", 0), 0)
+    reload_every = kwargs.get("reload_dataloaders_every_n_epochs", 0)
+    if isinstance(reload_every, bool) or not isinstance(reload_every, int) or reload_every < 0:
+        raise TrainerConfigError(f"`reload_dataloaders_every_n_epochs` should be an int >= 0, got {reload_every}.")
+    cfg.reload_dataloaders_every_n_epochs = reload_every
     cfg.limit_train_batches = _limit("limit_train_batches", kwargs.get("limit_train_batches"))
     cfg.limit_val_batches = _limit("limit_val_batches", kwargs.get("limit_val_batches"))
     cfg.limit_test_batches = _limit("limit_test_batches", kwargs.get("limit_test_batches"))
@@ -350,8 +352,10 @@ def build_config(**kwargs: Any) -> TrainerConfig:
     cfg.cluster_resources = _cluster_resources(kwargs.get("cluster_resources"), cfg.num_nodes)
     cfg.max_restarts = _max_restarts(kwargs.get("max_restarts", 0), cfg.num_nodes)
 
+    if not isinstance(fast_dev_run, int) or fast_dev_run < 0:  # bool is an int: True means 1 batch
+        raise TrainerConfigError(f"fast_dev_run={fast_dev_run!r} is not a valid configuration. It should be >= 0.")
     if fast_dev_run:  # Lightning: n batches of train and val, no logger, no checkpoints
-        n = 1 if fast_dev_run is True else _int_at_least("fast_dev_run", fast_dev_run, 1)
+        n = int(fast_dev_run)
         cfg.fast_dev_run = n
         cfg.max_epochs, cfg.max_steps = 1, n
         cfg.limit_train_batches = cfg.limit_val_batches = cfg.limit_test_batches = cfg.limit_predict_batches = n

@@ -15,6 +15,7 @@ from torch.utils.data import (
 from gpulayer.trainer.errors import TrainerConfigError
 from gpulayer.trainer.seed import SEED_ENV, SEED_WORKERS_ENV, worker_init_fn
 from gpulayer.trainer.utilities.combined_loader import CombinedLoader
+from gpulayer.trainer.utilities.data import has_len_all_ranks
 
 
 def resolve(loaders: Any) -> Any:
@@ -93,6 +94,17 @@ def num_batches(loader: Iterable, limit: int | float, stage: str = "train") -> f
             f"You requested to check {limit} of the `{stage}_dataloader` but {limit} * {n} < 1. Please increase the "
             f"`limit_{stage}_batches` argument. Try at least `limit_{stage}_batches={1.0 / n}`")
     return count
+
+
+def check_lengths(loader: Any, trainer: Any) -> None:
+    """Lightning's checks of a loader being set up (``has_len_all_ranks``): each loader of a combined one, then
+    the whole; warns about an empty loader or a length an ``IterableDataset`` declares, refuses one rank's empty
+    loader (unless the module or datamodule sets ``allow_zero_length_dataloader_with_multiple_devices``)."""
+    allow = bool(getattr(trainer.lightning_module, "allow_zero_length_dataloader_with_multiple_devices", False))
+    allow |= bool(getattr(trainer.datamodule, "allow_zero_length_dataloader_with_multiple_devices", False))
+    parts = loader.flattened if isinstance(loader, CombinedLoader) else []
+    for dl in (*parts, loader):
+        has_len_all_ranks(dl, trainer.strategy, allow)
 
 
 def without_shuffle(loader: Any, stage: str) -> Any:

@@ -18,6 +18,8 @@ from gpulayer.trainer import data, evaluate
 from gpulayer.trainer.errors import TrainerConfigError
 from gpulayer.trainer.seed import capture_rng, restore_rng
 from gpulayer.trainer.states import RunningStage
+from gpulayer.trainer.utilities.rank_zero import rank_zero_warn
+from gpulayer.trainer.utilities.warnings import PossibleUserWarning
 
 Source = Callable[[], Any]
 
@@ -117,6 +119,8 @@ class FitData:
             data.seed_workers(dl)
         t.has_val_loader = bool(loaders)
         t._stage_loaders["validate"] = data.as_given(given, loaders) if loaders else None
+        for dl in loaders:
+            data.check_lengths(dl, t)
         t.num_val_batches = [data.num_batches(dl, self.cfg.limit_val_batches, "val") for dl in loaders]
         if record:
             self.val_loaded_epoch = t.current_epoch
@@ -148,8 +152,14 @@ class FitData:
             else:
                 loader = t._prepare_loader(loader, "train")
             data.seed_workers(loader)
+            data.check_lengths(loader, t)
         t._train_loader = loader
         t.num_training_batches = data.num_batches(loader, cfg.limit_train_batches, "train")
+        if t.loggers and 0 < t.num_training_batches < cfg.log_every_n_steps and not cfg.fast_dev_run:
+            rank_zero_warn(
+                f"The number of training batches ({t.num_training_batches}) is smaller than the logging interval "
+                f"Trainer(log_every_n_steps={cfg.log_every_n_steps}). Set a lower value for log_every_n_steps if you "
+                "want to see logs for the training epoch.", category=PossibleUserWarning)
         if isinstance(loader, data.CombinedLoader) and loader._mode == "sequential":
             raise TrainerConfigError(
                 '`FitLoop` does not support the `CombinedLoader(mode="sequential")` mode: a training step takes a '
