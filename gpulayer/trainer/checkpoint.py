@@ -119,7 +119,11 @@ def dump(trainer, weights_only: bool = False) -> dict[str, Any]:
         if dm_state:
             ckpt[type(datamodule).__qualname__] = dm_state
     ckpt[GPULAYER_KEY] = own
-    trainer._hooks.call("on_save_checkpoint", ckpt)
+    hooks = trainer._hooks
+    if hooks is None:  # outside a run (a module only connected to the strategy): the hooks it would have
+        from gpulayer.trainer.hooks import Hooks
+        hooks = Hooks(trainer, module, trainer.callbacks, trainer.datamodule)
+    hooks.call("on_save_checkpoint", ckpt)
     return ckpt
 
 

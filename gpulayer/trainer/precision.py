@@ -16,6 +16,10 @@ from torch import nn
 from gpulayer.trainer.errors import MisconfigurationException
 
 
+def _always() -> bool:
+    return True
+
+
 class Precision:
     """Full precision: forward as written, ``loss.backward()``, ``optimizer.step()``."""
 
@@ -24,7 +28,7 @@ class Precision:
     def __init__(self, device_type: str = "cpu"):
         self.device_type = device_type
         self._null = contextlib.nullcontext()
-        self._automatic: Callable[[], bool] = lambda: True  # the Trainer points it at the module's flag
+        self._automatic: Callable[[], bool] = _always  # the Trainer points it at the module's flag
 
     def forward_context(self):
         return self._null

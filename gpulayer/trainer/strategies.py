@@ -31,6 +31,12 @@ class SingleDeviceStrategy:
     def __init__(self, device: torch.device):
         self.root_device = device
         self.model: nn.Module | None = None  # what the training step is called through
+        self.lightning_module: nn.Module | None = None  # the user's module (``trainer.lightning_module``)
+
+    def connect(self, model: nn.Module) -> None:
+        """Hold ``model`` as the module of the run (Lightning's ``strategy.connect``), before any setup."""
+        self.lightning_module = model
+        self.model = model
 
     def setup_environment(self) -> None:
         if self.root_device.type == "cuda":
@@ -42,13 +48,13 @@ class SingleDeviceStrategy:
         """Move the module for validate / test / predict (no DDP wrapper: nothing to sync)."""
         module.to(self.root_device)
         module._device = self.root_device
-        self.model = module
+        self.model = self.lightning_module = module
 
     def setup_module(self, module: nn.Module) -> Any:
         """Move the module; return the callable the loop runs the training step through."""
         module.to(self.root_device)
         module._device = self.root_device
-        self.model = module
+        self.model = self.lightning_module = module
         return module.training_step
 
     def prepare_loader(self, loader: Any, mode: str = "train") -> Any:
@@ -97,11 +103,12 @@ class DDPStrategy(SingleDeviceStrategy):
     """Data parallel inside a process whose torchrun environment is set (RANK, WORLD_SIZE, MASTER_ADDR...)."""
 
     def __init__(self, device: torch.device | None = None, grad_sync: str = "auto",
-                 find_unused_parameters: bool = False, timeout_s: float = 1800.0):
-        # built outside a launched rank (``DDPStrategy()`` as a Lightning user writes it): rank 0 of 1 until launched
+                 find_unused_parameters: bool = False, timeout_s: float = 1800.0, planned_world_size: int = 1):
+        # built outside a launched rank (``DDPStrategy()`` as a Lightning user writes it, or a Trainer's strategy
+        # before its fit launches the ranks): rank 0 of the world it will launch
         self.global_rank = int(os.environ.get("RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.world_size = int(os.environ.get("WORLD_SIZE", planned_world_size))
         self.is_global_zero = self.global_rank == 0
         if device is None or (device.type == "cuda" and device.index is None):
             device = torch.device("cuda", self.local_rank) if device is not None else torch.device("cpu")
@@ -131,6 +138,7 @@ class DDPStrategy(SingleDeviceStrategy):
     def setup_module(self, module: nn.Module) -> Any:
         module.to(self.root_device)
         module._device = self.root_device
+        self.lightning_module = module
         device_ids = [self.root_device.index] if self.root_device.type == "cuda" else None
         # gradients live in DDP's flat buckets: no copy between .grad and the bucket before and after the sync
         self.ddp = nn.parallel.DistributedDataParallel(
@@ -185,3 +193,17 @@ class DDPStrategy(SingleDeviceStrategy):
         return {"strategy": "ddp", "device": str(self.root_device), "world_size": self.world_size,
                 "num_nodes": int(os.environ.get("GROUP_WORLD_SIZE", "1")), "grad_sync": self.comm_hook,
                 "backend": self.backend}
+
+
+def strategy_for(config: Any) -> SingleDeviceStrategy:
+    """The strategy a ``TrainerConfig`` asks for in this process: DDP in a rank of a multi-process run (rank 0
+    of the planned world outside one), else a single device."""
+    cuda = config.accelerator == "cuda"
+    device = torch.device("cuda", config.device_ids[0] if config.device_ids else 0) if cuda else torch.device("cpu")
+    if not config.multi_process:
+        return SingleDeviceStrategy(device)
+    if cuda and config.device_ids:
+        device = torch.device("cuda", config.device_ids[int(os.environ.get("LOCAL_RANK", "0"))])
+    return DDPStrategy(device if cuda else None, config.grad_sync,
+                       find_unused_parameters=config.strategy == "ddp_find_unused_parameters_true",
+                       planned_world_size=config.devices * config.num_nodes)

@@ -9,6 +9,7 @@ works in any process whose torchrun environment is set.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -32,7 +33,7 @@ from gpulayer.trainer.metrics import MetricStore
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.precision import Precision, make_precision
 from gpulayer.trainer.states import RunningStage, TrainerFn, TrainerState
-from gpulayer.trainer.strategies import DDPStrategy, SingleDeviceStrategy
+from gpulayer.trainer.strategies import SingleDeviceStrategy, strategy_for
 from gpulayer.trainer.trainer_state import TrainerProperties
 from gpulayer.trainer.utilities.model_helpers import is_overridden
 
@@ -102,8 +103,9 @@ class Trainer(TrainerProperties):
         self.val_check_batch: float = math.inf  # validate every this many train batches (set when a fit loads data)
         self.ckpt_path: str | None = None
         self.lr_scheduler_configs: list[optimizers.SchedulerConfig] = []
-        self.strategy: SingleDeviceStrategy | None = None
-        self.lightning_module: Module | None = None
+        # Lightning's trainer holds its strategy from the start (``trainer.strategy.connect(model)``); a run
+        # sets up a fresh one; the module of the run lives on it (``trainer.lightning_module``)
+        self.strategy: SingleDeviceStrategy = strategy_for(self._config)
         self.has_val_loader = False
         self.num_training_batches: float = 0
         self._precision: Precision | None = None
@@ -275,6 +277,8 @@ class Trainer(TrainerProperties):
                     f"{method}() on the module or the datamodule")
             mode = "predict" if stage == "predict" else "eval"
             given, loaders = loaders, [self._prepare_loader(dl, mode) for dl in data.as_list(loaders)]
+            for dl in loaders:
+                data.check_lengths(dl, self)
             self._stage_loaders[stage] = data.as_given(given, loaders)
         loggers_mod.log_hyperparams(self)
         setattr(self, f"num_{method[:-11]}_batches", [data.num_batches(dl, getattr(self._config, limit_name)) for dl in loaders])
@@ -308,15 +312,8 @@ class Trainer(TrainerProperties):
     def _in_process(self, module: Module, body: Any, *args: Any) -> Any:
         """Set up this process's strategy, precision and metric store around ``body(*args)`` (any stage)."""
         cfg = self._config
-        device = torch.device("cuda", cfg.device_ids[0] if cfg.device_ids else 0) if cfg.accelerator == "cuda" \
-            else torch.device("cpu")
-        if cfg.multi_process:
-            if cfg.accelerator == "cuda" and cfg.device_ids:
-                device = torch.device("cuda", cfg.device_ids[int(os.environ.get("LOCAL_RANK", "0"))])
-            self.strategy = DDPStrategy(device if cfg.accelerator == "cuda" else None, cfg.grad_sync,
-                                        find_unused_parameters=cfg.strategy == "ddp_find_unused_parameters_true")
-        else:
-            self.strategy = SingleDeviceStrategy(device)
+        self.strategy = strategy_for(cfg)
+        device = self.strategy.root_device
         self.strategy.setup_environment()
         self._setup_backends()
         self._store = MetricStore(self.strategy.reduce if self.strategy.world_size > 1 else None)
@@ -352,7 +349,8 @@ class Trainer(TrainerProperties):
         cfg.callbacks = cfg.callbacks + [c for c in (extra if isinstance(extra, (list, tuple)) else [extra])
                                          if isinstance(c, Callback) and c not in cfg.callbacks]
         self._hooks = hooks = Hooks(self, module, cfg.callbacks, datamodule)
-        self._precision._automatic = lambda: module.automatic_optimization
+        # picklable (torch.save(trainer) must work): nothing a trainer holds may be a local function
+        self._precision._automatic = functools.partial(getattr, module, "automatic_optimization")
         metrics_mod.attach_callback_logging(cfg.callbacks, module)
         self.datamodule = datamodule
         if datamodule is not None:
@@ -504,7 +502,9 @@ class Trainer(TrainerProperties):
         """Write a checkpoint of the current state. Call it on every rank, as in Lightning: each builds the
         contents (its callbacks' ``state_dict`` and ``on_save_checkpoint`` run), global rank 0 writes, all wait."""
         if self.lightning_module is None:
-            raise TrainerError("save_checkpoint needs a model: call it during or after fit()")
+            raise AttributeError(
+                "Saving a checkpoint is only possible if a model is attached to the Trainer. Did you call "
+                "`Trainer.save_checkpoint()` before calling `Trainer.{fit,validate,test,predict}`?")
         ckpt = checkpoint.dump(self, weights_only)
         if self.is_global_zero:
             checkpoint.save(ckpt, os.fspath(filepath))

@@ -84,6 +84,15 @@ class TrainerProperties:
         return math.inf if n == -1 else n
 
     # -- where this process stands ----------------------------------------------------------------
+    @property
+    def lightning_module(self) -> Any:
+        """The module of the current (or last) run: the one the strategy holds, as in Lightning."""
+        return self.strategy.lightning_module if self.strategy is not None else None
+
+    @lightning_module.setter
+    def lightning_module(self, module: Any) -> None:
+        self.strategy.lightning_module = module
+
     model = property(lambda self: self.lightning_module)
     global_rank = property(lambda self: self.strategy.global_rank if self.strategy else 0)
     local_rank = property(lambda self: self.strategy.local_rank if self.strategy else 0)
