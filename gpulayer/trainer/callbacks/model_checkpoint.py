@@ -9,7 +9,7 @@ its end (or never), else after validation; ``every_n_train_steps`` and
 ``train_time_interval`` save at batch ends instead. Only global rank 0 writes.
 """
 
-from __future__ import annotations
+# no ``from __future__ import annotations``: the CLI (jsonargparse) reads ``__init__``'s annotations as types
 
 import copy
 import datetime
@@ -19,7 +19,7 @@ import shutil
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -47,7 +47,7 @@ class ModelCheckpoint(Callback):
     STARTING_VERSION = 1
 
     def __init__(self, dirpath: str | os.PathLike | None = None, filename: str | None = None, monitor: str | None = None,
-                 verbose: bool = False, save_last: bool | str | None = None, save_top_k: int = 1,
+                 verbose: bool = False, save_last: bool | Literal["link"] | None = None, save_top_k: int = 1,
                  save_on_exception: bool = False, save_weights_only: bool = False, mode: str = "min",
                  auto_insert_metric_name: bool = True, every_n_train_steps: int | None = None,
                  train_time_interval: datetime.timedelta | None = None, every_n_epochs: int | None = None,
