@@ -202,6 +202,15 @@ def restore(trainer, ckpt: dict[str, Any]) -> dict[str, Any]:
         raise TrainerError("the checkpoint holds weights only (save_weights_only=True); load it with "
                            "Model.load_from_checkpoint(path) or model.load_state_dict(torch.load(path)['state_dict']) "
                            "instead of fit(ckpt_path=...)")
+    # callbacks before the optimizers, as Lightning: a fine-tuning callback gives the optimizers back the
+    # parameter groups it had added, which their saved states expect
+    saved_callbacks = ckpt.get("callbacks", {})
+    for cb in trainer.callbacks:
+        state = saved_callbacks.get(cb.state_key)
+        if state is None:
+            state = saved_callbacks.get(getattr(cb, "_legacy_state_key", type(cb)))
+        if state:
+            cb.load_state_dict(state)
     states = ckpt["optimizer_states"]
     if len(states) != len(trainer.optimizers):
         raise TrainerError(f"the checkpoint has {len(states)} optimizer state(s) but configure_optimizers returned "
@@ -215,13 +224,6 @@ def restore(trainer, ckpt: dict[str, Any]) -> dict[str, Any]:
     datamodule = trainer.datamodule
     if datamodule is not None and type(datamodule).__qualname__ in ckpt:
         datamodule.load_state_dict(ckpt[type(datamodule).__qualname__])
-    saved_callbacks = ckpt.get("callbacks", {})
-    for cb in trainer.callbacks:
-        state = saved_callbacks.get(cb.state_key)
-        if state is None:
-            state = saved_callbacks.get(getattr(cb, "_legacy_state_key", type(cb)))
-        if state:
-            cb.load_state_dict(state)
     pos = _position(trainer, ckpt)
     trainer._store.import_acc("train", pos["acc"])
     trainer.global_step = ckpt["global_step"]

@@ -1,6 +1,7 @@
 """Callbacks with Lightning's names and module paths (``lightning.pytorch.callbacks``).
 
-``Callback``, ``ModelCheckpoint``, ``EarlyStopping``, ``LearningRateMonitor`` and the
+``Callback``, ``ModelCheckpoint``, ``EarlyStopping``, ``LearningRateMonitor``, the fine-tuning
+``BaseFinetuning`` / ``BackboneFinetuning`` and the
 progress-bar name ``TQDMProgressBar``. A callback overrides only the hooks it
 needs; the Trainer never calls the others. Callbacks run on every rank; files
 are written by global rank 0 only.
@@ -8,9 +9,10 @@ are written by global rank 0 only.
 
 from gpulayer.trainer.callbacks.callback import Callback, Checkpoint
 from gpulayer.trainer.callbacks.early_stopping import EarlyStopping
+from gpulayer.trainer.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from gpulayer.trainer.callbacks.lr_monitor import LearningRateMonitor
 from gpulayer.trainer.callbacks.model_checkpoint import ModelCheckpoint
 from gpulayer.trainer.callbacks.progress import ProgressBar, RichProgressBar, TQDMProgressBar
 
-__all__ = ["Callback", "Checkpoint", "EarlyStopping", "LearningRateMonitor", "ModelCheckpoint", "ProgressBar",
+__all__ = ["BackboneFinetuning", "BaseFinetuning", "Callback", "Checkpoint", "EarlyStopping", "LearningRateMonitor", "ModelCheckpoint", "ProgressBar",
            "RichProgressBar", "TQDMProgressBar"]
