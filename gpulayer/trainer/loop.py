@@ -68,6 +68,7 @@ class FitLoop:
         self.resume = resume
         self.num_train_batches = data.num_batches(train_loader, cfg.limit_train_batches)
         self.batches_done = 0
+        self.batch_idx = -1  # the batch being trained on (``trainer.is_last_batch``); kept after the epoch ends
         self._batches_before = 0  # train batches of the epochs before this one
         self.epoch_done = False
         self.epoch_start_rng: dict | None = None
@@ -177,6 +178,7 @@ class FitLoop:
             batch_idx += 1
             if batch_idx >= total:
                 break
+            self.batch_idx = batch_idx
             if transfer:
                 batch = transfer_batch(hooks, batch, device, 0)
             store.batch = batch

@@ -199,8 +199,10 @@ class TrainerProperties:
 
     @property
     def is_last_batch(self) -> bool:
+        """The batch being trained on is the epoch's last (from its ``on_train_batch_start`` until the next epoch's
+        first batch); a loader without a length has no known last batch until it ends."""
         loop = self._loop
-        return loop is not None and loop.batches_done >= loop.num_train_batches
+        return loop is not None and (loop.batch_idx + 1 >= loop.num_train_batches or loop.epoch_done)
 
     @property
     def estimated_stepping_batches(self) -> int | float:
