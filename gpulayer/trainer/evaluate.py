@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from gpulayer.trainer import data, metrics
+from gpulayer.trainer.predict_state import PredictState
 from gpulayer.trainer.prefetch import device_batches
 from gpulayer.trainer.states import RunningStage
 from gpulayer.trainer.stepping import transfer_batch
@@ -66,13 +67,15 @@ class EvalLoop:
         multi = len(self.loaders) > 1
         step = getattr(module, self.step_name)
         with_idx = _takes_batch_idx(step)
-        predictions: list[list] = []
+        predicting = self.stage == "predict"
+        loaders = self.loaders
+        if predicting:  # what prediction writers read (trainer.predict_loop)
+            t.predict_loop = PredictState(t.callbacks, loaders, self.return_predictions)
+            loaders = t.predict_loop.loaders
         grad_off = torch.inference_mode if t._config.inference_mode else torch.no_grad
         with grad_off():
-            for dl_idx, loader in enumerate(self.loaders):
+            for dl_idx, loader in enumerate(loaders):
                 n = self._num_batches(loader)
-                preds: list = []
-                predictions.append(preds)
                 if n == 0:
                     continue
                 store.dl_idx = dl_idx if multi else None
@@ -86,20 +89,22 @@ class EvalLoop:
                     if hooks.transfer:
                         batch = transfer_batch(hooks, batch, device, dl_idx)
                     store.batch = batch
+                    if predicting:
+                        t.predict_loop.batch_done(dl_idx, i)
                     hooks.call(f"on_{p}_batch_start", batch, i, *extra)
                     with t._precision.forward_context():
                         out = step(batch, i, *extra) if with_idx else step(batch, *extra)
-                    if self.stage == "predict" and self.return_predictions:
-                        preds.append(out)
                     hooks.call(f"on_{p}_batch_end", out, batch, i, *extra)
+                    if predicting:
+                        t.predict_loop.keep_output(dl_idx, out)
                     if not self.sanity and self.acc_name is not None:
                         t._log_eval_step_metrics(self.acc_name)
                 store.dl_idx = None
         if self.stage == "predict":
             hooks.call("on_predict_epoch_end")
+            results = t.predict_loop.result()
             hooks.call("on_predict_end")
             self._restore_mode(modes)
-            results = (predictions[0] if len(predictions) == 1 else predictions) if self.return_predictions else None
         else:
             hooks.call(f"on_{p}_epoch_end")
             if self.sanity:

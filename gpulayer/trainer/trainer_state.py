@@ -40,6 +40,7 @@ class TrainerProperties:
     """Mixed into ``Trainer``; reads ``self._config`` and the run's attributes."""
 
     state: TrainerState
+    predict_loop: Any = None  # the last predict run's outputs and batch indices (predict_state.py)
     _fit_started = False  # a fit began on this Trainer (max_epochs is resolved from then on)
 
     # -- settings -------------------------------------------------------------------------------

@@ -93,7 +93,6 @@ def test_predict_gives_the_same_values_as_calling_the_model():
     assert both(run) == (True, False)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26: callbacks.BasePredictionWriter is missing")
 def test_a_prediction_writer_gets_every_batch_and_the_epoch():
     def run(L):
         class Writer(L.BasePredictionWriter):

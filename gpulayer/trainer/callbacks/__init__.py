@@ -1,7 +1,7 @@
 """Callbacks with Lightning's names and module paths (``lightning.pytorch.callbacks``).
 
 ``Callback``, ``ModelCheckpoint``, ``EarlyStopping``, ``LearningRateMonitor``, the fine-tuning
-``BaseFinetuning`` / ``BackboneFinetuning`` and the
+``BaseFinetuning`` / ``BackboneFinetuning``, ``BasePredictionWriter`` and the
 progress-bar name ``TQDMProgressBar``. A callback overrides only the hooks it
 needs; the Trainer never calls the others. Callbacks run on every rank; files
 are written by global rank 0 only.
@@ -12,7 +12,8 @@ from gpulayer.trainer.callbacks.early_stopping import EarlyStopping
 from gpulayer.trainer.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from gpulayer.trainer.callbacks.lr_monitor import LearningRateMonitor
 from gpulayer.trainer.callbacks.model_checkpoint import ModelCheckpoint
+from gpulayer.trainer.callbacks.prediction_writer import BasePredictionWriter
 from gpulayer.trainer.callbacks.progress import ProgressBar, RichProgressBar, TQDMProgressBar
 
-__all__ = ["BackboneFinetuning", "BaseFinetuning", "Callback", "Checkpoint", "EarlyStopping", "LearningRateMonitor", "ModelCheckpoint", "ProgressBar",
+__all__ = ["BackboneFinetuning", "BaseFinetuning", "BasePredictionWriter", "Callback", "Checkpoint", "EarlyStopping", "LearningRateMonitor", "ModelCheckpoint", "ProgressBar",
            "RichProgressBar", "TQDMProgressBar"]
