@@ -357,7 +357,7 @@ def build_config(**kwargs: Any) -> TrainerConfig:
     if fast_dev_run:  # Lightning: n batches of train and val, no logger, no checkpoints
         n = int(fast_dev_run)
         cfg.fast_dev_run = n
-        cfg.max_epochs, cfg.max_steps = 1, n
+        cfg.max_epochs, cfg.max_steps, cfg.max_epochs_given = 1, n, True
         cfg.limit_train_batches = cfg.limit_val_batches = cfg.limit_test_batches = cfg.limit_predict_batches = n
         cfg.num_sanity_val_steps, cfg.logger = 0, None
         cfg.val_check_interval, cfg.check_val_every_n_epoch = 1.0, 1

@@ -114,3 +114,55 @@ def test_a_prediction_writer_gets_every_batch_and_the_epoch():
     batches, epoch = both(run)
     assert batches == [(0, (4, 2), [0, 1, 2, 3]), (1, (2, 2), [4, 5])]
     assert epoch == ([(4, 2), (2, 2)], [[[0, 1, 2, 3], [4, 5]]])  # as Lightning 2.6.6 passes them for one loader
+
+
+def test_an_epoch_writer_gets_every_prediction_even_when_predict_returns_none():
+    def run(L):
+        class Writer(L.BasePredictionWriter):
+            def __init__(self):
+                super().__init__(write_interval="epoch")
+                self.written = None
+
+            def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices):
+                self.written = (shapes(predictions), batch_indices)
+
+        writer = Writer()
+        out = L.Trainer(callbacks=[writer], **QUIET).predict(
+            predictor(L), [loader(rows=4, batch_size=2), loader(rows=3, batch_size=3, seed=1)], return_predictions=False)
+        return out, writer.written
+
+    out, written = both(run)
+    assert out is None
+    assert written == ([[(2, 2), (2, 2)], [(3, 2)]], [[[0, 1], [2, 3]], [[0, 1, 2]]])
+
+
+def test_a_batch_writer_is_not_called_at_the_epoch_end_and_gets_the_loader_index():
+    def run(L):
+        class Writer(L.BasePredictionWriter):
+            def __init__(self):
+                super().__init__()  # "batch" by default
+                self.calls = []
+
+            def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx,
+                                   dataloader_idx):
+                self.calls.append((dataloader_idx, batch_idx, list(batch_indices)))
+
+        writer = Writer()
+        out = L.Trainer(callbacks=[writer], **QUIET).predict(
+            predictor(L), [loader(rows=4, batch_size=4), loader(rows=2, batch_size=1, seed=1)])
+        return shapes(out), writer.calls
+
+    out, calls = both(run)
+    assert out == [[(4, 2)], [(1, 2), (1, 2)]]
+    assert calls == [(0, 0, [0, 1, 2, 3]), (1, 0, [0]), (1, 1, [1])]
+
+
+def test_a_writer_refuses_an_unknown_write_interval():
+    def run(L):
+        try:
+            L.BasePredictionWriter(write_interval="sometimes")
+        except Exception as err:
+            return type(err).__name__, str(err)
+
+    assert both(run) == ("MisconfigurationException",
+                         "`write_interval` should be one of ['batch', 'epoch', 'batch_and_epoch'].")
