@@ -58,7 +58,8 @@ def has_len_all_ranks(dataloader: object, strategy: Any,
         return False
     name = type(dataloader).__name__
     total = local
-    if strategy is not None and getattr(strategy, "world_size", 1) > 1:
+    launched = torch.distributed.is_available() and torch.distributed.is_initialized()
+    if launched and strategy is not None and getattr(strategy, "world_size", 1) > 1:  # else: this rank's alone
         device = getattr(strategy, "root_device", None)
         total = int(strategy.reduce(torch.tensor(local, device=device), op="sum").item())
     if total == 0:
