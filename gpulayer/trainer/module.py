@@ -14,6 +14,7 @@ import numbers
 import os
 import sys
 import warnings
+import weakref
 from typing import Any, Iterator, Mapping
 
 import torch
@@ -57,6 +58,8 @@ class Module(HyperparametersMixin, nn.Module):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._trainer = None
+        self._fabric = None
+        self._jit_is_scripting = False
         self._metric_store = None
         self._device = None
         self._hparams: AttributeDict = AttributeDict()
@@ -67,11 +70,33 @@ class Module(HyperparametersMixin, nn.Module):
     # -- what the Trainer exposes to the module -------------------------------------
     @property
     def trainer(self):
+        """The Trainer running this module; a module that none runs raises (Lightning's ``RuntimeError``)."""
+        if self._trainer is None and not self._jit_is_scripting:
+            raise RuntimeError(f"{type(self).__qualname__} is not attached to a `Trainer`.")
         return self._trainer
 
     @trainer.setter
     def trainer(self, trainer) -> None:
+        # nested modules (an ensemble's members) see the same Trainer
+        for child in self.children():
+            if isinstance(child, Module):
+                child.trainer = trainer
         self._trainer = trainer
+
+    @property
+    def fabric(self):
+        """The ``Fabric`` this module was set up with (``fabric.setup(module)``), else None."""
+        return self._fabric
+
+    @fabric.setter
+    def fabric(self, fabric) -> None:
+        for child in self.children():
+            if isinstance(child, Module):
+                child.fabric = fabric
+        # a weak reference: the module must not keep its Fabric alive
+        if fabric is not None and not isinstance(fabric, weakref.ProxyTypes):
+            fabric = weakref.proxy(fabric)
+        self._fabric = fabric
 
     @property
     def device(self) -> torch.device:
@@ -125,6 +150,7 @@ class Module(HyperparametersMixin, nn.Module):
         state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
         state = dict(state)
         state["_trainer"] = None
+        state["_fabric"] = None
         state["_metric_store"] = None
         return state
 
@@ -307,20 +333,32 @@ class Module(HyperparametersMixin, nn.Module):
         loss.backward(*args, **kwargs)
 
     def toggle_optimizer(self, optimizer: Any) -> None:
-        """Only ``optimizer``'s parameters require grad until ``untoggle_optimizer`` (Lightning's semantics)."""
-        mine = {id(p) for g in optimizer.param_groups for p in g["params"]}
-        saved = {}
-        for opt in self._trainer.optimizers:
+        """Only ``optimizer``'s parameters require grad until ``untoggle_optimizer`` (Lightning's semantics).
+
+        ``_param_requires_grad_state`` keeps, for every parameter of every optimizer, the flag it had.
+        """
+        saved: dict = {}
+        for opt in self.trainer.optimizers:
             for g in opt.param_groups:
                 for p in g["params"]:
-                    if id(p) not in mine and id(p) not in saved:
-                        saved[id(p)] = (p, p.requires_grad)
+                    if p not in saved:
+                        saved[p] = p.requires_grad
                         p.requires_grad = False
+        for g in optimizer.param_groups:  # the toggled optimizer's own parameters keep their flag
+            for p in g["params"]:
+                p.requires_grad = saved.get(p, p.requires_grad)
         self._param_requires_grad_state = saved
 
     def untoggle_optimizer(self, optimizer: Any) -> None:
-        for p, requires_grad in getattr(self, "_param_requires_grad_state", {}).values():
-            p.requires_grad = requires_grad
+        """Give the other optimizers' parameters back the ``requires_grad`` they had before ``toggle_optimizer``."""
+        inner = getattr(optimizer, "_optimizer", optimizer)
+        for opt in self.trainer.optimizers:
+            if opt is optimizer or opt is inner:
+                continue
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    if p in self._param_requires_grad_state:
+                        p.requires_grad = self._param_requires_grad_state[p]
         self._param_requires_grad_state = {}
 
     @contextlib.contextmanager
@@ -334,11 +372,8 @@ class Module(HyperparametersMixin, nn.Module):
     def clip_gradients(self, optimizer: Any, gradient_clip_val: float | None = None,
                        gradient_clip_algorithm: str | None = None) -> None:
         """Clip ``optimizer``'s gradients (unscaled by then); the Trainer's values unless given here, never both."""
-        cfg = self._trainer._config
-        trainer_val = cfg.gradient_clip_val
-        # the config keeps "norm" as its default; a Trainer without clipping has no algorithm of its own
-        trainer_algo = cfg.gradient_clip_algorithm if trainer_val is not None or cfg.gradient_clip_algorithm != "norm" \
-            else None
+        cfg = self.trainer._config
+        trainer_val, trainer_algo = cfg.gradient_clip_val, cfg.gradient_clip_algorithm
         if gradient_clip_val is None:
             gradient_clip_val = trainer_val or 0.0
         elif trainer_val is not None and trainer_val != gradient_clip_val:
@@ -351,8 +386,9 @@ class Module(HyperparametersMixin, nn.Module):
             gradient_clip_algorithm = gradient_clip_algorithm.lower()
             if trainer_algo is not None and trainer_algo != gradient_clip_algorithm:
                 raise MisconfigurationException(
-                    f"You have set `Trainer(gradient_clip_algorithm={trainer_algo!r})` and have passed "
-                    f"`clip_gradients(gradient_clip_algorithm={gradient_clip_algorithm!r}) Please use only one of them.")
+                    f"You have set `Trainer(gradient_clip_algorithm='{str(trainer_algo)}')` and have passed "
+                    f"`clip_gradients(gradient_clip_algorithm='{str(gradient_clip_algorithm)}') Please use only one "
+                    "of them.")
         if not isinstance(gradient_clip_val, (int, float)):
             raise TypeError(f"`gradient_clip_val` should be an int or a float. Got {gradient_clip_val}.")
         if gradient_clip_algorithm not in ("norm", "value"):
@@ -490,5 +526,10 @@ class Module(HyperparametersMixin, nn.Module):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None: ...
     def on_exception(self, exception: BaseException) -> None: ...
 
+
+# TorchScript compiles a module's properties unless listed here; these read the Trainer, which it cannot type
+Module.__jit_unused_properties__ = sorted(
+    {name for klass in Module.__mro__ for name, v in vars(klass).items() if isinstance(v, property)}
+    | set(getattr(nn.Module, "__jit_unused_properties__", [])))
 
 LightningModule = Module  # so `from gpulayer.trainer import LightningModule` ports code with one import change

@@ -63,11 +63,8 @@ def optimizer_step(trainer: Any, optimizer: Any, closure: Any, **kwargs: Any) ->
         for f in trainer._hooks.on_before_optimizer_step:
             f(optimizer)
         if module.automatic_optimization:
-            # the config keeps "norm" as its default; a Trainer without clipping has no algorithm of its own
-            algo = cfg.gradient_clip_algorithm if cfg.gradient_clip_val is not None or \
-                cfg.gradient_clip_algorithm != "norm" else None
             module.configure_gradient_clipping(optimizer, gradient_clip_val=cfg.gradient_clip_val,
-                                               gradient_clip_algorithm=algo)
+                                               gradient_clip_algorithm=cfg.gradient_clip_algorithm)
 
     out = trainer._precision.optimizer_step(optimizer, closure, after_closure, **kwargs)
     if not module.automatic_optimization:
