@@ -72,7 +72,7 @@ def optimizer_step(trainer: Any, optimizer: Any, closure: Any, **kwargs: Any) ->
     return out
 
 
-def backward(trainer: Any, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+def backward(trainer: Any, loss: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     """``on_before_backward`` -> ``module.backward`` on the loss the precision scaled -> ``on_after_backward``."""
     hooks = trainer._hooks
     loss = trainer._precision.scale_loss(loss)
@@ -81,6 +81,7 @@ def backward(trainer: Any, loss: torch.Tensor, *args: Any, **kwargs: Any) -> Non
     trainer.lightning_module.backward(loss, *args, **kwargs)
     for f in hooks.on_after_backward:
         f()
+    return loss
 
 
 class _Closure:
@@ -115,7 +116,7 @@ class _Closure:
             loop.module.optimizer_zero_grad(t.current_epoch, self.batch_idx, opt)
         if loss is None:
             return None
-        t._backward(loss)
+        t._backward(loss, optimizer=loop.optimizer)
         return loss.detach()
 
 

@@ -102,7 +102,7 @@ class Trainer(TrainerProperties):
         self.val_check_batch: float = math.inf  # validate every this many train batches (set when a fit loads data)
         self.ckpt_path: str | None = None
         self.lr_scheduler_configs: list[optimizers.SchedulerConfig] = []
-        self.strategy: SingleDeviceStrategy | None = None
+        self.strategy: SingleDeviceStrategy = self._make_strategy()  # a launched rank makes its own
         self.lightning_module: Module | None = None
         self.has_val_loader = False
         self.num_training_batches: float = 0
@@ -295,8 +295,8 @@ class Trainer(TrainerProperties):
         """``LightningOptimizer.step`` ends here: ``stepping.optimizer_step``."""
         return stepping.optimizer_step(self, optimizer, closure, **kwargs)
 
-    def _backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:  # manual_backward and the closure
-        stepping.backward(self, loss, *args, **kwargs)
+    def _backward(self, loss: torch.Tensor, *args: Any, optimizer: Any = None, **kwargs: Any) -> None:
+        self.strategy.backward(loss, optimizer, *args, **kwargs)  # manual_backward and the closure
 
     def _val_due_this_epoch(self) -> bool:
         return self._loop is not None and self._loop._val_due() and sum(self.num_val_batches) > 0
@@ -308,15 +308,10 @@ class Trainer(TrainerProperties):
     def _in_process(self, module: Module, body: Any, *args: Any) -> Any:
         """Set up this process's strategy, precision and metric store around ``body(*args)`` (any stage)."""
         cfg = self._config
-        device = torch.device("cuda", cfg.device_ids[0] if cfg.device_ids else 0) if cfg.accelerator == "cuda" \
-            else torch.device("cpu")
-        if cfg.multi_process:
-            if cfg.accelerator == "cuda" and cfg.device_ids:
-                device = torch.device("cuda", cfg.device_ids[int(os.environ.get("LOCAL_RANK", "0"))])
-            self.strategy = DDPStrategy(device if cfg.accelerator == "cuda" else None, cfg.grad_sync,
-                                        find_unused_parameters=cfg.strategy == "ddp_find_unused_parameters_true")
-        else:
-            self.strategy = SingleDeviceStrategy(device)
+        if cfg.multi_process:  # this rank's device
+            self.strategy = self._make_strategy()
+        device = self.strategy.root_device
+        self.strategy._trainer = self
         self.strategy.setup_environment()
         self._setup_backends()
         self._store = MetricStore(self.strategy.reduce if self.strategy.world_size > 1 else None)
@@ -336,6 +331,17 @@ class Trainer(TrainerProperties):
             module._metric_store = None
             self._store.teardown()  # the metrics stay readable on the CPU, as Lightning leaves them
             self.strategy.teardown()
+
+    def _make_strategy(self) -> SingleDeviceStrategy:
+        cfg = self._config
+        device = torch.device("cuda", cfg.device_ids[0] if cfg.device_ids else 0) if cfg.accelerator == "cuda" \
+            else torch.device("cpu")
+        if not cfg.multi_process:
+            return SingleDeviceStrategy(device)
+        if cfg.accelerator == "cuda" and cfg.device_ids:
+            device = torch.device("cuda", cfg.device_ids[int(os.environ.get("LOCAL_RANK", "0"))])
+        return DDPStrategy(device if cfg.accelerator == "cuda" else None, cfg.grad_sync,
+                           find_unused_parameters=cfg.strategy == "ddp_find_unused_parameters_true")
 
     def _setup_backends(self) -> None:
         cfg = self._config
