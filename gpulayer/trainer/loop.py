@@ -75,7 +75,9 @@ class FitLoop:
         self.optimizer = trainer.optimizers[0] if trainer.optimizers else None
         # under manual optimization the user steps the schedulers (Lightning never does)
         scheds = trainer.lr_scheduler_configs if module.automatic_optimization else []
-        self.step_schedulers = [c for c in scheds if c.interval == "step"]
+        self.step_schedulers = [c for c in scheds if c.interval == "step" and not c.reduce_on_plateau]
+        # a plateau scheduler reads a metric validation may log: stepped after the batch's validation (Lightning)
+        self.step_plateaus = [c for c in scheds if c.interval == "step" and c.reduce_on_plateau]
         self.epoch_schedulers = [c for c in scheds if c.interval == "epoch"]
         self.log_needed = trainer.logger is not None or cfg.enable_progress_bar
         # decided once per fit: the general path calls every step hook in Lightning's order (stepping.py)
@@ -164,6 +166,7 @@ class FitLoop:
         manual = not self.module.automatic_optimization
         general, transfer, device = self.general, hooks.transfer, self.strategy.root_device
         step_scheds, epoch_scheds = bool(self.step_schedulers), bool(self.epoch_schedulers)
+        step_plateaus = bool(self.step_plateaus)
         batches, skip = self._batches()  # may reload the loaders: read the counts after it
         accum, total = cfg.accumulate_grad_batches, self.num_train_batches
         val_every, val_offset = self._val_interval(), self._val_offset()
@@ -187,7 +190,7 @@ class FitLoop:
             stepping = manual or (batch_idx + 1) % accum == 0 or batch_idx + 1 == total
             if skip_rest:  # Lightning: on_train_batch_start returned -1, the rest of the epoch is skipped
                 self.batches_done = batch_idx + 1
-                self._step_schedulers(last=True)
+                self._step_schedulers(batch_idx, last=True)
                 break
             if manual:
                 with prec.forward_context():
@@ -213,7 +216,7 @@ class FitLoop:
                     t.global_step += 1  # manual optimization: each optimizer.step() counts (LightningOptimizer)
                 t._batches_stepped += 1
             if stepping and step_scheds or epoch_scheds and batch_idx + 1 == total:
-                self._step_schedulers(last=batch_idx + 1 == total, stepped=stepping)
+                self._step_schedulers(batch_idx, last=batch_idx + 1 == total, stepped=stepping)
             if stepping and self.log_needed and t._batches_stepped % log_every == 0:
                 t._log_step_metrics()
             self.batches_done = batch_idx + 1
@@ -227,6 +230,8 @@ class FitLoop:
             if val_every and (val_offset + batch_idx + 1) % val_every == 0 and batch_idx + 1 != total:
                 self.run_validation()
                 store.context = store.TRAIN_STEP
+            if stepping and step_plateaus and batch_idx + 1 != total:  # the last batch's: after its validation
+                self._step_schedulers(batch_idx, last=False, stepped=True, plateau=True)
             if stepping and (max_steps != -1 and t.global_step >= max_steps
                              or t.should_stop and self._can_stop_early(t.current_epoch)
                              or self.deadline is not None and time.monotonic() >= self.deadline):
@@ -235,13 +240,19 @@ class FitLoop:
         self.epoch_done = not stopped_early
         self._end_epoch()
 
-    def _step_schedulers(self, last: bool, stepped: bool = False) -> None:
-        """Lightning's order: step-interval schedulers after a step; epoch-interval ones on the epoch's last batch."""
+    def _step_schedulers(self, batch_idx: int, last: bool, stepped: bool = False, plateau: bool = False) -> None:
+        """Lightning's order: step-interval schedulers after a step; epoch-interval ones on the epoch's last batch.
+
+        A step-interval scheduler's ``frequency`` counts the epoch's batches, as in Lightning: it steps after
+        batch ``i`` when ``(i + 1) % frequency == 0``. ``plateau``: the step-interval ReduceLROnPlateau ones.
+        """
         t = self.trainer
         if stepped:
-            for s in self.step_schedulers:
-                if t.global_step % s.frequency == 0:
+            for s in self.step_plateaus if plateau else self.step_schedulers:
+                if (batch_idx + 1) % s.frequency == 0:
                     t._step_scheduler(s)
+        if plateau:
+            return
         if last and not self.epoch_scheds_stepped:
             self.epoch_scheds_stepped = True
             for s in self.epoch_schedulers:
@@ -308,7 +319,9 @@ class FitLoop:
             self.run_validation()
         store.context = store.TRAIN_EPOCH
         if self.epoch_done:  # a loader without a length: its last batch was known only now
-            self._step_schedulers(last=True)
+            self._step_schedulers(self.batches_done - 1, last=True)
+        if self.epoch_done and self.step_plateaus and self.batches_done == self.num_train_batches:
+            self._step_schedulers(self.batches_done - 1, last=False, stepped=True, plateau=True)
         metrics = store.reduce_epoch("train")  # callbacks read epoch means in on_train_epoch_end, as in Lightning
         self.hooks.call("on_train_epoch_end")
         metrics.update(store.reduce_epoch("train"))  # what the hooks themselves logged
