@@ -60,6 +60,7 @@ class Module(HyperparametersMixin, nn.Module):
         self._trainer = None
         self._fabric = None
         self._jit_is_scripting = False
+        self._current_fx_name: str | None = None  # the hook self.log counts as when the call stack names none
         self._metric_store = None
         self._device = None
         self._hparams: AttributeDict = AttributeDict()
@@ -82,6 +83,9 @@ class Module(HyperparametersMixin, nn.Module):
             if isinstance(child, Module):
                 child.trainer = trainer
         self._trainer = trainer
+        # self.log reaches the Trainer's metrics from here on, also outside its loops (Lightning's)
+        store = getattr(trainer, "__dict__", {}).get("_store")
+        self._metric_store = store if isinstance(store, metrics.MetricStore) else None
 
     @property
     def fabric(self):
@@ -209,7 +213,7 @@ class Module(HyperparametersMixin, nn.Module):
             raise MisconfigurationException(
                 "You are trying to `self.log()` but the loop's result collection is not registered yet. This is most "
                 "likely because you are trying to log in a `predict` hook, but it doesn't support logging")
-        fx = metrics.current_hook(frame)
+        fx = metrics.current_hook(frame) or self._current_fx_name
         if add_dataloader_idx and "/dataloader_idx_" in name:
             raise MisconfigurationException(
                 f"You called `self.log` with the key `{name}` but it should not contain information about "

@@ -136,8 +136,11 @@ class Trainer(TrainerProperties):
             raise TrainerTypeError(
                 f"`model` must be a `LightningModule` or `torch._dynamo.OptimizedModule`, got `{type(model).__qualname__}`"
                 " (subclass gpulayer.trainer.LightningModule)")
+        if isinstance(train_dataloaders, LightningDataModule):  # trainer.fit(model, dm), as Lightning accepts
+            datamodule, train_dataloaders = train_dataloaders, None
         if datamodule is not None and (train_dataloaders is not None or val_dataloaders is not None):
-            raise TrainerConfigError("fit() got both a datamodule and data loaders; pass one or the other")
+            raise TrainerConfigError(
+                "You cannot pass `train_dataloader` or `val_dataloaders` to `trainer.fit(datamodule=...)`")
         cfg = self._config
         if cfg.multi_process and not _in_matching_job(cfg):
             from gpulayer.trainer import cluster, launcher
@@ -193,6 +196,8 @@ class Trainer(TrainerProperties):
         if not isinstance(model, Module):
             raise TrainerTypeError(f"`model` must be a `LightningModule` or `torch._dynamo.OptimizedModule`, got "
                                    f"`{type(model).__qualname__}` (subclass gpulayer.trainer.LightningModule)")
+        if isinstance(dataloaders, LightningDataModule):  # trainer.test(model, dm)
+            datamodule, dataloaders = dataloaders, None
         if dataloaders is not None and datamodule is not None:
             raise TrainerConfigError(
                 f"You cannot pass both `trainer.{stage}(dataloaders=..., datamodule=...)`, choose one to pass.")
