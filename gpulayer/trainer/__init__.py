@@ -11,6 +11,7 @@ Lightning's paths under this package.
 """
 
 from gpulayer.trainer.callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint
+from gpulayer.trainer.checkpoint import LIGHTNING_FORMAT_VERSION
 from gpulayer.trainer.config import TrainerConfig
 from gpulayer.trainer.datamodule import LightningDataModule
 from gpulayer.trainer.errors import MisconfigurationException, RankFailed, TrainerConfigError, TrainerError
@@ -18,6 +19,10 @@ from gpulayer.trainer.loggers import CSVLogger, Logger, TensorBoardLogger
 from gpulayer.trainer.module import LightningModule, Module
 from gpulayer.trainer.seed import seed_everything
 from gpulayer.trainer.trainer import Trainer, fit_rank
+
+# The Lightning release whose API and checkpoint format this package follows (what Lightning's own
+# ``__version__`` says and its checkpoints record as "pytorch-lightning_version"); gpulayer's is gpulayer.__version__.
+__version__ = LIGHTNING_FORMAT_VERSION
 
 __all__ = [
     "Callback", "CSVLogger", "EarlyStopping", "LearningRateMonitor", "LightningDataModule", "LightningModule", "Logger",

@@ -59,6 +59,8 @@ class EvalLoop:
         t.state.stage = RunningStage.SANITY_CHECKING if self.sanity else RunningStage(self.stage)
         if self.sanity:
             hooks.call("on_sanity_check_start")
+            if callable(self.loaders):  # a fit's val loaders, requested inside its sanity check (Lightning's order)
+                self.loaders = self.loaders()
         self._check_dataloader_idx()
         getattr(module, f"on_{p}_model_eval")()
         hooks.call(f"on_{p}_start")

@@ -66,7 +66,10 @@ class FitLoop:
         self.strategy, self.precision, self.hooks, self.store = trainer.strategy, trainer._precision, trainer._hooks, trainer._store
         self.train_loader, self.val_loaders = train_loader, val_loaders
         self.resume = resume
-        self.num_train_batches = data.num_batches(train_loader, cfg.limit_train_batches)
+        # None: the fit's first loaders are requested in run(), in Lightning's order (around the sanity check)
+        self.num_train_batches = data.num_batches(train_loader, cfg.limit_train_batches) if train_loader is not None \
+            else 0
+        self.sanity_check = False
         self.batches_done = 0
         self._batches_before = 0  # train batches of the epochs before this one
         self.epoch_done = False
@@ -90,7 +93,15 @@ class FitLoop:
     # -- fit --------------------------------------------------------------------------------
     def run(self) -> None:
         t, cfg = self.trainer, self.cfg
-        if self.val_loaders and cfg.num_sanity_val_steps != 0 and self.resume is None:
+        fit_data = t._fit_data
+        if self.train_loader is None and fit_data is not None:
+            if self.sanity_check and fit_data.validation_possible():
+                self.run_validation(sanity=True, loaders=fit_data.load_sanity_val)
+            self.train_loader = fit_data.load_train()
+            self.num_train_batches = t.num_training_batches
+            if fit_data.first_val_due():
+                self.val_loaders = fit_data.reload_val()
+        elif self.val_loaders and cfg.num_sanity_val_steps != 0 and self.resume is None:
             self.run_validation(sanity=True)
         self.hooks.call("on_train_start")
         if self.resume is not None and self.resume["epoch_done"]:
@@ -141,7 +152,8 @@ class FitLoop:
             self.num_train_batches = t.num_training_batches
         if fit_data is not None and self._val_epoch() and (not fit_data.val_loaded or fit_data.val_reload_due()):
             self.val_loaders = fit_data.reload_val()
-        self.hooks.call("on_train_epoch_start")
+        if self.resume is None or not self.resume["batches_done"]:  # resumed mid-epoch: it had started (Lightning)
+            self.hooks.call("on_train_epoch_start")
         data.set_epoch(self.train_loader, t.current_epoch)
         skip, resume, self.resume = 0, self.resume, None
         if resume is not None and resume["epoch_rng"] is not None:
@@ -344,7 +356,8 @@ class FitLoop:
     def is_last_batch(self, batch_idx: int) -> bool:
         return batch_idx + 1 >= self.num_train_batches
 
-    def run_validation(self, sanity: bool = False) -> None:
+    def run_validation(self, sanity: bool = False, loaders: Any = None) -> None:
+        """``loaders``: for the sanity check, the function that requests the val loaders inside it."""
         if not sanity:
             self.trainer._val_has_run = True
             if self.batches_done % self.cfg.accumulate_grad_batches == 0 or self.batches_done >= self.num_train_batches:
@@ -352,6 +365,8 @@ class FitLoop:
             EvalLoop(self.trainer, self.module, "validate", self.val_loaders).run()
         else:  # as Lightning: the sanity check leaves the random state as it found it (same shuffles, same dropout)
             rng = capture_rng()
-            EvalLoop(self.trainer, self.module, "validate", self.val_loaders, sanity=True).run()
+            loop = EvalLoop(self.trainer, self.module, "validate", loaders or self.val_loaders, sanity=True)
+            loop.run()
+            self.val_loaders = loop.loaders
             restore_rng(rng)
         self.store.context = self.store.TRAIN_STEP
