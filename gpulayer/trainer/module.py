@@ -59,6 +59,7 @@ class Module(HyperparametersMixin, nn.Module):
         super().__init__(*args, **kwargs)
         self._trainer = None
         self._fabric = None
+        self._fabric_optimizers: list = []
         self._jit_is_scripting = False
         self._current_fx_name: str | None = None  # the hook self.log counts as when the call stack names none
         self._metric_store = None
@@ -72,6 +73,9 @@ class Module(HyperparametersMixin, nn.Module):
     @property
     def trainer(self):
         """The Trainer running this module; a module that none runs raises (Lightning's ``RuntimeError``)."""
+        if self._fabric is not None:
+            from gpulayer.trainer.fabric import TrainerFabricShim
+            return TrainerFabricShim(self._fabric)
         if self._trainer is None and not self._jit_is_scripting:
             raise RuntimeError(f"{type(self).__qualname__} is not attached to a `Trainer`.")
         return self._trainer
@@ -181,8 +185,22 @@ class Module(HyperparametersMixin, nn.Module):
         Defaults of ``on_step`` / ``on_epoch`` and where logging is allowed follow the running hook
         (``metrics.FX_RULES``). Tensors stay on the device; numbers are made at log intervals.
         """
+        if self._fabric is not None:
+            return self._log_through_fabric({name: value}, logger)
         return self._log(sys._getframe(1), name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, enable_graph,
                          sync_dist, sync_dist_group, add_dataloader_idx, batch_size, metric_attribute, rank_zero_only)
+
+    def _log_through_fabric(self, values: Mapping[str, Any], logger: bool | None) -> None:
+        """Set up with Fabric: straight to its loggers (no reduction); ``logger=False`` logs nowhere."""
+        if logger is False:
+            return
+        for name, value in values.items():
+            if isinstance(value, Mapping):
+                raise ValueError(f"`self.log_dict({dict(values)})` was called, but nested dictionaries cannot be logged")
+            if not (isinstance(value, (numbers.Number, torch.Tensor)) or metrics.is_torchmetric(value)):
+                raise ValueError(f"`self.log({name}, {value})` was called, but `{type(value).__name__}` values cannot "
+                                 "be logged")
+        self._fabric.log_dict(metrics=dict(values))
 
     def _log(self, frame, name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, enable_graph, sync_dist,
              sync_dist_group, add_dataloader_idx, batch_size, metric_attribute, rank_zero_only) -> None:
@@ -267,6 +285,8 @@ class Module(HyperparametersMixin, nn.Module):
                  enable_graph: bool = False, sync_dist: bool = False, sync_dist_group: Any = None,
                  add_dataloader_idx: bool = True, batch_size: int | None = None, rank_zero_only: bool = False) -> None:
         """``self.log`` for every item of ``dictionary`` (or a ``torchmetrics.MetricCollection``) with the same options."""
+        if self._fabric is not None:
+            return self._log_through_fabric(dictionary, logger)
         frame = sys._getframe(1)
         items = dictionary.items(keep_base=False) if metrics.is_metric_collection(dictionary) else dictionary.items()
         for name, value in items:
@@ -313,6 +333,9 @@ class Module(HyperparametersMixin, nn.Module):
 
     def optimizers(self, use_pl_optimizer: bool = True) -> Any:
         """The optimizers of ``configure_optimizers`` (one, or a list), wrapped as ``LightningOptimizer``."""
+        if self._fabric is not None:
+            opts = self._fabric_optimizers
+            return opts[0] if len(opts) == 1 else opts
         if self._trainer is None:
             return []
         opts = self._trainer._lightning_optimizers if use_pl_optimizer else self._trainer.optimizers
@@ -376,6 +399,11 @@ class Module(HyperparametersMixin, nn.Module):
     def clip_gradients(self, optimizer: Any, gradient_clip_val: float | None = None,
                        gradient_clip_algorithm: str | None = None) -> None:
         """Clip ``optimizer``'s gradients (unscaled by then); the Trainer's values unless given here, never both."""
+        if self._fabric is not None:  # set up with Fabric: it clips, with its precision's unscaling
+            by_value = gradient_clip_algorithm is not None and gradient_clip_algorithm.lower() == "value"
+            self._fabric.clip_gradients(self, optimizer, clip_val=gradient_clip_val if by_value else None,
+                                        max_norm=None if by_value else gradient_clip_val)
+            return
         cfg = self.trainer._config
         trainer_val, trainer_algo = cfg.gradient_clip_val, cfg.gradient_clip_algorithm
         if gradient_clip_val is None:
@@ -467,10 +495,14 @@ class Module(HyperparametersMixin, nn.Module):
 
     @property
     def logger(self) -> Any:
+        if self._fabric is not None:
+            return self._fabric.logger
         return self._trainer.logger if self._trainer is not None else None
 
     @property
     def loggers(self) -> list:
+        if self._fabric is not None:
+            return self._fabric.loggers
         return self._trainer.loggers if self._trainer is not None else []
 
     @property
