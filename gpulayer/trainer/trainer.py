@@ -102,7 +102,8 @@ class Trainer(TrainerProperties):
         self.val_check_batch: float = math.inf  # validate every this many train batches (set when a fit loads data)
         self.ckpt_path: str | None = None
         self.lr_scheduler_configs: list[optimizers.SchedulerConfig] = []
-        self.strategy: SingleDeviceStrategy = self._make_strategy()  # a launched rank makes its own
+        # one process: its strategy from the start (Lightning's); a multi-process fit's ranks make their own
+        self.strategy: SingleDeviceStrategy | None = None if self._config.multi_process else self._make_strategy()
         self.lightning_module: Module | None = None
         self.has_val_loader = False
         self.num_training_batches: float = 0
@@ -313,7 +314,7 @@ class Trainer(TrainerProperties):
     def _in_process(self, module: Module, body: Any, *args: Any) -> Any:
         """Set up this process's strategy, precision and metric store around ``body(*args)`` (any stage)."""
         cfg = self._config
-        if cfg.multi_process:  # this rank's device
+        if cfg.multi_process or self.strategy is None:  # this rank's device
             self.strategy = self._make_strategy()
         device = self.strategy.root_device
         self.strategy._trainer = self
