@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from gpulayer.trainer.config import PRECISIONS
+from gpulayer.trainer.module import Module
 from gpulayer.trainer.precision import Precision, make_precision
 from gpulayer.trainer.prefetch import move_data_to_device
 from gpulayer.trainer.seed import seed_everything as _seed_everything
@@ -250,22 +251,6 @@ class FabricDataLoader:
         return getattr(self._loader, name)
 
 
-class TrainerFabricShim:
-    """What ``self.trainer`` is in a LightningModule set up with Fabric: the few attributes Fabric has."""
-
-    _SHARED = ("global_rank", "local_rank", "node_rank", "world_size", "is_global_zero", "loggers", "logger")
-
-    def __init__(self, fabric: Fabric) -> None:
-        self._fabric = fabric
-
-    def __getattr__(self, name: str) -> Any:
-        if name in self._SHARED:
-            return getattr(self._fabric, name)
-        raise AttributeError(
-            f"Your LightningModule code tried to access `self.trainer.{name}` but this attribute is not available "
-            "when using Fabric with a LightningModule.")
-
-
 def _device(accelerator: str, devices: Any) -> torch.device:
     if devices not in ("auto", 1, "1", -1, "-1") and not (isinstance(devices, (list, tuple)) and len(devices) == 1):
         raise ValueError(f"Fabric(devices={devices!r}): gpulayer's Fabric runs on one device; train on several with "
@@ -283,7 +268,6 @@ def _device(accelerator: str, devices: Any) -> torch.device:
 
 
 def _attach(module: nn.Module, fabric: Fabric, optimizers: list | None) -> None:
-    from gpulayer.trainer.module import Module
     if isinstance(module, Module):
         module.fabric = fabric
         if optimizers is not None:

@@ -27,6 +27,22 @@ from gpulayer.trainer.prefetch import move_data_to_device
 from gpulayer.trainer.utilities.parsing import AttributeDict  # noqa: F401  (old import path, kept working)
 
 
+class TrainerFabricShim:
+    """What ``self.trainer`` is in a LightningModule set up with Fabric: the few attributes Fabric has."""
+
+    _SHARED = ("global_rank", "local_rank", "node_rank", "world_size", "is_global_zero", "loggers", "logger")
+
+    def __init__(self, fabric: Any) -> None:
+        self._fabric = fabric
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._SHARED:
+            return getattr(self._fabric, name)
+        raise AttributeError(
+            f"Your LightningModule code tried to access `self.trainer.{name}` but this attribute is not available "
+            "when using Fabric with a LightningModule.")
+
+
 class _restricted_classmethod(classmethod):
     """A classmethod that refuses to run on an instance: ``model.load_from_checkpoint(p)`` would discard its result."""
 
@@ -74,7 +90,6 @@ class Module(HyperparametersMixin, nn.Module):
     def trainer(self):
         """The Trainer running this module; a module that none runs raises (Lightning's ``RuntimeError``)."""
         if self._fabric is not None:
-            from gpulayer.trainer.fabric import TrainerFabricShim
             return TrainerFabricShim(self._fabric)
         if self._trainer is None and not self._jit_is_scripting:
             raise RuntimeError(f"{type(self).__qualname__} is not attached to a `Trainer`.")
