@@ -28,6 +28,7 @@ ACCELERATORS = ("auto", "cpu", "cuda", "gpu")
 STRATEGIES = ("auto", "single_device", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true")
 GRAD_SYNC = ("auto", "two_level", "flat")
 CLIP_ALGORITHMS = ("norm", "value")
+LOGGER_METHODS = ("log_metrics", "log_hyperparams", "log_graph", "save", "finalize")
 
 
 @dataclass
@@ -330,10 +331,13 @@ def build_config(**kwargs: Any) -> TrainerConfig:
         if len(logger) != 1:
             raise TrainerConfigError("Trainer(logger=[...]) accepts one logger; pass the logger itself")
         logger = logger[0]
-    if logger is not None and not isinstance(logger, Logger):
+    # Lightning takes any object with its Logger's methods (it checks nothing); these are the ones the Trainer calls
+    missing = [m for m in LOGGER_METHODS if not callable(getattr(logger, m, None))] if logger is not None \
+        and not isinstance(logger, Logger) else []
+    if missing:
         raise TrainerConfigError(
-            f"Trainer(logger={type(logger).__name__}) must be True, False or a gpulayer.trainer logger (CSVLogger, TensorBoardLogger)"
-        )
+            f"Trainer(logger={type(logger).__name__}) must be True, False, a gpulayer.trainer logger (CSVLogger, "
+            f"TensorBoardLogger) or an object with a Logger's methods; it lacks {missing}")
     cfg.logger = logger
     progress = kwargs.get("enable_progress_bar")
     cfg.enable_progress_bar = _bool("enable_progress_bar", progress) if progress is not None else sys.stdout.isatty()

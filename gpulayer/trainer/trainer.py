@@ -288,8 +288,8 @@ class Trainer(TrainerProperties):
             out = evaluate.EvalLoop(self, module, stage, loaders, **kw).run() if loaders else []
         finally:
             self.state_stage = None
-        loggers_mod.finalize(self)  # flush what the run logged (metrics.csv), as Lightning does after every stage
         self._teardown_stage(stage)
+        loggers_mod.finalize(self)  # after teardown, as Lightning: what the run's last hooks logged is flushed too
         return out
 
     def _prepare_loader(self, loader: Any, mode: str) -> Any:
@@ -423,9 +423,9 @@ class Trainer(TrainerProperties):
         self._loop.sanity_check = cfg.num_sanity_val_steps != 0 and ckpt_path is None and not self._resume_newest
         with gcfreeze.frozen():  # a failure: the entry point's _call_and_handle_interrupt runs on_exception
             self._loop.run()
-        loggers_mod.finalize(self)
         hooks.call("on_fit_end")
         self._teardown_stage("fit")
+        loggers_mod.finalize(self)  # after teardown, as Lightning: what on_fit_end logged is flushed too
 
     def _resume_attempt(self) -> dict[str, Any] | None:  # the checkpoint, loaded
         """A restarted attempt of a cluster fit: Lightning's ``ckpt_path="last"``, from this fit's newest checkpoint.
