@@ -60,16 +60,16 @@ def _needs_closure(optimizer: Any) -> bool:
 
 
 class FitLoop:
-    def __init__(self, trainer, module, step_fn, train_loader, val_loaders, resume: dict | None):
+    def __init__(self, trainer, module, step_fn, resume: dict | None, sanity_check: bool = False):
         cfg = trainer._config
         self.trainer, self.module, self.step_fn, self.cfg = trainer, module, step_fn, cfg
         self.strategy, self.precision, self.hooks, self.store = trainer.strategy, trainer._precision, trainer._hooks, trainer._store
-        self.train_loader, self.val_loaders = train_loader, val_loaders
+        # the loaders come from trainer._fit_data in run(), requested in Lightning's order (around the sanity check)
+        self.train_loader: Any = None
+        self.val_loaders: list = []
         self.resume = resume
-        # None: the fit's first loaders are requested in run(), in Lightning's order (around the sanity check)
-        self.num_train_batches = data.num_batches(train_loader, cfg.limit_train_batches) if train_loader is not None \
-            else 0
-        self.sanity_check = False
+        self.num_train_batches: float = 0
+        self.sanity_check = sanity_check
         self.batches_done = 0
         self._batches_before = 0  # train batches of the epochs before this one
         self.epoch_done = False
@@ -93,16 +93,13 @@ class FitLoop:
     # -- fit --------------------------------------------------------------------------------
     def run(self) -> None:
         t, cfg = self.trainer, self.cfg
-        fit_data = t._fit_data
-        if self.train_loader is None and fit_data is not None:
-            if self.sanity_check and fit_data.validation_possible():
-                self.run_validation(sanity=True, loaders=fit_data.load_sanity_val)
-            self.train_loader = fit_data.load_train()
-            self.num_train_batches = t.num_training_batches
-            if fit_data.first_val_due():
-                self.val_loaders = fit_data.reload_val()
-        elif self.val_loaders and cfg.num_sanity_val_steps != 0 and self.resume is None:
-            self.run_validation(sanity=True)
+        fit_data = t._fit_data  # the fit's first loaders, in Lightning's order: sanity check (val), train, val
+        if self.sanity_check and fit_data.validation_possible():
+            self.run_validation(sanity=True, loaders=fit_data.load_sanity_val)
+        self.train_loader = fit_data.load_train()
+        self.num_train_batches = t.num_training_batches
+        if fit_data.first_val_due():
+            self.val_loaders = fit_data.reload_val()
         self.hooks.call("on_train_start")
         if self.resume is not None and self.resume["epoch_done"]:
             t.current_epoch = self.resume["epoch"] + 1

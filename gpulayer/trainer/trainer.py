@@ -419,8 +419,8 @@ class Trainer(TrainerProperties):
         resume = checkpoint.restore_training_state(self, ckpt) if ckpt is not None else None
         module.zero_grad()
         self._fit_data = FitData(self, module, train, val, datamodule)
-        self._loop = FitLoop(self, module, step_fn, None, [], resume)  # its run() requests the loaders
-        self._loop.sanity_check = cfg.num_sanity_val_steps != 0 and ckpt_path is None and not self._resume_newest
+        sanity = cfg.num_sanity_val_steps != 0 and ckpt_path is None and not self._resume_newest
+        self._loop = FitLoop(self, module, step_fn, resume, sanity)  # its run() requests the loaders
         with gcfreeze.frozen():  # a failure: the entry point's _call_and_handle_interrupt runs on_exception
             self._loop.run()
         hooks.call("on_fit_end")

@@ -461,3 +461,49 @@ def test_load_from_checkpoint_calls_configure_model_before_the_weights_load(tmp_
     loaded = Lazy.load_from_checkpoint(tmp_path / "lazy.ckpt")
     assert calls == ["configure_model", "on_load_checkpoint"]
     torch.testing.assert_close(loaded.layer.weight, model.layer.weight)
+
+
+def _sanity_calls(L) -> list:
+    calls: list = []
+
+    class Recorder(L.Callback):
+        def on_sanity_check_start(self, trainer, pl_module):
+            calls.append("on_sanity_check_start")
+
+        def on_sanity_check_end(self, trainer, pl_module):
+            calls.append("on_sanity_check_end")
+
+        def on_validation_start(self, trainer, pl_module):
+            calls.append(f"on_validation_start sanity={trainer.sanity_checking}")
+
+    class Net(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).pow(2).mean()
+
+        def validation_step(self, batch, batch_idx):
+            pass
+
+        def val_dataloader(self):
+            calls.append("val_dataloader")
+            return []
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    from tests.trainer.twin import loader
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        L.Trainer(callbacks=[Recorder()], **{**TRAINER_KW, "max_epochs": 1}).fit(Net(), loader())
+    return calls
+
+
+@needs_lightning
+def test_a_sanity_check_without_batches_calls_only_its_own_hooks():
+    import lightning.pytorch as lp
+    ours = _sanity_calls(gl)
+    assert ours == ["on_sanity_check_start", "val_dataloader", "on_sanity_check_end"]
+    assert ours == _sanity_calls(lp)
