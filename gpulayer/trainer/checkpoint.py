@@ -4,7 +4,8 @@ The keys are Lightning's: ``epoch``, ``global_step``, ``pytorch-lightning_versio
 ``state_dict``, ``loops`` (its progress counters: ``checkpoint_loops.py``),
 ``callbacks`` (by ``state_key``), ``optimizer_states``, ``lr_schedulers``, the AMP
 scaler under ``MixedPrecision``, ``hparams_name`` / ``hyper_parameters`` and the
-datamodule's. What only gpulayer reads sits under ``"gpulayer"``: the exact
+datamodule's: the same top-level keys as Lightning's. What only gpulayer reads sits under
+``loops["gpulayer"]`` (Lightning reads only its own loops' entries there): the exact
 position inside the epoch, the fit id of a cluster fit, and two sets of RNG states
 (at the epoch start, to rebuild the same shuffled order; at the save, to continue
 dropout and friends with the same numbers), which make a resume exact.
@@ -118,7 +119,7 @@ def dump(trainer, weights_only: bool = False) -> dict[str, Any]:
         dm_state = datamodule.state_dict()
         if dm_state:
             ckpt[type(datamodule).__qualname__] = dm_state
-    ckpt[GPULAYER_KEY] = own
+    ckpt["loops"][GPULAYER_KEY] = own
     hooks = trainer._hooks
     if hooks is None:  # outside a run (a module only connected to the strategy): the hooks it would have
         from gpulayer.trainer.hooks import Hooks
@@ -144,10 +145,17 @@ def load(path: str) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
+def own_record(ckpt: dict[str, Any]) -> Any:
+    """gpulayer's own entry of a checkpoint: under ``loops`` (top level in files written before 2026-12)."""
+    loops = ckpt.get("loops")
+    own = loops.get(GPULAYER_KEY) if isinstance(loops, dict) else None
+    return own if own is not None else ckpt.get(GPULAYER_KEY)
+
+
 def fit_id_of(ckpt: Any) -> str | None:
     if not isinstance(ckpt, dict):
         return None
-    own = ckpt.get(GPULAYER_KEY)
+    own = own_record(ckpt)
     return own.get("fit_id") if isinstance(own, dict) else ckpt.get("gpulayer_fit_id")
 
 
@@ -175,7 +183,7 @@ def newest_of_fit(dirs: list[str], fit_id: str) -> tuple[str, dict[str, Any]] | 
 
 def _position(trainer, ckpt: dict[str, Any]) -> dict[str, Any]:
     """Where to resume: gpulayer's own record when present, else derived from Lightning's loop counters."""
-    own = ckpt.get(GPULAYER_KEY)
+    own = own_record(ckpt)
     if isinstance(own, dict) and "epoch" in own:
         return {"epoch": own["epoch"], "batches_done": own["batches_done"], "epoch_done": own["epoch_done"],
                 "batches_stepped": own.get("batches_stepped", ckpt["global_step"]),
@@ -193,17 +201,23 @@ def _position(trainer, ckpt: dict[str, Any]) -> dict[str, Any]:
     return {**pos, "rng": None, "epoch_rng": None, "acc": {}}
 
 
-def restore(trainer, ckpt: dict[str, Any]) -> dict[str, Any]:
-    """Load weights, optimizers, schedulers, scaler, callbacks and counters; return the loop position."""
+def restore_modules_and_callbacks(trainer, ckpt: dict[str, Any]) -> None:
+    """A resume's first phase, before ``configure_optimizers`` (Lightning's order): the module's
+    ``on_load_checkpoint`` (it may still edit the checkpoint), its weights, the datamodule's state, then every
+    callback's ``on_load_checkpoint`` and ``load_state_dict``."""
     module = trainer.lightning_module
-    module.load_state_dict(ckpt["state_dict"], strict=module.strict_loading)
-    trainer._hooks.call("on_load_checkpoint", ckpt)
     if "optimizer_states" not in ckpt:
         raise TrainerError("the checkpoint holds weights only (save_weights_only=True); load it with "
                            "Model.load_from_checkpoint(path) or model.load_state_dict(torch.load(path)['state_dict']) "
                            "instead of fit(ckpt_path=...)")
-    # callbacks before the optimizers, as Lightning: a fine-tuning callback gives the optimizers back the
-    # parameter groups it had added, which their saved states expect
+    if callable(getattr(module, "on_load_checkpoint", None)):
+        module.on_load_checkpoint(ckpt)
+    module.load_state_dict(ckpt["state_dict"], strict=module.strict_loading)
+    datamodule = trainer.datamodule
+    if datamodule is not None and type(datamodule).__qualname__ in ckpt:
+        datamodule.load_state_dict(ckpt[type(datamodule).__qualname__])
+    for cb in trainer.callbacks:
+        cb.on_load_checkpoint(trainer, module, ckpt)
     saved_callbacks = ckpt.get("callbacks", {})
     for cb in trainer.callbacks:
         state = saved_callbacks.get(cb.state_key)
@@ -211,6 +225,11 @@ def restore(trainer, ckpt: dict[str, Any]) -> dict[str, Any]:
             state = saved_callbacks.get(getattr(cb, "_legacy_state_key", type(cb)))
         if state:
             cb.load_state_dict(state)
+
+
+def restore_training_state(trainer, ckpt: dict[str, Any]) -> dict[str, Any]:
+    """A resume's second phase, after ``on_fit_start``: optimizers, schedulers, the loss scaler, the counters;
+    returns the loop position."""
     states = ckpt["optimizer_states"]
     if len(states) != len(trainer.optimizers):
         raise TrainerError(f"the checkpoint has {len(states)} optimizer state(s) but configure_optimizers returned "
@@ -221,9 +240,6 @@ def restore(trainer, ckpt: dict[str, Any]) -> dict[str, Any]:
         cfg.scheduler.load_state_dict(state)
     scaler = ckpt.get(SCALER_KEY) or ckpt.get(_LEGACY_SCALER_KEY)
     trainer._precision.load_state_dict({"scaler": scaler} if scaler else ckpt.get("precision", {}))
-    datamodule = trainer.datamodule
-    if datamodule is not None and type(datamodule).__qualname__ in ckpt:
-        datamodule.load_state_dict(ckpt[type(datamodule).__qualname__])
     pos = _position(trainer, ckpt)
     trainer._store.import_acc("train", pos["acc"])
     trainer.global_step = ckpt["global_step"]

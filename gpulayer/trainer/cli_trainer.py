@@ -42,7 +42,7 @@ def _trainer(
     enable_model_summary: Optional[bool] = None,
     accumulate_grad_batches: int = 1,
     gradient_clip_val: Optional[Union[int, float]] = None,
-    gradient_clip_algorithm: str = "norm",
+    gradient_clip_algorithm: Optional[str] = None,
     deterministic: Optional[Union[bool, str]] = None,
     benchmark: Optional[bool] = None,
     inference_mode: bool = True,
@@ -83,7 +83,7 @@ def _trainer(
         enable_model_summary: print a summary of the model before fitting.
         accumulate_grad_batches: accumulate gradients over k batches before stepping.
         gradient_clip_val: clip gradients at this value (None: no clipping).
-        gradient_clip_algorithm: "norm" or "value".
+        gradient_clip_algorithm: "norm" or "value" (None: "norm").
         deterministic: use deterministic algorithms (True, False or "warn").
         benchmark: cuDNN autotuning (default: on unless deterministic).
         inference_mode: torch.inference_mode (else no_grad) in evaluation.

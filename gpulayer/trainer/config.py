@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from gpulayer.trainer.errors import TrainerConfigError, TrainerTypeError
+from gpulayer.trainer.utilities.enums import GradClipAlgorithmType
 
 PRECISIONS = {
     "32-true": "32-true", "32": "32-true", 32: "32-true",
@@ -27,6 +28,7 @@ ACCELERATORS = ("auto", "cpu", "cuda", "gpu")
 STRATEGIES = ("auto", "single_device", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true")
 GRAD_SYNC = ("auto", "two_level", "flat")
 CLIP_ALGORITHMS = ("norm", "value")
+LOGGER_METHODS = ("log_metrics", "log_hyperparams", "log_graph", "save", "finalize")
 
 
 @dataclass
@@ -57,7 +59,7 @@ class TrainerConfig:
     benchmark: bool = True
     deterministic: bool | str = False
     gradient_clip_val: float | None = None
-    gradient_clip_algorithm: str = "norm"
+    gradient_clip_algorithm: str | None = None  # None: "norm" when clipping (Lightning's default)
     accumulate_grad_batches: int = 1
     check_val_every_n_epoch: int | None = 1
     val_check_interval: int | float = 1.0
@@ -278,11 +280,11 @@ def build_config(**kwargs: Any) -> TrainerConfig:
     if clip is not None and clip < 0:
         raise TrainerConfigError(f"Trainer(gradient_clip_val={clip!r}) must be None or a number >= 0")
     cfg.gradient_clip_val = float(clip) if clip else None
-    algo = kwargs.get("gradient_clip_algorithm", "norm")
-    if algo not in CLIP_ALGORITHMS:
+    algo = kwargs.get("gradient_clip_algorithm")
+    if algo is not None and (not isinstance(algo, str) or algo.lower() not in CLIP_ALGORITHMS):
         raise TrainerConfigError(f"`gradient_clip_algorithm` {algo} is invalid. Allowed algorithms: "
                                  f"{list(CLIP_ALGORITHMS)}.")
-    cfg.gradient_clip_algorithm = algo
+    cfg.gradient_clip_algorithm = None if algo is None else GradClipAlgorithmType(algo.lower())
     cfg.accumulate_grad_batches = _int_at_least("accumulate_grad_batches", kwargs.get("accumulate_grad_batches", 1), 1)
     every_n = kwargs.get("check_val_every_n_epoch", 1)
     if every_n is not None and (isinstance(every_n, bool) or not isinstance(every_n, int)):
@@ -331,10 +333,13 @@ def build_config(**kwargs: Any) -> TrainerConfig:
         if len(logger) != 1:
             raise TrainerConfigError("Trainer(logger=[...]) accepts one logger; pass the logger itself")
         logger = logger[0]
-    if logger is not None and not isinstance(logger, Logger):
+    # Lightning takes any object with its Logger's methods (it checks nothing); these are the ones the Trainer calls
+    missing = [m for m in LOGGER_METHODS if not callable(getattr(logger, m, None))] if logger is not None \
+        and not isinstance(logger, Logger) else []
+    if missing:
         raise TrainerConfigError(
-            f"Trainer(logger={type(logger).__name__}) must be True, False or a gpulayer.trainer logger (CSVLogger, TensorBoardLogger)"
-        )
+            f"Trainer(logger={type(logger).__name__}) must be True, False, a gpulayer.trainer logger (CSVLogger, "
+            f"TensorBoardLogger) or an object with a Logger's methods; it lacks {missing}")
     cfg.logger = logger
     progress = kwargs.get("enable_progress_bar")
     cfg.enable_progress_bar = _bool("enable_progress_bar", progress) if progress is not None else sys.stdout.isatty()

@@ -60,6 +60,12 @@ class EvalLoop:
         t.state.stage = RunningStage.SANITY_CHECKING if self.sanity else RunningStage(self.stage)
         if self.sanity:
             hooks.call("on_sanity_check_start")
+            if callable(self.loaders):  # a fit's val loaders, requested inside its sanity check (Lightning's order)
+                self.loaders = self.loaders()
+            if not any(self._num_batches(dl) for dl in self.loaders):  # no batch to check: Lightning skips the loop
+                hooks.call("on_sanity_check_end")
+                t.state.stage, store.context = stage_before, saved_context
+                return []
         self._check_dataloader_idx()
         getattr(module, f"on_{p}_model_eval")()
         hooks.call(f"on_{p}_start")

@@ -16,7 +16,6 @@ from typing import Any, Callable
 
 from gpulayer.trainer import data, evaluate
 from gpulayer.trainer.errors import TrainerConfigError
-from gpulayer.trainer.seed import capture_rng, restore_rng
 from gpulayer.trainer.states import RunningStage
 from gpulayer.trainer.utilities.rank_zero import rank_zero_warn
 from gpulayer.trainer.utilities.warnings import PossibleUserWarning
@@ -56,25 +55,19 @@ class FitData:
         self.train_loaded_epoch: float = 0
         self.val_loaded_epoch: float = -math.inf  # never: the first validating epoch requests them
         self.val_loaded = False
+        trainer.has_val_loader = self.validation_possible()
 
-    def load(self, sanity_check: bool) -> tuple[list, Any]:
-        """The fit's first loaders, in Lightning's order; val ones only if validation runs in the first epoch.
+    # Lightning's order of a fit's first requests: with a sanity check, the val loaders inside it (after
+    # ``on_sanity_check_start``, under the random state the check puts back afterwards, so a ``RandomDataset``
+    # made in ``train_dataloader()`` holds the same numbers as without one), then the train loader; the val
+    # loaders after it when no sanity check requested them and the first epoch validates (FitLoop.run).
+    def load_sanity_val(self) -> list:
+        """The val loaders, requested by the sanity check (counted as a request of an epoch that validates)."""
+        return self._load_val_as(RunningStage.SANITY_CHECKING, record=self.val_epoch())
 
-        With a sanity check, the val loaders come first, requested inside it (``trainer.sanity_checking``)
-        under a random state put back afterwards, as Lightning's isolated sanity check: the train data is
-        then built from the same random state as without validation (a ``RandomDataset`` made in
-        ``train_dataloader()`` holds the same numbers). Without one, train first, then val.
-        """
-        t = self.trainer
-        t.has_val_loader = self.validation_possible()
-        if sanity_check and self.validation_possible():
-            rng = capture_rng()
-            val = self._load_val_as(RunningStage.SANITY_CHECKING, record=self.val_epoch())
-            restore_rng(rng)
-            return val, self.load_train()
-        train = self.load_train()
-        val = self._load_val_as(RunningStage.VALIDATING) if self.validation_possible() and self.val_epoch() else []
-        return val, train
+    def first_val_due(self) -> bool:
+        """No val loaders requested yet, and the first epoch validates: request them before ``on_train_start``."""
+        return not self.val_loaded and self.validation_possible() and self.val_epoch()
 
     def val_epoch(self) -> bool:
         """``check_val_every_n_epoch`` lets validation run in the current epoch."""

@@ -60,13 +60,16 @@ def _needs_closure(optimizer: Any) -> bool:
 
 
 class FitLoop:
-    def __init__(self, trainer, module, step_fn, train_loader, val_loaders, resume: dict | None):
+    def __init__(self, trainer, module, step_fn, resume: dict | None, sanity_check: bool = False):
         cfg = trainer._config
         self.trainer, self.module, self.step_fn, self.cfg = trainer, module, step_fn, cfg
         self.strategy, self.precision, self.hooks, self.store = trainer.strategy, trainer._precision, trainer._hooks, trainer._store
-        self.train_loader, self.val_loaders = train_loader, val_loaders
+        # the loaders come from trainer._fit_data in run(), requested in Lightning's order (around the sanity check)
+        self.train_loader: Any = None
+        self.val_loaders: list = []
         self.resume = resume
-        self.num_train_batches = data.num_batches(train_loader, cfg.limit_train_batches)
+        self.num_train_batches: float = 0
+        self.sanity_check = sanity_check
         self.batches_done = 0
         self.batch_idx = -1  # the batch being trained on (``trainer.is_last_batch``); kept after the epoch ends
         self._batches_before = 0  # train batches of the epochs before this one
@@ -76,7 +79,9 @@ class FitLoop:
         self.optimizer = trainer.optimizers[0] if trainer.optimizers else None
         # under manual optimization the user steps the schedulers (Lightning never does)
         scheds = trainer.lr_scheduler_configs if module.automatic_optimization else []
-        self.step_schedulers = [c for c in scheds if c.interval == "step"]
+        self.step_schedulers = [c for c in scheds if c.interval == "step" and not c.reduce_on_plateau]
+        # a plateau scheduler reads a metric validation may log: stepped after the batch's validation (Lightning)
+        self.step_plateaus = [c for c in scheds if c.interval == "step" and c.reduce_on_plateau]
         self.epoch_schedulers = [c for c in scheds if c.interval == "epoch"]
         self.log_needed = trainer.logger is not None or cfg.enable_progress_bar
         # decided once per fit: the general path calls every step hook in Lightning's order (stepping.py)
@@ -89,8 +94,13 @@ class FitLoop:
     # -- fit --------------------------------------------------------------------------------
     def run(self) -> None:
         t, cfg = self.trainer, self.cfg
-        if self.val_loaders and cfg.num_sanity_val_steps != 0 and self.resume is None:
-            self.run_validation(sanity=True)
+        fit_data = t._fit_data  # the fit's first loaders, in Lightning's order: sanity check (val), train, val
+        if self.sanity_check and fit_data.validation_possible():
+            self.run_validation(sanity=True, loaders=fit_data.load_sanity_val)
+        self.train_loader = fit_data.load_train()
+        self.num_train_batches = t.num_training_batches
+        if fit_data.first_val_due():
+            self.val_loaders = fit_data.reload_val()
         self.hooks.call("on_train_start")
         if self.resume is not None and self.resume["epoch_done"]:
             t.current_epoch = self.resume["epoch"] + 1
@@ -140,7 +150,8 @@ class FitLoop:
             self.num_train_batches = t.num_training_batches
         if fit_data is not None and self._val_epoch() and (not fit_data.val_loaded or fit_data.val_reload_due()):
             self.val_loaders = fit_data.reload_val()
-        self.hooks.call("on_train_epoch_start")
+        if self.resume is None or not self.resume["batches_done"]:  # resumed mid-epoch: it had started (Lightning)
+            self.hooks.call("on_train_epoch_start")
         data.set_epoch(self.train_loader, t.current_epoch)
         skip, resume, self.resume = 0, self.resume, None
         if resume is not None and resume["epoch_rng"] is not None:
@@ -165,6 +176,7 @@ class FitLoop:
         manual = not self.module.automatic_optimization
         general, transfer, device = self.general, hooks.transfer, self.strategy.root_device
         step_scheds, epoch_scheds = bool(self.step_schedulers), bool(self.epoch_schedulers)
+        step_plateaus = bool(self.step_plateaus)
         batches, skip = self._batches()  # may reload the loaders: read the counts after it
         accum, total = cfg.accumulate_grad_batches, self.num_train_batches
         val_every, val_offset = self._val_interval(), self._val_offset()
@@ -189,7 +201,7 @@ class FitLoop:
             stepping = manual or (batch_idx + 1) % accum == 0 or batch_idx + 1 == total
             if skip_rest:  # Lightning: on_train_batch_start returned -1, the rest of the epoch is skipped
                 self.batches_done = batch_idx + 1
-                self._step_schedulers(last=True)
+                self._step_schedulers(batch_idx, last=True)
                 break
             if manual:
                 with prec.forward_context():
@@ -215,7 +227,7 @@ class FitLoop:
                     t.global_step += 1  # manual optimization: each optimizer.step() counts (LightningOptimizer)
                 t._batches_stepped += 1
             if stepping and step_scheds or epoch_scheds and batch_idx + 1 == total:
-                self._step_schedulers(last=batch_idx + 1 == total, stepped=stepping)
+                self._step_schedulers(batch_idx, last=batch_idx + 1 == total, stepped=stepping)
             if stepping and self.log_needed and t._batches_stepped % log_every == 0:
                 t._log_step_metrics()
             self.batches_done = batch_idx + 1
@@ -229,6 +241,8 @@ class FitLoop:
             if val_every and (val_offset + batch_idx + 1) % val_every == 0 and batch_idx + 1 != total:
                 self.run_validation()
                 store.context = store.TRAIN_STEP
+            if stepping and step_plateaus and batch_idx + 1 != total:  # the last batch's: after its validation
+                self._step_schedulers(batch_idx, last=False, stepped=True, plateau=True)
             if stepping and (max_steps != -1 and t.global_step >= max_steps
                              or t.should_stop and self._can_stop_early(t.current_epoch)
                              or self.deadline is not None and time.monotonic() >= self.deadline):
@@ -237,13 +251,19 @@ class FitLoop:
         self.epoch_done = not stopped_early
         self._end_epoch()
 
-    def _step_schedulers(self, last: bool, stepped: bool = False) -> None:
-        """Lightning's order: step-interval schedulers after a step; epoch-interval ones on the epoch's last batch."""
+    def _step_schedulers(self, batch_idx: int, last: bool, stepped: bool = False, plateau: bool = False) -> None:
+        """Lightning's order: step-interval schedulers after a step; epoch-interval ones on the epoch's last batch.
+
+        A step-interval scheduler's ``frequency`` counts the epoch's batches, as in Lightning: it steps after
+        batch ``i`` when ``(i + 1) % frequency == 0``. ``plateau``: the step-interval ReduceLROnPlateau ones.
+        """
         t = self.trainer
         if stepped:
-            for s in self.step_schedulers:
-                if t.global_step % s.frequency == 0:
+            for s in self.step_plateaus if plateau else self.step_schedulers:
+                if (batch_idx + 1) % s.frequency == 0:
                     t._step_scheduler(s)
+        if plateau:
+            return
         if last and not self.epoch_scheds_stepped:
             self.epoch_scheds_stepped = True
             for s in self.epoch_schedulers:
@@ -310,7 +330,9 @@ class FitLoop:
             self.run_validation()
         store.context = store.TRAIN_EPOCH
         if self.epoch_done:  # a loader without a length: its last batch was known only now
-            self._step_schedulers(last=True)
+            self._step_schedulers(self.batches_done - 1, last=True)
+        if self.epoch_done and self.step_plateaus and self.batches_done == self.num_train_batches:
+            self._step_schedulers(self.batches_done - 1, last=False, stepped=True, plateau=True)
         metrics = store.reduce_epoch("train")  # callbacks read epoch means in on_train_epoch_end, as in Lightning
         self.hooks.call("on_train_epoch_end")
         metrics.update(store.reduce_epoch("train"))  # what the hooks themselves logged
@@ -333,7 +355,8 @@ class FitLoop:
     def is_last_batch(self, batch_idx: int) -> bool:
         return batch_idx + 1 >= self.num_train_batches
 
-    def run_validation(self, sanity: bool = False) -> None:
+    def run_validation(self, sanity: bool = False, loaders: Any = None) -> None:
+        """``loaders``: for the sanity check, the function that requests the val loaders inside it."""
         if not sanity:
             self.trainer._val_has_run = True
             if self.batches_done % self.cfg.accumulate_grad_batches == 0 or self.batches_done >= self.num_train_batches:
@@ -341,6 +364,8 @@ class FitLoop:
             EvalLoop(self.trainer, self.module, "validate", self.val_loaders).run()
         else:  # as Lightning: the sanity check leaves the random state as it found it (same shuffles, same dropout)
             rng = capture_rng()
-            EvalLoop(self.trainer, self.module, "validate", self.val_loaders, sanity=True).run()
+            loop = EvalLoop(self.trainer, self.module, "validate", loaders or self.val_loaders, sanity=True)
+            loop.run()
+            self.val_loaders = loop.loaders
             restore_rng(rng)
         self.store.context = self.store.TRAIN_STEP

@@ -14,6 +14,7 @@ import numbers
 import os
 import sys
 import warnings
+import weakref
 from typing import Any, Iterator, Mapping
 
 import torch
@@ -24,6 +25,22 @@ from gpulayer.trainer.errors import MisconfigurationException
 from gpulayer.trainer.hparams import HyperparametersMixin
 from gpulayer.trainer.prefetch import move_data_to_device
 from gpulayer.trainer.utilities.parsing import AttributeDict  # noqa: F401  (old import path, kept working)
+
+
+class TrainerFabricShim:
+    """What ``self.trainer`` is in a LightningModule set up with Fabric: the few attributes Fabric has."""
+
+    _SHARED = ("global_rank", "local_rank", "node_rank", "world_size", "is_global_zero", "loggers", "logger")
+
+    def __init__(self, fabric: Any) -> None:
+        self._fabric = fabric
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._SHARED:
+            return getattr(self._fabric, name)
+        raise AttributeError(
+            f"Your LightningModule code tried to access `self.trainer.{name}` but this attribute is not available "
+            "when using Fabric with a LightningModule.")
 
 
 class _restricted_classmethod(classmethod):
@@ -57,6 +74,10 @@ class Module(HyperparametersMixin, nn.Module):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._trainer = None
+        self._fabric = None
+        self._fabric_optimizers: list = []
+        self._jit_is_scripting = False
+        self._current_fx_name: str | None = None  # the hook self.log counts as when the call stack names none
         self._metric_store = None
         self._device = None
         self._hparams: AttributeDict = AttributeDict()
@@ -67,11 +88,38 @@ class Module(HyperparametersMixin, nn.Module):
     # -- what the Trainer exposes to the module -------------------------------------
     @property
     def trainer(self):
+        """The Trainer running this module; a module that none runs raises (Lightning's ``RuntimeError``)."""
+        if self._fabric is not None:
+            return TrainerFabricShim(self._fabric)
+        if self._trainer is None and not self._jit_is_scripting:
+            raise RuntimeError(f"{type(self).__qualname__} is not attached to a `Trainer`.")
         return self._trainer
 
     @trainer.setter
     def trainer(self, trainer) -> None:
+        # nested modules (an ensemble's members) see the same Trainer
+        for child in self.children():
+            if isinstance(child, Module):
+                child.trainer = trainer
         self._trainer = trainer
+        # self.log reaches the Trainer's metrics from here on, also outside its loops (Lightning's)
+        store = getattr(trainer, "__dict__", {}).get("_store")
+        self._metric_store = store if isinstance(store, metrics.MetricStore) else None
+
+    @property
+    def fabric(self):
+        """The ``Fabric`` this module was set up with (``fabric.setup(module)``), else None."""
+        return self._fabric
+
+    @fabric.setter
+    def fabric(self, fabric) -> None:
+        for child in self.children():
+            if isinstance(child, Module):
+                child.fabric = fabric
+        # a weak reference: the module must not keep its Fabric alive
+        if fabric is not None and not isinstance(fabric, weakref.ProxyTypes):
+            fabric = weakref.proxy(fabric)
+        self._fabric = fabric
 
     @property
     def device(self) -> torch.device:
@@ -125,6 +173,7 @@ class Module(HyperparametersMixin, nn.Module):
         state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
         state = dict(state)
         state["_trainer"] = None
+        state["_fabric"] = None
         state["_metric_store"] = None
         return state
 
@@ -151,8 +200,22 @@ class Module(HyperparametersMixin, nn.Module):
         Defaults of ``on_step`` / ``on_epoch`` and where logging is allowed follow the running hook
         (``metrics.FX_RULES``). Tensors stay on the device; numbers are made at log intervals.
         """
+        if self._fabric is not None:
+            return self._log_through_fabric({name: value}, logger)
         return self._log(sys._getframe(1), name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, enable_graph,
                          sync_dist, sync_dist_group, add_dataloader_idx, batch_size, metric_attribute, rank_zero_only)
+
+    def _log_through_fabric(self, values: Mapping[str, Any], logger: bool | None) -> None:
+        """Set up with Fabric: straight to its loggers (no reduction); ``logger=False`` logs nowhere."""
+        if logger is False:
+            return
+        for name, value in values.items():
+            if isinstance(value, Mapping):
+                raise ValueError(f"`self.log_dict({dict(values)})` was called, but nested dictionaries cannot be logged")
+            if not (isinstance(value, (numbers.Number, torch.Tensor)) or metrics.is_torchmetric(value)):
+                raise ValueError(f"`self.log({name}, {value})` was called, but `{type(value).__name__}` values cannot "
+                                 "be logged")
+        self._fabric.log_dict(metrics=dict(values))
 
     def _log(self, frame, name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, enable_graph, sync_dist,
              sync_dist_group, add_dataloader_idx, batch_size, metric_attribute, rank_zero_only) -> None:
@@ -183,7 +246,7 @@ class Module(HyperparametersMixin, nn.Module):
             raise MisconfigurationException(
                 "You are trying to `self.log()` but the loop's result collection is not registered yet. This is most "
                 "likely because you are trying to log in a `predict` hook, but it doesn't support logging")
-        fx = metrics.current_hook(frame)
+        fx = metrics.current_hook(frame) or self._current_fx_name
         if add_dataloader_idx and "/dataloader_idx_" in name:
             raise MisconfigurationException(
                 f"You called `self.log` with the key `{name}` but it should not contain information about "
@@ -237,6 +300,8 @@ class Module(HyperparametersMixin, nn.Module):
                  enable_graph: bool = False, sync_dist: bool = False, sync_dist_group: Any = None,
                  add_dataloader_idx: bool = True, batch_size: int | None = None, rank_zero_only: bool = False) -> None:
         """``self.log`` for every item of ``dictionary`` (or a ``torchmetrics.MetricCollection``) with the same options."""
+        if self._fabric is not None:
+            return self._log_through_fabric(dictionary, logger)
         frame = sys._getframe(1)
         items = dictionary.items(keep_base=False) if metrics.is_metric_collection(dictionary) else dictionary.items()
         for name, value in items:
@@ -283,6 +348,9 @@ class Module(HyperparametersMixin, nn.Module):
 
     def optimizers(self, use_pl_optimizer: bool = True) -> Any:
         """The optimizers of ``configure_optimizers`` (one, or a list), wrapped as ``LightningOptimizer``."""
+        if self._fabric is not None:
+            opts = self._fabric_optimizers
+            return opts[0] if len(opts) == 1 else opts
         if self._trainer is None:
             return []
         opts = self._trainer._lightning_optimizers if use_pl_optimizer else self._trainer.optimizers
@@ -307,20 +375,32 @@ class Module(HyperparametersMixin, nn.Module):
         loss.backward(*args, **kwargs)
 
     def toggle_optimizer(self, optimizer: Any) -> None:
-        """Only ``optimizer``'s parameters require grad until ``untoggle_optimizer`` (Lightning's semantics)."""
-        mine = {id(p) for g in optimizer.param_groups for p in g["params"]}
-        saved = {}
-        for opt in self._trainer.optimizers:
+        """Only ``optimizer``'s parameters require grad until ``untoggle_optimizer`` (Lightning's semantics).
+
+        ``_param_requires_grad_state`` keeps, for every parameter of every optimizer, the flag it had.
+        """
+        saved: dict = {}
+        for opt in self.trainer.optimizers:
             for g in opt.param_groups:
                 for p in g["params"]:
-                    if id(p) not in mine and id(p) not in saved:
-                        saved[id(p)] = (p, p.requires_grad)
+                    if p not in saved:
+                        saved[p] = p.requires_grad
                         p.requires_grad = False
+        for g in optimizer.param_groups:  # the toggled optimizer's own parameters keep their flag
+            for p in g["params"]:
+                p.requires_grad = saved.get(p, p.requires_grad)
         self._param_requires_grad_state = saved
 
     def untoggle_optimizer(self, optimizer: Any) -> None:
-        for p, requires_grad in getattr(self, "_param_requires_grad_state", {}).values():
-            p.requires_grad = requires_grad
+        """Give the other optimizers' parameters back the ``requires_grad`` they had before ``toggle_optimizer``."""
+        inner = getattr(optimizer, "_optimizer", optimizer)
+        for opt in self.trainer.optimizers:
+            if opt is optimizer or opt is inner:
+                continue
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    if p in self._param_requires_grad_state:
+                        p.requires_grad = self._param_requires_grad_state[p]
         self._param_requires_grad_state = {}
 
     @contextlib.contextmanager
@@ -334,11 +414,13 @@ class Module(HyperparametersMixin, nn.Module):
     def clip_gradients(self, optimizer: Any, gradient_clip_val: float | None = None,
                        gradient_clip_algorithm: str | None = None) -> None:
         """Clip ``optimizer``'s gradients (unscaled by then); the Trainer's values unless given here, never both."""
-        cfg = self._trainer._config
-        trainer_val = cfg.gradient_clip_val
-        # the config keeps "norm" as its default; a Trainer without clipping has no algorithm of its own
-        trainer_algo = cfg.gradient_clip_algorithm if trainer_val is not None or cfg.gradient_clip_algorithm != "norm" \
-            else None
+        if self._fabric is not None:  # set up with Fabric: it clips, with its precision's unscaling
+            by_value = gradient_clip_algorithm is not None and gradient_clip_algorithm.lower() == "value"
+            self._fabric.clip_gradients(self, optimizer, clip_val=gradient_clip_val if by_value else None,
+                                        max_norm=None if by_value else gradient_clip_val)
+            return
+        cfg = self.trainer._config
+        trainer_val, trainer_algo = cfg.gradient_clip_val, cfg.gradient_clip_algorithm
         if gradient_clip_val is None:
             gradient_clip_val = trainer_val or 0.0
         elif trainer_val is not None and trainer_val != gradient_clip_val:
@@ -351,8 +433,9 @@ class Module(HyperparametersMixin, nn.Module):
             gradient_clip_algorithm = gradient_clip_algorithm.lower()
             if trainer_algo is not None and trainer_algo != gradient_clip_algorithm:
                 raise MisconfigurationException(
-                    f"You have set `Trainer(gradient_clip_algorithm={trainer_algo!r})` and have passed "
-                    f"`clip_gradients(gradient_clip_algorithm={gradient_clip_algorithm!r}) Please use only one of them.")
+                    f"You have set `Trainer(gradient_clip_algorithm='{str(trainer_algo)}')` and have passed "
+                    f"`clip_gradients(gradient_clip_algorithm='{str(gradient_clip_algorithm)}') Please use only one "
+                    "of them.")
         if not isinstance(gradient_clip_val, (int, float)):
             raise TypeError(f"`gradient_clip_val` should be an int or a float. Got {gradient_clip_val}.")
         if gradient_clip_algorithm not in ("norm", "value"):
@@ -427,10 +510,14 @@ class Module(HyperparametersMixin, nn.Module):
 
     @property
     def logger(self) -> Any:
+        if self._fabric is not None:
+            return self._fabric.logger
         return self._trainer.logger if self._trainer is not None else None
 
     @property
     def loggers(self) -> list:
+        if self._fabric is not None:
+            return self._fabric.loggers
         return self._trainer.loggers if self._trainer is not None else []
 
     @property
@@ -490,5 +577,10 @@ class Module(HyperparametersMixin, nn.Module):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None: ...
     def on_exception(self, exception: BaseException) -> None: ...
 
+
+# TorchScript compiles a module's properties unless listed here; these read the Trainer, which it cannot type
+Module.__jit_unused_properties__ = sorted(
+    {name for klass in Module.__mro__ for name, v in vars(klass).items() if isinstance(v, property)}
+    | set(getattr(nn.Module, "__jit_unused_properties__", [])))
 
 LightningModule = Module  # so `from gpulayer.trainer import LightningModule` ports code with one import change

@@ -167,7 +167,8 @@ def parse(result: Any, module: Any = None) -> tuple[list[torch.optim.Optimizer],
                             " It should have `state_dict` and `load_state_dict` methods defined.")
         if automatic and not isinstance(c.scheduler, (torch.optim.lr_scheduler.LRScheduler,
                                                       torch.optim.lr_scheduler.ReduceLROnPlateau)) \
-                and module is not None and type(module).lr_scheduler_step is _base_lr_scheduler_step():
+                and module is not None and type(module).lr_scheduler_step is _base_lr_scheduler_step() \
+                and "lr_scheduler_step" not in vars(module):  # not overridden on the class, nor on the instance
             raise TrainerConfigError(
                 f"The provided lr scheduler `{type(c.scheduler).__name__}` doesn't follow PyTorch's LRScheduler API. You "
                 "should override the `LightningModule.lr_scheduler_step` hook with your own logic if you are using a "

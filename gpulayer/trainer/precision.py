@@ -72,10 +72,10 @@ class Precision:
 
     def clip(self, optimizer: torch.optim.Optimizer, params: list[nn.Parameter], value: float, algorithm: str) -> None:
         self.unscale(optimizer)
-        if algorithm == "norm":
-            torch.nn.utils.clip_grad_norm_(params, value)
-        else:
+        if algorithm == "value":
             torch.nn.utils.clip_grad_value_(params, value)
+        else:  # "norm", or None: the Trainer's default
+            torch.nn.utils.clip_grad_norm_(params, value)
 
     def state_dict(self) -> dict[str, Any]:
         return {}

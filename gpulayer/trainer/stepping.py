@@ -63,11 +63,8 @@ def optimizer_step(trainer: Any, optimizer: Any, closure: Any, **kwargs: Any) ->
         for f in trainer._hooks.on_before_optimizer_step:
             f(optimizer)
         if module.automatic_optimization:
-            # the config keeps "norm" as its default; a Trainer without clipping has no algorithm of its own
-            algo = cfg.gradient_clip_algorithm if cfg.gradient_clip_val is not None or \
-                cfg.gradient_clip_algorithm != "norm" else None
             module.configure_gradient_clipping(optimizer, gradient_clip_val=cfg.gradient_clip_val,
-                                               gradient_clip_algorithm=algo)
+                                               gradient_clip_algorithm=cfg.gradient_clip_algorithm)
 
     out = trainer._precision.optimizer_step(optimizer, closure, after_closure, **kwargs)
     if not module.automatic_optimization:
@@ -75,7 +72,7 @@ def optimizer_step(trainer: Any, optimizer: Any, closure: Any, **kwargs: Any) ->
     return out
 
 
-def backward(trainer: Any, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+def backward(trainer: Any, loss: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     """``on_before_backward`` -> ``module.backward`` on the loss the precision scaled -> ``on_after_backward``."""
     hooks = trainer._hooks
     loss = trainer._precision.scale_loss(loss)
@@ -84,6 +81,7 @@ def backward(trainer: Any, loss: torch.Tensor, *args: Any, **kwargs: Any) -> Non
     trainer.lightning_module.backward(loss, *args, **kwargs)
     for f in hooks.on_after_backward:
         f()
+    return loss
 
 
 class _Closure:
@@ -118,7 +116,7 @@ class _Closure:
             loop.module.optimizer_zero_grad(t.current_epoch, self.batch_idx, opt)
         if loss is None:
             return None
-        t._backward(loss)
+        t._backward(loss, optimizer=loop.optimizer)
         return loss.detach()
 
 

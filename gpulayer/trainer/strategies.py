@@ -20,7 +20,24 @@ from torch import nn
 from gpulayer.trainer import allocator, data, gradsync
 
 
-class SingleDeviceStrategy:
+class Strategy:
+    """Lightning's ``strategies.Strategy``: what every strategy does the same way.
+
+    ``backward`` is the one path of every backward the Trainer runs for the user (``manual_backward``, the
+    automatic closure): the precision's loss scaling, ``on_before_backward``, ``module.backward``,
+    ``on_after_backward``. The Trainer that runs the strategy sets ``_trainer``.
+    """
+
+    _trainer: Any = None
+
+    def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        from gpulayer.trainer.stepping import backward
+        if self._trainer is None:
+            raise RuntimeError("Strategy.backward runs inside a Trainer's fit; this strategy is attached to none")
+        return backward(self._trainer, closure_loss, *args, **kwargs)
+
+
+class SingleDeviceStrategy(Strategy):
     """One process, one device."""
 
     global_rank = 0

@@ -138,8 +138,11 @@ class Trainer(TrainerProperties):
             raise TrainerTypeError(
                 f"`model` must be a `LightningModule` or `torch._dynamo.OptimizedModule`, got `{type(model).__qualname__}`"
                 " (subclass gpulayer.trainer.LightningModule)")
+        if isinstance(train_dataloaders, LightningDataModule):  # trainer.fit(model, dm), as Lightning accepts
+            datamodule, train_dataloaders = train_dataloaders, None
         if datamodule is not None and (train_dataloaders is not None or val_dataloaders is not None):
-            raise TrainerConfigError("fit() got both a datamodule and data loaders; pass one or the other")
+            raise TrainerConfigError(
+                "You cannot pass `train_dataloader` or `val_dataloaders` to `trainer.fit(datamodule=...)`")
         cfg = self._config
         if cfg.multi_process and not _in_matching_job(cfg):
             from gpulayer.trainer import cluster, launcher
@@ -195,6 +198,8 @@ class Trainer(TrainerProperties):
         if not isinstance(model, Module):
             raise TrainerTypeError(f"`model` must be a `LightningModule` or `torch._dynamo.OptimizedModule`, got "
                                    f"`{type(model).__qualname__}` (subclass gpulayer.trainer.LightningModule)")
+        if isinstance(dataloaders, LightningDataModule):  # trainer.test(model, dm)
+            datamodule, dataloaders = dataloaders, None
         if dataloaders is not None and datamodule is not None:
             raise TrainerConfigError(
                 f"You cannot pass both `trainer.{stage}(dataloaders=..., datamodule=...)`, choose one to pass.")
@@ -286,8 +291,8 @@ class Trainer(TrainerProperties):
             out = evaluate.EvalLoop(self, module, stage, loaders, **kw).run() if loaders else []
         finally:
             self.state_stage = None
-        loggers_mod.finalize(self)  # flush what the run logged (metrics.csv), as Lightning does after every stage
         self._teardown_stage(stage)
+        loggers_mod.finalize(self)  # after teardown, as Lightning: what the run's last hooks logged is flushed too
         return out
 
     def _prepare_loader(self, loader: Any, mode: str) -> Any:
@@ -299,8 +304,8 @@ class Trainer(TrainerProperties):
         """``LightningOptimizer.step`` ends here: ``stepping.optimizer_step``."""
         return stepping.optimizer_step(self, optimizer, closure, **kwargs)
 
-    def _backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:  # manual_backward and the closure
-        stepping.backward(self, loss, *args, **kwargs)
+    def _backward(self, loss: torch.Tensor, *args: Any, optimizer: Any = None, **kwargs: Any) -> None:
+        self.strategy.backward(loss, optimizer, *args, **kwargs)  # manual_backward and the closure
 
     def _val_due_this_epoch(self) -> bool:
         return self._loop is not None and self._loop._val_due() and sum(self.num_val_batches) > 0
@@ -314,6 +319,7 @@ class Trainer(TrainerProperties):
         cfg = self._config
         self.strategy = strategy_for(cfg)
         device = self.strategy.root_device
+        self.strategy._trainer = self
         self.strategy.setup_environment()
         self._setup_backends()
         self._store = MetricStore(self.strategy.reduce if self.strategy.world_size > 1 else None)
@@ -388,29 +394,32 @@ class Trainer(TrainerProperties):
                 f"`Trainer(accumulate_grad_batches={cfg.accumulate_grad_batches})` or switch to automatic optimization.")
         hooks = self._setup_stage("fit", module, datamodule)
         self.ckpt_path = ckpt_path
+        # a resume, in Lightning's two phases: the module's and callbacks' states before configure_optimizers,
+        # the optimizers', schedulers' and loops' after on_fit_start
+        ckpt = self._resume_attempt() if self._resume_newest else None
+        if ckpt is None and ckpt_path is not None:
+            ckpt = self._resume_checkpoint(ckpt_path)
+        if ckpt is not None:
+            checkpoint.restore_modules_and_callbacks(self, ckpt)
         step_fn = self.strategy.setup_module(module)
         self.optimizers, self.lr_scheduler_configs = optimizers.parse(module.configure_optimizers(), module)
         self._lightning_optimizers = [LightningOptimizer._to_lightning_optimizer(o, self) for o in self.optimizers]
         if cfg.enable_model_summary and self.is_global_zero:
             summary.print_summary(module)
         hooks.call("on_fit_start")
-        resume = self._resume_attempt() if self._resume_newest else None
-        if resume is None and ckpt_path is not None:
-            resume = self._restore(ckpt_path)
         loggers_mod.log_hyperparams(self)  # also creates version_N now, as Lightning does
+        resume = checkpoint.restore_training_state(self, ckpt) if ckpt is not None else None
         module.zero_grad()
-        self._fit_data = fit_data = FitData(self, module, train, val, datamodule)
+        self._fit_data = FitData(self, module, train, val, datamodule)
         sanity = cfg.num_sanity_val_steps != 0 and ckpt_path is None and not self._resume_newest
-        val_loaders, train = fit_data.load(sanity_check=sanity)  # val first: Lightning's sanity check reads it
-        self._loop = FitLoop(self, module, step_fn, train, val_loaders, resume)
-        self.num_training_batches = self._loop.num_train_batches
+        self._loop = FitLoop(self, module, step_fn, resume, sanity)  # its run() requests the loaders
         with gcfreeze.frozen():  # a failure: the entry point's _call_and_handle_interrupt runs on_exception
             self._loop.run()
-        loggers_mod.finalize(self)
         hooks.call("on_fit_end")
         self._teardown_stage("fit")
+        loggers_mod.finalize(self)  # after teardown, as Lightning: what on_fit_end logged is flushed too
 
-    def _resume_attempt(self) -> dict[str, Any] | None:
+    def _resume_attempt(self) -> dict[str, Any] | None:  # the checkpoint, loaded
         """A restarted attempt of a cluster fit: Lightning's ``ckpt_path="last"``, from this fit's newest checkpoint.
 
         Every rank reads the same file (the checkpoint directory must be shared storage on a real cluster);
@@ -423,10 +432,11 @@ class Trainer(TrainerProperties):
         path, ckpt = found
         self.ckpt_path = path
         self._resumed_from = {"path": path, "global_step": ckpt["global_step"], "epoch": ckpt["epoch"]}
-        return checkpoint.restore(self, ckpt)
+        return ckpt
 
-    def _restore(self, ckpt_path: str) -> dict[str, Any] | None:
-        """Resume from ``ckpt_path`` (a file, ``"last"``, ``"best"`` or ``"hpc"``); ``trainer.ckpt_path`` becomes the file."""
+    def _resume_checkpoint(self, ckpt_path: str) -> dict[str, Any] | None:
+        """The checkpoint to resume from, loaded: ``ckpt_path`` is a file, ``"last"``, ``"best"`` or ``"hpc"``;
+        ``trainer.ckpt_path`` becomes the file."""
         path = checkpoint.hpc_resume_path(self.default_root_dir) if ckpt_path == "hpc" else ckpt_path
         if ckpt_path == "hpc" and path is None:
             raise ValueError('`.fit(ckpt_path="hpc")` is set but no HPC checkpoint was found. '
@@ -434,7 +444,7 @@ class Trainer(TrainerProperties):
         if ckpt_path in ("last", "best"):
             path = self._eval_checkpoint("fit", ckpt_path, model_provided=True)
         self.ckpt_path = path
-        return checkpoint.restore(self, checkpoint.load(os.fspath(path))) if path is not None else None
+        return checkpoint.load(os.fspath(path)) if path is not None else None
 
     def _take_result(self, module: Module, result: dict[str, Any]) -> None:
         """Rank 0's weights, counters, metrics and callback states, into this process's objects."""

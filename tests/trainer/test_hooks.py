@@ -48,11 +48,6 @@ def _both(stage: str, **kw) -> tuple[list, list]:
     return _calls(gl, stage, **kw), _calls(lp, stage, **kw)
 
 
-def _without_loader_requests(calls: list) -> list:
-    """The calls minus the *_dataloader requests, whose exact place in fit is checked apart."""
-    return [c for c in calls if not c[0].endswith("_dataloader")]
-
-
 def _loader_requests_follow_the_optimizers(calls: list) -> None:
     names = [c[0] for c in calls]
     requests = [i for i, n in enumerate(names) if n.endswith("_dataloader")]
@@ -74,9 +69,57 @@ def _first_difference(ours: list, theirs: list) -> str:
 def test_fit_calls_every_hook_in_lightnings_order(automatic):
     ours, theirs = _both("fit", automatic=automatic)
     _loader_requests_follow_the_optimizers(ours)
-    # Lightning asks for the val loader inside the sanity check and the train loader after it; gpulayer asks
-    # for both just before the sanity check (fit_data.py), so the requests are compared apart
-    ours, theirs = _without_loader_requests(ours), _without_loader_requests(theirs)
+    assert ours == theirs, _first_difference(ours, theirs)
+
+
+@needs_lightning
+def test_fit_without_sanity_check_requests_train_then_val_loaders_before_on_train_start():
+    ours, theirs = _both("fit", num_sanity_val_steps=0)
+    names = [c[0] for c in ours]
+    assert names.index("train_dataloader") < names.index("val_dataloader") < names.index("Callback.on_train_start")
+    assert ours == theirs, _first_difference(ours, theirs)
+
+
+def _resume_calls(pkg, tmp_path, first: dict, then: dict) -> list:
+    """The calls of a fit (``then``) resumed from the checkpoint an earlier fit's (``first``) ModelCheckpoint saved."""
+    kw = {**TRAINER_KW, "limit_val_batches": 0}
+    kw.pop("max_epochs")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, callback, _ = hook_recorder.build(pkg, [])
+        trainer = pkg.Trainer(callbacks=[callback], **{**kw, **first, "enable_checkpointing": True,
+                                                        "default_root_dir": tmp_path / pkg.__name__})
+        trainer.fit(model)
+        path = trainer.checkpoint_callback.best_model_path
+        calls: list = []
+        model, callback, _ = hook_recorder.build(pkg, calls)
+        for name in ("on_load_checkpoint", "load_state_dict"):
+            _record(callback, name, "Callback.", calls)
+        _record(model, "on_load_checkpoint", "", calls)
+        pkg.Trainer(callbacks=[callback], **{**kw, **then}).fit(model, ckpt_path=path)
+    return calls
+
+
+def _record(obj, name: str, prefix: str, calls: list) -> None:
+    fn = getattr(obj, name)
+
+    def record(*args, **kwargs):
+        calls.append((prefix + name, ()))
+        return fn(*args, **kwargs)
+
+    object.__setattr__(obj, name, record)
+
+
+@needs_lightning
+@pytest.mark.parametrize("first, then", [({"max_epochs": 1}, {"max_epochs": 2}), ({"max_steps": 1}, {"max_steps": 3})],
+                         ids=["after_an_epoch", "mid_epoch"])
+def test_resumed_fit_restores_module_and_callbacks_before_the_optimizers_and_skips_the_started_epochs_start(
+        tmp_path, first, then):
+    import lightning.pytorch as lp
+    ours, theirs = _resume_calls(gl, tmp_path, first, then), _resume_calls(lp, tmp_path, first, then)
+    names = [c[0] for c in ours]
+    assert names.index("on_load_checkpoint") < names.index("Callback.on_load_checkpoint") \
+        < names.index("configure_optimizers") < names.index("on_fit_start")
     assert ours == theirs, _first_difference(ours, theirs)
 
 
@@ -100,7 +143,6 @@ def test_datamodule_hooks_in_lightnings_order(stage):
     ours, theirs = _both(stage, with_datamodule=True, dm_transfer=True)
     if stage == "fit":
         _loader_requests_follow_the_optimizers(ours)
-        ours, theirs = _without_loader_requests(ours), _without_loader_requests(theirs)
     assert ours == theirs, _first_difference(ours, theirs)
 
 
@@ -419,3 +461,49 @@ def test_load_from_checkpoint_calls_configure_model_before_the_weights_load(tmp_
     loaded = Lazy.load_from_checkpoint(tmp_path / "lazy.ckpt")
     assert calls == ["configure_model", "on_load_checkpoint"]
     torch.testing.assert_close(loaded.layer.weight, model.layer.weight)
+
+
+def _sanity_calls(L) -> list:
+    calls: list = []
+
+    class Recorder(L.Callback):
+        def on_sanity_check_start(self, trainer, pl_module):
+            calls.append("on_sanity_check_start")
+
+        def on_sanity_check_end(self, trainer, pl_module):
+            calls.append("on_sanity_check_end")
+
+        def on_validation_start(self, trainer, pl_module):
+            calls.append(f"on_validation_start sanity={trainer.sanity_checking}")
+
+    class Net(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).pow(2).mean()
+
+        def validation_step(self, batch, batch_idx):
+            pass
+
+        def val_dataloader(self):
+            calls.append("val_dataloader")
+            return []
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    from tests.trainer.twin import loader
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        L.Trainer(callbacks=[Recorder()], **{**TRAINER_KW, "max_epochs": 1}).fit(Net(), loader())
+    return calls
+
+
+@needs_lightning
+def test_a_sanity_check_without_batches_calls_only_its_own_hooks():
+    import lightning.pytorch as lp
+    ours = _sanity_calls(gl)
+    assert ours == ["on_sanity_check_start", "val_dataloader", "on_sanity_check_end"]
+    assert ours == _sanity_calls(lp)

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
 import os
 import warnings
+from unittest import mock
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import gpulayer.trainer as gl
-from gpulayer.trainer import CSVLogger
+from gpulayer.trainer import CSVLogger, Trainer, TrainerConfigError
+from tests.trainer import twin
 
 
 def _read(path) -> list[dict[str, str]]:
@@ -122,3 +125,70 @@ def test_csv_logger_writes_the_files_lightning_writes_for_the_same_run(tmp_path)
     assert [(r["epoch"], sorted(k for k, v in r.items() if v and k not in ("epoch", "step"))) for r in ours] == \
         [(r["epoch"], sorted(k for k, v in r.items() if v and k not in ("epoch", "step"))) for r in theirs]
     assert any(r["test_loss"] for r in ours)
+
+
+def _buffering_run(L, logger_base) -> list:
+    """A logger that keeps what it got until ``finalize``; callbacks log from the last hook of each stage."""
+
+    class Buffer(logger_base):
+        def __init__(self):
+            super().__init__()
+            self.buffer, self.finalized = {}, []
+
+        name = property(lambda self: "buffer")
+        version = property(lambda self: 1)
+        experiment = property(lambda self: None)
+
+        def log_metrics(self, metrics, step=None):
+            self.buffer.update(metrics)
+
+        def log_hyperparams(self, *args, **kwargs):
+            pass
+
+        def finalize(self, status):
+            self.finalized.append(sorted(self.buffer))
+
+    class LogsLast(L.Callback):
+        def on_fit_end(self, trainer, pl_module):
+            trainer.logger.log_metrics({"fit": 1})
+
+        def on_test_end(self, trainer, pl_module):
+            trainer.logger.log_metrics({"test": 1})
+
+    class Net(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            return torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+
+        def test_step(self, batch, batch_idx):
+            pass
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    logger = Buffer()
+    trainer = L.Trainer(max_epochs=1, logger=logger, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, callbacks=[LogsLast()])
+    model = Net()
+    trainer.fit(model, twin.loader())
+    trainer.test(model, twin.loader(), verbose=False)
+    return logger.finalized
+
+
+def test_loggers_are_finalized_after_the_last_hooks_of_a_stage():
+    from gpulayer.trainer.loggers.logger import Logger
+    ours = _buffering_run(twin.gpulayer_ns(), Logger)
+    assert ours == [["fit"], ["fit", "test"]]
+    if importlib.util.find_spec("lightning") is not None:
+        from lightning.pytorch.loggers.logger import Logger as LightningLogger
+        assert _buffering_run(twin.lightning_ns(), LightningLogger) == ours
+
+
+def test_any_object_with_a_loggers_methods_is_a_logger_and_others_are_refused():
+    logger = mock.Mock()
+    assert Trainer(logger=logger).logger is logger
+    with pytest.raises(TrainerConfigError, match=r"lacks \['log_metrics'"):
+        Trainer(logger=object())

@@ -1,0 +1,5 @@
+"""Lightning's ``loggers.tensorboard`` path."""
+
+from gpulayer.trainer.loggers import TensorBoardLogger
+
+__all__ = ["TensorBoardLogger"]
