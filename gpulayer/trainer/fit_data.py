@@ -14,9 +14,10 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from gpulayer.trainer import data, evaluate
+from gpulayer.trainer import data, evaluate, profilers
 from gpulayer.trainer.errors import TrainerConfigError
 from gpulayer.trainer.seed import capture_rng, restore_rng
+from gpulayer.trainer.stage_aids import hook_action
 from gpulayer.trainer.states import RunningStage
 
 Source = Callable[[], Any]
@@ -50,6 +51,13 @@ class FitData:
     def __init__(self, trainer: Any, module: Any, train: Any, val: Any, datamodule: Any) -> None:
         self.trainer, self.module, self.cfg = trainer, module, trainer._config
         self.train_source, self.val_source = sources(module, train, val, datamodule)
+        # Trainer(profiler=...): the loader hooks are recorded too
+        wrap = profilers.wrapper(getattr(trainer, "profiler", None))
+        owner = datamodule if datamodule is not None else module
+        if self.train_source is not None and (datamodule is not None or train is None):
+            self.train_source = wrap(self.train_source, hook_action(owner, "train_dataloader"))
+        if self.val_source is not None and (datamodule is not None or val is None):
+            self.val_source = wrap(self.val_source, hook_action(owner, "val_dataloader"))
         trainer._train_source = self.train_source
         self.train_loaded_epoch: float = 0
         self.val_loaded_epoch: float = -math.inf  # never: the first validating epoch requests them

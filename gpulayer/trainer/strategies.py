@@ -11,16 +11,25 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import sys
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from gpulayer.trainer import allocator, data, gradsync
 
 
-class SingleDeviceStrategy:
+class Strategy:
+    """What every strategy offers the Trainer (Lightning's ``strategies.strategy.Strategy``)."""
+
+    def on_exception(self, exception: BaseException) -> None:
+        """Called when a stage ends with an error (after the callbacks' ``on_exception``); nothing to undo here."""
+
+
+class SingleDeviceStrategy(Strategy):
     """One process, one device."""
 
     global_rank = 0
@@ -185,3 +194,32 @@ class DDPStrategy(SingleDeviceStrategy):
         return {"strategy": "ddp", "device": str(self.root_device), "world_size": self.world_size,
                 "num_nodes": int(os.environ.get("GROUP_WORLD_SIZE", "1")), "grad_sync": self.comm_hook,
                 "backend": self.backend}
+
+
+def root_device(accelerator: str, device_ids: list[int] | None) -> torch.device:
+    """The device this process runs on: its rank's GPU (``LOCAL_RANK`` in a launched rank), else the CPU."""
+    if accelerator != "cuda":
+        return torch.device("cpu")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    return torch.device("cuda", device_ids[local] if device_ids else local)
+
+
+class _SkipInit(TorchFunctionMode):
+    """``torch.nn.init`` functions return their tensor untouched: weights loaded next need no initialization."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return kwargs["tensor"] if "tensor" in kwargs else args[0]
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def init_context(device: torch.device, empty_init: bool | None = None) -> Any:
+    """Tensors created inside land on ``device``; ``empty_init=True`` also skips their initialization."""
+    with device, (_SkipInit() if empty_init else contextlib.nullcontext()):
+        yield
+
+
+# Lightning's path of the base class is ``<package>.strategies.strategy``: the same module under that name
+sys.modules.setdefault(__name__ + ".strategy", sys.modules[__name__])

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from gpulayer.trainer import checkpoint, data, evaluate, gcfreeze, optimizers, stepping, summary
+from gpulayer.trainer import checkpoint, data, evaluate, gcfreeze, optimizers, stage_aids, stepping, strategies, summary
 from gpulayer.trainer import loggers as loggers_mod
 from gpulayer.trainer.callbacks import Callback
 from gpulayer.trainer.config import TrainerConfig, build_config
@@ -265,10 +265,10 @@ class Trainer(TrainerProperties):
         if stage == "predict" or getattr(self._config, limit_name) != 0:  # a limit of 0: no loader, no loop
             if dataloaders is not None:
                 loaders = data.resolve(dataloaders)
-            elif datamodule is not None:
-                loaders = data.from_datamodule(datamodule, method)
             else:
-                loaders = getattr(module, method)()
+                with stage_aids.profile_hook(self, datamodule if datamodule is not None else module, method):
+                    loaders = data.from_datamodule(datamodule, method) if datamodule is not None \
+                        else getattr(module, method)()
             if loaders is None:
                 raise TrainerConfigError(
                     f"No `{method}()` method defined to run `Trainer.{stage}`; pass dataloaders=... or define "
@@ -326,7 +326,8 @@ class Trainer(TrainerProperties):
         module._metric_store = self._store
         self.fit_info = self.strategy.describe()
         try:
-            out = body(*args)
+            with stage_aids.around_stage(self, self.state.fn.value if self.state.fn is not None else "fit"):
+                out = body(*args)
             # every rank is done with its collectives before any destroys the group: a rank whose
             # peer tore gloo down under it can abort at exit ("terminate called without an active exception")
             self.strategy.barrier()
@@ -358,12 +359,14 @@ class Trainer(TrainerProperties):
         if datamodule is not None:
             datamodule.trainer = self
             if self.local_rank == 0 and is_overridden("prepare_data", datamodule, LightningDataModule):
-                datamodule.prepare_data()
+                with stage_aids.profile_hook(self, datamodule, "prepare_data"):
+                    datamodule.prepare_data()
         if self.local_rank == 0 and is_overridden("prepare_data", module, Module):
             module.prepare_data()
         self.strategy.barrier()
         if datamodule is not None and hasattr(datamodule, "setup"):
-            datamodule.setup(stage=stage)
+            with stage_aids.profile_hook(self, datamodule, "setup"):
+                datamodule.setup(stage=stage)
         hooks.call("setup", stage=stage)
         for name in ("configure_sharded_model", "configure_model"):  # Lightning's older name first
             if is_overridden(name, module, Module):
@@ -372,7 +375,8 @@ class Trainer(TrainerProperties):
 
     def _teardown_stage(self, stage: str) -> None:
         if self.datamodule is not None and hasattr(self.datamodule, "teardown"):
-            self.datamodule.teardown(stage=stage)
+            with stage_aids.profile_hook(self, self.datamodule, "teardown"):
+                self.datamodule.teardown(stage=stage)
         self._hooks.call("teardown", stage=stage)
 
     def _run(self, module: Module, train: Any, val: Any, datamodule: Any, ckpt_path: str | None) -> None:
@@ -504,12 +508,19 @@ class Trainer(TrainerProperties):
         """Write a checkpoint of the current state. Call it on every rank, as in Lightning: each builds the
         contents (its callbacks' ``state_dict`` and ``on_save_checkpoint`` run), global rank 0 writes, all wait."""
         if self.lightning_module is None:
-            raise TrainerError("save_checkpoint needs a model: call it during or after fit()")
+            raise AttributeError("Saving a checkpoint is only possible if a model is attached to the Trainer. Did you "
+                                 "call `Trainer.save_checkpoint()` before calling `Trainer.{fit,validate,test,predict}`?")
         ckpt = checkpoint.dump(self, weights_only)
         if self.is_global_zero:
             checkpoint.save(ckpt, os.fspath(filepath))
         if self.world_size > 1:
             self.strategy.barrier()
+
+    def init_module(self, empty_init: bool | None = None) -> Any:
+        """``with trainer.init_module(): model = Net()`` creates the weights on the device the run uses;
+        ``empty_init=True`` skips their initialization (for weights loaded right after)."""
+        return strategies.init_context(strategies.root_device(self._config.accelerator, self._config.device_ids),
+                                       empty_init)
 
     def remove_checkpoint(self, filepath: str | os.PathLike) -> None:
         if self.is_global_zero and os.path.isfile(filepath):
