@@ -277,7 +277,8 @@ class Trainer(TrainerProperties):
             given, loaders = loaders, [self._prepare_loader(dl, mode) for dl in data.as_list(loaders)]
             self._stage_loaders[stage] = data.as_given(given, loaders)
         loggers_mod.log_hyperparams(self)
-        setattr(self, f"num_{method[:-11]}_batches", [data.num_batches(dl, getattr(self._config, limit_name)) for dl in loaders])
+        setattr(self, f"num_{method[:-11]}_batches",
+                data.stage_counts(loaders, getattr(self._config, limit_name), method[:-11]))
         try:
             out = evaluate.EvalLoop(self, module, stage, loaders, **kw).run() if loaders else []
         finally:
@@ -288,6 +289,9 @@ class Trainer(TrainerProperties):
 
     def _prepare_loader(self, loader: Any, mode: str) -> Any:
         if self.strategy.world_size == 1 or not self._config.use_distributed_sampler:
+            return loader
+        if isinstance(loader, data.CombinedLoader):  # a combined one (not sequential): each of its loaders
+            loader.flattened = [self._prepare_loader(dl, mode) for dl in loader.flattened]
             return loader
         return self.strategy.prepare_loader(loader, mode)
 

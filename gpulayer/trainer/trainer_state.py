@@ -185,6 +185,9 @@ class TrainerProperties:
 
     @property
     def num_sanity_val_batches(self) -> list[int | float]:
+        """The sanity check's batches per val loader: a fit's (``[]`` before any fit loaded its data)."""
+        if getattr(self, "_fit_data", None) is None:
+            return []
         return [min(self.num_sanity_val_steps, n) for n in self.num_val_batches]
 
     @property
