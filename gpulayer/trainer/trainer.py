@@ -56,8 +56,9 @@ class Trainer(TrainerProperties):
     ``accumulate_grad_batches``, ``check_val_every_n_epoch``,
     ``val_check_interval``, ``log_every_n_steps``, ``num_sanity_val_steps``,
     ``callbacks``, ``logger``, ``enable_checkpointing``, ``enable_progress_bar``
-    (default: on when stdout is a terminal), ``default_root_dir``,
-    ``fast_dev_run``. gpulayer adds ``prefetch`` (copy the next batch to the GPU
+    (a ``TQDMProgressBar`` callback, on by default), ``default_root_dir``,
+    ``fast_dev_run``, ``profiler`` (``"simple"``, ``"advanced"``: ``profilers/``),
+    ``barebones`` (``barebones.py``), ``detect_anomaly``. gpulayer adds ``prefetch`` (copy the next batch to the GPU
     during the current step), ``grad_sync`` (``"auto"``, ``"two_level"``,
     ``"flat"``: see ``gradsync.py``), ``cluster_resources`` (a
     ``gpulayer.Resources`` the workers of a ``num_nodes > 1`` fit must offer)

@@ -65,3 +65,12 @@ def test_log_warns_and_records_nothing_but_training_runs(tmp_path):
         trainer.fit(Logs())
     assert trainer.global_step == 3 and trainer.callback_metrics == {}
     assert not list(tmp_path.iterdir())  # no checkpoint, no log directory
+
+
+def test_the_cli_signature_accepts_barebones_and_profiler():
+    from gpulayer.trainer.cli_trainer import _trainer
+
+    assert _trainer(barebones=True).barebones
+    assert type(_trainer(profiler="simple", logger=False).profiler).__name__ == "SimpleProfiler"
+    with pytest.raises(TrainerConfigError, match=r"log_every_n_steps=5\)` was passed"):
+        _trainer(barebones=True, log_every_n_steps=5)
