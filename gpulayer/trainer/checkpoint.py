@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import io
 import os
+import warnings
 from typing import Any
 
 import torch
 
 from gpulayer.trainer import checkpoint_loops
-from gpulayer.trainer.errors import TrainerError
+from gpulayer.trainer.errors import CheckpointNotFound, TrainerError
 from gpulayer.trainer.seed import capture_rng
+from gpulayer.trainer.stage_aids import profile_hook
 
 FORMAT_VERSION = 2
 GPULAYER_KEY = "gpulayer"
@@ -103,7 +105,8 @@ def dump(trainer, weights_only: bool = False) -> dict[str, Any]:
     if trainer._fit_id is not None:
         own["fit_id"] = trainer._fit_id
     if not weights_only:
-        ckpt["callbacks"] = {cb.state_key: cb.state_dict() for cb in trainer.callbacks}
+        # only callbacks with a state, as Lightning saves them (the progress bar has none)
+        ckpt["callbacks"] = {cb.state_key: state for cb in trainer.callbacks if (state := cb.state_dict())}
         ckpt["optimizer_states"] = [o.state_dict() for o in trainer.optimizers]
         ckpt["lr_schedulers"] = [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs]
         scaler = trainer._precision.state_dict().get("scaler") if trainer._precision is not None else None
@@ -116,7 +119,8 @@ def dump(trainer, weights_only: bool = False) -> dict[str, Any]:
         _hparams_entries(obj, ckpt)
     datamodule = trainer.datamodule
     if datamodule is not None and hasattr(datamodule, "state_dict"):
-        dm_state = datamodule.state_dict()
+        with profile_hook(trainer, datamodule, "state_dict"):
+            dm_state = datamodule.state_dict()
         if dm_state:
             ckpt[type(datamodule).__qualname__] = dm_state
     ckpt["loops"][GPULAYER_KEY] = own
@@ -141,7 +145,8 @@ def save(ckpt: dict[str, Any], path: str) -> None:
 
 def load(path: str) -> dict[str, Any]:
     if not os.path.isfile(path):
-        raise TrainerError(f"fit(ckpt_path={path!r}): no such checkpoint file")
+        raise CheckpointNotFound(f"Checkpoint file not found: {path!r} (ckpt_path=...: pass an existing checkpoint "
+                                 "file, 'last' or 'best')")
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
@@ -215,10 +220,17 @@ def restore_modules_and_callbacks(trainer, ckpt: dict[str, Any]) -> None:
     module.load_state_dict(ckpt["state_dict"], strict=module.strict_loading)
     datamodule = trainer.datamodule
     if datamodule is not None and type(datamodule).__qualname__ in ckpt:
-        datamodule.load_state_dict(ckpt[type(datamodule).__qualname__])
+        with profile_hook(trainer, datamodule, "load_state_dict"):
+            datamodule.load_state_dict(ckpt[type(datamodule).__qualname__])
     for cb in trainer.callbacks:
         cb.on_load_checkpoint(trainer, module, ckpt)
     saved_callbacks = ckpt.get("callbacks", {})
+    missing = saved_callbacks.keys() - {cb.state_key for cb in trainer.callbacks} \
+        - {getattr(cb, "_legacy_state_key", type(cb)) for cb in trainer.callbacks}
+    if missing:
+        warnings.warn("Be aware that when using `ckpt_path`, callbacks used to create the checkpoint need to be provided "
+                      f"during `Trainer` instantiation. Please add the following callbacks: {list(missing)}.",
+                      stacklevel=2)
     for cb in trainer.callbacks:
         state = saved_callbacks.get(cb.state_key)
         if state is None:

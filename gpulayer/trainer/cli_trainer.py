@@ -6,10 +6,12 @@ has the same arguments with their types, defaults and help, and builds the Train
 
 from __future__ import annotations
 
+import inspect
 from typing import Optional, Union
 
 from gpulayer.trainer.callbacks import Callback
 from gpulayer.trainer.loggers import Logger
+from gpulayer.trainer.profilers import Profiler
 from gpulayer.trainer.trainer import Trainer
 
 
@@ -51,6 +53,9 @@ def _trainer(
     prefetch: bool = True,
     grad_sync: str = "auto",
     max_restarts: int = 0,
+    profiler: Optional[Union[Profiler, str]] = None,
+    detect_anomaly: bool = False,
+    barebones: bool = False,
 ) -> Trainer:
     """The Trainer's arguments with types, for jsonargparse (``Trainer`` itself takes ``**kwargs``).
 
@@ -79,7 +84,7 @@ def _trainer(
         num_sanity_val_steps: validation batches before training (-1: all).
         log_every_n_steps: how often to log within steps.
         enable_checkpointing: add a ModelCheckpoint when none is given.
-        enable_progress_bar: show the progress bar (default: when stdout is a terminal).
+        enable_progress_bar: show the progress bar (default: on; one line per epoch when stdout is not a terminal).
         enable_model_summary: print a summary of the model before fitting.
         accumulate_grad_batches: accumulate gradients over k batches before stepping.
         gradient_clip_val: clip gradients at this value (None: no clipping).
@@ -93,5 +98,13 @@ def _trainer(
         grad_sync: "auto", "two_level" or "flat" gradient synchronisation (gpulayer).
         max_restarts: with num_nodes > 1, restart the fit on live workers from its newest checkpoint after a rank
             or a worker fails, up to this many times (gpulayer).
+        profiler: "simple", "advanced" or a Profiler: time the hooks, steps and batch fetches.
+        detect_anomaly: autograd's anomaly detection (slow; names the operation that produced a NaN).
+        barebones: turn off everything that costs speed (checkpoints, logging, progress bar, summary...).
     """
-    return Trainer(**locals())
+    given = locals()
+    # arguments left at their defaults are not passed: Trainer applies the same ones, and barebones=True
+    # refuses an explicit enable_checkpointing=True or log_every_n_steps=50
+    defaults = {name: p.default for name, p in inspect.signature(_trainer).parameters.items()}
+    return Trainer(**{k: v for k, v in given.items() if not (v is defaults[k] or type(v) is type(defaults[k])
+                                                              and v == defaults[k])})

@@ -75,6 +75,9 @@ class TrainerConfig:
     cluster_resources: Any = None  # num_nodes > 1: gpulayer.Resources (or a dict) every rank's worker must offer
     max_restarts: int = 0  # num_nodes > 1: restarts of the whole gang after a rank or worker fails (gpulayer)
     max_epochs_given: bool = True  # False: max_epochs was derived (Lightning reports None until a fit resolves it)
+    detect_anomaly: bool = False  # autograd's anomaly detection around every stage (slow: a debugging aid)
+    barebones: bool = False  # every feature that costs speed off (barebones.py)
+    profiler: Any = None  # a profilers.Profiler; None: PassThroughProfiler (nothing recorded, nothing paid)
 
     @property
     def multi_process(self) -> bool:
@@ -211,8 +214,14 @@ def build_config(**kwargs: Any) -> TrainerConfig:
         if name not in known:
             close = difflib.get_close_matches(name, sorted(known), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise TrainerConfigError(f"Trainer got an unknown argument {name!r}{hint} (accepted: {', '.join(sorted(known))})")
+            # a TypeError, as Python's own for a signature (Lightning's Trainer lists its arguments)
+            raise TrainerTypeError(f"Trainer.__init__() got an unexpected keyword argument {name!r}{hint} "
+                                   f"(accepted: {', '.join(sorted(known))})")
     kwargs = {**env_defaults(known), **kwargs}
+    barebones_mode = _bool("barebones", kwargs.pop("barebones", False))
+    if barebones_mode:
+        from gpulayer.trainer import barebones
+        kwargs = barebones.apply(kwargs)
     fast_dev_run = kwargs.pop("fast_dev_run", False)
 
     cfg = TrainerConfig()
@@ -299,7 +308,8 @@ def build_config(**kwargs: Any) -> TrainerConfig:
             "datetime.timedelta, or dict kwargs for timedelta) when `check_val_every_n_epoch=None`. "
             f"(Trainer(val_check_interval={cfg.val_check_interval}) is a fraction of an epoch, which has no meaning "
             "without epochs; pass a number of batches.)")
-    cfg.log_every_n_steps = _int_at_least("log_every_n_steps", kwargs.get("log_every_n_steps", 50), 1)
+    # 0: never at steps (what barebones sets; Lightning accepts it)
+    cfg.log_every_n_steps = _int_at_least("log_every_n_steps", kwargs.get("log_every_n_steps", 50), 0)
     cfg.num_sanity_val_steps = _int_at_least("num_sanity_val_steps", kwargs.get("num_sanity_val_steps", 2), -1)
 
     callbacks = kwargs.get("callbacks") or []
@@ -342,13 +352,25 @@ def build_config(**kwargs: Any) -> TrainerConfig:
             f"TensorBoardLogger) or an object with a Logger's methods; it lacks {missing}")
     cfg.logger = logger
     progress = kwargs.get("enable_progress_bar")
-    cfg.enable_progress_bar = _bool("enable_progress_bar", progress) if progress is not None else sys.stdout.isatty()
-    from gpulayer.trainer.callbacks import TQDMProgressBar
-    bars = [c for c in cfg.callbacks if isinstance(c, TQDMProgressBar)]
+    cfg.enable_progress_bar = True if progress is None else _bool("enable_progress_bar", progress)
+    from gpulayer.trainer.callbacks import ProgressBar, TQDMProgressBar
+    bars = [c for c in cfg.callbacks if isinstance(c, ProgressBar)]
+    if len(bars) > 1:
+        raise TrainerConfigError("You added multiple progress bar callbacks to the Trainer, but currently only one "
+                                 "progress bar is supported.")
     if bars and progress is False:
-        raise TrainerConfigError("Trainer was configured with `enable_progress_bar=False` but found `TQDMProgressBar` in callbacks list; drop one of them")
-    if bars:
-        cfg.enable_progress_bar = bars[0].refresh_rate > 0
+        raise TrainerConfigError(
+            "Trainer was configured with `enable_progress_bar=False` but found `TQDMProgressBar` in callbacks list.")
+    if cfg.enable_progress_bar and not bars:  # Lightning's default bar: after the user's callbacks, before checkpoints
+        tail = len(cfg.callbacks)
+        while tail and isinstance(cfg.callbacks[tail - 1], ModelCheckpoint):
+            tail -= 1
+        cfg.callbacks.insert(tail, TQDMProgressBar())
+    cfg.enable_progress_bar = bool(bars) or cfg.enable_progress_bar
+    cfg.detect_anomaly = _bool("detect_anomaly", kwargs.get("detect_anomaly", False))
+    cfg.barebones = barebones_mode
+    from gpulayer.trainer.profilers import resolve_profiler
+    cfg.profiler = resolve_profiler(kwargs.get("profiler"), cfg.default_root_dir)
     cfg.prefetch = _bool("prefetch", kwargs.get("prefetch", True))
     grad_sync = kwargs.get("grad_sync", "auto")
     if grad_sync not in GRAD_SYNC:

@@ -35,7 +35,8 @@ def as_list(loaders: Any) -> list:
     if loaders is None:
         return []
     if isinstance(loaders, CombinedLoader):
-        return list(loaders.flattened)
+        # sequential: its loaders one after another; another mode: one loader of combined batches (Lightning's)
+        return list(loaders.flattened) if loaders._mode == "sequential" else [loaders]
     if isinstance(loaders, dict):
         return list(loaders.values())
     if isinstance(loaders, (list, tuple)):
@@ -45,9 +46,20 @@ def as_list(loaders: Any) -> list:
 
 def as_given(given: Any, prepared: list) -> Any:
     """What ``trainer.val_dataloaders`` & co. show: one loader when one was given, else the list."""
+    if len(prepared) == 1 and isinstance(prepared[0], CombinedLoader):
+        return prepared[0].iterables
     if len(prepared) == 1 and not isinstance(given, (list, tuple, dict, CombinedLoader)):
         return prepared[0]
     return prepared
+
+
+def stage_counts(loaders: list, limit: int | float, stage: str) -> list[float]:
+    """``trainer.num_<stage>_batches``: per loader, and per iterable of a combined one (its limits are set)."""
+    counts: list[float] = []
+    for dl in loaders:
+        n = num_batches(dl, limit, stage)
+        counts.extend(dl.limits if isinstance(dl, CombinedLoader) else [n])
+    return counts
 
 
 def combine_train(loaders: Any) -> Any:

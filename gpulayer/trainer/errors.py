@@ -24,6 +24,10 @@ class TrainerTypeError(TrainerConfigError, TypeError):
     """An argument of the wrong type (a ``TypeError`` in Lightning, so both catch it)."""
 
 
+class CheckpointNotFound(TrainerError, FileNotFoundError):
+    """A ``ckpt_path`` that names no file (a ``FileNotFoundError`` in Lightning, so both catch it)."""
+
+
 class RankFailed(TrainerError):
     """A rank of a multi-process fit failed; carries the rank and its traceback."""
 

@@ -11,11 +11,13 @@ reduced (what ``callback_metrics`` shows from here on), ``on_<stage>_end``.
 from __future__ import annotations
 
 import inspect
+import itertools
+import math
 from typing import Any
 
 import torch
 
-from gpulayer.trainer import data, metrics
+from gpulayer.trainer import data, metrics, profilers
 from gpulayer.trainer.predict_state import PredictState
 from gpulayer.trainer.prefetch import device_batches
 from gpulayer.trainer.states import RunningStage
@@ -52,6 +54,11 @@ class EvalLoop:
         return n
 
     def run(self) -> list:
+        # the whole stage, its start and end hooks too, runs without gradients (Lightning's loops do)
+        with torch.inference_mode() if self.trainer._config.inference_mode else torch.no_grad():
+            return self._run()
+
+    def _run(self) -> list:
         t, module, hooks, store, p = self.trainer, self.module, self.trainer._hooks, self.trainer._store, self.prefix
         modes = {name: m.training for name, m in module.named_modules()}  # restored at the end, submodule by submodule
         saved_context = store.context
@@ -78,34 +85,39 @@ class EvalLoop:
         if predicting:  # what prediction writers read (trainer.predict_loop)
             t.predict_loop = PredictState(t.callbacks, loaders, self.return_predictions)
             loaders = t.predict_loop.loaders
-        grad_off = torch.inference_mode if t._config.inference_mode else torch.no_grad
-        with grad_off():
-            for dl_idx, loader in enumerate(loaders):
-                n = self._num_batches(loader)
-                if n == 0:
-                    continue
-                store.dl_idx = dl_idx if multi else None
-                extra = (dl_idx,) if multi else ()
-                data.set_epoch(loader, t.current_epoch)
-                device = t.strategy.root_device
-                batches = iter(loader) if hooks.transfer else device_batches(iter(loader), device, t._config.prefetch)
-                for i, batch in enumerate(batches):
-                    if i >= n:
-                        break
-                    if hooks.transfer:
-                        batch = transfer_batch(hooks, batch, device, dl_idx)
-                    store.batch = batch
-                    if predicting:
-                        t.predict_loop.batch_done(dl_idx, i)
-                    hooks.call(f"on_{p}_batch_start", batch, i, *extra)
-                    with t._precision.forward_context():
-                        out = step(batch, i, *extra) if with_idx else step(batch, *extra)
-                    hooks.call(f"on_{p}_batch_end", out, batch, i, *extra)
-                    if predicting:
-                        t.predict_loop.keep_output(dl_idx, out)
-                    if not self.sanity and self.acc_name is not None:
-                        t._log_eval_step_metrics(self.acc_name)
-                store.dl_idx = None
+        profiler = t.profiler
+        step = profilers.wrapper(profiler)(step, f"[Strategy]{type(t.strategy).__name__}.{self.step_name}")
+        fetch = "[_PredictionLoop].predict_next" if predicting else f"[_EvaluationLoop].{self.acc_name}_next"
+        for dl_idx, loader in enumerate(loaders):
+            n = self._num_batches(loader)
+            if n == 0:
+                continue
+            store.dl_idx = dl_idx if multi else None
+            extra = (dl_idx,) if multi else ()
+            data.set_epoch(loader, t.current_epoch)
+            device = t.strategy.root_device
+            it = loader._batches() if isinstance(loader, data.CombinedLoader) else iter(loader)
+            it = profilers.timed(it, profiler, fetch)
+            if n != math.inf:  # no batch past the limit is fetched (nor timed)
+                it = itertools.islice(it, int(n))
+            batches = it if hooks.transfer else device_batches(it, device, t._config.prefetch)
+            for i, batch in enumerate(batches):
+                if i >= n:
+                    break
+                if hooks.transfer:
+                    batch = transfer_batch(hooks, batch, device, dl_idx)
+                store.batch = batch
+                if predicting:
+                    t.predict_loop.batch_done(dl_idx, i)
+                hooks.call(f"on_{p}_batch_start", batch, i, *extra)
+                with t._precision.forward_context():
+                    out = step(batch, i, *extra) if with_idx else step(batch, *extra)
+                hooks.call(f"on_{p}_batch_end", out, batch, i, *extra)
+                if predicting:
+                    t.predict_loop.keep_output(dl_idx, out)
+                if not self.sanity and self.acc_name is not None:
+                    t._log_eval_step_metrics(self.acc_name)
+            store.dl_idx = None
         if self.stage == "predict":
             hooks.call("on_predict_epoch_end")
             results = t.predict_loop.result()

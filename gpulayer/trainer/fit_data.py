@@ -14,8 +14,9 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from gpulayer.trainer import data, evaluate
+from gpulayer.trainer import data, evaluate, profilers
 from gpulayer.trainer.errors import TrainerConfigError
+from gpulayer.trainer.stage_aids import hook_action
 from gpulayer.trainer.states import RunningStage
 from gpulayer.trainer.utilities.rank_zero import rank_zero_warn
 from gpulayer.trainer.utilities.warnings import PossibleUserWarning
@@ -51,6 +52,13 @@ class FitData:
     def __init__(self, trainer: Any, module: Any, train: Any, val: Any, datamodule: Any) -> None:
         self.trainer, self.module, self.cfg = trainer, module, trainer._config
         self.train_source, self.val_source = sources(module, train, val, datamodule)
+        # Trainer(profiler=...): the loader hooks are recorded too
+        wrap = profilers.wrapper(getattr(trainer, "profiler", None))
+        owner = datamodule if datamodule is not None else module
+        if self.train_source is not None and (datamodule is not None or train is None):
+            self.train_source = wrap(self.train_source, hook_action(owner, "train_dataloader"))
+        if self.val_source is not None and (datamodule is not None or val is None):
+            self.val_source = wrap(self.val_source, hook_action(owner, "val_dataloader"))
         trainer._train_source = self.train_source
         self.train_loaded_epoch: float = 0
         self.val_loaded_epoch: float = -math.inf  # never: the first validating epoch requests them
@@ -114,7 +122,7 @@ class FitData:
         t._stage_loaders["validate"] = data.as_given(given, loaders) if loaders else None
         for dl in loaders:
             data.check_lengths(dl, t)
-        t.num_val_batches = [data.num_batches(dl, self.cfg.limit_val_batches, "val") for dl in loaders]
+        t.num_val_batches = data.stage_counts(loaders, self.cfg.limit_val_batches, "val")
         if record:
             self.val_loaded_epoch = t.current_epoch
         return loaders

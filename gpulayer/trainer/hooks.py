@@ -19,7 +19,8 @@ import functools
 import warnings
 from typing import Any
 
-from gpulayer.trainer.callbacks import Callback, EarlyStopping, ModelCheckpoint
+from gpulayer.trainer import profilers
+from gpulayer.trainer.callbacks import Callback, EarlyStopping, ModelCheckpoint, ProgressBar, TQDMProgressBar
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.utilities.model_helpers import is_overridden
 
@@ -84,19 +85,28 @@ class Hooks:
     """``hooks.<name>`` is the list of callables to run for that hook (often empty)."""
 
     def __init__(self, trainer, module: Module, callbacks: list[Callback], datamodule: Any = None):
+        self.module = module
         # monitoring callbacks see train-epoch-end metrics after the module's hook has logged its own
         monitors = [c for c in callbacks if isinstance(c, (ModelCheckpoint, EarlyStopping))]
         others = [c for c in callbacks if c not in monitors]
+        wrap = profilers.wrapper(getattr(trainer, "profiler", None))  # Trainer(profiler=...): each call recorded
+        module_name = type(module).__name__
         for name in HOOK_NAMES:
             order = others if name == "on_train_epoch_end" else callbacks
-            fns = [functools.partial(getattr(c, name), trainer, module) for c in order if customized(c, Callback, name)]
+            fns = [wrap(functools.partial(getattr(c, name), trainer, module), f"[Callback]{c.state_key}.{name}")
+                   for c in order if customized(c, Callback, name)]
             if hasattr(Module, name) and customized(module, Module, name):
-                fns.append(getattr(module, name))
+                fns.append(wrap(getattr(module, name), f"[LightningModule]{module_name}.{name}"))
             setattr(self, name, fns)
         self.on_train_epoch_end_monitors = [
-            functools.partial(c.on_train_epoch_end, trainer, module) for c in monitors
-            if customized(c, Callback, "on_train_epoch_end")
+            wrap(functools.partial(c.on_train_epoch_end, trainer, module), f"[Callback]{c.state_key}.on_train_epoch_end")
+            for c in monitors if customized(c, Callback, "on_train_epoch_end")
         ]
+        # the progress bar draws from what the loop already has: it needs no batch outputs built for it
+        self.train_batch_end_outputs = any(
+            not (isinstance(c, ProgressBar) and type(c).on_train_batch_end is TQDMProgressBar.on_train_batch_end)
+            for c in callbacks if customized(c, Callback, "on_train_batch_end")) \
+            or customized(module, Module, "on_train_batch_end")
         owners = [transfer_owner(module, datamodule, n) for n in TRANSFER_HOOKS]
         self.transfer = any(o is not module or customized(module, Module, n) for o, n in zip(owners, TRANSFER_HOOKS)) \
             or _instance_hooks(module)
@@ -109,5 +119,14 @@ class Hooks:
         )
 
     def call(self, name: str, *args, **kwargs) -> None:
-        for fn in getattr(self, name):
-            fn(*args, **kwargs)
+        fns = getattr(self, name)
+        if not fns:
+            return
+        module = self.module
+        previous = getattr(module, "_current_fx_name", None)
+        module._current_fx_name = name  # what Lightning shows while a hook runs, restored after (nested calls)
+        try:
+            for fn in fns:
+                fn(*args, **kwargs)
+        finally:
+            module._current_fx_name = previous

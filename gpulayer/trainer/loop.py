@@ -13,19 +13,20 @@ order; the choice is made once per fit (``Hooks.general``).
 from __future__ import annotations
 
 import inspect
+import itertools
 import math
 import time
 from typing import Any, Mapping
 
 import torch
 
-from gpulayer.trainer import data
+from gpulayer.trainer import data, profilers
 from gpulayer.trainer.errors import MisconfigurationException
 from gpulayer.trainer.evaluate import EvalLoop
 from gpulayer.trainer.prefetch import device_batches
 from gpulayer.trainer.stepping import GeneralStep, _loss_of, transfer_batch
-from gpulayer.trainer.progress import ProgressBar
 from gpulayer.trainer.seed import capture_rng, restore_rng
+from gpulayer.trainer.utilities.rank_zero import rank_zero_info
 
 
 def batch_output(out: Any, accum: int, manual: bool) -> dict:
@@ -83,13 +84,20 @@ class FitLoop:
         # a plateau scheduler reads a metric validation may log: stepped after the batch's validation (Lightning)
         self.step_plateaus = [c for c in scheds if c.interval == "step" and c.reduce_on_plateau]
         self.epoch_schedulers = [c for c in scheds if c.interval == "epoch"]
-        self.log_needed = trainer.logger is not None or cfg.enable_progress_bar
+        bar = trainer.progress_bar_callback
+        self.has_bar = bar is not None and trainer.is_global_zero
+        # step values are made numbers at log intervals, for the logger and the bar (log_every_n_steps=0: never)
+        self.log_needed = (trainer.logger is not None or self.has_bar) and cfg.log_every_n_steps > 0
         # decided once per fit: the general path calls every step hook in Lightning's order (stepping.py)
         # (and for an optimizer that must call the closure itself, like LBFGS)
         self.general = self.hooks.general or (module.automatic_optimization and _needs_closure(self.optimizer))
         self.general_step = GeneralStep(self)
-        self.bar = ProgressBar() if cfg.enable_progress_bar and trainer.is_global_zero else None
+        self.profiler = trainer.profiler
+        if profilers.active(self.profiler):  # decided once: without a profiler nothing is wrapped
+            self.step_fn = profilers.wrapper(self.profiler)(
+                step_fn, f"[Strategy]{type(trainer.strategy).__name__}.training_step")
         self.deadline = time.monotonic() + cfg.max_time if cfg.max_time is not None else None
+        self._told_min_not_met = False
 
     # -- fit --------------------------------------------------------------------------------
     def run(self) -> None:
@@ -110,7 +118,8 @@ class FitLoop:
         elif self.resume is not None:
             t.current_epoch = self.resume["epoch"]
         while not self._fit_done():
-            self.run_epoch()
+            with self.profiler.profile("run_training_epoch"):
+                self.run_epoch()
             if self.epoch_done:
                 t.current_epoch += 1
             else:
@@ -122,8 +131,13 @@ class FitLoop:
     def _can_stop_early(self, epochs_done: int) -> bool:
         """``should_stop`` is honoured once ``min_epochs`` and ``min_steps`` are met (Lightning's rule)."""
         cfg = self.cfg
-        return (not cfg.min_epochs or epochs_done >= cfg.min_epochs) and \
+        can = (not cfg.min_epochs or epochs_done >= cfg.min_epochs) and \
             (not cfg.min_steps or self.trainer.global_step >= cfg.min_steps)
+        if not can and not self._told_min_not_met:  # said once per fit, as Lightning does
+            self._told_min_not_met = True
+            rank_zero_info(f"Trainer was signaled to stop but the required `min_epochs={cfg.min_epochs!r}` or "
+                           f"`min_steps={cfg.min_steps!r}` has not been met. Training will continue...")
+        return can
 
     def _fit_done(self) -> bool:
         t, cfg = self.trainer, self.cfg
@@ -159,6 +173,9 @@ class FitLoop:
         self.epoch_start_rng = capture_rng()
         loader = self.train_loader
         it = loader._batches() if isinstance(loader, data.CombinedLoader) else iter(loader)
+        it = profilers.timed(it, self.profiler, "[_TrainingEpochLoop].train_dataloader_next")
+        if self.num_train_batches != math.inf:  # no batch past the limit is fetched (nor timed)
+            it = itertools.islice(it, int(self.num_train_batches))
         if resume is not None:
             skip = resume["batches_done"]
             for _ in range(skip):  # replay the sampler; these batches were trained on before the save
@@ -181,8 +198,6 @@ class FitLoop:
         accum, total = cfg.accumulate_grad_batches, self.num_train_batches
         val_every, val_offset = self._val_interval(), self._val_offset()
         self.epoch_done, self.batches_done, self.epoch_scheds_stepped = False, skip, False
-        if self.bar is not None:
-            self.bar.start_epoch(t.current_epoch, cfg.max_epochs, None if total == math.inf else int(total))
         store.context = store.TRAIN_STEP
         stopped_early = False
         batch_idx = skip - 1
@@ -232,12 +247,10 @@ class FitLoop:
                 t._log_step_metrics()
             self.batches_done = batch_idx + 1
             if hooks.on_train_batch_end:
-                if manual or not general:
+                if hooks.train_batch_end_outputs and (manual or not general):
                     out = batch_output(out, accum, manual)
                 for f in hooks.on_train_batch_end:
                     f(out, batch, batch_idx)
-            if self.bar is not None:
-                self.bar.update(batch_idx + 1, store.progress)
             if val_every and (val_offset + batch_idx + 1) % val_every == 0 and batch_idx + 1 != total:
                 self.run_validation()
                 store.context = store.TRAIN_STEP
@@ -336,8 +349,6 @@ class FitLoop:
         metrics = store.reduce_epoch("train")  # callbacks read epoch means in on_train_epoch_end, as in Lightning
         self.hooks.call("on_train_epoch_end")
         metrics.update(store.reduce_epoch("train"))  # what the hooks themselves logged
-        if self.bar is not None:
-            t._log_step_metrics(to_logger=False)  # fresh numbers for the bar's last line of the epoch
         t._log_epoch_metrics(metrics)
         self.hooks.call("on_train_epoch_end_monitors")
         if self.epoch_done:
@@ -345,8 +356,6 @@ class FitLoop:
                 if s.reduce_on_plateau and (t.current_epoch + 1) % s.frequency == 0:
                     t._step_scheduler(s)
         t.should_stop = self.strategy.any(t.should_stop) if t.world_size > 1 else t.should_stop
-        if self.bar is not None:
-            self.bar.end_epoch(self.batches_done, store.progress)
         if t.logger is not None and t.is_global_zero:
             t.logger.save()
         store.context = store.TRAIN_STEP

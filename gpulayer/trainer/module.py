@@ -84,6 +84,7 @@ class Module(HyperparametersMixin, nn.Module):
         self._strict_loading: bool | None = None
         self._automatic_optimization = True
         self._param_requires_grad_state: dict = {}
+        self._current_fx_name: str | None = None  # the hook the Trainer is running (hooks.Hooks.call), else None
 
     # -- what the Trainer exposes to the module -------------------------------------
     @property
@@ -236,6 +237,10 @@ class Module(HyperparametersMixin, nn.Module):
         else:
             raise ValueError(f"`self.log({name}, {value})` was called, but `{type(value).__name__}` values cannot be"
                              " logged (log a number, a one-element tensor or a torchmetrics.Metric)")
+        if self._trainer is not None and getattr(self._trainer, "barebones", False):
+            warnings.warn("You are trying to `self.log()` but `Trainer(barebones=True)` is configured. Logging can "
+                          "impact raw speed so it is disabled under this setting.", stacklevel=3)
+            return
         store = self._metric_store
         if store is None:
             warnings.warn("You are trying to `self.log()` but the `self.trainer` reference is not registered on the"
@@ -527,6 +532,18 @@ class Module(HyperparametersMixin, nn.Module):
     @automatic_optimization.setter
     def automatic_optimization(self, value: bool) -> None:
         self._automatic_optimization = value
+
+    def freeze(self) -> "Module":
+        """For inference: every parameter stops requiring gradients and the module goes to eval mode."""
+        for param in self.parameters():
+            param.requires_grad = False
+        return self.eval()
+
+    def unfreeze(self) -> "Module":
+        """Undo ``freeze``: every parameter requires gradients again, train mode."""
+        for param in self.parameters():
+            param.requires_grad = True
+        return self.train()
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on global rank 0 only."""

@@ -1,7 +1,10 @@
-"""A one-line progress bar that redraws at most a few times a second.
+"""A one-line progress bar with tqdm's attributes (``n``, ``total``, ``set_postfix``...), drawn sparingly.
 
-It shows only numbers the Trainer has already materialised (at log intervals and
-epoch ends), so drawing it never waits for the GPU.
+On a terminal it redraws in place at most a few times a second. When the stream is
+not a terminal (CI logs, files) it writes nothing while running and one finished
+line when the bar closes or ends its line, so logs get one line per epoch instead
+of thousands of carriage returns. ``TQDMProgressBar`` (callbacks/progress.py)
+decides what it shows; this file only draws.
 """
 
 from __future__ import annotations
@@ -11,33 +14,101 @@ import time
 from typing import Any
 
 
-class ProgressBar:
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1:
+        return f"{value.item():.3g}"
+    return str(value)
+
+
+class LineBar:
+    """``total`` (None: unknown), ``n`` (done), ``desc``, ``postfix``; ``disable=True`` draws nothing."""
+
     REFRESH_S = 0.25
 
-    def __init__(self, stream: Any = None):
-        self.stream = stream or sys.stdout
-        self._last = 0.0
-        self._start = 0.0
-        self._total: int | None = None
-        self._desc = ""
+    def __init__(self, desc: str = "", total: int | None = None, leave: bool = True, disable: bool = False,
+                 stream: Any = None) -> None:
+        self.desc, self.total, self.leave, self.disable = desc, total, leave, disable
+        self.n = 0
+        self.initial = 0
+        self.postfix: dict[str, Any] = {}
+        self.stream = stream if stream is not None else sys.stdout
+        self.terminal = _is_terminal(self.stream)
+        self._start = self._last = time.monotonic()
+        self._shown = False  # something of this line is on the screen (a terminal)
 
-    def start_epoch(self, epoch: int, max_epochs: int, total: int | None) -> None:
-        self._desc = f"Epoch {epoch}" + (f"/{max_epochs - 1}" if max_epochs > 0 else "")
-        self._total = total
+    # -- tqdm's names ---------------------------------------------------------------------------
+    def reset(self, total: int | None = None) -> None:
+        self.n, self.total = 0, total
         self._start = self._last = time.monotonic()
 
-    def update(self, done: int, values: dict[str, float], force: bool = False) -> None:
+    def set_description(self, desc: str, refresh: bool = False) -> None:
+        self.desc = desc
+
+    def set_postfix(self, values: dict[str, Any] | None = None, refresh: bool = True, **kwargs: Any) -> None:
+        self.postfix = {**(values or {}), **kwargs}
+        if refresh:
+            self.refresh()
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        self.refresh()
+
+    def refresh(self, force: bool = False) -> None:
+        """Redraw now on a terminal when forced or when the last draw is old enough; elsewhere nothing."""
+        if self.disable or not self.terminal:
+            return
         now = time.monotonic()
-        if not force and now - self._last < self.REFRESH_S:
+        if not force and now - self._last < self.REFRESH_S and self.n != self.total:
             return
         self._last = now
-        rate = done / max(now - self._start, 1e-9)
-        total = f"/{self._total}" if self._total else ""
-        shown = " ".join(f"{k}={v:.4g}" for k, v in values.items())
-        self.stream.write(f"\r{self._desc}: {done}{total} [{rate:.1f} it/s] {shown}\033[K")
+        self.stream.write("\r" + self.line() + "\033[K")
+        self.stream.flush()
+        self._shown = True
+
+    def due(self) -> bool:
+        """A redraw would show now (a terminal, and the last draw is old enough): worth computing what it shows."""
+        return not self.disable and self.terminal and time.monotonic() - self._last >= self.REFRESH_S
+
+    def end_line(self) -> None:
+        """Finish this line (an epoch's): the final numbers stay, the next draw starts below."""
+        if self.disable:
+            return
+        self.stream.write(("\r" if self.terminal else "") + self.line() + ("\033[K\n" if self.terminal else "\n"))
+        self.stream.flush()
+        self._shown = False
+
+    def close(self) -> None:
+        """Done: keep the last line (``leave``) or clear it from the terminal."""
+        if self.disable or not self._shown:
+            return
+        if self.leave:
+            self.end_line()
+        else:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+        self._shown = False
+
+    def write(self, text: str) -> None:
+        """Print a line without breaking the bar (it is drawn again below on the next refresh)."""
+        if self.terminal and self._shown:
+            self.stream.write("\r\033[K")
+            self._shown = False
+        self.stream.write(text + "\n")
         self.stream.flush()
 
-    def end_epoch(self, done: int, values: dict[str, float]) -> None:
-        self.update(done, values, force=True)
-        self.stream.write("\n")
-        self.stream.flush()
+    # -- what is drawn ---------------------------------------------------------------------------
+    def line(self) -> str:
+        elapsed = max(time.monotonic() - self._start, 1e-9)
+        rate = (self.n - self.initial) / elapsed
+        total = f"/{self.total}" if self.total is not None else ""
+        shown = ", ".join(f"{k}={_fmt(v)}" for k, v in self.postfix.items())
+        return f"{self.desc}: {self.n}{total} [{elapsed:.0f}s, {rate:.2f}it/s{', ' + shown if shown else ''}]"

@@ -11,11 +11,13 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import sys
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from gpulayer.trainer import allocator, data, gradsync
 
@@ -35,6 +37,9 @@ class Strategy:
         if self._trainer is None:
             raise RuntimeError("Strategy.backward runs inside a Trainer's fit; this strategy is attached to none")
         return backward(self._trainer, closure_loss, *args, **kwargs)
+
+    def on_exception(self, exception: BaseException) -> None:
+        """Called when a stage ends with an error (after the callbacks' ``on_exception``); nothing to undo here."""
 
 
 class SingleDeviceStrategy(Strategy):
@@ -224,3 +229,32 @@ def strategy_for(config: Any) -> SingleDeviceStrategy:
     return DDPStrategy(device if cuda else None, config.grad_sync,
                        find_unused_parameters=config.strategy == "ddp_find_unused_parameters_true",
                        planned_world_size=config.devices * config.num_nodes)
+
+
+def root_device(accelerator: str, device_ids: list[int] | None) -> torch.device:
+    """The device this process runs on: its rank's GPU (``LOCAL_RANK`` in a launched rank), else the CPU."""
+    if accelerator != "cuda":
+        return torch.device("cpu")
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    return torch.device("cuda", device_ids[local] if device_ids else local)
+
+
+class _SkipInit(TorchFunctionMode):
+    """``torch.nn.init`` functions return their tensor untouched: weights loaded next need no initialization."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return kwargs["tensor"] if "tensor" in kwargs else args[0]
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def init_context(device: torch.device, empty_init: bool | None = None) -> Any:
+    """Tensors created inside land on ``device``; ``empty_init=True`` also skips their initialization."""
+    with device, (_SkipInit() if empty_init else contextlib.nullcontext()):
+        yield
+
+
+# Lightning's path of the base class is ``<package>.strategies.strategy``: the same module under that name
+sys.modules.setdefault(__name__ + ".strategy", sys.modules[__name__])

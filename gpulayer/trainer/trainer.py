@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from gpulayer.trainer import checkpoint, data, evaluate, gcfreeze, optimizers, stepping, summary
+from gpulayer.trainer import checkpoint, data, evaluate, gcfreeze, optimizers, stage_aids, stepping, strategies, summary
 from gpulayer.trainer import loggers as loggers_mod
 from gpulayer.trainer.callbacks import Callback
 from gpulayer.trainer.config import TrainerConfig, build_config
@@ -57,8 +57,9 @@ class Trainer(TrainerProperties):
     ``accumulate_grad_batches``, ``check_val_every_n_epoch``,
     ``val_check_interval``, ``log_every_n_steps``, ``num_sanity_val_steps``,
     ``callbacks``, ``logger``, ``enable_checkpointing``, ``enable_progress_bar``
-    (default: on when stdout is a terminal), ``default_root_dir``,
-    ``fast_dev_run``. gpulayer adds ``prefetch`` (copy the next batch to the GPU
+    (a ``TQDMProgressBar`` callback, on by default), ``default_root_dir``,
+    ``fast_dev_run``, ``profiler`` (``"simple"``, ``"advanced"``: ``profilers/``),
+    ``barebones`` (``barebones.py``), ``detect_anomaly``. gpulayer adds ``prefetch`` (copy the next batch to the GPU
     during the current step), ``grad_sync`` (``"auto"``, ``"two_level"``,
     ``"flat"``: see ``gradsync.py``), ``cluster_resources`` (a
     ``gpulayer.Resources`` the workers of a ``num_nodes > 1`` fit must offer)
@@ -272,10 +273,10 @@ class Trainer(TrainerProperties):
         if stage == "predict" or getattr(self._config, limit_name) != 0:  # a limit of 0: no loader, no loop
             if dataloaders is not None:
                 loaders = data.resolve(dataloaders)
-            elif datamodule is not None:
-                loaders = data.from_datamodule(datamodule, method)
             else:
-                loaders = getattr(module, method)()
+                with stage_aids.profile_hook(self, datamodule if datamodule is not None else module, method):
+                    loaders = data.from_datamodule(datamodule, method) if datamodule is not None \
+                        else getattr(module, method)()
             if loaders is None:
                 raise TrainerConfigError(
                     f"No `{method}()` method defined to run `Trainer.{stage}`; pass dataloaders=... or define "
@@ -286,7 +287,8 @@ class Trainer(TrainerProperties):
                 data.check_lengths(dl, self)
             self._stage_loaders[stage] = data.as_given(given, loaders)
         loggers_mod.log_hyperparams(self)
-        setattr(self, f"num_{method[:-11]}_batches", [data.num_batches(dl, getattr(self._config, limit_name)) for dl in loaders])
+        setattr(self, f"num_{method[:-11]}_batches",
+                data.stage_counts(loaders, getattr(self._config, limit_name), method[:-11]))
         try:
             out = evaluate.EvalLoop(self, module, stage, loaders, **kw).run() if loaders else []
         finally:
@@ -297,6 +299,9 @@ class Trainer(TrainerProperties):
 
     def _prepare_loader(self, loader: Any, mode: str) -> Any:
         if self.strategy.world_size == 1 or not self._config.use_distributed_sampler:
+            return loader
+        if isinstance(loader, data.CombinedLoader):  # a combined one (not sequential): each of its loaders
+            loader.flattened = [self._prepare_loader(dl, mode) for dl in loader.flattened]
             return loader
         return self.strategy.prepare_loader(loader, mode)
 
@@ -329,7 +334,8 @@ class Trainer(TrainerProperties):
         module._metric_store = self._store
         self.fit_info = self.strategy.describe()
         try:
-            out = body(*args)
+            with stage_aids.around_stage(self, self.state.fn.value if self.state.fn is not None else "fit"):
+                out = body(*args)
             # every rank is done with its collectives before any destroys the group: a rank whose
             # peer tore gloo down under it can abort at exit ("terminate called without an active exception")
             self.strategy.barrier()
@@ -362,12 +368,14 @@ class Trainer(TrainerProperties):
         if datamodule is not None:
             datamodule.trainer = self
             if self.local_rank == 0 and is_overridden("prepare_data", datamodule, LightningDataModule):
-                datamodule.prepare_data()
+                with stage_aids.profile_hook(self, datamodule, "prepare_data"):
+                    datamodule.prepare_data()
         if self.local_rank == 0 and is_overridden("prepare_data", module, Module):
             module.prepare_data()
         self.strategy.barrier()
         if datamodule is not None and hasattr(datamodule, "setup"):
-            datamodule.setup(stage=stage)
+            with stage_aids.profile_hook(self, datamodule, "setup"):
+                datamodule.setup(stage=stage)
         hooks.call("setup", stage=stage)
         for name in ("configure_sharded_model", "configure_model"):  # Lightning's older name first
             if is_overridden(name, module, Module):
@@ -376,7 +384,8 @@ class Trainer(TrainerProperties):
 
     def _teardown_stage(self, stage: str) -> None:
         if self.datamodule is not None and hasattr(self.datamodule, "teardown"):
-            self.datamodule.teardown(stage=stage)
+            with stage_aids.profile_hook(self, self.datamodule, "teardown"):
+                self.datamodule.teardown(stage=stage)
         self._hooks.call("teardown", stage=stage)
 
     def _run(self, module: Module, train: Any, val: Any, datamodule: Any, ckpt_path: str | None) -> None:
@@ -520,6 +529,12 @@ class Trainer(TrainerProperties):
             checkpoint.save(ckpt, os.fspath(filepath))
         if self.world_size > 1:
             self.strategy.barrier()
+
+    def init_module(self, empty_init: bool | None = None) -> Any:
+        """``with trainer.init_module(): model = Net()`` creates the weights on the device the run uses;
+        ``empty_init=True`` skips their initialization (for weights loaded right after)."""
+        return strategies.init_context(strategies.root_device(self._config.accelerator, self._config.device_ids),
+                                       empty_init)
 
     def remove_checkpoint(self, filepath: str | os.PathLike) -> None:
         if self.is_global_zero and os.path.isfile(filepath):

@@ -18,7 +18,8 @@ from typing import Any, Callable
 from gpulayer.trainer.callbacks import Callback, EarlyStopping, ModelCheckpoint, ProgressBar, TQDMProgressBar
 from gpulayer.trainer.states import RunningStage, TrainerFn, TrainerState, TrainerStatus
 from gpulayer.trainer.utilities.combined_loader import CombinedLoader
-from gpulayer.trainer.utilities.rank_zero import rank_zero_info
+from gpulayer.trainer.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from gpulayer.trainer.utilities.warnings import PossibleUserWarning
 
 
 def _stage_flag(stage: RunningStage) -> property:
@@ -77,6 +78,9 @@ class TrainerProperties:
     limit_predict_batches = property(lambda self: self._config.limit_predict_batches)
     overfit_batches = property(lambda self: self._config.overfit_batches)
     reload_dataloaders_every_n_epochs = property(lambda self: self._config.reload_dataloaders_every_n_epochs)
+    profiler = property(lambda self: self._config.profiler)
+    barebones = property(lambda self: self._config.barebones)
+    _detect_anomaly = property(lambda self: self._config.detect_anomaly)
 
     @property
     def num_sanity_val_steps(self) -> int | float:
@@ -191,6 +195,9 @@ class TrainerProperties:
 
     @property
     def num_sanity_val_batches(self) -> list[int | float]:
+        """The sanity check's batches per val loader: a fit's (``[]`` before any fit loaded its data)."""
+        if getattr(self, "_fit_data", None) is None:
+            return []
         return [min(self.num_sanity_val_steps, n) for n in self.num_val_batches]
 
     @property
@@ -230,6 +237,10 @@ class TrainerProperties:
 
     # -- running an entry point ---------------------------------------------------------------------
     def _begin(self, fn: TrainerFn, stage: RunningStage) -> None:
+        cfg = self._config
+        if fn == TrainerFn.FITTING and not cfg.max_epochs_given and cfg.max_steps == -1 and not cfg.fast_dev_run:
+            rank_zero_warn("`max_epochs` was not set. Setting it to 1000 epochs. To train without an epoch limit, set "
+                           "`max_epochs=-1`.", category=PossibleUserWarning)
         self._fit_started = self._fit_started or fn == TrainerFn.FITTING
         self.state.fn, self.state.status, self.state.stage = fn, TrainerStatus.RUNNING, stage
 
@@ -275,7 +286,7 @@ class TrainerProperties:
                 cb.on_exception(self, self.lightning_module, err)
         if self.datamodule is not None and callable(getattr(self.datamodule, "on_exception", None)):
             self.datamodule.on_exception(err)
-        if self.strategy is not None and hasattr(self.strategy, "on_exception"):
+        if self.strategy is not None:
             self.strategy.on_exception(err)
         for logger in self.loggers:
             if self.is_global_zero:

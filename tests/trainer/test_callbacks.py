@@ -89,4 +89,4 @@ def test_progress_bar_draws_materialised_values(capsys):
 
     trainer.fit(Bar([1.0]), _loader())
     out = capsys.readouterr().out
-    assert "Epoch 0/0: 4/4" in out and "shown=1.5" in out
+    assert "Epoch 0: 4/4" in out and "shown=1.5" in out

@@ -23,7 +23,7 @@ from gpulayer.trainer import EarlyStopping, ModelCheckpoint, Module, Trainer, Tr
         ({"logger": object()}, r"logger=object.*CSVLogger"),
         ({"callbacks": [object()]}, r"callbacks must subclass"),
         ({"max_time": "soon"}, r"max_time='soon'.*DD:HH:MM:SS"),
-        ({"max_epoch": 3}, r"unknown argument 'max_epoch'; did you mean 'max_epochs'"),
+        ({"max_epoch": 3}, r"unexpected keyword argument 'max_epoch'; did you mean 'max_epochs'"),
     ],
 )
 def test_bad_arguments_name_the_argument_and_the_accepted_values(kwargs, match):

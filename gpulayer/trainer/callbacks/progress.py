@@ -1,42 +1,108 @@
-"""Lightning's progress-bar callback names (``callbacks.progress``)."""
+"""Progress-bar callbacks (Lightning's ``callbacks.progress``): ``ProgressBar`` and the default ``TQDMProgressBar``.
+
+The Trainer adds a ``TQDMProgressBar`` when ``enable_progress_bar=True`` (the default)
+and none is in ``callbacks``; ``trainer.progress_bar_callback`` is that object. It draws
+gpulayer's own line bar (``progress.py``): in place on a terminal, a few times a second
+at most; elsewhere one line per training epoch. What it shows comes from
+``get_metrics``, read only when a line is drawn, so the bar adds no device sync per step.
+"""
 
 from __future__ import annotations
 
+import math
+import os
+import sys
 import warnings
 from typing import Any
 
 from gpulayer.trainer.callbacks.callback import Callback
 from gpulayer.trainer.errors import TrainerConfigError
+from gpulayer.trainer.progress import LineBar
 
 
-class TQDMProgressBar(Callback):
-    """Lightning's progress-bar callback name: in ``callbacks`` it turns gpulayer's bar on (``refresh_rate=0``: off).
+class ProgressBar(Callback):
+    """Base of progress bars: the totals a bar shows, ``get_metrics``, ``enable`` / ``disable``.
 
-    gpulayer draws its own one-line bar from numbers already materialised at log
-    intervals (``progress.py``); ``refresh_rate`` is accepted for compatibility and
-    the bar redraws at most four times a second whatever it is.
+    Subclass it for your own bar: override the hooks you draw in and ``enable`` / ``disable``.
     """
 
-    def __init__(self, refresh_rate: int = 1, process_position: int = 0, leave: bool = False):
-        if not isinstance(refresh_rate, int) or refresh_rate < 0:
-            raise TrainerConfigError(f"TQDMProgressBar(refresh_rate={refresh_rate!r}) must be an int >= 0")
-        self.refresh_rate = refresh_rate
-        self.process_position = process_position
-        self.leave = leave
+    def __init__(self) -> None:
         self._trainer = None
+        self._current_eval_dataloader_idx: int | None = None
 
     @property
     def trainer(self):
-        """The trainer this bar belongs to (set in ``setup``, as Lightning's)."""
+        """The trainer this bar belongs to (set in ``setup``)."""
         if self._trainer is None:
             raise TypeError(f"The `{type(self).__name__}._trainer` reference has not been set yet.")
         return self._trainer
 
+    sanity_check_description = property(lambda self: "Sanity Checking")
+    train_description = property(lambda self: "Training")
+    validation_description = property(lambda self: "Validation")
+    test_description = property(lambda self: "Testing")
+    predict_description = property(lambda self: "Predicting")
+
+    @property
+    def total_train_batches(self) -> int | float:
+        """This epoch's training batches (``inf`` for a loader without a length); with ``max_epochs=-1`` and
+        ``max_steps``, at most the steps left."""
+        trainer = self.trainer
+        if trainer.max_epochs == -1 and trainer.max_steps is not None and trainer.max_steps > 0:
+            return min(trainer.num_training_batches, trainer.max_steps - trainer.global_step)
+        return trainer.num_training_batches
+
+    def _current(self, batches: Any) -> int | float:
+        if isinstance(batches, list):
+            return batches[self._current_eval_dataloader_idx or 0] if batches else 0
+        return batches
+
+    @property
+    def total_val_batches_current_dataloader(self) -> int | float:
+        trainer = self.trainer
+        return self._current(trainer.num_sanity_val_batches if trainer.sanity_checking else trainer.num_val_batches)
+
+    @property
+    def total_test_batches_current_dataloader(self) -> int | float:
+        return self._current(self.trainer.num_test_batches)
+
+    @property
+    def total_predict_batches_current_dataloader(self) -> int | float:
+        return self._current(self.trainer.num_predict_batches)
+
+    @property
+    def total_val_batches(self) -> int | float:
+        """Validation batches of all loaders in this epoch: 0 when the fit does not validate in it."""
+        trainer = self.trainer
+        loop = getattr(trainer, "_loop", None)
+        if loop is not None and trainer.state_stage == "fit" and not loop._val_epoch():
+            return 0
+        batches = trainer.num_val_batches
+        return sum(batches) if isinstance(batches, list) else batches
+
+    def has_dataloader_changed(self, dataloader_idx: int) -> bool:
+        previous, self._current_eval_dataloader_idx = self._current_eval_dataloader_idx, dataloader_idx
+        return previous != dataloader_idx
+
+    def reset_dataloader_idx_tracker(self) -> None:
+        self._current_eval_dataloader_idx = None
+
+    def disable(self) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must say how it is turned off (override disable)")
+
+    def enable(self) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must say how it is turned on (override enable)")
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        print(*args, **kwargs)
+
     def setup(self, trainer, pl_module, stage: str) -> None:
         self._trainer = trainer
+        if not trainer.is_global_zero:
+            self.disable()
 
     def __getstate__(self) -> dict[str, Any]:
-        # copies sent to the ranks of a multi-process fit leave this process's trainer behind
+        # copies sent to the ranks of a multi-process run leave this process's trainer behind
         return {**super().__getstate__(), "_trainer": None}
 
     def get_metrics(self, trainer, pl_module) -> dict[str, Any]:
@@ -68,5 +134,203 @@ def standard_metrics(trainer) -> dict[str, Any]:
     return {"v_num": version[-4:] if isinstance(version, str) else version}
 
 
-ProgressBar = TQDMProgressBar
-RichProgressBar = TQDMProgressBar
+def _total(x: int | float | None) -> int | None:
+    """A bar's total: None for an unknown or infinite count."""
+    return None if x is None or math.isinf(x) or math.isnan(x) else int(x)
+
+
+class TQDMProgressBar(ProgressBar):
+    """The default bar: a line for training (per epoch), a passing line for validation, test and predict.
+
+    ``refresh_rate``: update every this many batches (0 turns the bar off); on Colab a rate of 1 becomes
+    20, and ``TQDM_MINITERS`` raises it, as Lightning does. ``leave=True`` keeps each epoch's line (gpulayer
+    always ends an epoch's training line). ``train_progress_bar`` and friends have tqdm's attributes
+    (``n``, ``total``, ``postfix``).
+    """
+
+    def __init__(self, refresh_rate: int = 1, process_position: int = 0, leave: bool = False):
+        super().__init__()
+        if isinstance(refresh_rate, bool) or not isinstance(refresh_rate, int) or refresh_rate < 0:
+            raise TrainerConfigError(f"TQDMProgressBar(refresh_rate={refresh_rate!r}) must be an int >= 0")
+        self._refresh_rate = self._resolve_refresh_rate(refresh_rate)
+        self._process_position = process_position
+        self._enabled = True
+        self._leave = leave
+        self._bars: dict[str, LineBar | None] = {"train": None, "val": None, "test": None, "predict": None}
+
+    @staticmethod
+    def _resolve_refresh_rate(refresh_rate: int) -> int:
+        if os.getenv("COLAB_GPU") and refresh_rate == 1:
+            return 20  # frequent redraws crash Colab's output
+        if "TQDM_MINITERS" in os.environ:
+            return max(int(os.environ["TQDM_MINITERS"]), refresh_rate)
+        return refresh_rate
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "_bars": dict.fromkeys(self._bars)}  # bars hold this process's stdout
+
+    refresh_rate = property(lambda self: self._refresh_rate)
+    process_position = property(lambda self: self._process_position)
+
+    @property
+    def is_enabled(self) -> bool:
+        return self._enabled and self.refresh_rate > 0
+
+    @property
+    def is_disabled(self) -> bool:
+        return not self.is_enabled
+
+    def disable(self) -> None:
+        self._enabled = False
+
+    def enable(self) -> None:
+        self._enabled = True
+
+    def _bar(self, kind: str) -> LineBar:
+        bar = self._bars[kind]
+        if bar is None:
+            raise TypeError(f"The `{type(self).__name__}.{kind}_progress_bar` reference has not been set yet.")
+        return bar
+
+    def _set_bar(self, kind: str, bar: LineBar | None) -> None:
+        self._bars[kind] = bar
+
+    train_progress_bar = property(lambda self: self._bar("train"), lambda self, b: self._set_bar("train", b))
+    val_progress_bar = property(lambda self: self._bar("val"), lambda self, b: self._set_bar("val", b))
+    test_progress_bar = property(lambda self: self._bar("test"), lambda self, b: self._set_bar("test", b))
+    predict_progress_bar = property(lambda self: self._bar("predict"), lambda self, b: self._set_bar("predict", b))
+
+    def _new_bar(self, desc: str, leave: bool) -> LineBar:
+        return LineBar(desc=desc, leave=leave, disable=self.is_disabled, stream=sys.stdout)
+
+    def init_sanity_tqdm(self) -> LineBar:
+        return self._new_bar(self.sanity_check_description, leave=False)
+
+    def init_train_tqdm(self) -> LineBar:
+        return self._new_bar(self.train_description, leave=True)
+
+    def init_validation_tqdm(self) -> LineBar:
+        return self._new_bar(self.validation_description, leave=False)
+
+    def init_test_tqdm(self) -> LineBar:
+        return self._new_bar(self.test_description, leave=True)
+
+    def init_predict_tqdm(self) -> LineBar:
+        return self._new_bar(self.predict_description, leave=True)
+
+    def _should_update(self, current: int, total: int | None) -> bool:
+        return self.is_enabled and (current % self.refresh_rate == 0 or current == total)
+
+    # -- training ------------------------------------------------------------------------------
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.train_progress_bar = self.init_train_tqdm()
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        bar = self.train_progress_bar
+        bar.reset(total=_total(self.total_train_batches))
+        bar.initial = 0
+        bar.set_description(f"Epoch {trainer.current_epoch}")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        n = batch_idx + 1
+        bar = self._bars["train"]
+        if bar is not None and self._should_update(n, bar.total):
+            bar.n = n
+            if bar.due():  # the metrics are read (and made numbers) only for a line that is drawn
+                bar.set_postfix(self.get_metrics(trainer, pl_module))
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        bar = self.train_progress_bar
+        if not bar.disable:
+            bar.n = max(bar.n, trainer._loop.batches_done if getattr(trainer, "_loop", None) else bar.n)
+            bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)
+            bar.end_line()
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.train_progress_bar.close()
+
+    # -- evaluation: a passing line on a terminal, nothing elsewhere -------------------------------
+    def _eval_start(self, kind: str, init) -> None:
+        self.reset_dataloader_idx_tracker()
+        self._set_bar(kind, init())
+
+    def _eval_batch_end(self, kind: str, total_fn, trainer, pl_module, batch_idx: int, dataloader_idx: int) -> None:
+        bar = self._bars[kind]
+        if bar is None or not self.is_enabled:
+            return
+        if self.has_dataloader_changed(dataloader_idx):
+            bar.reset(total=_total(total_fn()))
+            suffix = f" DataLoader {dataloader_idx}" if self._many_loaders(kind) else ""
+            bar.set_description(f"{self._description(kind)}{suffix}")
+        n = batch_idx + 1
+        if self._should_update(n, bar.total):
+            bar.n = n
+            if bar.due():
+                bar.set_postfix(self.get_metrics(trainer, pl_module) if kind != "predict" else {})
+
+    def _description(self, kind: str) -> str:
+        if kind == "val" and self.trainer.sanity_checking:
+            return self.sanity_check_description
+        return {"val": self.validation_description, "test": self.test_description,
+                "predict": self.predict_description}[kind]
+
+    def _many_loaders(self, kind: str) -> bool:
+        t = self.trainer
+        counts = {"val": t.num_val_batches, "test": t.num_test_batches, "predict": t.num_predict_batches}[kind]
+        return isinstance(counts, list) and len(counts) > 1
+
+    def _eval_end(self, kind: str) -> None:
+        bar = self._bars[kind]
+        if bar is not None:
+            bar.close()
+        self.reset_dataloader_idx_tracker()
+
+    def on_sanity_check_start(self, trainer, pl_module) -> None:
+        self._eval_start("val", self.init_sanity_tqdm)
+
+    def on_sanity_check_end(self, trainer, pl_module) -> None:
+        self._eval_end("val")
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking:
+            self._eval_start("val", self.init_validation_tqdm)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._eval_batch_end("val", lambda: self.total_val_batches_current_dataloader, trainer, pl_module, batch_idx,
+                             dataloader_idx)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking:
+            self._eval_end("val")
+
+    def on_test_start(self, trainer, pl_module) -> None:
+        self._eval_start("test", self.init_test_tqdm)
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._eval_batch_end("test", lambda: self.total_test_batches_current_dataloader, trainer, pl_module, batch_idx,
+                             dataloader_idx)
+
+    def on_test_end(self, trainer, pl_module) -> None:
+        self._eval_end("test")
+
+    def on_predict_start(self, trainer, pl_module) -> None:
+        self._eval_start("predict", self.init_predict_tqdm)
+
+    def on_predict_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._eval_batch_end("predict", lambda: self.total_predict_batches_current_dataloader, trainer, pl_module,
+                             batch_idx, dataloader_idx)
+
+    def on_predict_end(self, trainer, pl_module) -> None:
+        self._eval_end("predict")
+
+    def print(self, *args: Any, sep: str = " ", **kwargs: Any) -> None:
+        """Print without breaking the bar that is being drawn."""
+        active = next((b for b in (self._bars["val"], self._bars["test"], self._bars["predict"], self._bars["train"])
+                       if b is not None and not b.disable), None)
+        if active is None:
+            print(*args, sep=sep, **kwargs)
+        else:
+            active.write(sep.join(map(str, args)))
+
+
+RichProgressBar = TQDMProgressBar  # gpulayer draws one kind of bar; Lightning's rich name gets it

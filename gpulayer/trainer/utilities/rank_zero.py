@@ -15,6 +15,8 @@ from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
 log = logging.getLogger("gpulayer.trainer")
+if log.level == logging.NOTSET:  # as Lightning's logger: its INFO lines reach whatever handlers the user configured
+    log.setLevel(logging.INFO)
 
 
 def _rank() -> int:

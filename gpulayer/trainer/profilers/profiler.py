@@ -1,0 +1,89 @@
+"""``Profiler``: the base of the profilers (Lightning's ``profilers.profiler``)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from abc import ABC, abstractmethod
+from typing import Any, Callable, Iterator
+
+from gpulayer.trainer.utilities.rank_zero import rank_zero_only
+
+
+class Profiler(ABC):
+    """Base of the profilers: ``start(action)`` / ``stop(action)``, ``profile(action)``, ``summary()``, ``describe()``."""
+
+    def __init__(self, dirpath: str | os.PathLike | None = None, filename: str | None = None) -> None:
+        self.dirpath = dirpath
+        self.filename = filename
+        self._output_file: io.TextIOBase | None = None
+        self._write_stream: Callable[[str], Any] | None = None
+        self._stage: str | None = None
+        self._local_rank: int | None = None
+
+    @abstractmethod
+    def start(self, action_name: str) -> None:
+        """Begin recording ``action_name``."""
+
+    @abstractmethod
+    def stop(self, action_name: str) -> None:
+        """End recording ``action_name``."""
+
+    def summary(self) -> str:
+        return ""
+
+    @contextlib.contextmanager
+    def profile(self, action_name: str) -> Iterator[str]:
+        """``with profiler.profile("load"): ...`` records the block as one call of ``load``."""
+        try:
+            self.start(action_name)
+            yield action_name
+        finally:
+            self.stop(action_name)
+
+    def setup(self, stage: str, local_rank: int | None = None, log_dir: str | None = None) -> None:
+        """Called by the Trainer before a stage runs; the summary goes under ``log_dir`` unless ``dirpath`` is set."""
+        self._stage, self._local_rank = stage, local_rank
+        self.dirpath = self.dirpath or log_dir
+
+    def teardown(self, stage: str | None) -> None:
+        """Close the summary file after a stage."""
+        self._write_stream = None
+        if self._output_file is not None:
+            self._output_file.close()
+            self._output_file = None
+
+    def describe(self) -> None:
+        """Write the summary (a file when ``filename`` is set, else the log), then tear down."""
+        text = self.summary()
+        if text:
+            self._prepare_streams()
+            self._write_stream(text)
+            if self._output_file is not None:
+                self._output_file.flush()
+        self.teardown(stage=self._stage)
+
+    def _prepare_filename(self, action_name: str | None = None, extension: str = ".txt", split_token: str = "-") -> str:
+        parts = [p for p in (self._stage, self.filename, action_name) if p]
+        if self._local_rank is not None:
+            parts.append(str(self._local_rank))
+        return split_token.join(parts) + extension
+
+    def _prepare_streams(self) -> None:
+        if self._write_stream is not None:
+            return
+        if self.filename and self.dirpath:
+            os.makedirs(self.dirpath, exist_ok=True)
+            self._output_file = open(os.path.join(self.dirpath, self._prepare_filename()), "a")  # noqa: SIM115
+            self._write_stream = self._output_file.write
+        else:  # the report was asked for: shown on rank 0's stdout (Lightning's logger prints it there too)
+            self._write_stream = rank_zero_only(print)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a copy travels to the ranks of a multi-process run: open files stay here
+        return {**self.__dict__, "_output_file": None, "_write_stream": None}
+
+    def __del__(self) -> None:
+        if getattr(self, "_output_file", None) is not None:
+            self._output_file.close()
