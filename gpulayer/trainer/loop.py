@@ -15,13 +15,15 @@ from __future__ import annotations
 import inspect
 import math
 import time
+import warnings
 from typing import Any, Mapping
 
 import torch
 
-from gpulayer.trainer import data
+from gpulayer.trainer import data, dataloader_iter, fit_checks
 from gpulayer.trainer.errors import MisconfigurationException
 from gpulayer.trainer.evaluate import EvalLoop
+from gpulayer.trainer.loops.closure import NONE_RETURNED, Closure
 from gpulayer.trainer.prefetch import device_batches
 from gpulayer.trainer.stepping import GeneralStep, _loss_of, transfer_batch
 from gpulayer.trainer.progress import ProgressBar
@@ -62,7 +64,11 @@ def _needs_closure(optimizer: Any) -> bool:
 class FitLoop:
     def __init__(self, trainer, module, step_fn, train_loader, val_loaders, resume: dict | None):
         cfg = trainer._config
-        self.trainer, self.module, self.step_fn, self.cfg = trainer, module, step_fn, cfg
+        self.trainer, self.module, self.cfg = trainer, module, cfg
+        # how training_step is called (with batch_idx, without, or with `dataloader_iter`), decided once per fit
+        flavour = dataloader_iter.training_flavour(module)
+        self.dl_iter = flavour == "iterator"
+        self.step_fn = dataloader_iter.training_step_fn(step_fn, flavour)
         self.strategy, self.precision, self.hooks, self.store = trainer.strategy, trainer._precision, trainer._hooks, trainer._store
         self.train_loader, self.val_loaders = train_loader, val_loaders
         self.resume = resume
@@ -84,12 +90,16 @@ class FitLoop:
         self.general_step = GeneralStep(self)
         self.bar = ProgressBar() if cfg.enable_progress_bar and trainer.is_global_zero else None
         self.deadline = time.monotonic() + cfg.max_time if cfg.max_time is not None else None
+        self.warned_none_batch = False
 
     # -- fit --------------------------------------------------------------------------------
     def run(self) -> None:
         t, cfg = self.trainer, self.cfg
         if self.val_loaders and cfg.num_sanity_val_steps != 0 and self.resume is None:
             self.run_validation(sanity=True)
+        fit_checks.warn_eval_modules(self.module)
+        if self.resume is not None:
+            fit_checks.warn_resume_mid_epoch(t, self.train_loader, self.num_train_batches)
         self.hooks.call("on_train_start")
         if self.resume is not None and self.resume["epoch_done"]:
             t.current_epoch = self.resume["epoch"] + 1
@@ -153,6 +163,8 @@ class FitLoop:
                 next(it)
             if resume["rng"] is not None:
                 restore_rng(resume["rng"])
+        if self.dl_iter:  # the step pulls (and moves) its batches itself
+            return dataloader_iter.steps(dataloader_iter.train_iterator(it, self.num_train_batches, skip)), skip
         if self.hooks.transfer:  # the batch-transfer hooks move each batch (run_epoch)
             return it, skip
         return device_batches(it, self.strategy.root_device, self.cfg.prefetch), skip
@@ -162,7 +174,8 @@ class FitLoop:
         step_fn, opt, params = self.step_fn, self.optimizer, self.params
         clip, log_every, max_steps = cfg.gradient_clip_val, cfg.log_every_n_steps, cfg.max_steps
         manual = not self.module.automatic_optimization
-        general, transfer, device = self.general, hooks.transfer, self.strategy.root_device
+        general, device, dl_iter = self.general, self.strategy.root_device, self.dl_iter
+        transfer = hooks.transfer and not dl_iter
         step_scheds, epoch_scheds = bool(self.step_schedulers), bool(self.epoch_schedulers)
         batches, skip = self._batches()  # may reload the loaders: read the counts after it
         accum, total = cfg.accumulate_grad_batches, self.num_train_batches
@@ -179,10 +192,15 @@ class FitLoop:
                 break
             if transfer:
                 batch = transfer_batch(hooks, batch, device, 0)
-            store.batch = batch
+            # the hooks see the batch; with `dataloader_iter`, the last one the step took (Lightning's)
+            seen, seen_idx = (batch.batch, batch.batch_idx) if dl_iter else (batch, batch_idx)
+            store.batch = seen
+            if seen is None and not dl_iter:
+                self._none_batch(batch_idx, total, val_every, val_offset)
+                continue
             skip_rest = False
             for f in hooks.on_train_batch_start:
-                response = f(batch, batch_idx)
+                response = f(seen, seen_idx)
                 skip_rest = skip_rest or (type(response) is int and response == -1)
             stepping = manual or (batch_idx + 1) % accum == 0 or batch_idx + 1 == total
             if skip_rest:  # Lightning: on_train_batch_start returned -1, the rest of the epoch is skipped
@@ -220,8 +238,10 @@ class FitLoop:
             if hooks.on_train_batch_end:
                 if manual or not general:
                     out = batch_output(out, accum, manual)
+                if dl_iter:
+                    seen, seen_idx = batch.batch, batch.batch_idx
                 for f in hooks.on_train_batch_end:
-                    f(out, batch, batch_idx)
+                    f(out, seen, seen_idx)
             if self.bar is not None:
                 self.bar.update(batch_idx + 1, store.progress)
             if val_every and (val_offset + batch_idx + 1) % val_every == 0 and batch_idx + 1 != total:
@@ -234,6 +254,27 @@ class FitLoop:
                 break
         self.epoch_done = not stopped_early
         self._end_epoch()
+
+    def _none_batch(self, batch_idx: int, total: float, val_every: int, val_offset: int) -> None:
+        """The loader gave ``None``: no step, as in Lightning (a warning; ``on_train_batch_end`` gets ``None``)."""
+        t = self.trainer
+        if not self.warned_none_batch:
+            self.warned_none_batch = True
+            warnings.warn("train_dataloader yielded None. If this was on purpose, ignore this warning...",
+                          UserWarning, stacklevel=3)
+        last = batch_idx + 1 == total
+        if (batch_idx + 1) % self.cfg.accumulate_grad_batches == 0 or last:
+            t._batches_stepped += 1
+        if last:
+            self._step_schedulers(last=True)
+        self.batches_done = batch_idx + 1
+        for f in self.hooks.on_train_batch_end:
+            f(None, None, batch_idx)
+        if self.bar is not None:
+            self.bar.update(batch_idx + 1, self.store.progress)
+        if val_every and (val_offset + batch_idx + 1) % val_every == 0 and not last:
+            self.run_validation()
+            self.store.context = self.store.TRAIN_STEP
 
     def _step_schedulers(self, last: bool, stepped: bool = False) -> None:
         """Lightning's order: step-interval schedulers after a step; epoch-interval ones on the epoch's last batch."""
@@ -253,6 +294,7 @@ class FitLoop:
             out = step_fn(batch, batch_idx)
         loss = _loss_of(out)
         if loss is None:
+            Closure.warning_cache.warn(NONE_RETURNED)
             return None
         if accum > 1:
             loss = loss / accum
@@ -294,11 +336,12 @@ class FitLoop:
         return due and fit_data.validation_possible() and (bool(self.val_loaders) or not fit_data.val_loaded)
 
     def _val_due(self) -> bool:
-        """Validation runs after the epoch's last batch: the interval falls on it, or the epoch is unsized."""
+        """Validation runs after the epoch's last batch: the interval falls on it, or the epoch is unsized
+        (or its steps took their batches themselves through ``dataloader_iter``)."""
         if not self._val_epoch():
             return False
         vcb = self.trainer.val_check_batch
-        if vcb == math.inf:
+        if vcb == math.inf or self.dl_iter:
             return True
         return (self._val_offset() + self.batches_done) % int(vcb) == 0
 
