@@ -33,13 +33,14 @@ def _phase(trainer) -> tuple[str, int, int]:
     """(where the fit is, its epoch, batches done in that epoch) at this save."""
     loop = trainer._loop
     if loop is None or trainer.state_stage != "fit":
-        return checkpoint_loops.BETWEEN, trainer.current_epoch, 0
+        # an epoch cut short (max_steps, should_stop) has been counted, as in Lightning: its batches are kept
+        return checkpoint_loops.BETWEEN, trainer.current_epoch, 0 if loop is None or loop.epoch_done else loop.batches_done
     context = getattr(trainer._store, "context", None)
     in_validation = isinstance(context, tuple) and len(context) == 3 and context[2] == "val"
     if in_validation:
         return checkpoint_loops.VALIDATION, trainer.current_epoch, loop.batches_done
-    if not loop.epoch_done:
-        return checkpoint_loops.BATCH_END, trainer.current_epoch, loop.batches_done
+    if not loop.epoch_done:  # inside the epoch, or after it was cut short (the counter moved on): the epoch run
+        return checkpoint_loops.BATCH_END, loop.epoch, loop.batches_done
     if context == getattr(trainer._store, "TRAIN_EPOCH", None):
         return checkpoint_loops.EPOCH_END, trainer.current_epoch, loop.batches_done
     return checkpoint_loops.BETWEEN, trainer.current_epoch, 0  # the epoch counter already moved on
@@ -90,7 +91,7 @@ def dump(trainer, weights_only: bool = False) -> dict[str, Any]:
     if phase == checkpoint_loops.BETWEEN and (loop is None or loop.epoch_done):
         own_epoch, own_batches, own_done = max(epoch - 1, 0), 0, epoch > 0  # the counter moved past the last epoch
     else:
-        own_epoch, own_batches, own_done = epoch, loop.batches_done, loop.epoch_done
+        own_epoch, own_batches, own_done = loop.epoch, loop.batches_done, loop.epoch_done
     own: dict[str, Any] = {
         "format": FORMAT_VERSION,
         "epoch": own_epoch,

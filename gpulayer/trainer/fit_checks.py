@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from torch.utils.data import DataLoader, IterableDataset
+
 from gpulayer.trainer import data
 from gpulayer.trainer.utilities.rank_zero import rank_zero_warn
 from gpulayer.trainer.utilities.warnings import PossibleUserWarning
@@ -19,20 +21,26 @@ def warn_eval_modules(module: Any) -> None:
                        category=PossibleUserWarning)
 
 
-def resumable(loader: Any) -> bool:
-    """The loader keeps its position itself: it has ``state_dict`` and ``load_state_dict`` (every one combined)."""
+def resumable(loader: Any, replayed_exactly: bool) -> bool:
+    """The resumed epoch gets the batches it would have had: every loader keeps its position itself
+    (``state_dict`` / ``load_state_dict``), or is a DataLoader over a map-style dataset that gpulayer replays
+    under the saved random state (``replayed_exactly``: the checkpoint carried it)."""
     loaders = loader.flattened if isinstance(loader, data.CombinedLoader) else [loader]
-    return all(callable(getattr(dl, "state_dict", None)) and callable(getattr(dl, "load_state_dict", None))
-               for dl in loaders)
+    stateful = all(callable(getattr(dl, "state_dict", None)) and callable(getattr(dl, "load_state_dict", None))
+                   for dl in loaders)
+    replayable = replayed_exactly and all(
+        isinstance(dl, DataLoader) and not isinstance(dl.dataset, IterableDataset) for dl in loaders)
+    return stateful or replayable
 
 
-def warn_resume_mid_epoch(trainer: Any, loader: Any, num_batches: float) -> None:
-    """Resuming from a checkpoint saved inside an epoch, with a loader that cannot say where it was (Lightning's rule:
-    the optimizer steps done are not a whole number of epochs)."""
+def warn_resume_mid_epoch(trainer: Any, loader: Any, num_batches: float, replayed_exactly: bool) -> None:
+    """Resuming inside an epoch (Lightning's rule: the optimizer steps done are not a whole number of epochs) with a
+    loader whose position cannot be restored: an iterable is read again from its start and skipped forward, which
+    gives the same batches only if it yields the same sequence every time."""
     if num_batches == math.inf or num_batches == 0:
         return
     steps_per_epoch = math.ceil(num_batches / trainer._config.accumulate_grad_batches)
-    if trainer.global_step % steps_per_epoch != 0 and not resumable(loader):
+    if trainer.global_step % steps_per_epoch != 0 and not resumable(loader, replayed_exactly):
         rank_zero_warn("You're resuming from a checkpoint that ended before the epoch ended and your dataloader is not "
                        "resumable. This can cause unreliable results if further training is done. Consider using an "
                        "end-of-epoch checkpoint or make your dataloader resumable by implementing the `state_dict` / "

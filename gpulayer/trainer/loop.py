@@ -90,6 +90,7 @@ class FitLoop:
         self.general_step = GeneralStep(self)
         self.bar = ProgressBar() if cfg.enable_progress_bar and trainer.is_global_zero else None
         self.deadline = time.monotonic() + cfg.max_time if cfg.max_time is not None else None
+        self.epoch, self.validated_at = trainer.current_epoch, -1  # the epoch running (or last run); its last validation
         self.warned_none_batch = False
 
     # -- fit --------------------------------------------------------------------------------
@@ -99,7 +100,8 @@ class FitLoop:
             self.run_validation(sanity=True)
         fit_checks.warn_eval_modules(self.module)
         if self.resume is not None:
-            fit_checks.warn_resume_mid_epoch(t, self.train_loader, self.num_train_batches)
+            fit_checks.warn_resume_mid_epoch(t, self.train_loader, self.num_train_batches,
+                                              replayed_exactly=self.resume["epoch_rng"] is not None)
         self.hooks.call("on_train_start")
         if self.resume is not None and self.resume["epoch_done"]:
             t.current_epoch = self.resume["epoch"] + 1
@@ -110,11 +112,8 @@ class FitLoop:
             t.current_epoch = self.resume["epoch"]
         while not self._fit_done():
             self.run_epoch()
-            if self.epoch_done:
-                t.current_epoch += 1
-            else:
-                break  # max_steps, max_time or should_stop ended the epoch early
-            if t.should_stop and self._can_stop_early(t.current_epoch):
+            t.current_epoch += 1  # an epoch cut short (max_steps, max_time, should_stop) counts too, as in Lightning
+            if not self.epoch_done or t.should_stop and self._can_stop_early(t.current_epoch):
                 break
         self.hooks.call("on_train_end")
 
@@ -181,6 +180,7 @@ class FitLoop:
         accum, total = cfg.accumulate_grad_batches, self.num_train_batches
         val_every, val_offset = self._val_interval(), self._val_offset()
         self.epoch_done, self.batches_done, self.epoch_scheds_stepped = False, skip, False
+        self.epoch, self.validated_at = t.current_epoch, -1
         if self.bar is not None:
             self.bar.start_epoch(t.current_epoch, cfg.max_epochs, None if total == math.inf else int(total))
         store.context = store.TRAIN_STEP
@@ -345,9 +345,17 @@ class FitLoop:
             return True
         return (self._val_offset() + self.batches_done) % int(vcb) == 0
 
+    def _stop_validation(self) -> bool:
+        """``should_stop`` (or ``max_time``) ended training: Lightning validates once more after that batch."""
+        t = self.trainer
+        stopping = t.should_stop and self._can_stop_early(t.current_epoch) or \
+            self.deadline is not None and time.monotonic() >= self.deadline
+        return stopping and self.validated_at != self.batches_done and self._val_epoch()
+
     def _end_epoch(self) -> None:
         t, store = self.trainer, self.store
-        if self.epoch_done and self._val_due() and data.num_batches(self.val_loaders[0], self.cfg.limit_val_batches):
+        if (self.epoch_done and self._val_due() or self._stop_validation()) and self.val_loaders and \
+                data.num_batches(self.val_loaders[0], self.cfg.limit_val_batches):
             self.run_validation()
         store.context = store.TRAIN_EPOCH
         if self.epoch_done:  # a loader without a length: its last batch was known only now
@@ -377,6 +385,7 @@ class FitLoop:
     def run_validation(self, sanity: bool = False) -> None:
         if not sanity:
             self.trainer._val_has_run = True
+            self.validated_at = self.batches_done
             if self.batches_done % self.cfg.accumulate_grad_batches == 0 or self.batches_done >= self.num_train_batches:
                 self.module.on_validation_model_zero_grad()  # no gradients held through validation (Lightning's)
             EvalLoop(self.trainer, self.module, "validate", self.val_loaders).run()
