@@ -223,6 +223,9 @@ def restore(trainer, ckpt: dict[str, Any]) -> dict[str, Any]:
     trainer._store.import_acc("train", pos["acc"])
     trainer.global_step = ckpt["global_step"]
     trainer._batches_stepped = pos["batches_stepped"]
+    # a validation had run before the save: the resumed fit's loop counters go on from there, as Lightning's do
+    val = ((ckpt.get("loops") or {}).get("fit_loop") or {}).get("epoch_loop.val_loop.batch_progress") or {}
+    trainer._val_has_run = bool((val.get("current") or {}).get("completed"))
     return {"epoch": pos["epoch"], "batches_done": pos["batches_done"], "epoch_done": pos["epoch_done"],
             "rng": pos["rng"], "epoch_rng": pos["epoch_rng"]}
 

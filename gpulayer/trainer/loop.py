@@ -181,6 +181,9 @@ class FitLoop:
         val_every, val_offset = self._val_interval(), self._val_offset()
         self.epoch_done, self.batches_done, self.epoch_scheds_stepped = False, skip, False
         self.epoch, self.validated_at = t.current_epoch, -1
+        if skip and val_every and (val_offset + skip) % val_every == 0:
+            # resumed right after a batch that validated in the fit that saved: not run again, but counted (Lightning)
+            t._val_has_run, self.validated_at = True, skip
         if self.bar is not None:
             self.bar.start_epoch(t.current_epoch, cfg.max_epochs, None if total == math.inf else int(total))
         store.context = store.TRAIN_STEP
