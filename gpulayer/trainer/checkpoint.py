@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from gpulayer.trainer import checkpoint_loops
+from gpulayer.trainer import checkpoint_loops, loader_state
 from gpulayer.trainer.errors import TrainerError
 from gpulayer.trainer.seed import capture_rng
 
@@ -88,6 +88,9 @@ def dump(trainer, weights_only: bool = False) -> dict[str, Any]:
         "state_dict": module.state_dict(),
         "loops": _lightning_loops(trainer, phase, epoch, batches_done),
     }
+    loader_states = loader_state.state_dicts(trainer._train_loader)
+    if loader_states:  # Lightning's place for them: the fit loop's own state
+        ckpt["loops"]["fit_loop"]["state_dict"][loader_state.KEY] = loader_states
     if phase == checkpoint_loops.BETWEEN and (loop is None or loop.epoch_done):
         own_epoch, own_batches, own_done = max(epoch - 1, 0), 0, epoch > 0  # the counter moved past the last epoch
     else:
@@ -226,8 +229,9 @@ def restore(trainer, ckpt: dict[str, Any]) -> dict[str, Any]:
     # a validation had run before the save: the resumed fit's loop counters go on from there, as Lightning's do
     val = ((ckpt.get("loops") or {}).get("fit_loop") or {}).get("epoch_loop.val_loop.batch_progress") or {}
     trainer._val_has_run = bool((val.get("current") or {}).get("completed"))
+    fit_state = ((ckpt.get("loops") or {}).get("fit_loop") or {}).get("state_dict") or {}
     return {"epoch": pos["epoch"], "batches_done": pos["batches_done"], "epoch_done": pos["epoch_done"],
-            "rng": pos["rng"], "epoch_rng": pos["epoch_rng"]}
+            "rng": pos["rng"], "epoch_rng": pos["epoch_rng"], "loader_states": fit_state.get(loader_state.KEY, [])}
 
 
 def hpc_resume_path(root_dir: str) -> str | None:

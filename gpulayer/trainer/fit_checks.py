@@ -7,7 +7,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
 
-from gpulayer.trainer import data
+from gpulayer.trainer import data, loader_state
 from gpulayer.trainer.utilities.rank_zero import rank_zero_warn
 from gpulayer.trainer.utilities.warnings import PossibleUserWarning
 
@@ -26,8 +26,7 @@ def resumable(loader: Any, replayed_exactly: bool) -> bool:
     (``state_dict`` / ``load_state_dict``), or is a DataLoader over a map-style dataset that gpulayer replays
     under the saved random state (``replayed_exactly``: the checkpoint carried it)."""
     loaders = loader.flattened if isinstance(loader, data.CombinedLoader) else [loader]
-    stateful = all(callable(getattr(dl, "state_dict", None)) and callable(getattr(dl, "load_state_dict", None))
-                   for dl in loaders)
+    stateful = loader_state.all_stateful(loader)
     replayable = replayed_exactly and all(
         isinstance(dl, DataLoader) and not isinstance(dl.dataset, IterableDataset) for dl in loaders)
     return stateful or replayable

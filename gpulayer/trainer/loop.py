@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 import torch
 
-from gpulayer.trainer import data, dataloader_iter, fit_checks
+from gpulayer.trainer import data, dataloader_iter, fit_checks, loader_state
 from gpulayer.trainer.errors import MisconfigurationException
 from gpulayer.trainer.evaluate import EvalLoop
 from gpulayer.trainer.loops.closure import NONE_RETURNED, Closure
@@ -92,6 +92,7 @@ class FitLoop:
         self.deadline = time.monotonic() + cfg.max_time if cfg.max_time is not None else None
         self.epoch, self.validated_at = trainer.current_epoch, -1  # the epoch running (or last run); its last validation
         self.warned_none_batch = False
+        self.loader_restored = False  # a resume gave stateful loaders their position: no replay
 
     # -- fit --------------------------------------------------------------------------------
     def run(self) -> None:
@@ -99,7 +100,8 @@ class FitLoop:
         if self.val_loaders and cfg.num_sanity_val_steps != 0 and self.resume is None:
             self.run_validation(sanity=True)
         fit_checks.warn_eval_modules(self.module)
-        if self.resume is not None:
+        if self.resume is not None:  # loaders that keep their position get it back (Lightning's stateful loaders)
+            self.loader_restored = loader_state.load_state_dicts(self.train_loader, self.resume.get("loader_states"))
             fit_checks.warn_resume_mid_epoch(t, self.train_loader, self.num_train_batches,
                                               replayed_exactly=self.resume["epoch_rng"] is not None)
         self.hooks.call("on_train_start")
@@ -158,7 +160,7 @@ class FitLoop:
         it = loader._batches() if isinstance(loader, data.CombinedLoader) else iter(loader)
         if resume is not None:
             skip = resume["batches_done"]
-            for _ in range(skip):  # replay the sampler; these batches were trained on before the save
+            for _ in range(0 if self.loader_restored else skip):  # replay the sampler: trained on before the save
                 next(it)
             if resume["rng"] is not None:
                 restore_rng(resume["rng"])
