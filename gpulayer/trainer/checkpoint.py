@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from gpulayer.trainer import checkpoint_loops
+from gpulayer.trainer import checkpoint_loops, loader_state
 from gpulayer.trainer.errors import CheckpointNotFound, TrainerError
 from gpulayer.trainer.seed import capture_rng
 from gpulayer.trainer.stage_aids import profile_hook
@@ -36,13 +36,14 @@ def _phase(trainer) -> tuple[str, int, int]:
     """(where the fit is, its epoch, batches done in that epoch) at this save."""
     loop = trainer._loop
     if loop is None or trainer.state_stage != "fit":
-        return checkpoint_loops.BETWEEN, trainer.current_epoch, 0
+        # an epoch cut short (max_steps, should_stop) has been counted, as in Lightning: its batches are kept
+        return checkpoint_loops.BETWEEN, trainer.current_epoch, 0 if loop is None or loop.epoch_done else loop.batches_done
     context = getattr(trainer._store, "context", None)
     in_validation = isinstance(context, tuple) and len(context) == 3 and context[2] == "val"
     if in_validation:
         return checkpoint_loops.VALIDATION, trainer.current_epoch, loop.batches_done
-    if not loop.epoch_done:
-        return checkpoint_loops.BATCH_END, trainer.current_epoch, loop.batches_done
+    if not loop.epoch_done:  # inside the epoch, or after it was cut short (the counter moved on): the epoch run
+        return checkpoint_loops.BATCH_END, loop.epoch, loop.batches_done
     if context == getattr(trainer._store, "TRAIN_EPOCH", None):
         return checkpoint_loops.EPOCH_END, trainer.current_epoch, loop.batches_done
     return checkpoint_loops.BETWEEN, trainer.current_epoch, 0  # the epoch counter already moved on
@@ -90,10 +91,13 @@ def dump(trainer, weights_only: bool = False) -> dict[str, Any]:
         "state_dict": module.state_dict(),
         "loops": _lightning_loops(trainer, phase, epoch, batches_done),
     }
+    loader_states = loader_state.state_dicts(trainer._train_loader)
+    if loader_states:  # Lightning's place for them: the fit loop's own state
+        ckpt["loops"]["fit_loop"]["state_dict"][loader_state.KEY] = loader_states
     if phase == checkpoint_loops.BETWEEN and (loop is None or loop.epoch_done):
         own_epoch, own_batches, own_done = max(epoch - 1, 0), 0, epoch > 0  # the counter moved past the last epoch
     else:
-        own_epoch, own_batches, own_done = epoch, loop.batches_done, loop.epoch_done
+        own_epoch, own_batches, own_done = loop.epoch, loop.batches_done, loop.epoch_done
     own: dict[str, Any] = {
         "format": FORMAT_VERSION,
         "epoch": own_epoch,
@@ -256,8 +260,12 @@ def restore_training_state(trainer, ckpt: dict[str, Any]) -> dict[str, Any]:
     trainer._store.import_acc("train", pos["acc"])
     trainer.global_step = ckpt["global_step"]
     trainer._batches_stepped = pos["batches_stepped"]
+    # a validation had run before the save: the resumed fit's loop counters go on from there, as Lightning's do
+    val = ((ckpt.get("loops") or {}).get("fit_loop") or {}).get("epoch_loop.val_loop.batch_progress") or {}
+    trainer._val_has_run = bool((val.get("current") or {}).get("completed"))
+    fit_state = ((ckpt.get("loops") or {}).get("fit_loop") or {}).get("state_dict") or {}
     return {"epoch": pos["epoch"], "batches_done": pos["batches_done"], "epoch_done": pos["epoch_done"],
-            "rng": pos["rng"], "epoch_rng": pos["epoch_rng"]}
+            "rng": pos["rng"], "epoch_rng": pos["epoch_rng"], "loader_states": fit_state.get(loader_state.KEY, [])}
 
 
 def hpc_resume_path(root_dir: str) -> str | None:

@@ -47,7 +47,8 @@ def to_lightning(*, phase: str, epoch: int, batches_done: int, batches_per_epoch
     n = batches_done if batches_per_epoch == math.inf else int(batches_per_epoch)
     if phase == BETWEEN:
         ep = _progress(epoch, epoch, epoch, epoch)
-        b, before, b_completed = (n if epoch else 0), max(epoch - 1, 0) * n, None
+        # ``batches_done``: the last epoch was cut short (max_steps, should_stop) after that many batches
+        b, before, b_completed = ((batches_done or n) if epoch else 0), max(epoch - 1, 0) * n, None
         bts = batches_stepped
     elif phase == EPOCH_END:
         ep = _progress(epoch + 1, epoch + 1, epoch + 1, epoch)

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from gpulayer.trainer import data, metrics, profilers
+from gpulayer.trainer import data, dataloader_iter, metrics, profilers
 from gpulayer.trainer.predict_state import PredictState
 from gpulayer.trainer.prefetch import device_batches
 from gpulayer.trainer.states import RunningStage
@@ -73,13 +73,14 @@ class EvalLoop:
                 hooks.call("on_sanity_check_end")
                 t.state.stage, store.context = stage_before, saved_context
                 return []
+        step = getattr(module, self.step_name)
+        pulls_batches = dataloader_iter.takes_iterator(step, self.step_name)
         self._check_dataloader_idx()
         getattr(module, f"on_{p}_model_eval")()
         hooks.call(f"on_{p}_start")
         hooks.call(f"on_{p}_epoch_start")
         multi = len(self.loaders) > 1
-        step = getattr(module, self.step_name)
-        with_idx = _takes_batch_idx(step)
+        with_idx = dataloader_iter.takes_batch_idx(step)
         predicting = self.stage == "predict"
         loaders = self.loaders
         if predicting:  # what prediction writers read (trainer.predict_loop)
@@ -88,7 +89,9 @@ class EvalLoop:
         profiler = t.profiler
         step = profilers.wrapper(profiler)(step, f"[Strategy]{type(t.strategy).__name__}.{self.step_name}")
         fetch = "[_PredictionLoop].predict_next" if predicting else f"[_EvaluationLoop].{self.acc_name}_next"
-        for dl_idx, loader in enumerate(loaders):
+        if pulls_batches:  # the step takes `dataloader_iter`: it pulls its batches itself
+            dataloader_iter.run_eval(self, step)
+        for dl_idx, loader in enumerate(loaders if not pulls_batches else []):
             n = self._num_batches(loader)
             if n == 0:
                 continue
@@ -146,9 +149,7 @@ class EvalLoop:
 
     def _check_dataloader_idx(self) -> None:
         """Lightning's rule: ``dataloader_idx`` is required with several loaders and must default with one."""
-        if self.stage == "predict":
-            return
-        multi, kind = len(self.loaders) > 1, "val" if self.stage == "validate" else "test"
+        multi, kind = len(self.loaders) > 1, {"validate": "val"}.get(self.stage, self.stage)
         for name in (self.step_name, f"on_{self.prefix}_batch_start", f"on_{self.prefix}_batch_end"):
             try:
                 params = inspect.signature(getattr(self.module, name)).parameters
@@ -204,17 +205,6 @@ def defines(module: Any, name: str) -> bool:
         return vars(module)[name] is not None
     impl = getattr(type(module), name, None)
     return impl is not None and impl is not getattr(Module, name, None)
-
-
-def _takes_batch_idx(fn: Any) -> bool:
-    """Lightning calls ``step(batch)`` when the step has no ``batch_idx`` parameter."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return True
-    if "batch_idx" in params or any(p.kind == p.VAR_POSITIONAL for p in params.values()):
-        return True
-    return len(params) >= 2
 
 
 def check_step(stage: str, module: Any) -> None:

@@ -16,13 +16,15 @@ import inspect
 import itertools
 import math
 import time
+import warnings
 from typing import Any, Mapping
 
 import torch
 
-from gpulayer.trainer import data, profilers
+from gpulayer.trainer import data, dataloader_iter, fit_checks, loader_state, profilers
 from gpulayer.trainer.errors import MisconfigurationException
 from gpulayer.trainer.evaluate import EvalLoop
+from gpulayer.trainer.loops.closure import NONE_RETURNED, Closure
 from gpulayer.trainer.prefetch import device_batches
 from gpulayer.trainer.stepping import GeneralStep, _loss_of, transfer_batch
 from gpulayer.trainer.seed import capture_rng, restore_rng
@@ -63,7 +65,11 @@ def _needs_closure(optimizer: Any) -> bool:
 class FitLoop:
     def __init__(self, trainer, module, step_fn, resume: dict | None, sanity_check: bool = False):
         cfg = trainer._config
-        self.trainer, self.module, self.step_fn, self.cfg = trainer, module, step_fn, cfg
+        self.trainer, self.module, self.cfg = trainer, module, cfg
+        # how training_step is called (with batch_idx, without, or with `dataloader_iter`), decided once per fit
+        flavour = dataloader_iter.training_flavour(module)
+        self.dl_iter = flavour == "iterator"
+        self.step_fn = dataloader_iter.training_step_fn(step_fn, flavour)
         self.strategy, self.precision, self.hooks, self.store = trainer.strategy, trainer._precision, trainer._hooks, trainer._store
         # the loaders come from trainer._fit_data in run(), requested in Lightning's order (around the sanity check)
         self.train_loader: Any = None
@@ -95,13 +101,16 @@ class FitLoop:
         self.profiler = trainer.profiler
         if profilers.active(self.profiler):  # decided once: without a profiler nothing is wrapped
             self.step_fn = profilers.wrapper(self.profiler)(
-                step_fn, f"[Strategy]{type(trainer.strategy).__name__}.training_step")
+                self.step_fn, f"[Strategy]{type(trainer.strategy).__name__}.training_step")
         self.deadline = time.monotonic() + cfg.max_time if cfg.max_time is not None else None
         self._told_min_not_met = False
+        self.epoch, self.validated_at = trainer.current_epoch, -1  # the epoch running (or last run); its last validation
+        self.warned_none_batch = False
+        self.loader_restored = False  # a resume gave stateful loaders their position: no replay
 
     # -- fit --------------------------------------------------------------------------------
     def run(self) -> None:
-        t, cfg = self.trainer, self.cfg
+        t = self.trainer
         fit_data = t._fit_data  # the fit's first loaders, in Lightning's order: sanity check (val), train, val
         if self.sanity_check and fit_data.validation_possible():
             self.run_validation(sanity=True, loaders=fit_data.load_sanity_val)
@@ -109,6 +118,11 @@ class FitLoop:
         self.num_train_batches = t.num_training_batches
         if fit_data.first_val_due():
             self.val_loaders = fit_data.reload_val()
+        fit_checks.warn_eval_modules(self.module)
+        if self.resume is not None:  # loaders that keep their position get it back (Lightning's stateful loaders)
+            self.loader_restored = loader_state.load_state_dicts(self.train_loader, self.resume.get("loader_states"))
+            fit_checks.warn_resume_mid_epoch(t, self.train_loader, self.num_train_batches,
+                                              replayed_exactly=self.resume["epoch_rng"] is not None)
         self.hooks.call("on_train_start")
         if self.resume is not None and self.resume["epoch_done"]:
             t.current_epoch = self.resume["epoch"] + 1
@@ -120,11 +134,8 @@ class FitLoop:
         while not self._fit_done():
             with self.profiler.profile("run_training_epoch"):
                 self.run_epoch()
-            if self.epoch_done:
-                t.current_epoch += 1
-            else:
-                break  # max_steps, max_time or should_stop ended the epoch early
-            if t.should_stop and self._can_stop_early(t.current_epoch):
+            t.current_epoch += 1  # an epoch cut short (max_steps, max_time, should_stop) counts too, as in Lightning
+            if not self.epoch_done or t.should_stop and self._can_stop_early(t.current_epoch):
                 break
         self.hooks.call("on_train_end")
 
@@ -178,10 +189,12 @@ class FitLoop:
             it = itertools.islice(it, int(self.num_train_batches))
         if resume is not None:
             skip = resume["batches_done"]
-            for _ in range(skip):  # replay the sampler; these batches were trained on before the save
+            for _ in range(0 if self.loader_restored else skip):  # replay the sampler: trained on before the save
                 next(it)
             if resume["rng"] is not None:
                 restore_rng(resume["rng"])
+        if self.dl_iter:  # the step pulls (and moves) its batches itself
+            return dataloader_iter.steps(dataloader_iter.train_iterator(it, self.num_train_batches, skip)), skip
         if self.hooks.transfer:  # the batch-transfer hooks move each batch (run_epoch)
             return it, skip
         return device_batches(it, self.strategy.root_device, self.cfg.prefetch), skip
@@ -191,13 +204,18 @@ class FitLoop:
         step_fn, opt, params = self.step_fn, self.optimizer, self.params
         clip, log_every, max_steps = cfg.gradient_clip_val, cfg.log_every_n_steps, cfg.max_steps
         manual = not self.module.automatic_optimization
-        general, transfer, device = self.general, hooks.transfer, self.strategy.root_device
+        general, device, dl_iter = self.general, self.strategy.root_device, self.dl_iter
+        transfer = hooks.transfer and not dl_iter
         step_scheds, epoch_scheds = bool(self.step_schedulers), bool(self.epoch_schedulers)
         step_plateaus = bool(self.step_plateaus)
         batches, skip = self._batches()  # may reload the loaders: read the counts after it
         accum, total = cfg.accumulate_grad_batches, self.num_train_batches
         val_every, val_offset = self._val_interval(), self._val_offset()
         self.epoch_done, self.batches_done, self.epoch_scheds_stepped = False, skip, False
+        self.epoch, self.validated_at = t.current_epoch, -1
+        if skip and val_every and (val_offset + skip) % val_every == 0:
+            # resumed right after a batch that validated in the fit that saved: not run again, but counted (Lightning)
+            t._val_has_run, self.validated_at = True, skip
         store.context = store.TRAIN_STEP
         stopped_early = False
         batch_idx = skip - 1
@@ -208,10 +226,15 @@ class FitLoop:
             self.batch_idx = batch_idx
             if transfer:
                 batch = transfer_batch(hooks, batch, device, 0)
-            store.batch = batch
+            # the hooks see the batch; with `dataloader_iter`, the last one the step took (Lightning's)
+            seen, seen_idx = (batch.batch, batch.batch_idx) if dl_iter else (batch, batch_idx)
+            store.batch = seen
+            if seen is None and not dl_iter:
+                self._none_batch(batch_idx, total, val_every, val_offset)
+                continue
             skip_rest = False
             for f in hooks.on_train_batch_start:
-                response = f(batch, batch_idx)
+                response = f(seen, seen_idx)
                 skip_rest = skip_rest or (type(response) is int and response == -1)
             stepping = manual or (batch_idx + 1) % accum == 0 or batch_idx + 1 == total
             if skip_rest:  # Lightning: on_train_batch_start returned -1, the rest of the epoch is skipped
@@ -249,8 +272,10 @@ class FitLoop:
             if hooks.on_train_batch_end:
                 if hooks.train_batch_end_outputs and (manual or not general):
                     out = batch_output(out, accum, manual)
+                if dl_iter:
+                    seen, seen_idx = batch.batch, batch.batch_idx
                 for f in hooks.on_train_batch_end:
-                    f(out, batch, batch_idx)
+                    f(out, seen, seen_idx)
             if val_every and (val_offset + batch_idx + 1) % val_every == 0 and batch_idx + 1 != total:
                 self.run_validation()
                 store.context = store.TRAIN_STEP
@@ -263,6 +288,25 @@ class FitLoop:
                 break
         self.epoch_done = not stopped_early
         self._end_epoch()
+
+    def _none_batch(self, batch_idx: int, total: float, val_every: int, val_offset: int) -> None:
+        """The loader gave ``None``: no step, as in Lightning (a warning; ``on_train_batch_end`` gets ``None``)."""
+        t = self.trainer
+        if not self.warned_none_batch:
+            self.warned_none_batch = True
+            warnings.warn("train_dataloader yielded None. If this was on purpose, ignore this warning...",
+                          UserWarning, stacklevel=3)
+        last = batch_idx + 1 == total
+        if (batch_idx + 1) % self.cfg.accumulate_grad_batches == 0 or last:
+            t._batches_stepped += 1
+        if last:
+            self._step_schedulers(batch_idx, last=True)
+        self.batches_done = batch_idx + 1
+        for f in self.hooks.on_train_batch_end:
+            f(None, None, batch_idx)
+        if val_every and (val_offset + batch_idx + 1) % val_every == 0 and not last:
+            self.run_validation()
+            self.store.context = self.store.TRAIN_STEP
 
     def _step_schedulers(self, batch_idx: int, last: bool, stepped: bool = False, plateau: bool = False) -> None:
         """Lightning's order: step-interval schedulers after a step; epoch-interval ones on the epoch's last batch.
@@ -288,6 +332,7 @@ class FitLoop:
             out = step_fn(batch, batch_idx)
         loss = _loss_of(out)
         if loss is None:
+            Closure.warning_cache.warn(NONE_RETURNED)
             return None
         if accum > 1:
             loss = loss / accum
@@ -329,17 +374,26 @@ class FitLoop:
         return due and fit_data.validation_possible() and (bool(self.val_loaders) or not fit_data.val_loaded)
 
     def _val_due(self) -> bool:
-        """Validation runs after the epoch's last batch: the interval falls on it, or the epoch is unsized."""
+        """Validation runs after the epoch's last batch: the interval falls on it, or the epoch is unsized
+        (or its steps took their batches themselves through ``dataloader_iter``)."""
         if not self._val_epoch():
             return False
         vcb = self.trainer.val_check_batch
-        if vcb == math.inf:
+        if vcb == math.inf or self.dl_iter:
             return True
         return (self._val_offset() + self.batches_done) % int(vcb) == 0
 
+    def _stop_validation(self) -> bool:
+        """``should_stop`` (or ``max_time``) ended training: Lightning validates once more after that batch."""
+        t = self.trainer
+        stopping = t.should_stop and self._can_stop_early(t.current_epoch) or \
+            self.deadline is not None and time.monotonic() >= self.deadline
+        return stopping and self.validated_at != self.batches_done and self._val_epoch()
+
     def _end_epoch(self) -> None:
         t, store = self.trainer, self.store
-        if self.epoch_done and self._val_due() and data.num_batches(self.val_loaders[0], self.cfg.limit_val_batches):
+        if (self.epoch_done and self._val_due() or self._stop_validation()) and self.val_loaders and \
+                data.num_batches(self.val_loaders[0], self.cfg.limit_val_batches):
             self.run_validation()
         store.context = store.TRAIN_EPOCH
         if self.epoch_done:  # a loader without a length: its last batch was known only now
@@ -368,6 +422,7 @@ class FitLoop:
         """``loaders``: for the sanity check, the function that requests the val loaders inside it."""
         if not sanity:
             self.trainer._val_has_run = True
+            self.validated_at = self.batches_done
             if self.batches_done % self.cfg.accumulate_grad_batches == 0 or self.batches_done >= self.num_train_batches:
                 self.module.on_validation_model_zero_grad()  # no gradients held through validation (Lightning's)
             EvalLoop(self.trainer, self.module, "validate", self.val_loaders).run()

@@ -20,26 +20,16 @@ On the accumulating batches of ``accumulate_grad_batches`` the closure runs alon
 from __future__ import annotations
 
 import contextlib
-import warnings
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
-from gpulayer.trainer.errors import MisconfigurationException
+from gpulayer.trainer.loops.closure import Closure, ClosureResult, training_step_loss
 
 
 def _loss_of(out: Any) -> torch.Tensor | None:
-    if isinstance(out, torch.Tensor) or out is None:
-        return out
-    if isinstance(out, Mapping):
-        if out.get("loss") is None:
-            raise MisconfigurationException(
-                "In automatic_optimization, when `training_step` returns a dict, the 'loss' key needs to be present")
-        return out["loss"]
-    raise MisconfigurationException(
-        "In automatic optimization, `training_step` must return a Tensor, a dict, or None (where the step will be "
-        f"skipped); it returned {type(out).__name__}")
-
+    """The loss in a ``training_step`` output (``None``: skip the step), see ``loops.closure``."""
+    return training_step_loss(out)
 
 
 def transfer_batch(hooks: Any, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
@@ -84,49 +74,32 @@ def backward(trainer: Any, loss: torch.Tensor, *args: Any, **kwargs: Any) -> tor
     return loss
 
 
-class _Closure:
-    """training_step, zero_grad (when due) and backward; called by the optimizer (maybe several times: LBFGS)."""
+class _Closure(Closure):
+    """training_step, zero_grad (on an accumulation window's first batch) and backward, for this batch."""
 
     def __init__(self, loop: Any, batch: Any, batch_idx: int):
         self.loop, self.batch, self.batch_idx = loop, batch, batch_idx
-        self.out: Any = None
-        self.loss: torch.Tensor | None = None
-        self.ran = False
+        zero_grad = self._zero_grad if batch_idx % loop.cfg.accumulate_grad_batches == 0 else None
+        super().__init__(self._step, self._backward, zero_grad)
 
-    @torch.enable_grad()
-    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor | None:
-        loop, t = self.loop, self.loop.trainer
+    def _step(self) -> ClosureResult:
+        loop = self.loop
         with loop.precision.forward_context():
             out = loop.step_fn(self.batch, self.batch_idx)
-        loss = _loss_of(out)
-        if loss is None and t.world_size > 1:
+        if out is None and loop.trainer.world_size > 1:
             raise RuntimeError(
                 "Skipping the `training_step` by returning None in distributed training is not supported. It is "
                 "recommended that you rewrite your training logic to avoid having to skip the step in the first place.")
-        accum = loop.cfg.accumulate_grad_batches
-        if loss is None:
-            _warn_once("`training_step` returned `None`. If this was on purpose, ignore this warning...")
-        elif accum > 1:
-            loss = loss / accum
-        self.out, self.loss, self.ran = out, loss, True
-        if self.batch_idx % accum == 0:  # the first batch of an accumulation window starts from zero gradients
-            opt = loop.optimizer
-            for f in loop.hooks.on_before_zero_grad:
-                f(opt)
-            loop.module.optimizer_zero_grad(t.current_epoch, self.batch_idx, opt)
-        if loss is None:
-            return None
-        t._backward(loss, optimizer=loop.optimizer)
-        return loss.detach()
+        return ClosureResult.from_training_step_output(out, loop.cfg.accumulate_grad_batches)
 
+    def _backward(self, loss: torch.Tensor) -> None:
+        self.loop.trainer._backward(loss, optimizer=self.loop.optimizer)
 
-_warned: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        warnings.warn(message, UserWarning, stacklevel=3)
+    def _zero_grad(self) -> None:
+        loop, opt = self.loop, self.loop.optimizer
+        for f in loop.hooks.on_before_zero_grad:
+            f(opt)
+        loop.module.optimizer_zero_grad(loop.trainer.current_epoch, self.batch_idx, opt)
 
 
 class GeneralStep:
@@ -145,13 +118,5 @@ class GeneralStep:
         else:
             lopt = t._lightning_optimizers[0] if t._lightning_optimizers else loop.optimizer
             loop.module.optimizer_step(t.current_epoch, batch_idx, lopt, closure)
-        if not closure.ran:
-            raise MisconfigurationException(
-                "The closure hasn't been executed. HINT: did you call `optimizer_closure()` in your `optimizer_step` "
-                "hook? It could also happen because the `optimizer.step(optimizer_closure)` call did not execute it "
-                "internally.")
-        if closure.loss is None:
-            return {}
-        out = closure.out
-        extra = {k: v for k, v in out.items() if k != "loss"} if isinstance(out, dict) else {}
-        return {"loss": closure.loss.detach().clone(), **extra}
+        result = closure.consume_result()  # raises when optimizer_step never called the closure
+        return {} if result.loss is None else result.asdict()

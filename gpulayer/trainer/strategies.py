@@ -117,8 +117,8 @@ class _TrainingStep(nn.Module):
         super().__init__()
         self.module = module
 
-    def forward(self, batch: Any, batch_idx: int) -> Any:
-        return self.module.training_step(batch, batch_idx)
+    def forward(self, *args: Any) -> Any:  # (batch, batch_idx), (batch) or (dataloader_iter): the step's signature
+        return self.module.training_step(*args)
 
 
 class DDPStrategy(SingleDeviceStrategy):

@@ -25,10 +25,10 @@ MODES = ("min_size", "max_size_cycle", "max_size", "sequential")
 def _flatten(tree: Any) -> tuple[list, Any]:
     """The leaves of nested dicts / lists / tuples (in order) and a spec to rebuild the structure.
 
-    A container of plain values (``[0, 1, 2]``, ``{}``) is itself a leaf, an iterable of batches (Lightning's rule).
+    A container of plain values only (``[0, 1]``, ``{"x": 1.0}``) is a leaf, as in Lightning: an iterable of batches.
     """
-    if isinstance(tree, (dict, list, tuple)) and \
-            all(isinstance(v, (int, float, str)) for v in (tree.values() if isinstance(tree, dict) else tree)):
+    if isinstance(tree, (dict, list, tuple)) and all(
+            isinstance(v, (int, float, str)) for v in (tree.values() if isinstance(tree, dict) else tree)):
         return [tree], None
     if isinstance(tree, dict):
         leaves: list = []

@@ -67,3 +67,17 @@ def rank_zero_deprecation(message: str | Warning, stacklevel: int = 5, **kwargs:
 
 def rank_prefixed_message(message: str, rank: int | None) -> str:
     return f"[rank: {rank}] {message}" if rank is not None else message
+
+
+class WarningCache(set):
+    """Each message once (per cache) on rank 0: a warning inside a loop does not repeat every batch."""
+
+    def warn(self, message: str, stacklevel: int = 5, **kwargs: Any) -> None:
+        if message not in self:
+            self.add(message)
+            rank_zero_warn(message, stacklevel=stacklevel, **kwargs)
+
+    def info(self, message: str, stacklevel: int = 5, **kwargs: Any) -> None:
+        if message not in self:
+            self.add(message)
+            rank_zero_info(message, stacklevel=stacklevel, **kwargs)
