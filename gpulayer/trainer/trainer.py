@@ -104,9 +104,10 @@ class Trainer(TrainerProperties):
         self.val_check_batch: float = math.inf  # validate every this many train batches (set when a fit loads data)
         self.ckpt_path: str | None = None
         self.lr_scheduler_configs: list[optimizers.SchedulerConfig] = []
-        # Lightning's trainer holds its strategy from the start (``trainer.strategy.connect(model)``); a run
-        # sets up a fresh one; the module of the run lives on it (``trainer.lightning_module``)
+        # Lightning's trainer holds its strategy from the start (``trainer.strategy.connect(model)``) and runs
+        # every stage on it (a launched rank makes its own); the module of the run lives on it
         self.strategy: SingleDeviceStrategy = strategy_for(self._config)
+        self.strategy._trainer = self
         self.has_val_loader = False
         self.num_training_batches: float = 0
         self._precision: Precision | None = None
@@ -322,7 +323,8 @@ class Trainer(TrainerProperties):
     def _in_process(self, module: Module, body: Any, *args: Any) -> Any:
         """Set up this process's strategy, precision and metric store around ``body(*args)`` (any stage)."""
         cfg = self._config
-        self.strategy = strategy_for(cfg)
+        if cfg.multi_process:  # a launched rank: its own rank, world and device (the one built at init planned them)
+            self.strategy = strategy_for(cfg)
         device = self.strategy.root_device
         self.strategy._trainer = self
         self.strategy.setup_environment()
