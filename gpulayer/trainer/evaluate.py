@@ -77,36 +77,38 @@ class EvalLoop:
         step = profilers.wrapper(profiler)(step, f"[Strategy]{type(t.strategy).__name__}.{self.step_name}")
         fetch = "[_PredictionLoop].predict_next" if self.stage == "predict" else f"[_EvaluationLoop].{self.acc_name}_next"
         predictions: list[list] = []
-        for dl_idx, loader in enumerate(self.loaders):
-            n = self._num_batches(loader)
-            preds: list = []
-            predictions.append(preds)
-            if n == 0:
-                continue
-            store.dl_idx = dl_idx if multi else None
-            extra = (dl_idx,) if multi else ()
-            data.set_epoch(loader, t.current_epoch)
-            device = t.strategy.root_device
-            it = loader._batches() if isinstance(loader, data.CombinedLoader) else iter(loader)
-            it = profilers.timed(it, profiler, fetch)
-            if n != math.inf:  # no batch past the limit is fetched (nor timed)
-                it = itertools.islice(it, int(n))
-            batches = it if hooks.transfer else device_batches(it, device, t._config.prefetch)
-            for i, batch in enumerate(batches):
-                if i >= n:
-                    break
-                if hooks.transfer:
-                    batch = transfer_batch(hooks, batch, device, dl_idx)
-                store.batch = batch
-                hooks.call(f"on_{p}_batch_start", batch, i, *extra)
-                with t._precision.forward_context():
-                    out = step(batch, i, *extra) if with_idx else step(batch, *extra)
-                if self.stage == "predict" and self.return_predictions:
-                    preds.append(out)
-                hooks.call(f"on_{p}_batch_end", out, batch, i, *extra)
-                if not self.sanity and self.acc_name is not None:
-                    t._log_eval_step_metrics(self.acc_name)
-            store.dl_idx = None
+        grad_off = torch.inference_mode if t._config.inference_mode else torch.no_grad
+        with grad_off():
+            for dl_idx, loader in enumerate(self.loaders):
+                n = self._num_batches(loader)
+                preds: list = []
+                predictions.append(preds)
+                if n == 0:
+                    continue
+                store.dl_idx = dl_idx if multi else None
+                extra = (dl_idx,) if multi else ()
+                data.set_epoch(loader, t.current_epoch)
+                device = t.strategy.root_device
+                it = loader._batches() if isinstance(loader, data.CombinedLoader) else iter(loader)
+                it = profilers.timed(it, profiler, fetch)
+                if n != math.inf:  # no batch past the limit is fetched (nor timed)
+                    it = itertools.islice(it, int(n))
+                batches = it if hooks.transfer else device_batches(it, device, t._config.prefetch)
+                for i, batch in enumerate(batches):
+                    if i >= n:
+                        break
+                    if hooks.transfer:
+                        batch = transfer_batch(hooks, batch, device, dl_idx)
+                    store.batch = batch
+                    hooks.call(f"on_{p}_batch_start", batch, i, *extra)
+                    with t._precision.forward_context():
+                        out = step(batch, i, *extra) if with_idx else step(batch, *extra)
+                    if self.stage == "predict" and self.return_predictions:
+                        preds.append(out)
+                    hooks.call(f"on_{p}_batch_end", out, batch, i, *extra)
+                    if not self.sanity and self.acc_name is not None:
+                        t._log_eval_step_metrics(self.acc_name)
+                store.dl_idx = None
         if self.stage == "predict":
             hooks.call("on_predict_epoch_end")
             hooks.call("on_predict_end")

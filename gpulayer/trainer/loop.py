@@ -78,10 +78,9 @@ class FitLoop:
         scheds = trainer.lr_scheduler_configs if module.automatic_optimization else []
         self.step_schedulers = [c for c in scheds if c.interval == "step"]
         self.epoch_schedulers = [c for c in scheds if c.interval == "epoch"]
-        bar = trainer.progress_bar_callback
-        self.has_bar = bar is not None and trainer.is_global_zero
-        # step values are made numbers at log intervals, for the logger and the bar (log_every_n_steps=0: never)
-        self.log_needed = (trainer.logger is not None or self.has_bar) and cfg.log_every_n_steps > 0
+        # step values are made numbers at log intervals for the logger (log_every_n_steps=0: never); the
+        # progress bar reads them itself, only for a line it draws
+        self.log_needed = trainer.logger is not None and cfg.log_every_n_steps > 0
         # decided once per fit: the general path calls every step hook in Lightning's order (stepping.py)
         # (and for an optimizer that must call the closure itself, like LBFGS)
         self.general = self.hooks.general or (module.automatic_optimization and _needs_closure(self.optimizer))

@@ -9,6 +9,7 @@ works in any process whose torchrun environment is set.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -358,7 +359,7 @@ class Trainer(TrainerProperties):
         cfg.callbacks = cfg.callbacks + [c for c in (extra if isinstance(extra, (list, tuple)) else [extra])
                                          if isinstance(c, Callback) and c not in cfg.callbacks]
         self._hooks = hooks = Hooks(self, module, cfg.callbacks, datamodule)
-        self._precision._automatic = lambda: module.automatic_optimization
+        self._precision._automatic = functools.partial(getattr, module, "automatic_optimization")  # picklable
         metrics_mod.attach_callback_logging(cfg.callbacks, module)
         self.datamodule = datamodule
         if datamodule is not None:

@@ -174,3 +174,11 @@ def test_barebones_and_profiler_are_trainer_properties():
     trainer = Trainer(**QUIET)
     assert trainer.barebones is False and type(trainer.profiler).__name__ == "PassThroughProfiler"
     assert not math.isnan(trainer.log_every_n_steps)
+
+
+def test_a_fitted_trainer_and_its_model_save_with_torch(tmp_path):
+    trainer = Trainer(max_steps=2, limit_val_batches=0, default_root_dir=tmp_path)
+    trainer.fit(BoringModel())
+    torch.save(trainer.model, tmp_path / "model.pt")
+    torch.save(trainer, tmp_path / "trainer.pt")
+    assert torch.load(tmp_path / "trainer.pt", weights_only=False).global_step == 2
