@@ -26,7 +26,8 @@ from gpulayer.trainer.evaluate import EvalLoop
 from gpulayer.trainer.prefetch import device_batches
 from gpulayer.trainer.stepping import GeneralStep, _loss_of, transfer_batch
 from gpulayer.trainer.seed import capture_rng, restore_rng
-from gpulayer.trainer.utilities.rank_zero import rank_zero_info
+from gpulayer.trainer.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from gpulayer.trainer.utilities.warnings import PossibleUserWarning
 
 
 def batch_output(out: Any, accum: int, manual: bool) -> dict:
@@ -97,6 +98,11 @@ class FitLoop:
         t, cfg = self.trainer, self.cfg
         if self.val_loaders and cfg.num_sanity_val_steps != 0 and self.resume is None:
             self.run_validation(sanity=True)
+        in_eval = [name for name, m in self.module.named_modules() if not m.training]
+        if in_eval:  # after the sanity check, which puts the modes back as it found them
+            rank_zero_warn(f"Found {len(in_eval)} module(s) in eval mode at the start of training. This may lead to "
+                           "unexpected behavior during training. If this is intentional, you can ignore this warning.",
+                           category=PossibleUserWarning)
         self.hooks.call("on_train_start")
         if self.resume is not None and self.resume["epoch_done"]:
             t.current_epoch = self.resume["epoch"] + 1
