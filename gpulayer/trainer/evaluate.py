@@ -75,7 +75,8 @@ class EvalLoop:
         with_idx = _takes_batch_idx(step)
         profiler = t.profiler
         step = profilers.wrapper(profiler)(step, f"[Strategy]{type(t.strategy).__name__}.{self.step_name}")
-        fetch = "[_PredictionLoop].predict_next" if self.stage == "predict" else f"[_EvaluationLoop].{self.acc_name}_next"
+        fetch = "[_PredictionLoop].predict_next" if self.stage == "predict" \
+            else f"[_EvaluationLoop].{self.acc_name}_next"
         predictions: list[list] = []
         grad_off = torch.inference_mode if t._config.inference_mode else torch.no_grad
         with grad_off():
