@@ -28,7 +28,7 @@ from gpulayer.trainer.loops.closure import NONE_RETURNED, Closure
 from gpulayer.trainer.prefetch import device_batches
 from gpulayer.trainer.stepping import GeneralStep, _loss_of, transfer_batch
 from gpulayer.trainer.seed import capture_rng, restore_rng
-from gpulayer.trainer.utilities.rank_zero import rank_zero_info
+from gpulayer.trainer.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 
 def batch_output(out: Any, accum: int, manual: bool) -> dict:
@@ -90,10 +90,9 @@ class FitLoop:
         # a plateau scheduler reads a metric validation may log: stepped after the batch's validation (Lightning)
         self.step_plateaus = [c for c in scheds if c.interval == "step" and c.reduce_on_plateau]
         self.epoch_schedulers = [c for c in scheds if c.interval == "epoch"]
-        bar = trainer.progress_bar_callback
-        self.has_bar = bar is not None and trainer.is_global_zero
-        # step values are made numbers at log intervals, for the logger and the bar (log_every_n_steps=0: never)
-        self.log_needed = (trainer.logger is not None or self.has_bar) and cfg.log_every_n_steps > 0
+        # step values are made numbers at log intervals for the logger (log_every_n_steps=0: never); the
+        # progress bar reads them itself, only for a line it draws
+        self.log_needed = trainer.logger is not None and cfg.log_every_n_steps > 0
         # decided once per fit: the general path calls every step hook in Lightning's order (stepping.py)
         # (and for an optimizer that must call the closure itself, like LBFGS)
         self.general = self.hooks.general or (module.automatic_optimization and _needs_closure(self.optimizer))

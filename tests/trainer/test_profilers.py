@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
@@ -104,12 +105,32 @@ def test_summary_file_per_stage(tmp_path):
     assert "FIT Profiler Report" in text and "[Strategy]SingleDeviceStrategy.training_step" in text
 
 
-def test_advanced_profiler_reports_functions_per_action(capsys):
+def test_advanced_profiler_reports_functions_per_action(caplog):
     trainer = Trainer(max_steps=2, limit_val_batches=0, profiler="advanced", **QUIET)
-    trainer.fit(BoringModel())
+    with caplog.at_level(logging.INFO):
+        trainer.fit(BoringModel())
     assert isinstance(trainer.profiler, AdvancedProfiler)
-    out = capsys.readouterr().out
-    assert "Profile stats for: [Strategy]SingleDeviceStrategy.training_step" in out and "cumulative" in out
+    assert "Profile stats for: [Strategy]SingleDeviceStrategy.training_step" in caplog.text
+    assert "cumulative" in caplog.text
+
+
+def test_report_goes_to_stdout_when_logging_is_not_set_up(capsys, monkeypatch):
+    from gpulayer.trainer.profilers import profiler as profiler_module
+
+    monkeypatch.setattr(profiler_module.log, "hasHandlers", lambda: False)
+    profiler = SimpleProfiler()
+    with profiler.profile("x"):
+        pass
+    profiler.describe()
+    assert "Profiler Report" in capsys.readouterr().out
+
+
+def test_dumped_stats_files_have_safe_names(tmp_path):
+    profiler = AdvancedProfiler(dirpath=tmp_path, dump_stats=True)
+    with profiler.profile("val/loss:best"):
+        pass
+    profiler.describe()
+    assert [p.name for p in tmp_path.iterdir() if p.suffix == ".prof"] == ["val_loss_best.prof"]
 
 
 def test_profiler_choices():

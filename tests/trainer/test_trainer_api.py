@@ -174,3 +174,38 @@ def test_barebones_and_profiler_are_trainer_properties():
     trainer = Trainer(**QUIET)
     assert trainer.barebones is False and type(trainer.profiler).__name__ == "PassThroughProfiler"
     assert not math.isnan(trainer.log_every_n_steps)
+
+
+def test_a_fitted_trainer_and_its_model_save_with_torch(tmp_path):
+    trainer = Trainer(max_steps=2, limit_val_batches=0, default_root_dir=tmp_path)
+    trainer.fit(BoringModel())
+    torch.save(trainer.model, tmp_path / "model.pt")
+    torch.save(trainer, tmp_path / "trainer.pt")
+    assert torch.load(tmp_path / "trainer.pt", weights_only=False).global_step == 2
+
+
+def _eval_mode_warnings(L):
+    import warnings
+
+    class Model(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(2, 1)
+            self.frozen = torch.nn.Linear(2, 2).eval()
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch[0]).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.layer.parameters(), lr=0.1)
+
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(4, 2)), batch_size=2)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        L.Trainer(max_epochs=1, **QUIET).fit(Model(), data)
+    return [str(w.message).split(".")[0] for w in seen if "eval mode" in str(w.message)]
+
+
+@needs_lightning
+def test_modules_left_in_eval_mode_are_pointed_out():
+    assert both(_eval_mode_warnings) == ["Found 1 module(s) in eval mode at the start of training"]

@@ -6,7 +6,8 @@ object works too. Actions have Lightning's names: ``[LightningModule]Net.on_fit_
 ``[Callback]<state_key>.on_train_batch_end``, ``[LightningDataModule]DM.setup``,
 ``[Strategy]SingleDeviceStrategy.training_step``, ``[_TrainingEpochLoop].train_dataloader_next``,
 ``[_EvaluationLoop].val_next``, ``run_training_epoch``... After each stage the summary goes to
-``dirpath/filename`` (``<stage>-<filename>.txt``) when a filename is set, else to rank 0's stdout.
+``dirpath/filename`` (``<stage>-<filename>.txt``) when a filename is set, else to the log
+(rank 0's stdout when logging is not set up).
 
 Profiling is decided once per stage: without a profiler (``PassThroughProfiler``,
 the default) no hook, step or iterator is wrapped, so the loop runs as fast as before.

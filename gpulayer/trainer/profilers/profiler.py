@@ -4,15 +4,26 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Iterator
 
 from gpulayer.trainer.utilities.rank_zero import rank_zero_only
 
+log = logging.getLogger(__name__)
+
+
+def _report(text: str) -> None:
+    """To the log when logging is set up (as Lightning's logger gets it), else to stdout: it was asked for."""
+    if log.isEnabledFor(logging.INFO) and log.hasHandlers():
+        log.info(text)
+    else:
+        print(text)
+
 
 class Profiler(ABC):
-    """Base of the profilers: ``start(action)`` / ``stop(action)``, ``profile(action)``, ``summary()``, ``describe()``."""
+    """Base of the profilers: ``start`` / ``stop`` an action, ``profile(action)``, ``summary()``, ``describe()``."""
 
     def __init__(self, dirpath: str | os.PathLike | None = None, filename: str | None = None) -> None:
         self.dirpath = dirpath
@@ -78,7 +89,7 @@ class Profiler(ABC):
             self._output_file = open(os.path.join(self.dirpath, self._prepare_filename()), "a")  # noqa: SIM115
             self._write_stream = self._output_file.write
         else:  # the report was asked for: shown on rank 0's stdout (Lightning's logger prints it there too)
-            self._write_stream = rank_zero_only(print)
+            self._write_stream = rank_zero_only(_report)
 
     def __getstate__(self) -> dict[str, Any]:
         # a copy travels to the ranks of a multi-process run: open files stay here

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections import defaultdict
@@ -38,7 +39,8 @@ class SimpleProfiler(Profiler):
     def summary(self) -> str:
         if not self.recorded_durations:
             return ""
-        rows = sorted(((a, sum(d) / len(d), len(d), sum(d)) for a, d in self.recorded_durations.items()),
+        # math.fsum: many tiny durations add up without losing precision
+        rows = sorted(((a, math.fsum(d) / len(d), len(d), math.fsum(d)) for a, d in self.recorded_durations.items()),
                       key=lambda r: r[3], reverse=True)
         total = time.monotonic() - self.start_time
         width = max(len("Action"), *(len(r[0]) for r in rows))

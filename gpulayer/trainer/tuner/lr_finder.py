@@ -122,7 +122,8 @@ class LRSearch(Callback):
             return
         self._avg = self.beta * self._avg + (1 - self.beta) * float(loss)
         smoothed = self._avg / (1 - self.beta ** self._step)  # the running average without its start-up bias
-        if self.early_stop_threshold is not None and self._step > 1 and smoothed > self.early_stop_threshold * self._best:
+        threshold = self.early_stop_threshold
+        if threshold is not None and self._step > 1 and smoothed > threshold * self._best:
             trainer.should_stop = True  # diverged
         self._best = min(self._best, smoothed) if self._step > 1 else smoothed
         self.losses.append(smoothed)
