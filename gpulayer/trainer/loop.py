@@ -93,6 +93,7 @@ class FitLoop:
         self.epoch, self.validated_at = trainer.current_epoch, -1  # the epoch running (or last run); its last validation
         self.warned_none_batch = False
         self.loader_restored = False  # a resume gave stateful loaders their position: no replay
+        self.batch_idx = -1  # the batch running (or last run) in this epoch
 
     # -- fit --------------------------------------------------------------------------------
     def run(self) -> None:
@@ -190,11 +191,12 @@ class FitLoop:
             self.bar.start_epoch(t.current_epoch, cfg.max_epochs, None if total == math.inf else int(total))
         store.context = store.TRAIN_STEP
         stopped_early = False
-        batch_idx = skip - 1
+        batch_idx = self.batch_idx = skip - 1
         for batch in batches:
             batch_idx += 1
             if batch_idx >= total:
                 break
+            self.batch_idx = batch_idx  # trainer.is_last_batch reads it, inside the step already
             if transfer:
                 batch = transfer_batch(hooks, batch, device, 0)
             # the hooks see the batch; with `dataloader_iter`, the last one the step took (Lightning's)

@@ -191,7 +191,7 @@ class TrainerProperties:
     @property
     def is_last_batch(self) -> bool:
         loop = self._loop
-        return loop is not None and loop.batches_done >= loop.num_train_batches
+        return loop is not None and loop.batch_idx + 1 >= loop.num_train_batches  # from the step on, as in Lightning
 
     @property
     def estimated_stepping_batches(self) -> int | float:

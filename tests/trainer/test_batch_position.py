@@ -36,7 +36,6 @@ def positions(L, automatic):
     return model.seen
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26: trainer.is_last_batch is never True inside training_step")
 @pytest.mark.parametrize("automatic", [True, False], ids=["automatic", "manual"])
 def test_is_last_batch_is_true_in_each_epochs_last_training_step(automatic):
     seen = both(positions, automatic)
