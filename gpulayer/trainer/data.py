@@ -206,3 +206,15 @@ def set_epoch(loader: Any, epoch: int) -> None:
         if hasattr(obj, "set_epoch"):
             obj.set_epoch(epoch)
             return
+
+
+def shut_down_workers(loader: Any) -> None:
+    """Stop the worker processes a DataLoader keeps between epochs (``persistent_workers=True``), as Lightning
+    does when a fit ends: otherwise they live on until the loader is garbage-collected. The loader starts new
+    ones if it is iterated again."""
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter  # torch's own class for worker iterators
+    for dl in (loader.flattened if isinstance(loader, CombinedLoader) else [loader]):
+        it = getattr(dl, "_iterator", None) if isinstance(dl, DataLoader) else None
+        if isinstance(it, _MultiProcessingDataLoaderIter):
+            it._shutdown_workers()
+            dl._iterator = None

@@ -113,12 +113,16 @@ class FitLoop:
             self.resume = None
         elif self.resume is not None:
             t.current_epoch = self.resume["epoch"]
-        while not self._fit_done():
-            self.run_epoch()
-            t.current_epoch += 1  # an epoch cut short (max_steps, max_time, should_stop) counts too, as in Lightning
-            if not self.epoch_done or t.should_stop and self._can_stop_early(t.current_epoch):
-                break
-        self.hooks.call("on_train_end")
+        try:
+            while not self._fit_done():
+                self.run_epoch()
+                t.current_epoch += 1  # an epoch cut short (max_steps, max_time, should_stop) counts, as in Lightning
+                if not self.epoch_done or t.should_stop and self._can_stop_early(t.current_epoch):
+                    break
+            self.hooks.call("on_train_end")
+        finally:  # persistent DataLoader workers stop with the fit, also a failed one (Lightning's teardown)
+            for loader in [self.train_loader, *self.val_loaders]:
+                data.shut_down_workers(loader)
 
     def _can_stop_early(self, epochs_done: int) -> bool:
         """``should_stop`` is honoured once ``min_epochs`` and ``min_steps`` are met (Lightning's rule)."""

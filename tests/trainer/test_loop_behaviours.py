@@ -337,3 +337,16 @@ def test_closure_runs_step_zero_grad_backward_and_hands_its_result_once():
 def test_combined_loader_takes_a_list_of_plain_values_as_one_iterable():
     from gpulayer.trainer.utilities.combined_loader import CombinedLoader
     assert [b for b, _, _ in CombinedLoader({"a": [0, 1], "b": [2, 3]})] == [{"a": 0, "b": 2}, {"a": 1, "b": 3}]
+
+
+def _persistent_workers_after_fit(L):
+    from torch.utils.data import DataLoader, TensorDataset
+    data = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=4, num_workers=1,
+                      persistent_workers=True)
+    L.Trainer(max_epochs=2, enable_checkpointing=False, **QUIET).fit(_model(L), data)
+    return data._iterator is None  # the worker iterator was shut down and dropped
+
+
+@needs_lightning
+def test_persistent_loader_workers_stop_when_the_fit_ends():
+    assert both(_persistent_workers_after_fit) is True
