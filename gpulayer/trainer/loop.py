@@ -7,7 +7,9 @@ tensors until ``log_every_n_steps``; hooks nobody overrides are empty lists.
 That inline step is the fast path. A module that overrides a hook with a default
 behaviour (``optimizer_step``, ``backward``, the batch transfer...) runs each batch
 through ``stepping.GeneralStep`` instead, which calls every hook in Lightning's
-order; the choice is made once per fit (``Hooks.general``).
+order; the choice is made once per fit (``Hooks.general``). How ``training_step`` is called
+(``(batch, batch_idx)``, ``(batch)``, or ``(dataloader_iter)``, see ``dataloader_iter.py``) is
+decided once per fit too.
 """
 
 from __future__ import annotations
