@@ -30,11 +30,14 @@ def resolve(loaders: Any) -> Any:
 
 
 def as_list(loaders: Any) -> list:
-    """Evaluation loaders as a list, read one after another (a dict's values, a CombinedLoader's iterables)."""
+    """Evaluation loaders as a list, read one after another (a dict's values, a CombinedLoader's iterables).
+
+    A CombinedLoader in another mode than ``"sequential"`` stays one loader: each step gets a batch of each iterable.
+    """
     if loaders is None:
         return []
     if isinstance(loaders, CombinedLoader):
-        return list(loaders.flattened)
+        return list(loaders.flattened) if loaders._mode == "sequential" else [loaders]
     if isinstance(loaders, dict):
         return list(loaders.values())
     if isinstance(loaders, (list, tuple)):
@@ -58,6 +61,20 @@ def combine_train(loaders: Any) -> Any:
     if isinstance(loaders, (list, tuple, dict)):
         return CombinedLoader(loaders, "max_size_cycle")
     return loaders
+
+
+def batches_of(loader: Any) -> Any:
+    """An iterator of ``loader``'s batches (a CombinedLoader's combined batches, without their indices)."""
+    return loader._batches() if isinstance(loader, CombinedLoader) else iter(loader)
+
+
+def batch_counts(loaders: list, limit: int | float, stage: str = "train") -> list[float]:
+    """Each iterable's batch count, a combined loader's iterables one by one (Lightning's ``num_*_batches``)."""
+    counts: list[float] = []
+    for dl in loaders:
+        n = num_batches(dl, limit, stage)
+        counts.extend(dl.limits if isinstance(dl, CombinedLoader) else [n])
+    return counts
 
 
 def num_batches(loader: Iterable, limit: int | float, stage: str = "train") -> float:

@@ -83,7 +83,9 @@ class EvalLoop:
                 extra = (dl_idx,) if multi else ()
                 data.set_epoch(loader, t.current_epoch)
                 device = t.strategy.root_device
-                batches = iter(loader) if hooks.transfer else device_batches(iter(loader), device, t._config.prefetch)
+                batches = data.batches_of(loader)
+                if not hooks.transfer:
+                    batches = device_batches(batches, device, t._config.prefetch)
                 for i, batch in enumerate(batches):
                     if i >= n:
                         break

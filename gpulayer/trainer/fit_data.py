@@ -117,7 +117,7 @@ class FitData:
             data.seed_workers(dl)
         t.has_val_loader = bool(loaders)
         t._stage_loaders["validate"] = data.as_given(given, loaders) if loaders else None
-        t.num_val_batches = [data.num_batches(dl, self.cfg.limit_val_batches, "val") for dl in loaders]
+        t.num_val_batches = data.batch_counts(loaders, self.cfg.limit_val_batches, "val")
         if record:
             self.val_loaded_epoch = t.current_epoch
         return loaders

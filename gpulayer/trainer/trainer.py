@@ -277,7 +277,7 @@ class Trainer(TrainerProperties):
             given, loaders = loaders, [self._prepare_loader(dl, mode) for dl in data.as_list(loaders)]
             self._stage_loaders[stage] = data.as_given(given, loaders)
         loggers_mod.log_hyperparams(self)
-        setattr(self, f"num_{method[:-11]}_batches", [data.num_batches(dl, getattr(self._config, limit_name)) for dl in loaders])
+        setattr(self, f"num_{method[:-11]}_batches", data.batch_counts(loaders, getattr(self._config, limit_name)))
         try:
             out = evaluate.EvalLoop(self, module, stage, loaders, **kw).run() if loaders else []
         finally:

@@ -350,3 +350,26 @@ def _persistent_workers_after_fit(L):
 @needs_lightning
 def test_persistent_loader_workers_stop_when_the_fit_ends():
     assert both(_persistent_workers_after_fit) is True
+
+
+def _validate_combined(L, mode):
+    import importlib
+    combined = importlib.import_module(f"{L.name}{'.pytorch' if L.name == 'lightning' else '.trainer'}"
+                                       ".utilities.combined_loader").CombinedLoader
+
+    def validation_step(self, batch, batch_idx, dataloader_idx=0):
+        self.seen.append((batch, batch_idx, dataloader_idx))
+
+    model = _model(L, validation_step=validation_step)
+    trainer = L.Trainer(**QUIET)
+    trainer.validate(model, combined({"a": [0, 1, 2], "b": [3, 4]}, mode))
+    return trainer.num_val_batches, model.seen
+
+
+@needs_lightning
+@pytest.mark.parametrize("mode", ["max_size_cycle", "min_size", "max_size", "sequential"])
+def test_validation_reads_a_combined_loader_in_its_mode(mode):
+    counts, seen = both(_validate_combined, mode)
+    assert counts == [3, 2]
+    if mode == "max_size":
+        assert seen[-1] == ({"a": 2, "b": None}, 2, 0)
