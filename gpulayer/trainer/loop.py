@@ -30,6 +30,7 @@ from gpulayer.trainer.prefetch import device_batches
 from gpulayer.trainer.stepping import GeneralStep, _loss_of, transfer_batch
 from gpulayer.trainer.progress import ProgressBar
 from gpulayer.trainer.seed import capture_rng, restore_rng
+from gpulayer.trainer.utilities.rank_zero import WarningCache
 
 
 def batch_output(out: Any, accum: int, manual: bool) -> dict:
@@ -96,6 +97,7 @@ class FitLoop:
         self.warned_none_batch = False
         self.loader_restored = False  # a resume gave stateful loaders their position: no replay
         self.batch_idx = -1  # the batch running (or last run) in this epoch
+        self.info_once = WarningCache()
 
     # -- fit --------------------------------------------------------------------------------
     def run(self) -> None:
@@ -129,8 +131,12 @@ class FitLoop:
     def _can_stop_early(self, epochs_done: int) -> bool:
         """``should_stop`` is honoured once ``min_epochs`` and ``min_steps`` are met (Lightning's rule)."""
         cfg = self.cfg
-        return (not cfg.min_epochs or epochs_done >= cfg.min_epochs) and \
+        can = (not cfg.min_epochs or epochs_done >= cfg.min_epochs) and \
             (not cfg.min_steps or self.trainer.global_step >= cfg.min_steps)
+        if not can:  # asked only while should_stop is set
+            self.info_once.info(f"Trainer was signaled to stop but the required `min_epochs={cfg.min_epochs!r}` or "
+                                f"`min_steps={cfg.min_steps!r}` has not been met. Training will continue...")
+        return can
 
     def _fit_done(self) -> bool:
         t, cfg = self.trainer, self.cfg
