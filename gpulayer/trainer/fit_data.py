@@ -106,7 +106,7 @@ class FitData:
         t = self.trainer
         self.val_loaded = True
         if not self.validation_possible():
-            t.has_val_loader, t.num_val_batches = False, []
+            t.has_val_loader, t.num_val_batches, t._fit_val_batches = False, [], []
             return []
         given = self.val_source()
         loaders = data.as_list(given)
@@ -117,7 +117,7 @@ class FitData:
             data.seed_workers(dl)
         t.has_val_loader = bool(loaders)
         t._stage_loaders["validate"] = data.as_given(given, loaders) if loaders else None
-        t.num_val_batches = data.batch_counts(loaders, self.cfg.limit_val_batches, "val")
+        t.num_val_batches = t._fit_val_batches = data.batch_counts(loaders, self.cfg.limit_val_batches, "val")
         if record:
             self.val_loaded_epoch = t.current_epoch
         return loaders

@@ -373,3 +373,14 @@ def test_validation_reads_a_combined_loader_in_its_mode(mode):
     assert counts == [3, 2]
     if mode == "max_size":
         assert seen[-1] == ({"a": 2, "b": None}, 2, 0)
+
+
+def _sanity_counts_after_validate(L):
+    trainer = L.Trainer(**QUIET)
+    trainer.validate(_model(L, validation_step=lambda self, batch, batch_idx: None), loader())
+    return trainer.num_sanity_val_batches, trainer.num_val_batches
+
+
+@needs_lightning
+def test_num_sanity_val_batches_belongs_to_fit_and_stays_empty_after_validate():
+    assert both(_sanity_counts_after_validate) == ([], [4])
