@@ -31,7 +31,10 @@ def resolve(loaders: Any) -> Any:
 
 
 def as_list(loaders: Any) -> list:
-    """Evaluation loaders as a list, read one after another (a dict's values, a CombinedLoader's iterables)."""
+    """Evaluation loaders as a list, read one after another (a dict's values, a CombinedLoader's iterables).
+
+    A CombinedLoader in another mode than ``"sequential"`` stays one loader: each step gets a batch of each iterable.
+    """
     if loaders is None:
         return []
     if isinstance(loaders, CombinedLoader):
@@ -71,6 +74,11 @@ def combine_train(loaders: Any) -> Any:
     if isinstance(loaders, (list, tuple, dict)):
         return CombinedLoader(loaders, "max_size_cycle")
     return loaders
+
+
+def batches_of(loader: Any) -> Any:
+    """An iterator of ``loader``'s batches (a CombinedLoader's combined batches, without their indices)."""
+    return loader._batches() if isinstance(loader, CombinedLoader) else iter(loader)
 
 
 def num_batches(loader: Iterable, limit: int | float, stage: str = "train") -> float:
@@ -230,3 +238,15 @@ def set_epoch(loader: Any, epoch: int) -> None:
         if hasattr(obj, "set_epoch"):
             obj.set_epoch(epoch)
             return
+
+
+def shut_down_workers(loader: Any) -> None:
+    """Stop the worker processes a DataLoader keeps between epochs (``persistent_workers=True``), as Lightning
+    does when a fit ends: otherwise they live on until the loader is garbage-collected. The loader starts new
+    ones if it is iterated again."""
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter  # torch's own class for worker iterators
+    for dl in (loader.flattened if isinstance(loader, CombinedLoader) else [loader]):
+        it = getattr(dl, "_iterator", None) if isinstance(dl, DataLoader) else None
+        if isinstance(it, _MultiProcessingDataLoaderIter):
+            it._shutdown_workers()
+            dl._iterator = None

@@ -124,7 +124,7 @@ def eval_iterator(loop: Any) -> DataLoaderIter:
             if n == 0:
                 continue
             data.set_epoch(loader, loop.trainer.current_epoch)
-            for i, batch in enumerate(loader):
+            for i, batch in enumerate(data.batches_of(loader)):
                 if i >= n:
                     break
                 yield batch, i, dl_idx

@@ -99,7 +99,7 @@ class EvalLoop:
             extra = (dl_idx,) if multi else ()
             data.set_epoch(loader, t.current_epoch)
             device = t.strategy.root_device
-            it = loader._batches() if isinstance(loader, data.CombinedLoader) else iter(loader)
+            it = data.batches_of(loader)
             it = profilers.timed(it, profiler, fetch)
             if n != math.inf:  # no batch past the limit is fetched (nor timed)
                 it = itertools.islice(it, int(n))

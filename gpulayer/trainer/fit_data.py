@@ -109,7 +109,7 @@ class FitData:
         t = self.trainer
         self.val_loaded = True
         if not self.validation_possible():
-            t.has_val_loader, t.num_val_batches = False, []
+            t.has_val_loader, t.num_val_batches, t._fit_val_batches = False, [], []
             return []
         given = self.val_source()
         loaders = data.as_list(given)
@@ -122,7 +122,7 @@ class FitData:
         t._stage_loaders["validate"] = data.as_given(given, loaders) if loaders else None
         for dl in loaders:
             data.check_lengths(dl, t)
-        t.num_val_batches = data.stage_counts(loaders, self.cfg.limit_val_batches, "val")
+        t.num_val_batches = t._fit_val_batches = data.stage_counts(loaders, self.cfg.limit_val_batches, "val")
         if record:
             self.val_loaded_epoch = t.current_epoch
         return loaders

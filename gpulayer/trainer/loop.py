@@ -7,7 +7,9 @@ tensors until ``log_every_n_steps``; hooks nobody overrides are empty lists.
 That inline step is the fast path. A module that overrides a hook with a default
 behaviour (``optimizer_step``, ``backward``, the batch transfer...) runs each batch
 through ``stepping.GeneralStep`` instead, which calls every hook in Lightning's
-order; the choice is made once per fit (``Hooks.general``).
+order; the choice is made once per fit (``Hooks.general``). How ``training_step`` is called
+(``(batch, batch_idx)``, ``(batch)``, or ``(dataloader_iter)``, see ``dataloader_iter.py``) is
+decided once per fit too.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from gpulayer.trainer.loops.closure import NONE_RETURNED, Closure
 from gpulayer.trainer.prefetch import device_batches
 from gpulayer.trainer.stepping import GeneralStep, _loss_of, transfer_batch
 from gpulayer.trainer.seed import capture_rng, restore_rng
-from gpulayer.trainer.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from gpulayer.trainer.utilities.rank_zero import WarningCache
 
 
 def batch_output(out: Any, accum: int, manual: bool) -> dict:
@@ -102,10 +104,11 @@ class FitLoop:
             self.step_fn = profilers.wrapper(self.profiler)(
                 self.step_fn, f"[Strategy]{type(trainer.strategy).__name__}.training_step")
         self.deadline = time.monotonic() + cfg.max_time if cfg.max_time is not None else None
-        self._told_min_not_met = False
         self.epoch, self.validated_at = trainer.current_epoch, -1  # the epoch running (or last run); its last validation
         self.warned_none_batch = False
         self.loader_restored = False  # a resume gave stateful loaders their position: no replay
+        self.batch_idx = -1  # the batch running (or last run) in this epoch
+        self.info_once = WarningCache()
 
     # -- fit --------------------------------------------------------------------------------
     def run(self) -> None:
@@ -130,23 +133,26 @@ class FitLoop:
             self.resume = None
         elif self.resume is not None:
             t.current_epoch = self.resume["epoch"]
-        while not self._fit_done():
-            with self.profiler.profile("run_training_epoch"):
-                self.run_epoch()
-            t.current_epoch += 1  # an epoch cut short (max_steps, max_time, should_stop) counts too, as in Lightning
-            if not self.epoch_done or t.should_stop and self._can_stop_early(t.current_epoch):
-                break
-        self.hooks.call("on_train_end")
+        try:
+            while not self._fit_done():
+                with self.profiler.profile("run_training_epoch"):
+                    self.run_epoch()
+                t.current_epoch += 1  # an epoch cut short (max_steps, max_time, should_stop) counts, as in Lightning
+                if not self.epoch_done or t.should_stop and self._can_stop_early(t.current_epoch):
+                    break
+            self.hooks.call("on_train_end")
+        finally:  # persistent DataLoader workers stop with the fit, also a failed one (Lightning's teardown)
+            for loader in [self.train_loader, *self.val_loaders]:
+                data.shut_down_workers(loader)
 
     def _can_stop_early(self, epochs_done: int) -> bool:
         """``should_stop`` is honoured once ``min_epochs`` and ``min_steps`` are met (Lightning's rule)."""
         cfg = self.cfg
         can = (not cfg.min_epochs or epochs_done >= cfg.min_epochs) and \
             (not cfg.min_steps or self.trainer.global_step >= cfg.min_steps)
-        if not can and not self._told_min_not_met:  # said once per fit, as Lightning does
-            self._told_min_not_met = True
-            rank_zero_info(f"Trainer was signaled to stop but the required `min_epochs={cfg.min_epochs!r}` or "
-                           f"`min_steps={cfg.min_steps!r}` has not been met. Training will continue...")
+        if not can:  # asked only while should_stop is set
+            self.info_once.info(f"Trainer was signaled to stop but the required `min_epochs={cfg.min_epochs!r}` or "
+                                f"`min_steps={cfg.min_steps!r}` has not been met. Training will continue...")
         return can
 
     def _fit_done(self) -> bool:
@@ -182,7 +188,7 @@ class FitLoop:
             restore_rng(resume["epoch_rng"])  # the shuffle of this epoch draws from these states
         self.epoch_start_rng = capture_rng()
         loader = self.train_loader
-        it = loader._batches() if isinstance(loader, data.CombinedLoader) else iter(loader)
+        it = data.batches_of(loader)
         it = profilers.timed(it, self.profiler, "[_TrainingEpochLoop].train_dataloader_next")
         if self.num_train_batches != math.inf:  # no batch past the limit is fetched (nor timed)
             it = itertools.islice(it, int(self.num_train_batches))
@@ -217,12 +223,12 @@ class FitLoop:
             t._val_has_run, self.validated_at = True, skip
         store.context = store.TRAIN_STEP
         stopped_early = False
-        batch_idx = skip - 1
+        batch_idx = self.batch_idx = skip - 1
         for batch in batches:
             batch_idx += 1
             if batch_idx >= total:
                 break
-            self.batch_idx = batch_idx
+            self.batch_idx = batch_idx  # trainer.is_last_batch reads it, inside the step already
             if transfer:
                 batch = transfer_batch(hooks, batch, device, 0)
             # the hooks see the batch; with `dataloader_iter`, the last one the step took (Lightning's)

@@ -95,6 +95,7 @@ class Trainer(TrainerProperties):
         self._batches_stepped = 0  # Lightning's _batches_that_stepped: the logger's step
         self._val_has_run = False  # a (non-sanity) validation ran in this fit
         self.num_val_batches: list[float] = []
+        self._fit_val_batches: list[float] = []  # num_val_batches of the fit's own val loaders
         self.num_test_batches: list[float] = []
         self.num_predict_batches: list[float] = []
         self._train_loader: Any = None  # the fit's train loader (a CombinedLoader for several)

@@ -195,10 +195,8 @@ class TrainerProperties:
 
     @property
     def num_sanity_val_batches(self) -> list[int | float]:
-        """The sanity check's batches per val loader: a fit's (``[]`` before any fit loaded its data)."""
-        if getattr(self, "_fit_data", None) is None:
-            return []
-        return [min(self.num_sanity_val_steps, n) for n in self.num_val_batches]
+        """The sanity check's batches per val loader: a fit's (``[]`` before a fit requested its val loaders)."""
+        return [min(self.num_sanity_val_steps, n) for n in self._fit_val_batches]
 
     @property
     def enable_validation(self) -> bool:

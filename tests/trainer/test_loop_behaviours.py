@@ -337,3 +337,50 @@ def test_closure_runs_step_zero_grad_backward_and_hands_its_result_once():
 def test_combined_loader_takes_a_list_of_plain_values_as_one_iterable():
     from gpulayer.trainer.utilities.combined_loader import CombinedLoader
     assert [b for b, _, _ in CombinedLoader({"a": [0, 1], "b": [2, 3]})] == [{"a": 0, "b": 2}, {"a": 1, "b": 3}]
+
+
+def _persistent_workers_after_fit(L):
+    from torch.utils.data import DataLoader, TensorDataset
+    data = DataLoader(TensorDataset(torch.randn(8, 4), torch.randn(8, 1)), batch_size=4, num_workers=1,
+                      persistent_workers=True)
+    L.Trainer(max_epochs=2, enable_checkpointing=False, **QUIET).fit(_model(L), data)
+    return data._iterator is None  # the worker iterator was shut down and dropped
+
+
+@needs_lightning
+def test_persistent_loader_workers_stop_when_the_fit_ends():
+    assert both(_persistent_workers_after_fit) is True
+
+
+def _validate_combined(L, mode):
+    import importlib
+    combined = importlib.import_module(f"{L.name}{'.pytorch' if L.name == 'lightning' else '.trainer'}"
+                                       ".utilities.combined_loader").CombinedLoader
+
+    def validation_step(self, batch, batch_idx, dataloader_idx=0):
+        self.seen.append((batch, batch_idx, dataloader_idx))
+
+    model = _model(L, validation_step=validation_step)
+    trainer = L.Trainer(**QUIET)
+    trainer.validate(model, combined({"a": [0, 1, 2], "b": [3, 4]}, mode))
+    return trainer.num_val_batches, model.seen
+
+
+@needs_lightning
+@pytest.mark.parametrize("mode", ["max_size_cycle", "min_size", "max_size", "sequential"])
+def test_validation_reads_a_combined_loader_in_its_mode(mode):
+    counts, seen = both(_validate_combined, mode)
+    assert counts == [3, 2]
+    if mode == "max_size":
+        assert seen[-1] == ({"a": 2, "b": None}, 2, 0)
+
+
+def _sanity_counts_after_validate(L):
+    trainer = L.Trainer(**QUIET)
+    trainer.validate(_model(L, validation_step=lambda self, batch, batch_idx: None), loader())
+    return trainer.num_sanity_val_batches, trainer.num_val_batches
+
+
+@needs_lightning
+def test_num_sanity_val_batches_belongs_to_fit_and_stays_empty_after_validate():
+    assert both(_sanity_counts_after_validate) == ([], [4])
