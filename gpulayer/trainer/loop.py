@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import inspect
 import math
-import time
 from typing import Any, Mapping
 
 import torch
@@ -84,7 +83,6 @@ class FitLoop:
         self.general = self.hooks.general or (module.automatic_optimization and _needs_closure(self.optimizer))
         self.general_step = GeneralStep(self)
         self.bar = ProgressBar() if cfg.enable_progress_bar and trainer.is_global_zero else None
-        self.deadline = time.monotonic() + cfg.max_time if cfg.max_time is not None else None
 
     # -- fit --------------------------------------------------------------------------------
     def run(self) -> None:
@@ -104,7 +102,7 @@ class FitLoop:
             if self.epoch_done:
                 t.current_epoch += 1
             else:
-                break  # max_steps, max_time or should_stop ended the epoch early
+                break  # max_steps or should_stop (a Timer's max_time too) ended the epoch early
             if t.should_stop and self._can_stop_early(t.current_epoch):
                 break
         self.hooks.call("on_train_end")
@@ -123,7 +121,8 @@ class FitLoop:
             return True
         if cfg.max_epochs != -1 and t.current_epoch >= cfg.max_epochs:
             return True
-        return self.deadline is not None and time.monotonic() >= self.deadline
+        # set before any epoch (a Timer at fit start, a callback's on_train_start): Lightning's fit loop is done
+        return t.should_stop and self._can_stop_early(t.current_epoch)
 
     # -- one epoch ----------------------------------------------------------------------------
     def _batches(self) -> Any:
@@ -230,8 +229,7 @@ class FitLoop:
                 self.run_validation()
                 store.context = store.TRAIN_STEP
             if stepping and (max_steps != -1 and t.global_step >= max_steps
-                             or t.should_stop and self._can_stop_early(t.current_epoch)
-                             or self.deadline is not None and time.monotonic() >= self.deadline):
+                             or t.should_stop and self._can_stop_early(t.current_epoch)):
                 stopped_early = self.batches_done < total
                 break
         self.epoch_done = not stopped_early
