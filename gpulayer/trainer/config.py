@@ -136,6 +136,22 @@ def _say_what_one_means(name: str, value: int | float) -> None:
     rank_zero_info(f"`Trainer({name}={value})` was configured so {what}.")
 
 
+def _add_timer(cfg: TrainerConfig, max_time: Any) -> None:
+    """Lightning's ``max_time``: a ``Timer(duration=max_time, interval="step")`` callback, unless one is given.
+
+    A Timer bounds the run, so ``max_epochs`` left unset means no epoch limit (not 1000)."""
+    from gpulayer.trainer.callbacks.timer import Timer
+    from gpulayer.trainer.utilities.rank_zero import rank_zero_info
+    timers = [c for c in cfg.callbacks if isinstance(c, Timer)]
+    if max_time is not None and timers:
+        rank_zero_info("Ignoring `Trainer(max_time=...)`, callbacks list already contains a Timer.")
+    elif max_time is not None:
+        timers = [Timer(duration=_dt.timedelta(seconds=cfg.max_time), interval="step")]
+        cfg.callbacks.append(timers[0])
+    if timers and not cfg.max_epochs_given and cfg.max_steps == -1:
+        cfg.max_epochs = -1
+
+
 def _max_time(value: Any) -> float | None:
     """Lightning accepts "DD:HH:MM:SS", a timedelta or a dict of timedelta fields."""
     if value is None:
@@ -256,9 +272,12 @@ def build_config(**kwargs: Any) -> TrainerConfig:
         raise TrainerConfigError(f"`max_epochs` must be a non-negative integer or -1. You passed in {max_epochs}. "
                                  f"(Trainer(max_epochs={max_epochs!r}): -1 means no limit)")
     cfg.max_epochs = max_epochs
-    cfg.max_time = _max_time(kwargs.get("max_time"))
+    max_time = kwargs.get("max_time")
+    cfg.max_time = _max_time(max_time)  # checked here; the Timer callback below enforces it
     cfg.min_epochs = _int_at_least("min_epochs", kwargs.get("min_epochs"), 0, allow_none=True)
     cfg.min_steps = _int_at_least("min_steps", kwargs.get("min_steps"), 0, allow_none=True)
+    if cfg.min_epochs is None and cfg.min_steps is not None:
+        cfg.min_epochs = 1  # Lightning's rule: a stop requested at fit start still trains one epoch
     cfg.overfit_batches = _limit("overfit_batches", kwargs.get("overfit_batches", 0.0))
     reload_every = kwargs.get("reload_dataloaders_every_n_epochs", 0)
     if isinstance(reload_every, bool) or not isinstance(reload_every, int) or reload_every < 0:
@@ -322,6 +341,7 @@ def build_config(**kwargs: Any) -> TrainerConfig:
                 f"Trainer(callbacks=...) got {type(cb).__name__}; callbacks must subclass gpulayer.trainer.Callback"
             )
     cfg.callbacks = list(callbacks)
+    _add_timer(cfg, max_time)
     cfg.enable_checkpointing = _bool("enable_checkpointing", kwargs.get("enable_checkpointing", True))
     if not cfg.enable_checkpointing and any(isinstance(c, ModelCheckpoint) for c in cfg.callbacks):
         raise TrainerConfigError(

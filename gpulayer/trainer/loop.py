@@ -17,7 +17,6 @@ from __future__ import annotations
 import inspect
 import itertools
 import math
-import time
 import warnings
 from typing import Any, Mapping
 
@@ -103,7 +102,6 @@ class FitLoop:
         if profilers.active(self.profiler):  # decided once: without a profiler nothing is wrapped
             self.step_fn = profilers.wrapper(self.profiler)(
                 self.step_fn, f"[Strategy]{type(trainer.strategy).__name__}.training_step")
-        self.deadline = time.monotonic() + cfg.max_time if cfg.max_time is not None else None
         self.epoch, self.validated_at = trainer.current_epoch, -1  # the epoch running (or last run); its last validation
         self.warned_none_batch = False
         self.loader_restored = False  # a resume gave stateful loaders their position: no replay
@@ -163,7 +161,8 @@ class FitLoop:
             return True
         if cfg.max_epochs != -1 and t.current_epoch >= cfg.max_epochs:
             return True
-        return self.deadline is not None and time.monotonic() >= self.deadline
+        # set before any epoch (a Timer at fit start, a callback's on_train_start): Lightning's fit loop is done
+        return t.should_stop and self._can_stop_early(t.current_epoch)
 
     # -- one epoch ----------------------------------------------------------------------------
     def _batches(self) -> Any:
@@ -287,8 +286,7 @@ class FitLoop:
             if stepping and step_plateaus and batch_idx + 1 != total:  # the last batch's: after its validation
                 self._step_schedulers(batch_idx, last=False, stepped=True, plateau=True)
             if stepping and (max_steps != -1 and t.global_step >= max_steps
-                             or t.should_stop and self._can_stop_early(t.current_epoch)
-                             or self.deadline is not None and time.monotonic() >= self.deadline):
+                             or t.should_stop and self._can_stop_early(t.current_epoch)):
                 stopped_early = self.batches_done < total
                 break
         self.epoch_done = not stopped_early
@@ -389,10 +387,9 @@ class FitLoop:
         return (self._val_offset() + self.batches_done) % int(vcb) == 0
 
     def _stop_validation(self) -> bool:
-        """``should_stop`` (or ``max_time``) ended training: Lightning validates once more after that batch."""
+        """``should_stop`` (also set by ``max_time``'s Timer) ended training: Lightning validates once more after that batch."""
         t = self.trainer
-        stopping = t.should_stop and self._can_stop_early(t.current_epoch) or \
-            self.deadline is not None and time.monotonic() >= self.deadline
+        stopping = t.should_stop and self._can_stop_early(t.current_epoch)  # a Timer's max_time sets should_stop
         return stopping and self.validated_at != self.batches_done and self._val_epoch()
 
     def _end_epoch(self) -> None:

@@ -65,7 +65,14 @@ class TrainerProperties:
     val_check_interval = property(lambda self: self._config.val_check_interval)
     check_val_every_n_epoch = property(lambda self: self._config.check_val_every_n_epoch)
     log_every_n_steps = property(lambda self: self._config.log_every_n_steps)
-    accumulate_grad_batches = property(lambda self: self._config.accumulate_grad_batches)
+    @property
+    def accumulate_grad_batches(self) -> int:
+        return self._config.accumulate_grad_batches
+
+    @accumulate_grad_batches.setter
+    def accumulate_grad_batches(self, value: int) -> None:
+        # a callback may change it between epochs (GradientAccumulationScheduler); the fit loop reads it per epoch
+        self._config.accumulate_grad_batches = value
     gradient_clip_val = property(lambda self: self._config.gradient_clip_val)
     gradient_clip_algorithm = property(lambda self: self._config.gradient_clip_algorithm)
     precision = property(lambda self: self._config.precision)
