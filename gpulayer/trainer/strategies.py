@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gpulayer.trainer import allocator, data, gradsync
+from gpulayer.trainer import allocator, data, gradsync, stepping
 
 
 class Strategy:
@@ -31,10 +31,9 @@ class Strategy:
     _trainer: Any = None
 
     def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
-        from gpulayer.trainer.stepping import backward
         if self._trainer is None:
             raise RuntimeError("Strategy.backward runs inside a Trainer's fit; this strategy is attached to none")
-        return backward(self._trainer, closure_loss, *args, **kwargs)
+        return stepping.backward(self._trainer, closure_loss, *args, **kwargs)
 
 
 class SingleDeviceStrategy(Strategy):
