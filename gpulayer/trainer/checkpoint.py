@@ -4,8 +4,9 @@ The keys are Lightning's: ``epoch``, ``global_step``, ``pytorch-lightning_versio
 ``state_dict``, ``loops`` (its progress counters: ``checkpoint_loops.py``),
 ``callbacks`` (by ``state_key``), ``optimizer_states``, ``lr_schedulers``, the AMP
 scaler under ``MixedPrecision``, ``hparams_name`` / ``hyper_parameters`` and the
-datamodule's: the same top-level keys as Lightning's. What only gpulayer reads sits under
-``loops["gpulayer"]`` (Lightning reads only its own loops' entries there): the exact
+datamodule's: the same top-level keys as Lightning's. What only gpulayer reads sits among the stateful
+components' entries, ``callbacks["gpulayer"]`` of a full checkpoint (Lightning gives each callback only its
+own entry): the exact
 position inside the epoch, the fit id of a cluster fit, and two sets of RNG states
 (at the epoch start, to rebuild the same shuffled order; at the save, to continue
 dropout and friends with the same numbers), which make a resume exact.
@@ -116,8 +117,8 @@ def dump(trainer, weights_only: bool = False) -> dict[str, Any]:
         scaler = trainer._precision.state_dict().get("scaler") if trainer._precision is not None else None
         if scaler:
             ckpt[SCALER_KEY] = scaler
-        own["rng"] = capture_rng()
-        own["epoch_rng"] = loop.epoch_start_rng if loop is not None else None
+        own["rng"] = _plain_rng(capture_rng())
+        own["epoch_rng"] = _plain_rng(loop.epoch_start_rng) if loop is not None else None
         own["train_metric_acc"] = trainer._store.export_acc("train")
     for obj in (module, trainer.datamodule):
         _hparams_entries(obj, ckpt)
@@ -127,7 +128,8 @@ def dump(trainer, weights_only: bool = False) -> dict[str, Any]:
             dm_state = datamodule.state_dict()
         if dm_state:
             ckpt[type(datamodule).__qualname__] = dm_state
-    ckpt["loops"][GPULAYER_KEY] = own
+    if not weights_only:  # a weights-only file resumes nothing
+        ckpt["callbacks"][GPULAYER_KEY] = own
     hooks = trainer._hooks
     if hooks is None:  # outside a run (a module only connected to the strategy): the hooks it would have
         from gpulayer.trainer.hooks import Hooks
@@ -154,10 +156,34 @@ def load(path: str) -> dict[str, Any]:
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
+def _plain_rng(state: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The generators' states as lists of ints: plain values, which any tool can compare and
+    ``torch.load(weights_only=True)`` reads."""
+    if state is None:
+        return None
+    plain = dict(state)
+    plain["torch"] = state["torch"].tolist()
+    if "cuda" in state:
+        plain["cuda"] = [s.tolist() for s in state["cuda"]]
+    return plain
+
+
+def _live_rng(state: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``_plain_rng`` undone (a state saved as tensors, by earlier versions, passes through)."""
+    if state is None:
+        return None
+    live = dict(state)
+    as_bytes = lambda s: s if isinstance(s, torch.Tensor) else torch.tensor(s, dtype=torch.uint8)  # noqa: E731
+    live["torch"] = as_bytes(state["torch"])
+    if "cuda" in state:
+        live["cuda"] = [as_bytes(s) for s in state["cuda"]]
+    return live
+
+
 def own_record(ckpt: dict[str, Any]) -> Any:
-    """gpulayer's own entry of a checkpoint: under ``loops`` (top level in files written before 2026-12)."""
-    loops = ckpt.get("loops")
-    own = loops.get(GPULAYER_KEY) if isinstance(loops, dict) else None
+    """gpulayer's own entry of a checkpoint: among the callbacks' (top level in files written before 2026-12)."""
+    callbacks = ckpt.get("callbacks")
+    own = callbacks.get(GPULAYER_KEY) if isinstance(callbacks, dict) else None
     return own if own is not None else ckpt.get(GPULAYER_KEY)
 
 
@@ -196,7 +222,8 @@ def _position(trainer, ckpt: dict[str, Any]) -> dict[str, Any]:
     if isinstance(own, dict) and "epoch" in own:
         return {"epoch": own["epoch"], "batches_done": own["batches_done"], "epoch_done": own["epoch_done"],
                 "batches_stepped": own.get("batches_stepped", ckpt["global_step"]),
-                "rng": own.get("rng"), "epoch_rng": own.get("epoch_rng"), "acc": own.get("train_metric_acc", {})}
+                "rng": _live_rng(own.get("rng")), "epoch_rng": _live_rng(own.get("epoch_rng")),
+                "acc": own.get("train_metric_acc", {})}
     if "gpulayer_checkpoint" in ckpt:  # gpulayer's first format (before it followed Lightning's keys)
         loops = ckpt.get("loops", {})
         return {"epoch": loops.get("epoch", ckpt.get("epoch", 0)), "batches_done": loops.get("batches_done", 0),
@@ -230,7 +257,7 @@ def restore_modules_and_callbacks(trainer, ckpt: dict[str, Any]) -> None:
         cb.on_load_checkpoint(trainer, module, ckpt)
     saved_callbacks = ckpt.get("callbacks", {})
     missing = saved_callbacks.keys() - {cb.state_key for cb in trainer.callbacks} \
-        - {getattr(cb, "_legacy_state_key", type(cb)) for cb in trainer.callbacks}
+        - {getattr(cb, "_legacy_state_key", type(cb)) for cb in trainer.callbacks} - {GPULAYER_KEY}
     if missing:
         warnings.warn("Be aware that when using `ckpt_path`, callbacks used to create the checkpoint need to be provided "
                       f"during `Trainer` instantiation. Please add the following callbacks: {list(missing)}.",

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from gpulayer.trainer import allocator, data, gradsync
+from gpulayer.trainer import allocator, data, gradsync, stepping
 
 
 class Strategy:
@@ -33,10 +33,9 @@ class Strategy:
     _trainer: Any = None
 
     def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
-        from gpulayer.trainer.stepping import backward
         if self._trainer is None:
             raise RuntimeError("Strategy.backward runs inside a Trainer's fit; this strategy is attached to none")
-        return backward(self._trainer, closure_loss, *args, **kwargs)
+        return stepping.backward(self._trainer, closure_loss, *args, **kwargs)
 
     def on_exception(self, exception: BaseException) -> None:
         """Called when a stage ends with an error (after the callbacks' ``on_exception``); nothing to undo here."""

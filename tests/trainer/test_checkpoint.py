@@ -111,7 +111,7 @@ def test_top_k_by_monitor_keeps_the_best_and_names_them(tmp_path):
     state = torch.load(cb.best_model_path, weights_only=False)
     assert {"state_dict", "optimizer_states", "lr_schedulers", "loops", "epoch", "global_step",
             "pytorch-lightning_version", "callbacks"} <= set(state)
-    assert "rng" in state["loops"]["gpulayer"]  # gpulayer's exact-resume extras stay under its own key
+    assert "rng" in state["callbacks"]["gpulayer"]  # gpulayer's exact-resume extras stay under its own key
 
 
 def test_default_checkpoint_goes_under_the_logger_dir(tmp_path):
@@ -161,7 +161,7 @@ def test_a_restarted_attempt_resumes_from_the_newest_checkpoint_its_own_fit_wrot
         fit_rank(config(), _StopsAt30(), _loader(), fit_id="fit-a")  # saved steps 9, 18, 27 (and last.ckpt)
     # newer files that are not this fit's full checkpoints: another run's, a weights-only one, junk
     other = torch.load(tmp_path / "last.ckpt", weights_only=False)
-    other["loops"]["gpulayer"]["fit_id"] = "fit-b"
+    other["callbacks"]["gpulayer"]["fit_id"] = "fit-b"
     torch.save(other, tmp_path / "other-run.ckpt")
     torch.save({"state_dict": {}, "gpulayer": {"fit_id": "fit-a"}, "global_step": 29}, tmp_path / "weights.ckpt")
     (tmp_path / "junk.ckpt").write_bytes(b"not a checkpoint")
@@ -175,7 +175,7 @@ def test_a_restarted_attempt_resumes_from_the_newest_checkpoint_its_own_fit_wrot
     assert resumed.losses == {s: v for s, v in full.losses.items() if s >= 27} and result["global_step"] == 60
     for a, b in zip(full.parameters(), resumed.parameters()):
         assert torch.equal(a, b)
-    assert torch.load(tmp_path / "last.ckpt", weights_only=False)["loops"]["gpulayer"]["fit_id"] == "fit-a"
+    assert torch.load(tmp_path / "last.ckpt", weights_only=False)["callbacks"]["gpulayer"]["fit_id"] == "fit-a"
 
     fresh = tmp_path / "fresh"  # a restart before the first checkpoint starts over
     result = fit_rank(build_config(max_steps=3, logger=False, enable_progress_bar=False,
