@@ -10,7 +10,6 @@ import ast
 import datetime as _dt
 import difflib
 import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
