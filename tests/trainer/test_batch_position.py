@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from tests.trainer.twin import QUIET, both, loader
+from tests.trainer.twin import QUIET, both, loader, regressor
 
 
 def positions(L, automatic):
@@ -44,16 +44,8 @@ def test_is_last_batch_is_true_in_each_epochs_last_training_step(automatic):
 
 def test_is_last_batch_as_callbacks_see_it_around_the_last_batch():
     def run(L):
-        class Net(L.LightningModule):
-            def __init__(self):
-                super().__init__()
-                self.layer = nn.Linear(4, 1)
-
-            def training_step(self, batch, batch_idx):
-                return nn.functional.mse_loss(self.layer(batch[0]), batch[1])
-
-            def configure_optimizers(self):
-                return torch.optim.SGD(self.parameters(), lr=0.1)
+        class Net(regressor(L)):
+            pass
 
         class Watch(L.Callback):
             def __init__(self):

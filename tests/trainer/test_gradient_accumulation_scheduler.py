@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
 
 from gpulayer.trainer import Trainer
 from gpulayer.trainer.callbacks import GradientAccumulationScheduler
 from gpulayer.trainer.errors import MisconfigurationException
-from tests.trainer.twin import QUIET, both, loader
+from tests.trainer.twin import QUIET, both, loader, regressor
 
 
 def scheduled_run(L, scheduling):
@@ -18,16 +17,8 @@ def scheduled_run(L, scheduling):
     root = {"gpulayer": "gpulayer.trainer", "lightning": "lightning.pytorch"}[L.name]
     scheduler_cls = importlib.import_module(f"{root}.callbacks").GradientAccumulationScheduler
 
-    class Net(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.layer = nn.Linear(4, 1)
-
-        def training_step(self, batch, batch_idx):
-            return nn.functional.mse_loss(self.layer(batch[0]), batch[1])
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
+    class Net(regressor(L)):
+        pass
 
     class Steps(L.Callback):
         def __init__(self):

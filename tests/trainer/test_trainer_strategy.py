@@ -9,23 +9,12 @@ from inspect import signature
 
 import pytest
 import torch
-from torch import nn
 
-from tests.trainer.twin import QUIET, both, loader
+from tests.trainer.twin import QUIET, both, regressor
 
 
 def net(L):
-    class Net(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.layer = nn.Linear(4, 1)
-
-        def training_step(self, batch, batch_idx):
-            return nn.functional.mse_loss(self.layer(batch[0]), batch[1])
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
+    class Net(regressor(L)):
         def on_save_checkpoint(self, checkpoint):
             checkpoint["saved_by_module"] = True
 

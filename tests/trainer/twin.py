@@ -53,3 +53,21 @@ def loader(rows: int = 16, batch_size: int = 4, seed: int = 0) -> DataLoader:
     g = torch.Generator().manual_seed(seed)
     return DataLoader(TensorDataset(torch.randn(rows, 4, generator=g), torch.randn(rows, 1, generator=g)),
                       batch_size=batch_size)
+
+
+def regressor(L):
+    """The scenarios' smallest module on ``L``'s base class: a linear layer on ``loader()``'s rows, MSE loss,
+    SGD with lr 0.1. Scenarios subclass it and add the hooks they look at."""
+
+    class Regressor(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            return torch.nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    return Regressor
