@@ -230,14 +230,6 @@ def strategy_for(config: Any) -> SingleDeviceStrategy:
                        planned_world_size=config.devices * config.num_nodes)
 
 
-def root_device(accelerator: str, device_ids: list[int] | None) -> torch.device:
-    """The device this process runs on: its rank's GPU (``LOCAL_RANK`` in a launched rank), else the CPU."""
-    if accelerator != "cuda":
-        return torch.device("cpu")
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    return torch.device("cuda", device_ids[local] if device_ids else local)
-
-
 class _SkipInit(TorchFunctionMode):
     """``torch.nn.init`` functions return their tensor untouched: weights loaded next need no initialization."""
 

@@ -536,8 +536,7 @@ class Trainer(TrainerProperties):
     def init_module(self, empty_init: bool | None = None) -> Any:
         """``with trainer.init_module(): model = Net()`` creates the weights on the device the run uses;
         ``empty_init=True`` skips their initialization (for weights loaded right after)."""
-        return strategies.init_context(strategies.root_device(self._config.accelerator, self._config.device_ids),
-                                       empty_init)
+        return strategies.init_context(self.strategy.root_device, empty_init)
 
     def remove_checkpoint(self, filepath: str | os.PathLike) -> None:
         if self.is_global_zero and os.path.isfile(filepath):
