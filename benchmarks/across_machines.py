@@ -46,10 +46,10 @@ sys.path.insert(0, str(ROOT))
 from gpulayer import JobFailed, JobRejected, Resources, distributed, submit  # noqa: E402
 from gpulayer.app import redis_client, registry  # noqa: E402
 from gpulayer.models import WorkerInfo  # noqa: E402
-from gpulayer.netns import Topology  # noqa: E402
+from gpulayer.lab.netns import Topology  # noqa: E402
 from gpulayer.placement import route  # noqa: E402
 from gpulayer.store.gangs import GangStore  # noqa: E402
-from gpulayer.testing import wait_until  # noqa: E402
+from gpulayer.lab.fleet import wait_until  # noqa: E402
 
 TOPOLOGY = Topology({"r1": {"r1-a": 2, "r1-b": 2}, "r2": {"r2-a": 1}})
 

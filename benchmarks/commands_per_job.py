@@ -27,7 +27,7 @@ from common import write_results  # same folder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gpulayer.testing import Fleet  # noqa: E402
+from gpulayer.lab.fleet import Fleet  # noqa: E402
 
 LINE = re.compile(r'^[\d.]+ \[\d+ (?P<addr>[^\]]+)\] "(?P<cmd>[^"]+)"')
 

@@ -113,7 +113,7 @@ def leftover_ranks(worker_pids: list[int]) -> list[int]:
 def benchmark(args: argparse.Namespace) -> list[str]:
     from gpulayer.app import redis_client
     from gpulayer.store.gangs import GangStore
-    from gpulayer.testing import Fleet
+    from gpulayer.lab.fleet import Fleet
 
     out = Report()
     header(out, "failstop.py")

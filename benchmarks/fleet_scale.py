@@ -1,7 +1,7 @@
 """The control plane under an emulated fleet: 1,000, 5,000 and 10,000 workers on one Redis.
 
 For each size, one run starts a Redis on a free loopback port and ``--processes`` emulator
-processes (``gpulayer.emulator``) carrying the fleet (8 slots each, 30 zones in 10 regions,
+processes (``gpulayer.lab.emulator``) carrying the fleet (8 slots each, 30 zones in 10 regions,
 every fifth worker with 8 GPUs), heartbeating once per second. Then, measured:
 
 - ``redis cpu``: Redis's own CPU (``INFO cpu``, user + sys) per second of wall time over
@@ -47,13 +47,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from gpulayer import Resources, submit, submit_batch  # noqa: E402
-from gpulayer.emulator import EmulatedFleet  # noqa: E402
-from gpulayer.emulator.jobs import REF  # noqa: E402
+from gpulayer.lab.emulator import EmulatedFleet  # noqa: E402
+from gpulayer.lab.emulator.jobs import REF  # noqa: E402
 from gpulayer.models import GangSpec  # noqa: E402
 from gpulayer.placement import GangWaiting, place_gang  # noqa: E402
 from gpulayer.store.gangs import GangStore  # noqa: E402
 from gpulayer.store.registry import FleetView, Registry  # noqa: E402
-from gpulayer.testing import Fleet  # noqa: E402
+from gpulayer.lab.fleet import Fleet  # noqa: E402
 
 GOALS = "Redis < 25% of one core in steady state, submit p99 <= 5 ms, gang reservations >= 1,000/s (at 10,000 workers)"
 

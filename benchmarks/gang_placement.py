@@ -1,7 +1,7 @@
 """Placement latency of a gang that fits: ``distributed(...)`` called -> placement known in the client.
 
 One Redis on a free loopback port and 2 ``gpulayer worker`` processes with 2 slots
-each, in one zone (``gpulayer.testing.Fleet``). Each run submits one 2 x 2 gang whose
+each, in one zone (``gpulayer.lab.fleet.Fleet``). Each run submits one 2 x 2 gang whose
 function returns at once, times the ``distributed(...)`` call until ``job.placement``
 returns, then waits for the result and for every slot to be free again, so every
 gang is placed on a free fleet. Also run, for a second figure: the time until a
@@ -83,7 +83,7 @@ def placed_after_release(store) -> float:
 def benchmark(runs: int) -> list[str]:
     from gpulayer.app import redis_client
     from gpulayer.store.gangs import GangStore
-    from gpulayer.testing import Fleet
+    from gpulayer.lab.fleet import Fleet
 
     import gpulayer
 

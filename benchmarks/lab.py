@@ -1,9 +1,9 @@
-"""A fleet on simulated machines: a shaped ``gpulayer.netns`` lab, Redis on its bridge, one worker per machine.
+"""A fleet on simulated machines: a shaped ``gpulayer.lab.netns`` lab, Redis on its bridge, one worker per machine.
 
 >>> with lab_fleet(Path(tmp), "2r x 3z x 5m", slots=2, torch=False) as (lab, fleet):
 ...     fleet.connect()                       # this process is a client in the root namespace
 
-Each machine runs a real ``gpulayer worker`` in its namespace (``gpulayer.testing.Fleet``) with the
+Each machine runs a real ``gpulayer worker`` in its namespace (``gpulayer.lab.fleet.Fleet``) with the
 machine's name, ``--zone``, ``--region`` and ``--advertise-addr``. ``torch=False`` starts workers
 without the torch preload and without the warm rank template (``GPULAYER_PRELOAD=``,
 ``GPULAYER_WARM_RANKS=0``): small enough for 30 machines running tiny jobs; jobs that import
@@ -34,8 +34,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from common import redis_on_its_own_machine  # noqa: E402  (same folder)
-from gpulayer.netns import NetnsLab, Shaping, Topology  # noqa: E402
-from gpulayer.testing import Fleet  # noqa: E402
+from gpulayer.lab.netns import NetnsLab, Shaping, Topology  # noqa: E402
+from gpulayer.lab.fleet import Fleet  # noqa: E402
 
 NO_TORCH_ENV = {"GPULAYER_PRELOAD": "", "GPULAYER_WARM_RANKS": "0"}
 # Torch workers also preload the Trainer, so a sweep's pool processes fork with it instead of each importing it.

@@ -1,6 +1,6 @@
 """The simulated network's rates: TCP throughput between machines of a shaped lab, per kind of link.
 
-Builds a ``gpulayer.netns`` lab of 2 regions x 2 zones x 2 machines with the default shaping
+Builds a ``gpulayer.lab.netns`` lab of 2 regions x 2 zones x 2 machines with the default shaping
 (in-zone unlimited, 2 Gbit/s across zones, 200 Mbit/s across regions, rate only, no delay), then
 for each link kind streams one TCP connection for ``--seconds`` from machine 1 to a peer (in its
 zone, in the other zone of its region, in the other region) and to Redis's address (the bridge,
@@ -28,7 +28,7 @@ from common import Report, unwind_on_signals, write_results  # same folder
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gpulayer.netns import NetnsLab, Shaping, Topology  # noqa: E402
+from gpulayer.lab.netns import NetnsLab, Shaping, Topology  # noqa: E402
 
 RECEIVER = r"""
 import socket, sys, time

@@ -172,7 +172,7 @@ def bench_snapshot(t: Table, n: int, repeat: int) -> None:
     from gpulayer.store import keys
     from gpulayer.store import packed
     from gpulayer.store.registry import _RECORDS, _SNAP_KEYS, FleetView, Registry, static_record
-    from gpulayer.testing import Fleet
+    from gpulayer.lab.fleet import Fleet
 
     fleet = list(synthetic_fleet(n))
     statics = {w.id: static_record(w) for w in fleet}

@@ -1,6 +1,6 @@
 """Thirty simulated machines: three workloads, submit styles, distributed jobs, a failure, and worker kills.
 
-One run builds a shaped ``gpulayer.netns`` lab (default ``2r x 3z x 5m``: 2 regions x 3 zones x 5
+One run builds a shaped ``gpulayer.lab.netns`` lab (default ``2r x 3z x 5m``: 2 regions x 3 zones x 5
 machines; in-zone unlimited, 2 Gbit/s across zones, 200 Mbit/s across regions, rate only), Redis on
 its bridge (the control plane unshaped), and one real ``gpulayer worker`` per machine with
 ``--slots`` (``benchmarks/lab.py``). Two phases, the workers restarted between them:
@@ -61,8 +61,8 @@ sys.path.insert(0, str(ROOT))
 
 from gpulayer import JobFailed, submit, submit_batch  # noqa: E402
 from gpulayer.app import redis_client, registry  # noqa: E402
-from gpulayer.netns import Topology  # noqa: E402
-from gpulayer.testing import wait_until  # noqa: E402
+from gpulayer.lab.netns import Topology  # noqa: E402
+from gpulayer.lab.fleet import wait_until  # noqa: E402
 
 
 # -- the jobs (sent by value) -----------------------------------------------------------------------

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import gpulayer  # noqa: E402
 from gpulayer import submit, submit_batch  # noqa: E402
-from gpulayer.testing import Fleet  # noqa: E402
+from gpulayer.lab.fleet import Fleet  # noqa: E402
 
 RUN = f"soak:{int(time.time())}"
 KILL_REACH = 0.5  # seconds before a run's recorded start that a kill of its worker may still cut it off

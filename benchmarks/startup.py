@@ -1,7 +1,7 @@
 """Startup latency of a tiny distributed job: the direct launcher (warm and fresh ranks) against torchrun.
 
 One run starts one Redis on a free loopback port and 2 ``gpulayer worker``
-processes with 2 slots each, in one zone (``gpulayer.testing.Fleet``). The job
+processes with 2 slots each, in one zone (``gpulayer.lab.fleet.Fleet``). The job
 is 2 workers x 2 processes: import torch, ``gpulayer.init_process_group("gloo")``,
 one ``all_reduce`` of a 1-element tensor, return the value (and four
 ``time.time()`` stamps, for the breakdown). Each run is timed from the
@@ -140,7 +140,7 @@ def stop_fleet(fleet) -> None:
 def benchmark(args: argparse.Namespace) -> list[str]:
     from gpulayer.app import redis_client
     from gpulayer.store.gangs import GangStore
-    from gpulayer.testing import Fleet
+    from gpulayer.lab.fleet import Fleet
 
     out = Report()
     header(out, "startup.py")

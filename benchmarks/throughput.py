@@ -391,7 +391,7 @@ def _ratios(rate: dict[str, float], sub_batch: float, jobs: int) -> list[str]:
 
 
 def benchmark(args: argparse.Namespace) -> list[str]:
-    from gpulayer.testing import Fleet
+    from gpulayer.lab.fleet import Fleet
 
     out = Report()
     ray, no_ray = import_ray()

@@ -16,9 +16,9 @@ from celery import signals
 
 from . import placement, queues, signing
 from .engine import transport
-from .engine.connections import drop_connections
+from .engine.pools import drop_connections
 from .engine.celery_app import GpulayerCelery
-from .engine.control import Control
+from .engine.broadcast import Control
 from .config import Settings, tls_options
 from .errors import ClusterUnavailable, JobRejected, PayloadError, UnsupportedOption
 from .models import Resources
@@ -32,8 +32,8 @@ ROUTES = ("gpulayer.app.route_task",)  # the app's task_routes; while they are t
 
 signing.register_serializer()
 
-# control: `celery inspect` and app.control.* wait for as many replies as live workers (engine/control.py).
-app = GpulayerCelery("gpulayer", set_as_current=False, control="gpulayer.engine.control:Control")
+# control: `celery inspect` and app.control.* wait for as many replies as live workers (engine/broadcast.py).
+app = GpulayerCelery("gpulayer", set_as_current=False, control="gpulayer.engine.broadcast:Control")
 app.conf.update(
     task_serializer=signing.NAME,
     result_serializer=signing.NAME,

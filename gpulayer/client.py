@@ -15,7 +15,7 @@ from kombu.utils.uuid import uuid
 from . import app as app_mod
 from .cancel import cancel_jobs, interrupted
 from .canvas import function_and_args
-from .connection import connect, ensure_connected, init  # noqa: F401  (connect, init: public here too)
+from .session import connect, ensure_connected, init  # noqa: F401  (connect, init: public here too)
 from .models import Resources
 from .payload import PickledFunction, pack_function, summarize
 from .tasks.submit import as_resources, send_job, submit
@@ -39,7 +39,7 @@ class BatchHandle:
         and only when stdout is a terminal.
         """
         try:
-            from .progress import batch_progress
+            from .terminal_progress import batch_progress
 
             with batch_progress(len(self.ids), progress) as tick:
                 metas = self._gather(timeout, interval, tick)
@@ -86,7 +86,7 @@ class BatchHandle:
                         found = True
                         failed += meta["status"] != states.SUCCESS
             pending = [i for i in pending if metas[i] is None] if found else pending
-            if tick is not None:  # the progress bar (gpulayer/progress.py); it throttles itself
+            if tick is not None:  # the progress bar (gpulayer/terminal_progress.py); it throttles itself
                 tick(len(self.ids) - len(pending), failed)
             if not pending:
                 break

@@ -33,7 +33,8 @@ import redis
 
 from .config import STATE_FILE_NAME, home_dir, read_state
 from .errors import ClusterUnavailable, ConfigError
-from .gang.launch import die_with_parent, free_port
+from .procs.env import free_port
+from .procs.stop import die_with_parent
 from .store.connection import connect_redis
 
 

@@ -110,7 +110,7 @@ def _masking_transform(secrets: list[str], static_prefix: str):
 def run_flower(*, broker: str | None = None, port: int = 5555, address: str = "127.0.0.1",
                basic_auth: str | None = None) -> int:
     from . import app as app_mod
-    from .connection import init
+    from .session import init
     from .engine.flower import transform_first
 
     basic_auth = basic_auth or os.environ.get("FLOWER_BASIC_AUTH")
@@ -204,7 +204,7 @@ def serve_metrics(*, broker: str | None = None, port: int = 9808, address: str =
     """``gpulayer metrics``: serve ``/metrics`` until Ctrl-C."""
     from prometheus_client import start_http_server
 
-    from .connection import connect
+    from .session import connect
     from .config import load_settings
     from .errors import ClusterUnavailable
 

@@ -12,7 +12,7 @@ A worker consumes the queues of what it can do:
 - ``gl.q.w.<worker id>``: its private queue, for pinned work.
 
 Beside them, every worker serves ``gl.q.control`` outside its job slots: the
-gang coordinator's messages (``gpulayer/gang/control.py``), never a user's job.
+gang coordinator's messages (``gpulayer/gang/consumer.py``), never a user's job.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from gpulayer.netns import NetnsLab, NetnsUnavailable
-from gpulayer.testing import Fleet
+from gpulayer.lab.netns import NetnsLab, NetnsUnavailable
+from gpulayer.lab.fleet import Fleet
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,7 +11,7 @@ import shutil
 import psutil
 import pytest
 
-from gpulayer.testing import Fleet, wait_until
+from gpulayer.lab.fleet import Fleet, wait_until
 from tests.fleets import running_fleet
 
 # The session fleet: three CPU workers in two regions, one of them in another zone; w-a logs every job.

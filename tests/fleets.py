@@ -14,7 +14,7 @@ from typing import Iterator
 
 import pytest
 
-from gpulayer.testing import Fleet, wait_until
+from gpulayer.lab.fleet import Fleet, wait_until
 
 IN_CI = bool(os.environ.get("CI"))
 

@@ -9,7 +9,7 @@ import pytest
 import gpulayer
 from gpulayer import (ClusterUnavailable, ConfigError, JobFailed, JobRejected, PayloadError, Resources, distributed,
                       signing, submit, submit_batch)
-from gpulayer.gang.launch import free_port
+from gpulayer.procs.env import free_port
 
 
 def square(x):

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpulayer.gang.launch import free_port, torchrun_command
+from gpulayer.procs.env import free_port, torchrun_command
 from tests.fleets import need, running_fleet
 
 RUN = Path(__file__).resolve().parents[1] / "benchmarks" / "lightning_comparison" / "scaling_run.py"

@@ -17,7 +17,7 @@ from celery.result import AsyncResult, GroupResult
 import gpulayer
 from gpulayer import JobFailed, Resources, group, submit
 from gpulayer.app import app as celery_app
-from gpulayer.testing import wait_until
+from gpulayer.lab.fleet import wait_until
 
 CELERY = [sys.executable, "-m", "celery", "-A", "gpulayer.app"]
 WORKTREE = str(Path(__file__).resolve().parents[1])

@@ -17,10 +17,10 @@ from gpulayer import JobRejected, Resources, distributed, submit
 from gpulayer import signing
 from gpulayer.app import redis_client
 from gpulayer.gang import coordinator
-from gpulayer.gang.control import read_message
+from gpulayer.gang.consumer import read_message
 from gpulayer.store import keys
 from gpulayer.store.gangs import GangStore
-from gpulayer.testing import wait_until
+from gpulayer.lab.fleet import wait_until
 from tests.fleets import running_fleet
 
 FLEET = {"c1": dict(slots=2, zone="co-1a", region="co"), "c2": dict(slots=2, zone="co-1a", region="co")}

@@ -12,7 +12,7 @@ import gpulayer
 from gpulayer import JobFailed, JobRejected, Resources, distributed, submit
 from gpulayer.app import redis_client
 from gpulayer.store.gangs import GangStore
-from gpulayer.testing import wait_until
+from gpulayer.lab.fleet import wait_until
 from tests.fleets import running_fleet
 
 GANG_FLEET = {

@@ -8,8 +8,8 @@ import psutil
 import pytest
 
 from gpulayer import JobFailed, Resources, distributed, submit, submit_batch
-from gpulayer.emulator import EmulatedFleet, emulated_workers
-from gpulayer.emulator.jobs import REF
+from gpulayer.lab.emulator import EmulatedFleet, emulated_workers
+from gpulayer.lab.emulator.jobs import REF
 from gpulayer.placement import place_gang, route
 from gpulayer.models import GangSpec
 from gpulayer.store.registry import Registry

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from gpulayer import submit, submit_batch
 from gpulayer.app import app
 from gpulayer.engine.events import FLUSH_EVERY, EventPacer
-from gpulayer.testing import wait_until
+from gpulayer.lab.fleet import wait_until
 
 from .fleets import running_fleet
 

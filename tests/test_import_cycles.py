@@ -12,11 +12,25 @@ is not what the importer uses.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import gpulayer
 
 PACKAGE = Path(gpulayer.__file__).parent
+
+ARCHITECTURE = Path(__file__).resolve().parents[1] / "docs" / "ARCHITECTURE.md"
+
+# Imports that go up the layers on purpose: (importer prefix, imported prefix) -> the reason.
+# docs/ARCHITECTURE.md names the same ones.
+UPWARD: dict[tuple[str, str], str] = {
+    ("gpulayer.engine.request", "gpulayer.app"):
+        "Celery's Request, subclassed (an override: fenced), runs in a worker and reads the app's settings",
+    ("gpulayer.engine.request", "gpulayer.worker"):
+        "the same Request records a job's end with the job's runtime and the reaper's reason for a stop",
+    ("gpulayer.worker", "gpulayer.gang"):
+        "the worker process assembles its bootsteps (gang agent, control consumer); the janitor fails a dead worker's gangs",
+}
 
 # Cycles allowed on purpose, each as the set of modules it joins, with the reason. None today.
 ALLOWED: dict[frozenset[str], str] = {}
@@ -95,6 +109,51 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def layer_table(text: str) -> list[tuple[int, str, list[str]]]:
+    """(rank, layer name, module prefixes) for each row of ARCHITECTURE.md's layer table."""
+    rows = []
+    for line in text.splitlines():
+        m = re.match(r"\|\s*(\d+)\s*\|\s*([^|]+?)\s*\|\s*([^|]+?)\s*\|", line)
+        if not m:
+            continue
+        prefixes = []
+        for path in re.findall(r"`([^`]+)`", m.group(3)):
+            path = path.rstrip("/")
+            if path.endswith("/__init__.py"):
+                path = path[: -len("/__init__.py")]
+            prefixes.append(path.removesuffix(".py").replace("/", "."))
+        rows.append((int(m.group(1)), m.group(2), prefixes))
+    return rows
+
+
+def layer_of(module: str, rows: list[tuple[int, str, list[str]]]) -> tuple[int, str] | None:
+    """The row that claims ``module``: the longest prefix (a folder claims all below it)."""
+    best = None
+    for rank, name, prefixes in rows:
+        for prefix in prefixes:
+            if module == prefix or module.startswith(prefix + "."):
+                if best is None or len(prefix) > best[0]:
+                    best = (len(prefix), rank, name)
+    return None if best is None else best[1:]
+
+
+def upward_imports(graph: dict[str, set[str]], rows, allowed: dict[tuple[str, str], str]):
+    """(importer, imported, why) for every edge that goes up, minus ``allowed``; and the allowances unused."""
+    bad, used = [], set()
+    for src in sorted(graph):
+        for dst in sorted(graph[src]):
+            (a, a_name), (b, b_name) = layer_of(src, rows), layer_of(dst, rows)
+            if b <= a:
+                continue
+            key = next((k for k in allowed if (src == k[0] or src.startswith(k[0] + "."))
+                        and (dst == k[1] or dst.startswith(k[1] + "."))), None)
+            if key:
+                used.add(key)
+            else:
+                bad.append(f"{src} ({a_name}) imports {dst} ({b_name})")
+    return bad, sorted(set(allowed) - used)
+
+
 def describe(component: list[str], graph: dict[str, set[str]]) -> str:
     members = set(component)
     return "; ".join(f"{m} imports {', '.join(sorted(graph[m] & members))}" for m in component)
@@ -112,7 +171,7 @@ def test_the_named_pairs_stay_apart():
     """The two cycles this test was written for, edge by edge: the lower module never imports the higher."""
     graph = import_graph()
     assert "gpulayer.client" not in graph["gpulayer.tasks.submit"]
-    assert "gpulayer.connection" in graph["gpulayer.tasks.submit"] and "gpulayer.connection" in graph["gpulayer.client"]
+    assert "gpulayer.session" in graph["gpulayer.tasks.submit"] and "gpulayer.session" in graph["gpulayer.client"]
     for lower in ("gpulayer.trainer.launcher", "gpulayer.trainer.cluster"):
         assert "gpulayer.trainer.trainer" not in graph[lower], lower
 
@@ -130,3 +189,34 @@ def test_the_checker_finds_a_function_level_cycle(tmp_path):
     assert graph["pkg.sub.b"] == {"pkg.a"} and graph["pkg.c"] == {"pkg.a"}
     assert cycles(graph) == [["pkg.a", "pkg.sub.b"]]
     assert describe(cycles(graph)[0], graph) == "pkg.a imports pkg.sub.b; pkg.sub.b imports pkg.a"
+
+
+def test_every_import_goes_down_the_layers():
+    """A module imports only from its own layer or one below, as docs/ARCHITECTURE.md's table says."""
+    rows = layer_table(ARCHITECTURE.read_text())
+    assert len(rows) >= 10 and rows[0][0] == 0  # the table was really read
+    graph = import_graph()
+    unclaimed = sorted(m for m in graph if layer_of(m, rows) is None)
+    assert not unclaimed, f"modules no row of docs/ARCHITECTURE.md claims (add them to a layer): {unclaimed}"
+    bad, stale = upward_imports(graph, rows, UPWARD)
+    assert not bad, "imports that go up a layer (move the shared part down, or pass it in): " + "; ".join(bad)
+    assert not stale, f"exceptions that no import needs any more (remove them): {stale}"
+    assert len(UPWARD) <= 4
+
+
+def test_the_product_never_imports_the_labs():
+    graph = import_graph()
+    users = sorted(src for src, dsts in graph.items() if not src.startswith("gpulayer.lab")
+                   and any(d == "gpulayer.lab" or d.startswith("gpulayer.lab.") for d in dsts))
+    assert not users, f"product modules importing the labs: {users}"
+
+
+def test_the_layer_check_finds_an_upward_import(tmp_path):
+    """The failure path: a store module importing the client is reported, an allowance is honoured."""
+    rows = layer_table("| 0 | low | `pkg/store/` |\n| 1 | high | `pkg/client.py` |\n")
+    graph = {"pkg.store.keys": {"pkg.client"}, "pkg.client": {"pkg.store.keys"}}
+    bad, stale = upward_imports(graph, rows, {})
+    assert bad == ["pkg.store.keys (low) imports pkg.client (high)"] and stale == []
+    assert upward_imports(graph, rows, {("pkg.store", "pkg.client"): "why"}) == ([], [])
+    assert upward_imports({"pkg.client": set()}, rows, {("pkg.store", "pkg.client"): "why"})[1] == \
+        [("pkg.store", "pkg.client")]

@@ -21,7 +21,7 @@ import pytest
 import gpulayer
 from gpulayer import BatchHandle, JobFailed, submit
 from gpulayer.cancel import unfinished
-from gpulayer.testing import wait_until
+from gpulayer.lab.fleet import wait_until
 
 SCRIPTS = {
     "handle": ("h = submit.delay(nap_in_child, KEY)\nids = [h.id]", "h.get()", 1, "handle.cancel()"),

@@ -15,7 +15,7 @@ from gpulayer.store import keys
 from gpulayer.store.gangs import GangStore
 from gpulayer.store.jobs import JobRecords
 from gpulayer.store.registry import Registry
-from gpulayer.testing import wait_until
+from gpulayer.lab.fleet import wait_until
 
 
 # The extra messages wait on their worker for the whole test (by default they would go back after a second).

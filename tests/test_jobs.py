@@ -10,7 +10,7 @@ import pytest
 
 import gpulayer
 from gpulayer import JobFailed, PayloadError, Resources, group, submit, submit_batch
-from gpulayer.testing import wait_until
+from gpulayer.lab.fleet import wait_until
 
 
 def square(x):

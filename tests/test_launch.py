@@ -6,8 +6,8 @@ import os
 import subprocess
 import sys
 
-from gpulayer.testing import wait_until
-from gpulayer.gang.launch import RankLayout, interface_for, rank_env, torchrun_command
+from gpulayer.lab.fleet import wait_until
+from gpulayer.procs.env import RankLayout, interface_for, rank_env, torchrun_command
 
 
 def test_rank_env_matches_torchrun_names_and_values():
@@ -56,7 +56,7 @@ def test_stop_group_reaches_children_in_sessions_of_their_own():
     launcher killed before it stops them must not leave them running."""
     import psutil
 
-    from gpulayer.gang.launch import stop_group
+    from gpulayer.procs.stop import stop_group
 
     launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER], stdout=subprocess.PIPE, text=True,
                                 start_new_session=True)

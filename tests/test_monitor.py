@@ -26,10 +26,10 @@ import pytest
 import gpulayer
 from gpulayer import queues, submit
 from gpulayer.errors import ConfigError
-from gpulayer.gang.launch import free_port
+from gpulayer.procs.env import free_port
 from gpulayer.local import stop_process, wait_for_port
 from gpulayer.monitor import mask_text, run_flower
-from gpulayer.testing import wait_until
+from gpulayer.lab.fleet import wait_until
 from tests.fleets import need
 
 from .browser import Chromium, chromium_executable

@@ -15,9 +15,9 @@ import pytest
 
 import gpulayer
 from gpulayer import Resources, submit
-from gpulayer import netns
-from gpulayer.netns import NetnsLab, NetnsUnavailable, Shaping, Topology
-from gpulayer.testing import Fleet, wait_until
+from gpulayer.lab import netns
+from gpulayer.lab.netns import NetnsLab, NetnsUnavailable, Shaping, Topology
+from gpulayer.lab.fleet import Fleet, wait_until
 
 pytestmark = pytest.mark.netns
 
@@ -267,7 +267,7 @@ def test_a_lab_killed_mid_build_is_cleaned_and_a_live_one_is_not():
     live = start_lab(2)
     tag = next(t for t in (os.urandom(2).hex() for _ in range(100)) if not netns.leftovers(t))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
-    up = subprocess.Popen([sys.executable, "-m", "gpulayer.netns", "up", "--topology", "40m", "--tag", tag],
+    up = subprocess.Popen([sys.executable, "-m", "gpulayer.lab.netns", "up", "--topology", "40m", "--tag", tag],
                           env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_until(lambda: len(lab_names(tag)) >= 6 or up.poll() is not None, 60, "the lab to be half built")
@@ -290,7 +290,7 @@ def test_a_lab_killed_mid_build_is_cleaned_and_a_live_one_is_not():
 def test_up_and_down_build_and_delete_a_shaped_lab():
     tag = next(t for t in (os.urandom(2).hex() for _ in range(100)) if not netns.leftovers(t))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
-    run = lambda *a: subprocess.run([sys.executable, "-m", "gpulayer.netns", *a], env=env, capture_output=True,
+    run = lambda *a: subprocess.run([sys.executable, "-m", "gpulayer.lab.netns", *a], env=env, capture_output=True,
                                     text=True, timeout=120)
     try:
         up = run("up", "--topology", "2r x 1z x 2m", "--tag", tag)

@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from gpulayer.gang.launch import RankLayout, free_port, rank_env
+from gpulayer.procs.env import RankLayout, free_port, rank_env
 from gpulayer.gang.outcome import first_failure
-from gpulayer.gang.ranks import RankCommand, RankRunner
-from gpulayer.gang.warm import WarmTemplate, warm_enabled
+from gpulayer.procs.runner import RankCommand, RankRunner
+from gpulayer.procs.warm import WarmTemplate, warm_enabled
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -50,7 +50,7 @@ dist.all_reduce(torch.ones(1))  # the others block here until they are stopped
 time.sleep(120)
 """
 
-REPORTED_RANK3 = ("from gpulayer.gang.ranks import report_failure\n"
+REPORTED_RANK3 = ("from gpulayer.procs.runner import report_failure\n"
                   "import traceback, sys\n"
                   "try:\n" + "".join(f"    {line}\n" for line in RANK3_RAISES.strip().splitlines()) +
                   "except BaseException as exc:\n"

@@ -13,7 +13,7 @@ import pytest
 
 import gpulayer
 from gpulayer import JobFailed, Resources, queues, submit, submit_batch
-from gpulayer.testing import Fleet
+from gpulayer.lab.fleet import Fleet
 
 
 def tiny(i, seconds=0.02):

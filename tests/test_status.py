@@ -46,7 +46,7 @@ def _env(f) -> dict:
 
 
 def test_status_of_a_big_fleet_is_a_summary_and_all_lists_every_worker(fresh_fleet, tmp_path):
-    from gpulayer.emulator import EmulatedFleet
+    from gpulayer.lab.emulator import EmulatedFleet
     from gpulayer.models import WorkerInfo
     from gpulayer.store import keys
     from gpulayer.store.registry import Registry

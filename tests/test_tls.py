@@ -28,7 +28,7 @@ from gpulayer.engine import transport
 from gpulayer.errors import ConfigError, JobFailed
 from gpulayer.store import connection
 from gpulayer.store.connection import TLSConnection, connect_redis
-from gpulayer.testing import Fleet, TlsFiles
+from gpulayer.lab.fleet import Fleet, TlsFiles
 
 from .test_chaos import kill_each_worker_mid_run
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpulayer.train import package_workdir
+from gpulayer.cli.train import package_workdir
 
 SCRIPT = textwrap.dedent("""
     import argparse, sys
@@ -236,7 +236,7 @@ def test_torchrun_ranks_share_the_directory_and_leave_nothing_behind(fleet, proj
 def test_a_stopping_worker_removes_its_directories_and_a_starting_one_sweeps_stale_ones(fresh_fleet, project):
     from gpulayer import JobRejected, distributed
     from gpulayer.gang import workdir
-    from gpulayer.train import run_script
+    from gpulayer.cli.train import run_script
 
     tmp = fresh_fleet.worker_tmp("w-solo")
     tmp.mkdir(parents=True)

@@ -19,8 +19,8 @@ import time
 import psutil
 import pytest
 
-from gpulayer.gang.ranks import RankCommand, RankRunner
-from gpulayer.gang.warm import WarmTemplate, warm_enabled
+from gpulayer.procs.runner import RankCommand, RankRunner
+from gpulayer.procs.warm import WarmTemplate, warm_enabled
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DRIVER = os.path.join(HERE, "warm_driver.py")
@@ -185,8 +185,8 @@ def test_a_rank_dies_with_a_runner_that_is_sigkilled(tmp_path):
     """A naive fork server's rank would be adopted by init and keep running after its runner is SIGKILLed."""
     code = (
         "import sys, os\n"
-        "from gpulayer.gang.ranks import RankCommand, RankRunner\n"
-        "from gpulayer.gang.warm import WarmTemplate\n"
+        "from gpulayer.procs.runner import RankCommand, RankRunner\n"
+        "from gpulayer.procs.warm import WarmTemplate\n"
         "t = WarmTemplate(restart=False).start()\n"
         "r = RankRunner([RankCommand((0,), ('-c', 'import os, time; print(os.getpid(), flush=True); "
         "time.sleep(300)'), dict(os.environ))], template=t, on_output=lambda rank, s, l: print(l, flush=True))\n"
@@ -286,7 +286,7 @@ def test_the_template_is_restarted_when_it_dies():
 
 
 def test_warm_starts_can_be_turned_off(monkeypatch):
-    from gpulayer.gang import warm
+    from gpulayer.procs import warm
 
     monkeypatch.setenv("GPULAYER_WARM_RANKS", "0")
     assert not warm.warm_enabled()

@@ -88,7 +88,7 @@ def unlike_fresh(outdir: str) -> None:
 
 
 def rank_env(rank: int, outdir: str) -> dict[str, str]:
-    from gpulayer.gang.launch import RankLayout, rank_env as torchrun_env
+    from gpulayer.procs.env import RankLayout, rank_env as torchrun_env
 
     base = {k: v for k, v in os.environ.items() if k != "WARM_TEST_PARENT_ONLY"}
     env = torchrun_env(RankLayout(0, rank, 1, 2), master_addr="127.0.0.1", master_port=29999, run_id="warm-test",
@@ -117,8 +117,8 @@ def drive(mode: str, outdir: str) -> None:
         summary["codes"] = [os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids]
         summary["warm"] = [True, True]
     else:
-        from gpulayer.gang.ranks import RankCommand, RankRunner
-        from gpulayer.gang.warm import WarmTemplate
+        from gpulayer.procs.runner import RankCommand, RankRunner
+        from gpulayer.procs.warm import WarmTemplate
 
         template = WarmTemplate(restart=False).start() if mode == "warm" else None
         try:

@@ -10,7 +10,7 @@ it checks the plumbing, not CUDA, and writes its logs with a ``-rehearsal`` suff
 
 The trainer subcommand is ``benchmarks/lightning_comparison/bench.py``'s driver (fresh processes, the
 (long - short) / steps method, the same three frameworks) on the CUDA cases below. The routing and nccl
-subcommands start a throwaway fleet (``gpulayer.testing.Fleet``: a Redis and workers on loopback, stopped
+subcommands start a throwaway fleet (``gpulayer.lab.fleet.Fleet``: a Redis and workers on loopback, stopped
 by pid) because ``gpulayer.init()``'s embedded cluster starts its workers with ``--cuda off``.
 """
 
@@ -139,7 +139,7 @@ def cpu_job() -> dict:
 
 def run_routing(out: Path, rehearse: bool, jobs: int) -> None:
     from gpulayer import JobRejected, Resources, submit, submit_batch
-    from gpulayer.testing import Fleet
+    from gpulayer.lab.fleet import Fleet
 
     gpus = 0 if rehearse else _gpu_count()
     device = "cpu" if rehearse else "cuda"
@@ -240,7 +240,7 @@ def nccl_rank(backend: str, sizes_mb: tuple[int, ...], iters: int) -> dict:
 
 def run_nccl(out: Path, rehearse: bool, runs: int) -> None:
     from gpulayer import Resources, distributed
-    from gpulayer.testing import Fleet
+    from gpulayer.lab.fleet import Fleet
 
     gpus = 0 if rehearse else _gpu_count()
     procs, backend = (2, "gloo") if rehearse else (gpus, "nccl")

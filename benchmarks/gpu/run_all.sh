@@ -118,9 +118,9 @@ if [[ -d $REPO/.whl ]] && ! "$py" -c "import celery, kombu, redis, pydantic_sett
         --target /tmp/gpulayer-site "$REPO"/.whl/*.whl
     export PYTHONPATH="$REPO:/tmp/gpulayer-site${PYTHONPATH#"$REPO"}"
 fi
-if ((rehearse == 0)) && ! "$py" -c "import torch, gpulayer, gpulayer.testing; assert torch.cuda.is_available()" \
+if ((rehearse == 0)) && ! "$py" -c "import torch, gpulayer, gpulayer.lab.fleet; assert torch.cuda.is_available()" \
     2>/dev/null; then
-    "$py" -c "import torch, gpulayer, gpulayer.testing; assert torch.cuda.is_available(), \
+    "$py" -c "import torch, gpulayer, gpulayer.lab.fleet; assert torch.cuda.is_available(), \
 'torch sees no CUDA GPU (a CPU build of torch?)'" || true
     echo "run_all.sh: $py cannot run the cases (above: what is missing); see benchmarks/gpu/README.md" >&2
     exit 1

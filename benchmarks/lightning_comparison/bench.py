@@ -87,7 +87,7 @@ def run_raw(case: dict, steps: int) -> float:
     if ddp:  # like Lightning's launcher: this process is rank 0 and starts the others with torchrun's env
         import torch.distributed as dist
         sys.path.insert(0, REPO)
-        from gpulayer.gang.launch import RankLayout, free_port, rank_env
+        from gpulayer.procs.env import RankLayout, free_port, rank_env
 
         if "RANK" not in os.environ:
             port, n = free_port(), case["devices"]

@@ -66,14 +66,14 @@ RUN_TIMEOUT = 600.0
 def open_lab(layout: dict[str, dict[str, int]]):
     """Start the lab for ``layout`` (``{region: {zone: machines}}``); returns ``(lab, network)``.
 
-    The one place that knows how machines are made: ``gpulayer.netns.NetnsLab`` with its default shaping
+    The one place that knows how machines are made: ``gpulayer.lab.netns.NetnsLab`` with its default shaping
     (``network`` describes it for the log); ``lab.machines`` lists them in layout order. The caller closes it.
     """
-    from gpulayer.netns import NetnsLab, Shaping, Topology
+    from gpulayer.lab.netns import NetnsLab, Shaping, Topology
 
     shaping = Shaping()
     lab = NetnsLab(Topology(layout), shaping=shaping).start()
-    return lab, f"network namespaces on one veth bridge (gpulayer.netns), {shaping.describe()}"
+    return lab, f"network namespaces on one veth bridge (gpulayer.lab.netns), {shaping.describe()}"
 
 
 def describe_layout(machines) -> str:
@@ -90,7 +90,7 @@ def sent_between_zones(lab, machines) -> int:
 
 def start_cluster(lab, workdir: Path):
     """Redis on the lab's bridge and one worker (2 slots, OMP_NUM_THREADS=1) per machine; returns the Fleet."""
-    from gpulayer.testing import Fleet
+    from gpulayer.lab.fleet import Fleet
 
     from scaling_run import DEVICES
 
@@ -114,7 +114,7 @@ def run_processes(cmds: list[list[str]], logs: list[Path], env: dict[str, str], 
     A command that fails, or the run outliving ``RUN_TIMEOUT``, stops them all (by process group) and raises
     with the logs' tails.
     """
-    from gpulayer.gang.launch import stop_group
+    from gpulayer.procs.stop import stop_group
 
     procs: list[subprocess.Popen] = []
     t0 = time.perf_counter()
@@ -177,7 +177,7 @@ def run_gpulayer(fleet, machines: list | None, nodes: int, grad_sync: str, job: 
 
 def run_lightning(lab, machines, job: list[str], workdir: Path, tag: str) -> dict:
     """One torchrun per machine inside its namespace; wall time until the last has exited."""
-    from gpulayer.gang.launch import torchrun_command
+    from gpulayer.procs.env import torchrun_command
 
     from scaling_run import DEVICES
 

@@ -126,16 +126,16 @@ BORROWED: tuple[Borrowed, ...] = (
     Borrowed("celery.worker.consumer.events:Events.__init__", "65c6b03527e3f5fc", _E, "relies on"),
     Borrowed("celery.events.dispatcher:EventDispatcher.send", "f7d28b95b3ee8802", _E, "relies on"),
     # celery inspect: replies awaited until every live worker answered
-    Borrowed("celery.app.control:Control.broadcast", "cc294dfcc1ec4cad", "gpulayer/engine/control.py", "overrides"),
+    Borrowed("celery.app.control:Control.broadcast", "cc294dfcc1ec4cad", "gpulayer/engine/broadcast.py", "overrides"),
     # the app's clock: Celery's, without the checks a UTC time never needs
     Borrowed("celery.app.base:Celery.now", "d0f4a315db0d5a61", "gpulayer/engine/celery_app.py", "overrides"),
     Borrowed("celery.utils.time:to_utc", "ab691003a3252d6c", "gpulayer/engine/celery_app.py", "relies on"),
     Borrowed("celery.utils.time:make_aware", "5f6084ccb25b8eda", "gpulayer/engine/celery_app.py", "relies on"),
     # pointing the app at another Redis
-    Borrowed("celery.app.base:Celery._after_fork", "95d61721ecb980d2", "gpulayer/engine/connections.py", "relies on"),
-    Borrowed("celery.app.base:Celery.pool", "c602313400413fda", "gpulayer/engine/connections.py", "relies on"),
-    Borrowed("celery.app.base:Celery._backend", "8b13cc34d82908ea", "gpulayer/engine/connections.py", "relies on"),
-    Borrowed("celery.app.amqp:AMQP.producer_pool", "56ab6c3b9fc55f33", "gpulayer/engine/connections.py", "relies on"),
+    Borrowed("celery.app.base:Celery._after_fork", "95d61721ecb980d2", "gpulayer/engine/pools.py", "relies on"),
+    Borrowed("celery.app.base:Celery.pool", "c602313400413fda", "gpulayer/engine/pools.py", "relies on"),
+    Borrowed("celery.app.base:Celery._backend", "8b13cc34d82908ea", "gpulayer/engine/pools.py", "relies on"),
+    Borrowed("celery.app.amqp:AMQP.producer_pool", "56ab6c3b9fc55f33", "gpulayer/engine/pools.py", "relies on"),
     # Flower's pages, masked
     Borrowed("flower.app:Flower.__init__", "baa7ff74d616ec05", "gpulayer/engine/flower.py", "patches"),
     # redis-py's TLS connection, one SSLContext per process (stays with the one way to connect to Redis)

@@ -25,10 +25,10 @@ from .. import signing
 from . import workdir
 from ..app import settings as app_settings
 from ..engine.qos import gate_consumption
-from . import warm
+from ..procs import warm
 from .coordinator import node_stopped, worker_lost
-from .launch import RankLayout, free_port, rank_env, socket_ifname_env, torchrun_command
-from .ranks import RankCommand, RankFailure, RankRunner
+from ..procs.env import RankLayout, free_port, rank_env, socket_ifname_env, torchrun_command
+from ..procs.runner import RankCommand, RankFailure, RankRunner
 from ..models import GangSpec, GangState
 from ..store import keys
 from ..store.connection import client_name, connect_redis

@@ -12,7 +12,7 @@ import os
 import sys
 import traceback
 
-from gpulayer.gang.ranks import fast_exit, report_failure
+from gpulayer.procs.runner import fast_exit, report_failure
 
 
 def main(argv: list[str]) -> int:

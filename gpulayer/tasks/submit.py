@@ -15,7 +15,7 @@ from kombu.utils.uuid import uuid
 from .. import app as app_mod
 from .. import canvas
 from ..app import RESOURCES_HEADER, SUBMIT, app
-from ..connection import ensure_connected
+from ..session import ensure_connected
 from ..errors import PayloadError
 from ..models import Resources
 from ..payload import pack_function, resolve_function, summarize

@@ -80,7 +80,7 @@ def build_state(grad_bytes: int = 1 << 20, timeout_s: float = 1800.0, shared_mem
     if nodes * per_node != world:
         raise RuntimeError(
             f"GROUP_WORLD_SIZE x LOCAL_WORLD_SIZE = {nodes} x {per_node} does not match the world size {world}; "
-            "launch with torchrun's environment (gpulayer.gang.launch.rank_env) or use grad_sync='flat'"
+            "launch with torchrun's environment (gpulayer.procs.env.rank_env) or use grad_sync='flat'"
         )
     node = rank // per_node
     intra, intra_ranks = None, []

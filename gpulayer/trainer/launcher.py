@@ -1,9 +1,9 @@
 """Start the ranks of a multi-process fit on this machine and collect what they return.
 
-Each rank gets the environment torchrun would give it (``gpulayer.gang.launch.rank_env``:
+Each rank gets the environment torchrun would give it (``gpulayer.procs.env.rank_env``:
 the direct launcher, no elastic agent) and is started by the rank runner
-(``gpulayer.gang.ranks``): forked from a warm template that has imported torch
-and gpulayer once (``gpulayer.gang.warm``), or a fresh interpreter with
+(``gpulayer.procs.runner``): forked from a warm template that has imported torch
+and gpulayer once (``gpulayer.procs.warm``), or a fresh interpreter with
 ``GPULAYER_WARM_RANKS=0``. The function and its arguments travel by cloudpickle
 through a private temporary directory, so closures and classes defined in
 ``__main__`` work. The first rank to fail stops the others, and the caller gets
@@ -21,9 +21,9 @@ from typing import Any, Callable
 
 import cloudpickle
 
-from gpulayer.gang import warm
-from gpulayer.gang.launch import RankLayout, free_port, rank_env
-from gpulayer.gang.ranks import RankCommand, RankRunner, report_failure
+from gpulayer.procs import warm
+from gpulayer.procs.env import RankLayout, free_port, rank_env
+from gpulayer.procs.runner import RankCommand, RankRunner, report_failure
 from gpulayer.trainer.errors import RankFailed, TrainerError
 
 _BOOT = "import sys; from gpulayer.trainer.launcher import rank_main; rank_main(sys.argv[1])"

@@ -19,7 +19,7 @@ from ..engine.events import EventPacer
 from ..engine import request as job_request
 from ..engine.transport import consume_as
 from ..errors import ClusterUnavailable, ConfigError
-from ..gang.launch import die_with_parent
+from ..procs.stop import die_with_parent
 from ..models import WorkerInfo
 from ..store import keys
 from ..store.connection import client_name
@@ -27,7 +27,7 @@ from ..store.registry import Registry
 from . import runtime
 from .detect import default_address, detect_gpus
 from ..gang.agent import GangAgent, SlotGate
-from ..gang.control import ControlStep
+from ..gang.consumer import ControlStep
 from .heartbeat import Heartbeat
 from .janitor import Janitor, hand_back_lives
 from .reaper import Reaper

@@ -12,12 +12,12 @@ from __future__ import annotations
 import logging
 import time
 
-import psutil
 import redis
 from celery.worker import state as worker_state
 
 from ..store import keys
 from ..store.connection import client_name, connect_redis
+from ..procs.stop import kill_tree
 from . import runtime
 from .loopstep import LoopStep
 
@@ -27,23 +27,6 @@ POLL = 0.1
 
 # job id -> reason, for the request's on_failure (same process).
 stopped: dict[str, str] = {}
-
-
-def kill_tree(pid: int) -> int:
-    """SIGKILL ``pid`` and all its descendants; returns how many processes were signalled."""
-    try:
-        root = psutil.Process(pid)
-        # The job's own process first: killed after its children, it could see them exit, return, and
-        # store a success for a job that was cancelled (seen under load with a job waiting on a child).
-        procs = [root] + root.children(recursive=True)
-    except psutil.NoSuchProcess:
-        return 0
-    for p in procs:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    return len(procs)
 
 
 class Reaper(LoopStep):

@@ -8,7 +8,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from gpulayer.trainer import Module, RankFailed, Trainer, TrainerConfigError, cluster, seed_everything
-from gpulayer.testing import wait_until
+from gpulayer.lab.fleet import wait_until
 from tests.fleets import running_fleet
 from tests.trainer.ddp_order import DDPShardOrder
 

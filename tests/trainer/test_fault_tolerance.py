@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from gpulayer.trainer import Module, Trainer, seed_everything
 from gpulayer.trainer.callbacks import ModelCheckpoint
-from gpulayer.testing import wait_until
+from gpulayer.lab.fleet import wait_until
 from tests.fleets import need, running_fleet
 
 WORKERS = ("ft1", "ft2", "ft3")

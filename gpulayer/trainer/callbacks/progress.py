@@ -17,7 +17,7 @@ from typing import Any
 
 from gpulayer.trainer.callbacks.callback import Callback
 from gpulayer.trainer.errors import TrainerConfigError
-from gpulayer.trainer.progress import LineBar
+from gpulayer.trainer.progress_line import LineBar
 
 
 class ProgressBar(Callback):

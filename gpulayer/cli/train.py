@@ -19,9 +19,9 @@ import sys
 import tarfile
 from pathlib import Path
 
-from .errors import ConfigError, JobFailed
-from .gang.workdir import ShippedDir, unpack_pulled
-from .progress import GangProgress
+from ..errors import ConfigError, JobFailed
+from ..gang.workdir import ShippedDir, unpack_pulled
+from ..terminal_progress import GangProgress
 
 MAX_ARCHIVE_BYTES = 48 * 2**20  # the packaged directory, compressed; under the 64 MiB message limit
 MAX_FILE_BYTES = 8 * 2**20  # single files above this stay behind (datasets, checkpoints)
@@ -127,7 +127,7 @@ def train(script: str, args: list[str], *, nodes: int, procs_per_node: int, laun
 
 def _after_job(job, wd: Path, err) -> None:
     """What came back from node 0's working directory goes into ``wd``; kept directories are named."""
-    from .signing import verify
+    from ..signing import verify
 
     pulled = job.store.take_pulled(job.id)
     if pulled and "error" in pulled:

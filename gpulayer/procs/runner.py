@@ -32,7 +32,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
-from .launch import die_with_parent, stop_group
+from .stop import die_with_parent, stop_group
 
 REPORTS_ENV = "GPULAYER_RANK_REPORTS"  # the runner's unix datagram socket for failure reports
 MAX_REPORT = 64 * 1024  # bytes of one report; a longer traceback keeps its end

@@ -6,7 +6,7 @@ import os
 import sys
 import time
 
-REF = "gpulayer.emulator.jobs:emulated"
+REF = "gpulayer.lab.emulator.jobs:emulated"
 
 
 def emulated(seconds: float = 0.0, value=None, fail_rank: int | None = None, exit_code: int = 1):

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import redis
 
-from . import local
-from .config import with_tls
-from .gang.launch import free_port
-from .store.connection import connect_redis
-from .store.registry import Registry
+from .. import local
+from ..config import with_tls
+from ..procs.env import free_port
+from ..store.connection import connect_redis
+from ..store.registry import Registry
 
 
 def wait_until(predicate, timeout: float = 30.0, what: str = "the condition", every: float = 0.02):

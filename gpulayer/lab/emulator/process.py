@@ -1,6 +1,6 @@
 """One emulator process: a shard of emulated workers on the real registry and queues.
 
-``python -m gpulayer.emulator.process '<json config>'`` (started by ``EmulatedFleet``).
+``python -m gpulayer.lab.emulator.process '<json config>'`` (started by ``EmulatedFleet``).
 
 - Heartbeats: every worker of the shard once per interval, with its busy and held
   slots, ``BEAT_SLICE`` workers per script call, the calls spread evenly over the
@@ -16,7 +16,7 @@
   and stores its ranks' results, or the scripted failure; then gives its slots
   back and reports, as the gang agent does.
 - The coordinator: each process serves the control queue as a worker does
-  (``gang/control.py``), for real.
+  (``gang/consumer.py``), for real.
 """
 
 from __future__ import annotations
@@ -37,20 +37,20 @@ from celery import states
 from kombu import serialization
 from kombu.transport import redis as kredis
 
-from .. import app as app_mod
-from .. import queues, signing
-from ..engine import transport
-from ..config import load_settings
-from ..store import keys
-from ..store.gangs import GangStore
-from ..models import WorkerInfo
-from ..store.registry import Registry, load_script, static_record
-from ..gang.control import ControlConsumer
-from ..gang.coordinator import node_stopped
+from ... import app as app_mod
+from ... import queues, signing
+from ...engine import transport
+from ...config import load_settings
+from ...store import keys
+from ...store.gangs import GangStore
+from ...models import WorkerInfo
+from ...store.registry import Registry, load_script, static_record
+from ...gang.consumer import ControlConsumer
+from ...gang.coordinator import node_stopped
 from .fleet import emulated_workers
 from .jobs import REF
 
-log = logging.getLogger("gpulayer.emulator")
+log = logging.getLogger("gpulayer.lab.emulator")
 
 BEAT_SLICE = 50  # workers per heartbeat script call: Redis runs each in ~0.4 ms (see heartbeat_loop)
 TAKE_BATCH = 64  # takes pipelined per round trip

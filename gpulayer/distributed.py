@@ -21,19 +21,19 @@ from typing import Any, Callable
 
 import redis
 
-from .. import app as app_mod
-from .. import signing
-from ..client import ensure_connected
-from ..errors import JobFailed, JobRejected
-from ..models import GangPlacement, GangSpec, GangState, Resources
-from ..payload import function_name, pack_function
-from ..placement import check_gang_fits_fleet
-from ..store import keys
-from ..store.gangs import GangStore
-from . import attempts
-from .coordinator import ask
-from .workdir import ShippedDir
-from ..tasks.submit import as_resources
+from . import app as app_mod
+from . import signing
+from .client import ensure_connected
+from .errors import JobFailed, JobRejected
+from .models import GangPlacement, GangSpec, GangState, Resources
+from .payload import function_name, pack_function
+from .placement import check_gang_fits_fleet
+from .store import keys
+from .store.gangs import GangStore
+from .gang import attempts
+from .gang.coordinator import ask
+from .gang.workdir import ShippedDir
+from .tasks.submit import as_resources
 
 LOOK_EVERY = 1.0  # seconds between reads of the gang's record when no event arrives (a missed one)
 REDIS_PATIENCE = 60.0  # seconds the handle keeps reconnecting to an unreachable Redis before it gives up

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import redis
 
-from ..models import WorkerInfo
-from ..store.registry import Registry
+from ...models import WorkerInfo
+from ...store.registry import Registry
 
 
 def emulated_workers(n: int, *, slots: int = 8, zones: int = 30, regions: int = 10, gpus: int = 8,
@@ -65,7 +65,7 @@ class EmulatedFleet:
                 self.log_dir.mkdir(parents=True, exist_ok=True)
                 out = open(self.log_dir / f"emulator-{k}.log", "ab")
                 self._logs.append(out)
-            self.procs.append(subprocess.Popen([sys.executable, "-m", "gpulayer.emulator.process", json.dumps(config)],
+            self.procs.append(subprocess.Popen([sys.executable, "-m", "gpulayer.lab.emulator.process", json.dumps(config)],
                                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
         return self
 

@@ -3,7 +3,7 @@
 A fresh interpreter spends seconds importing torch and gpulayer; a fork of a
 process that already has them takes milliseconds. The template is a fork
 server, like ``multiprocessing``'s forkserver: a process started with this
-process's environment (``python -m gpulayer.gang.warm``) that imports Python,
+process's environment (``python -m gpulayer.procs.warm``) that imports Python,
 torch, gpulayer and the modules named in ``GPULAYER_PRELOAD`` (comma
 separated), never initialises CUDA, starts no thread, and then waits on a unix
 socket. For each request (argv, environment, cwd, and the rank's stdout/stderr
@@ -203,7 +203,7 @@ class WarmTemplate:
 
     # -- the template's thread: start, read, restart ---------------------------------------------
     def _keep(self) -> None:
-        from .launch import die_with_parent
+        from .stop import die_with_parent
 
         while not self._closed:
             while not self._replies.empty():  # stale answers from a template that died
@@ -212,7 +212,7 @@ class WarmTemplate:
             started = time.monotonic()
             try:
                 self._proc = subprocess.Popen(
-                    [sys.executable, "-m", "gpulayer.gang.warm", str(theirs.fileno()), " " * CMDLINE_ROOM],
+                    [sys.executable, "-m", "gpulayer.procs.warm", str(theirs.fileno()), " " * CMDLINE_ROOM],
                     env=self._env,
                     stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), preexec_fn=die_with_parent)
             except OSError as err:
@@ -375,7 +375,7 @@ def _serve(sock: socket.socket) -> dict | None:
 
 def _become_rank(request: dict, fresh_signals: dict, base_path: list[str], template_pid: int) -> int:
     """In the forked child: become what ``python <argv>`` started fresh would be, then run it."""
-    from .launch import die_with_parent
+    from .stop import die_with_parent
 
     os.setsid()
     die_with_parent()

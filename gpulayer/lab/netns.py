@@ -27,9 +27,9 @@ state file ``/run/gpulayer-netns/<tag>.json`` names the process that owns the la
 deletes everything; after a crash, ``clean()`` deletes every lab whose owner is gone (or one tag).
 One command builds a lab and one tears it down::
 
-    python -m gpulayer.netns up --topology "2r x 3z x 5m" [--tag ab12] [--no-shaping]   # prints the machines
-    python -m gpulayer.netns down --tag ab12
-    python -m gpulayer.netns clean [--tag ab12]    # leftovers of crashed labs (owner pid dead)
+    python -m gpulayer.lab.netns up --topology "2r x 3z x 5m" [--tag ab12] [--no-shaping]   # prints the machines
+    python -m gpulayer.lab.netns down --tag ab12
+    python -m gpulayer.lab.netns clean [--tag ab12]    # leftovers of crashed labs (owner pid dead)
 
 Needs root, ``ip`` and ``tc`` (iproute2).
 """
@@ -49,7 +49,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .errors import GpulayerError
+from ..errors import GpulayerError
 
 # Random aligned blocks of 10.231.0.0/16: a private range that hosts and clouds rarely use.
 _SPACE = ipaddress.ip_network("10.231.0.0/16")
@@ -320,7 +320,7 @@ class NetnsLab:
         STATE_DIR.mkdir(parents=True, exist_ok=True)
         if building and self._state_path().exists():
             raise NetnsUnavailable(f"a lab tagged {self.names.tag} already exists; pick another tag or "
-                                   f"`python -m gpulayer.netns down --tag {self.names.tag}`")
+                                   f"`python -m gpulayer.lab.netns down --tag {self.names.tag}`")
         state = {"tag": self.names.tag, "owner": owner, "building": building, "topology": self.topology.regions,
                  "shaping": asdict(self.shaping) if self.shaping else None,
                  "subnet": str(self.subnet) if self.subnet else None,
@@ -485,7 +485,7 @@ def load(tag: str) -> NetnsLab:
     """The lab ``tag`` built by ``up`` (or still running elsewhere), read from its state file."""
     path = STATE_DIR / f"{tag}.json"
     if not path.exists():
-        raise NetnsUnavailable(f"no lab tagged {tag} on this host (no {path}); `python -m gpulayer.netns up` builds one")
+        raise NetnsUnavailable(f"no lab tagged {tag} on this host (no {path}); `python -m gpulayer.lab.netns up` builds one")
     state = json.loads(path.read_text())
     lab = NetnsLab(Topology(state["topology"]), Shaping(**state["shaping"]) if state["shaping"] else None, tag=tag)
     lab.subnet = ipaddress.ip_network(state["subnet"])
@@ -494,7 +494,7 @@ def load(tag: str) -> NetnsLab:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m gpulayer.netns", description="Build, show and delete netns labs.")
+    p = argparse.ArgumentParser(prog="python -m gpulayer.lab.netns", description="Build, show and delete netns labs.")
     sub = p.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="build a lab and keep it until `down`")
     up.add_argument("--topology", default="2r x 3z x 5m")

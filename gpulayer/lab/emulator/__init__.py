@@ -4,7 +4,7 @@ Each emulated worker heartbeats through ``Registry.heartbeat_many`` (batched per
 process), takes its queues' messages with the transport's own take script and
 delivery records, and completes jobs and gang orders without running user code:
 
-- a job of ``gpulayer.emulator.jobs:emulated(seconds, value)`` sleeps ``seconds``
+- a job of ``gpulayer.lab.emulator.jobs:emulated(seconds, value)`` sleeps ``seconds``
   and stores ``value`` as its result (a real worker runs the same function for
   real); any other function fails with a message saying emulated workers run no
   user code;

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from .errors import GpulayerError
+from ..errors import GpulayerError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,13 +93,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _up(args) -> int:
-    from .local import up
-    from .status import mask_url
+    from ..local import up
+    from ..status import mask_url
 
     cluster, started = up(args.workers, args.slots, flower=args.flower, zones=args.zone, regions=args.region)
     url = cluster.broker_url if args.show_secrets else mask_url(cluster.broker_url)
     print(("started" if started else "already running") + f": broker {url}")
-    from .config import STATE_FILE_NAME, read_state
+    from ..config import STATE_FILE_NAME, read_state
 
     places = (read_state(cluster.home / STATE_FILE_NAME) or {}).get("places") or {}
     if places:
@@ -114,14 +114,14 @@ def _up(args) -> int:
 
 
 def _down(args) -> int:
-    from .local import down
+    from ..local import down
 
     print("stopped the local cluster" if down() else "no local cluster was running")
     return 0
 
 
 def _worker(args) -> int:
-    from .worker.main import run_worker
+    from ..worker.main import run_worker
 
     return run_worker(broker=args.broker, slots=args.slots, zone=args.zone, region=args.region, name=args.name,
                       cuda=args.cuda, advertise_addr=args.advertise_addr, loglevel=args.loglevel,
@@ -129,7 +129,7 @@ def _worker(args) -> int:
 
 
 def _status(args) -> int:
-    from .status import collect, render, watch
+    from ..status import collect, render, watch
 
     full = True if args.all else None  # None: every worker of a small fleet, a summary of a big one
     if args.watch is not None:
@@ -151,19 +151,19 @@ def _train(args) -> int:
 
 
 def _flower(args) -> int:
-    from .monitor import run_flower
+    from ..monitor import run_flower
 
     return run_flower(broker=args.broker, port=args.port, address=args.address, basic_auth=args.basic_auth)
 
 
 def _metrics(args) -> int:
-    from .monitor import serve_metrics
+    from ..monitor import serve_metrics
 
     return serve_metrics(broker=args.broker, port=args.port, address=args.address)
 
 
 def _demo(args) -> int:
-    from .demo import run_demo
+    from ..demo import run_demo
 
     return run_demo()
 
