@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name load
     from .client import BatchHandle, connect, init, submit_batch, wait_for_workers
     from .errors import (ClusterUnavailable, ConfigError, GangFailed, GpulayerError, JobFailed, JobRejected,
                          JobStopped, PayloadError, PayloadRejected, UnsupportedOption)
-    from .distributed import GangHandle, distributed, init_process_group
+    from .distributed_job import GangHandle, distributed, init_process_group
     from .models import Resources, WorkerInfo
     from .tasks.submit import submit
     from .worker.runtime import current_job, current_worker
@@ -32,7 +32,7 @@ _WHERE = {
     **dict.fromkeys(("BatchHandle", "connect", "init", "submit_batch", "wait_for_workers"), "gpulayer.client"),
     **dict.fromkeys(("ClusterUnavailable", "ConfigError", "GangFailed", "GpulayerError", "JobFailed", "JobRejected",
                      "JobStopped", "PayloadError", "PayloadRejected", "UnsupportedOption"), "gpulayer.errors"),
-    **dict.fromkeys(("GangHandle", "distributed", "init_process_group"), "gpulayer.distributed"),
+    **dict.fromkeys(("GangHandle", "distributed", "init_process_group"), "gpulayer.distributed_job"),
     **dict.fromkeys(("Resources", "WorkerInfo"), "gpulayer.models"),
     "submit": "gpulayer.tasks.submit",
     **dict.fromkeys(("current_job", "current_worker"), "gpulayer.worker.runtime"),

@@ -220,3 +220,11 @@ def test_the_layer_check_finds_an_upward_import(tmp_path):
     assert upward_imports(graph, rows, {("pkg.store", "pkg.client"): "why"}) == ([], [])
     assert upward_imports({"pkg.client": set()}, rows, {("pkg.store", "pkg.client"): "why"})[1] == \
         [("pkg.store", "pkg.client")]
+
+
+def test_no_module_shadows_a_public_name():
+    """``gpulayer.distributed`` is a function: a submodule of that name, once imported, would replace it
+    on the package (the import system sets the attribute), and ``gpulayer.distributed(...)`` would call a module."""
+    files = module_files()
+    shadowed = sorted(name for name in gpulayer.__all__ if f"gpulayer.{name}" in files)
+    assert not shadowed, f"submodules named like public names of gpulayer (rename the module): {shadowed}"

@@ -11,7 +11,7 @@
 - ``workdir.py``      a gang's directory on one worker: the shipped working directory its ranks share
                       across restarts, what comes back to the client, and its removal.
 
-What the client calls and holds (``distributed(...)``, ``GangHandle``) is ``gpulayer/distributed.py``;
+What the client calls and holds (``distributed(...)``, ``GangHandle``) is ``gpulayer/distributed_job.py``;
 starting, watching and stopping the rank processes is ``gpulayer/procs/``. Where a rank failure stops all
 ranks: ``procs/runner.py`` on its own machine (the first failure stops every local rank), then
 ``agent.py`` (the failure is published; every other node's agent stops its ranks on the event). A dead
