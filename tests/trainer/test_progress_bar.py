@@ -160,7 +160,7 @@ def test_bar_shows_logged_prog_bar_values_and_version(capsys, tmp_path):
 def test_the_bar_alone_does_not_make_the_loop_build_batch_outputs():
     trainer = Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_model_summary=False)
     trainer.fit(BoringModel())
-    assert trainer._hooks.on_train_batch_end and not trainer._hooks.train_batch_end_outputs
+    assert trainer.hooks.on_train_batch_end and not trainer.hooks.train_batch_end_outputs
 
 
 def test_bar_pickles_without_its_trainer_or_stream():

@@ -74,8 +74,8 @@ class ProgressBar(Callback):
     def total_val_batches(self) -> int | float:
         """Validation batches of all loaders in this epoch: 0 when the fit does not validate in it."""
         trainer = self.trainer
-        loop = getattr(trainer, "_loop", None)
-        if loop is not None and trainer.state_stage == "fit" and not loop._val_epoch():
+        loop = getattr(trainer, "loop", None)
+        if loop is not None and trainer.state_stage == "fit" and not loop.val_epoch():
             return 0
         batches = trainer.num_val_batches
         return sum(batches) if isinstance(batches, list) else batches
@@ -253,7 +253,7 @@ class TQDMProgressBar(ProgressBar):
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         bar = self.train_progress_bar
         if not bar.disable:
-            bar.n = max(bar.n, trainer._loop.batches_done if getattr(trainer, "_loop", None) else bar.n)
+            bar.n = max(bar.n, trainer.loop.batches_done if getattr(trainer, "loop", None) else bar.n)
             bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)
             if self._leave or not bar.terminal:
                 bar.end_line()  # kept; a log gets the line either way (it cannot erase)
