@@ -35,31 +35,31 @@ _LEGACY_SCALER_KEY = "native_amp_scaling_state"
 
 def _phase(trainer) -> tuple[str, int, int]:
     """(where the fit is, its epoch, batches done in that epoch) at this save."""
-    loop = trainer._loop
+    loop = trainer.loop
     if loop is None or trainer.state_stage != "fit":
         # an epoch cut short (max_steps, should_stop) has been counted, as in Lightning: its batches are kept
         return checkpoint_loops.BETWEEN, trainer.current_epoch, 0 if loop is None or loop.epoch_done else loop.batches_done
-    context = getattr(trainer._store, "context", None)
+    context = getattr(trainer.metric_store, "context", None)
     in_validation = isinstance(context, tuple) and len(context) == 3 and context[2] == "val"
     if in_validation:
         return checkpoint_loops.VALIDATION, trainer.current_epoch, loop.batches_done
     if not loop.epoch_done:  # inside the epoch, or after it was cut short (the counter moved on): the epoch run
         return checkpoint_loops.BATCH_END, loop.epoch, loop.batches_done
-    if context == getattr(trainer._store, "TRAIN_EPOCH", None):
+    if context == getattr(trainer.metric_store, "TRAIN_EPOCH", None):
         return checkpoint_loops.EPOCH_END, trainer.current_epoch, loop.batches_done
     return checkpoint_loops.BETWEEN, trainer.current_epoch, 0  # the epoch counter already moved on
 
 
 def _lightning_loops(trainer, phase: str, epoch: int, batches_done: int) -> dict[str, Any]:
-    loop, module, cfg = trainer._loop, trainer.lightning_module, trainer._config
+    loop, module, cfg = trainer.loop, trainer.lightning_module, trainer.config
     per_epoch = loop.num_train_batches if loop is not None else batches_done
     accumulate = cfg.accumulate_grad_batches
     stepped = batches_done % accumulate == 0 or batches_done >= per_epoch
     return checkpoint_loops.to_lightning(
         phase=phase, epoch=epoch, batches_done=batches_done, batches_per_epoch=per_epoch,
-        global_step=trainer.global_step, batches_stepped=trainer._batches_stepped, stepped_this_batch=stepped,
+        global_step=trainer.global_step, batches_stepped=trainer.batches_stepped, stepped_this_batch=stepped,
         manual=not module.automatic_optimization, val_batches=_finite_total(trainer.num_val_batches),
-        val_ran=trainer._val_has_run, accumulate=accumulate)
+        val_ran=trainer.val_has_run, accumulate=accumulate)
 
 
 def _finite_total(counts: list[float] | None) -> int:
@@ -83,7 +83,7 @@ def _hparams_entries(obj: Any, ckpt: dict[str, Any]) -> None:
 
 def dump(trainer, weights_only: bool = False) -> dict[str, Any]:
     module = trainer.lightning_module
-    loop = trainer._loop
+    loop = trainer.loop
     phase, epoch, batches_done = _phase(trainer)
     ckpt: dict[str, Any] = {
         "epoch": trainer.current_epoch,
@@ -92,7 +92,7 @@ def dump(trainer, weights_only: bool = False) -> dict[str, Any]:
         "state_dict": module.state_dict(),
         "loops": _lightning_loops(trainer, phase, epoch, batches_done),
     }
-    loader_states = loader_state.state_dicts(trainer._train_loader)
+    loader_states = loader_state.state_dicts(trainer.loaders.train)
     if loader_states:  # Lightning's place for them: the fit loop's own state
         ckpt["loops"]["fit_loop"]["state_dict"][loader_state.KEY] = loader_states
     if phase == checkpoint_loops.BETWEEN and (loop is None or loop.epoch_done):
@@ -105,21 +105,21 @@ def dump(trainer, weights_only: bool = False) -> dict[str, Any]:
         "batches_done": own_batches,
         "epoch_done": own_done,
         "phase": phase,
-        "batches_stepped": trainer._batches_stepped,
+        "batches_stepped": trainer.batches_stepped,
     }
-    if trainer._fit_id is not None:
-        own["fit_id"] = trainer._fit_id
+    if trainer.fit_id is not None:
+        own["fit_id"] = trainer.fit_id
     if not weights_only:
         # only callbacks with a state, as Lightning saves them (the progress bar has none)
         ckpt["callbacks"] = {cb.state_key: state for cb in trainer.callbacks if (state := cb.state_dict())}
         ckpt["optimizer_states"] = [o.state_dict() for o in trainer.optimizers]
         ckpt["lr_schedulers"] = [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs]
-        scaler = trainer._precision.state_dict().get("scaler") if trainer._precision is not None else None
+        scaler = trainer.precision_plugin.state_dict().get("scaler") if trainer.precision_plugin is not None else None
         if scaler:
             ckpt[SCALER_KEY] = scaler
         own["rng"] = _plain_rng(capture_rng())
         own["epoch_rng"] = _plain_rng(loop.epoch_start_rng) if loop is not None else None
-        own["train_metric_acc"] = trainer._store.export_acc("train")
+        own["train_metric_acc"] = trainer.metric_store.export_acc("train")
     for obj in (module, trainer.datamodule):
         _hparams_entries(obj, ckpt)
     datamodule = trainer.datamodule
@@ -130,7 +130,7 @@ def dump(trainer, weights_only: bool = False) -> dict[str, Any]:
             ckpt[type(datamodule).__qualname__] = dm_state
     if not weights_only:  # a weights-only file resumes nothing
         ckpt["callbacks"][GPULAYER_KEY] = own
-    hooks = trainer._hooks
+    hooks = trainer.hooks
     if hooks is None:  # outside a run (a module only connected to the strategy): the hooks it would have
         from gpulayer.trainer.hooks import Hooks
         hooks = Hooks(trainer, module, trainer.callbacks, trainer.datamodule)
@@ -282,14 +282,14 @@ def restore_training_state(trainer, ckpt: dict[str, Any]) -> dict[str, Any]:
     for cfg, state in zip(trainer.lr_scheduler_configs, ckpt.get("lr_schedulers", [])):
         cfg.scheduler.load_state_dict(state)
     scaler = ckpt.get(SCALER_KEY) or ckpt.get(_LEGACY_SCALER_KEY)
-    trainer._precision.load_state_dict({"scaler": scaler} if scaler else ckpt.get("precision", {}))
+    trainer.precision_plugin.load_state_dict({"scaler": scaler} if scaler else ckpt.get("precision", {}))
     pos = _position(trainer, ckpt)
-    trainer._store.import_acc("train", pos["acc"])
+    trainer.metric_store.import_acc("train", pos["acc"])
     trainer.global_step = ckpt["global_step"]
-    trainer._batches_stepped = pos["batches_stepped"]
+    trainer.batches_stepped = pos["batches_stepped"]
     # a validation had run before the save: the resumed fit's loop counters go on from there, as Lightning's do
     val = ((ckpt.get("loops") or {}).get("fit_loop") or {}).get("epoch_loop.val_loop.batch_progress") or {}
-    trainer._val_has_run = bool((val.get("current") or {}).get("completed"))
+    trainer.val_has_run = bool((val.get("current") or {}).get("completed"))
     fit_state = ((ckpt.get("loops") or {}).get("fit_loop") or {}).get("state_dict") or {}
     return {"epoch": pos["epoch"], "batches_done": pos["batches_done"], "epoch_done": pos["epoch_done"],
             "rng": pos["rng"], "epoch_rng": pos["epoch_rng"], "loader_states": fit_state.get(loader_state.KEY, [])}

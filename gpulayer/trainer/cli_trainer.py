@@ -61,7 +61,7 @@ def _trainer(
 
     Args:
         accelerator: "cpu", "cuda", "gpu" or "auto".
-        strategy: "auto", "ddp" or "ddp_spawn".
+        strategy: "auto", "ddp" or "ddp_spawn" (the same launcher: fresh rank processes, weights back in the caller).
         devices: processes on this machine (an int, a list of GPU indices, or "auto").
         num_nodes: machines; more than 1 runs the fit on the cluster.
         precision: "32-true", "16-mixed" or "bf16-mixed".

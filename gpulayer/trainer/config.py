@@ -24,6 +24,8 @@ PRECISIONS = {
     "bf16-mixed": "bf16-mixed", "bf16": "bf16-mixed",
 }
 ACCELERATORS = ("auto", "cpu", "cuda", "gpu")
+# "ddp" and "ddp_spawn" are one launcher: the calling process starts fresh rank processes (launcher.py) and gets
+# rank 0's weights, counters and metrics back, which is what Lightning's ddp_spawn does (its "ddp" re-runs the script)
 STRATEGIES = ("auto", "single_device", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true")
 GRAD_SYNC = ("auto", "two_level", "flat")
 CLIP_ALGORITHMS = ("norm", "value")

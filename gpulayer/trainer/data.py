@@ -217,6 +217,17 @@ def distributed(loader: Any, num_replicas: int, rank: int, mode: str = "train") 
     return _rebuild(loader, sampler)
 
 
+def distribute(trainer: Any, loader: Any, mode: str) -> Any:
+    """``loader`` as this rank of ``trainer``'s strategy reads it (a distributed sampler, unless
+    ``use_distributed_sampler=False`` or one process); a combined loader: each of its loaders."""
+    if trainer.strategy.world_size == 1 or not trainer.config.use_distributed_sampler:
+        return loader
+    if isinstance(loader, CombinedLoader):  # a combined one (not sequential): each of its loaders
+        loader.flattened = [distribute(trainer, dl, mode) for dl in loader.flattened]
+        return loader
+    return trainer.strategy.prepare_loader(loader, mode)
+
+
 def from_datamodule(datamodule: Any, method: str) -> Any:
     """``datamodule.<method>()``, or None when the datamodule does not define it (Lightning's base raises)."""
     fn = getattr(datamodule, method, None)

@@ -18,7 +18,7 @@ import inspect
 import warnings
 from typing import Any, Callable, Iterator
 
-from gpulayer.trainer import data
+from gpulayer.trainer import data, trainer_logging
 
 
 def takes_iterator(fn: Any, name: str) -> bool:
@@ -135,7 +135,7 @@ def eval_iterator(loop: Any) -> DataLoaderIter:
 def run_eval(loop: Any, step: Callable) -> None:
     """The eval/predict loop of this flavour (``EvalLoop.run`` calls it inside its grad-off context)."""
     t, p = loop.trainer, loop.prefix
-    hooks, store = t._hooks, t._store
+    hooks, store = t.hooks, t.metric_store
     multi = len(loop.loaders) > 1
     it = eval_iterator(loop)
     while not it.done:
@@ -144,7 +144,7 @@ def run_eval(loop: Any, step: Callable) -> None:
         store.batch = it.batch
         hooks.call(f"on_{p}_batch_start", it.batch, it.batch_idx, *extra)
         try:
-            with t._precision.forward_context():
+            with t.precision_plugin.forward_context():
                 out = step(it)
         except StopIteration:  # the step ran out of batches: the stage ends here, as in Lightning
             break
@@ -155,5 +155,5 @@ def run_eval(loop: Any, step: Callable) -> None:
         if loop.stage == "predict":
             t.predict_loop.keep_output(it.dataloader_idx, out)
         if not loop.sanity and loop.acc_name is not None:
-            t._log_eval_step_metrics(loop.acc_name)
+            trainer_logging.log_eval_step_metrics(t, loop.acc_name)
     store.dl_idx = None

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-try:  # the package-wide hierarchy lives in gpulayer/errors.py when it exists
-    from gpulayer.errors import GpulayerError as _Base
-except ImportError:  # pragma: no cover - errors.py not written yet in this checkout
-    _Base = Exception
+from gpulayer.errors import GpulayerError
 
 
-class TrainerError(_Base):
+class TrainerError(GpulayerError):
     """The Trainer cannot do what it was asked; the message names the fix."""
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from gpulayer.trainer import data, dataloader_iter, metrics, profilers
+from gpulayer.trainer import data, dataloader_iter, metrics, profilers, trainer_logging
 from gpulayer.trainer.predict_state import PredictState
 from gpulayer.trainer.prefetch import device_batches
 from gpulayer.trainer.states import RunningStage
@@ -43,11 +43,11 @@ class EvalLoop:
                  return_predictions: bool = True, verbose: bool = False):
         self.trainer, self.module, self.stage, self.loaders = trainer, module, stage, loaders
         self.prefix, self.step_name, self.acc_name, limit_name = STAGES[stage]
-        self.limit = getattr(trainer._config, limit_name)
+        self.limit = getattr(trainer.config, limit_name)
         self.sanity, self.return_predictions, self.verbose = sanity, return_predictions, verbose
 
     def _num_batches(self, loader: Any) -> float:
-        cfg = self.trainer._config
+        cfg = self.trainer.config
         n = data.num_batches(loader, self.limit)
         if self.sanity:
             n = n if cfg.num_sanity_val_steps == -1 else min(n, cfg.num_sanity_val_steps)
@@ -55,11 +55,11 @@ class EvalLoop:
 
     def run(self) -> list:
         # the whole stage, its start and end hooks too, runs without gradients (Lightning's loops do)
-        with torch.inference_mode() if self.trainer._config.inference_mode else torch.no_grad():
+        with torch.inference_mode() if self.trainer.config.inference_mode else torch.no_grad():
             return self._run()
 
     def _run(self) -> list:
-        t, module, hooks, store, p = self.trainer, self.module, self.trainer._hooks, self.trainer._store, self.prefix
+        t, module, hooks, store, p = self.trainer, self.module, self.trainer.hooks, self.trainer.metric_store, self.prefix
         modes = {name: m.training for name, m in module.named_modules()}  # restored at the end, submodule by submodule
         saved_context = store.context
         store.context = store.context_for(self.acc_name)
@@ -103,7 +103,7 @@ class EvalLoop:
             it = profilers.timed(it, profiler, fetch)
             if n != math.inf:  # no batch past the limit is fetched (nor timed)
                 it = itertools.islice(it, int(n))
-            batches = it if hooks.transfer else device_batches(it, device, t._config.prefetch)
+            batches = it if hooks.transfer else device_batches(it, device, t.config.prefetch)
             for i, batch in enumerate(batches):
                 if i >= n:
                     break
@@ -113,13 +113,13 @@ class EvalLoop:
                 if predicting:
                     t.predict_loop.batch_done(dl_idx, i)
                 hooks.call(f"on_{p}_batch_start", batch, i, *extra)
-                with t._precision.forward_context():
+                with t.precision_plugin.forward_context():
                     out = step(batch, i, *extra) if with_idx else step(batch, *extra)
                 hooks.call(f"on_{p}_batch_end", out, batch, i, *extra)
                 if predicting:
                     t.predict_loop.keep_output(dl_idx, out)
                 if not self.sanity and self.acc_name is not None:
-                    t._log_eval_step_metrics(self.acc_name)
+                    trainer_logging.log_eval_step_metrics(t, self.acc_name)
             store.dl_idx = None
         if self.stage == "predict":
             hooks.call("on_predict_epoch_end")
@@ -136,7 +136,7 @@ class EvalLoop:
                 merged = {k: v for out in outputs for k, v in out.items()}
                 floats = dict(zip(merged, metrics.to_floats(list(merged.values()))))
                 results = [{k: floats[k] for k in out} for out in outputs]
-                t._log_epoch_metrics(floats)
+                trainer_logging.log_epoch_metrics(t, floats)
             hooks.call(f"on_{p}_end")
         self._restore_mode(modes)
         if self.sanity:

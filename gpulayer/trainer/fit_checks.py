@@ -38,7 +38,7 @@ def warn_resume_mid_epoch(trainer: Any, loader: Any, num_batches: float, replaye
     gives the same batches only if it yields the same sequence every time."""
     if num_batches == math.inf or num_batches == 0:
         return
-    steps_per_epoch = math.ceil(num_batches / trainer._config.accumulate_grad_batches)
+    steps_per_epoch = math.ceil(num_batches / trainer.config.accumulate_grad_batches)
     if trainer.global_step % steps_per_epoch != 0 and not resumable(loader, replayed_exactly):
         rank_zero_warn("You're resuming from a checkpoint that ended before the epoch ended and your dataloader is not "
                        "resumable. This can cause unreliable results if further training is done. Consider using an "

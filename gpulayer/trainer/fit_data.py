@@ -11,6 +11,7 @@ batch count here (``val_check_batch``), refused when it cannot be met.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Callable
 
@@ -22,6 +23,17 @@ from gpulayer.trainer.utilities.rank_zero import rank_zero_warn
 from gpulayer.trainer.utilities.warnings import PossibleUserWarning
 
 Source = Callable[[], Any]
+
+
+@dataclasses.dataclass
+class Loaders:
+    """The loaders a Trainer's runs used (``trainer.loaders``), behind Lightning's ``train_dataloader``,
+    ``val_dataloaders``, ``num_sanity_val_batches``... properties."""
+
+    train: Any = None  # the fit's train loader as the loop iterates it (a CombinedLoader for several)
+    train_source: Source | None = None  # a zero-argument function that requests it again
+    fit_val_batches: list = dataclasses.field(default_factory=list)  # num_val_batches of the fit's val loaders
+    stages: dict = dataclasses.field(default_factory=dict)  # "validate" / "test" / "predict" -> the loaders used
 
 
 def _hook_source(owner: Any, name: str) -> Source | None:
@@ -50,7 +62,7 @@ class FitData:
     """The loaders of one fit: requested in Lightning's order, reloaded every n epochs when asked."""
 
     def __init__(self, trainer: Any, module: Any, train: Any, val: Any, datamodule: Any) -> None:
-        self.trainer, self.module, self.cfg = trainer, module, trainer._config
+        self.trainer, self.module, self.cfg = trainer, module, trainer.config
         self.train_source, self.val_source = sources(module, train, val, datamodule)
         # Trainer(profiler=...): the loader hooks are recorded too
         wrap = profilers.wrapper(getattr(trainer, "profiler", None))
@@ -59,7 +71,7 @@ class FitData:
             self.train_source = wrap(self.train_source, hook_action(owner, "train_dataloader"))
         if self.val_source is not None and (datamodule is not None or val is None):
             self.val_source = wrap(self.val_source, hook_action(owner, "val_dataloader"))
-        trainer._train_source = self.train_source
+        trainer.loaders.train_source = self.train_source
         self.train_loaded_epoch: float = 0
         self.val_loaded_epoch: float = -math.inf  # never: the first validating epoch requests them
         self.val_loaded = False
@@ -109,20 +121,20 @@ class FitData:
         t = self.trainer
         self.val_loaded = True
         if not self.validation_possible():
-            t.has_val_loader, t.num_val_batches, t._fit_val_batches = False, [], []
+            t.has_val_loader, t.num_val_batches, t.loaders.fit_val_batches = False, [], []
             return []
         given = self.val_source()
         loaders = data.as_list(given)
         if self.cfg.overfit_batches > 0:
             loaders = [data.without_shuffle(dl, "val") for dl in loaders]
-        loaders = [t._prepare_loader(dl, "eval") for dl in loaders]
+        loaders = [data.distribute(t, dl, "eval") for dl in loaders]
         for dl in loaders:
             data.seed_workers(dl)
         t.has_val_loader = bool(loaders)
-        t._stage_loaders["validate"] = data.as_given(given, loaders) if loaders else None
+        t.loaders.stages["validate"] = data.as_given(given, loaders) if loaders else None
         for dl in loaders:
             data.check_lengths(dl, t)
-        t.num_val_batches = t._fit_val_batches = data.stage_counts(loaders, self.cfg.limit_val_batches, "val")
+        t.num_val_batches = t.loaders.fit_val_batches = data.stage_counts(loaders, self.cfg.limit_val_batches, "val")
         if record:
             self.val_loaded_epoch = t.current_epoch
         return loaders
@@ -149,12 +161,12 @@ class FitData:
             if cfg.overfit_batches > 0:
                 loader = data.without_shuffle(loader, "train")
             if isinstance(loader, data.CombinedLoader):
-                loader.flattened = [t._prepare_loader(dl, "train") for dl in loader.flattened]
+                loader.flattened = [data.distribute(t, dl, "train") for dl in loader.flattened]
             else:
-                loader = t._prepare_loader(loader, "train")
+                loader = data.distribute(t, loader, "train")
             data.seed_workers(loader)
             data.check_lengths(loader, t)
-        t._train_loader = loader
+        t.loaders.train = loader
         t.num_training_batches = data.num_batches(loader, cfg.limit_train_batches, "train")
         if t.loggers and 0 < t.num_training_batches < cfg.log_every_n_steps and not cfg.fast_dev_run:
             rank_zero_warn(

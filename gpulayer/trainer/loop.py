@@ -22,7 +22,8 @@ from typing import Any, Mapping
 
 import torch
 
-from gpulayer.trainer import data, dataloader_iter, fit_checks, loader_state, profilers
+from gpulayer.trainer import data, dataloader_iter, fit_checks, loader_state, profilers, trainer_logging
+from gpulayer.trainer.optimizers import step_scheduler
 from gpulayer.trainer.errors import MisconfigurationException
 from gpulayer.trainer.evaluate import EvalLoop
 from gpulayer.trainer.loops.closure import NONE_RETURNED, Closure
@@ -64,15 +65,22 @@ def _needs_closure(optimizer: Any) -> bool:
 
 
 class FitLoop:
-    def __init__(self, trainer, module, step_fn, resume: dict | None, sanity_check: bool = False):
-        cfg = trainer._config
+    """One fit's loop; it owns the fit's position (``epoch``, ``batch_idx``, ``batches_done``, ``epoch_done``),
+    its loaders (``train_loader``, ``val_loaders``, requested through ``fit_data``) and its schedule of validation
+    (``val_epoch``, ``validates_at_epoch_end``). ``trainer.loop`` is the running (or last) fit's."""
+
+    def __init__(self, trainer, module, step_fn, resume: dict | None, sanity_check: bool = False,
+                 fit_data: Any = None):
+        cfg = trainer.config
         self.trainer, self.module, self.cfg = trainer, module, cfg
         # how training_step is called (with batch_idx, without, or with `dataloader_iter`), decided once per fit
         flavour = dataloader_iter.training_flavour(module)
         self.dl_iter = flavour == "iterator"
         self.step_fn = dataloader_iter.training_step_fn(step_fn, flavour)
-        self.strategy, self.precision, self.hooks, self.store = trainer.strategy, trainer._precision, trainer._hooks, trainer._store
-        # the loaders come from trainer._fit_data in run(), requested in Lightning's order (around the sanity check)
+        self.strategy, self.precision, self.hooks, self.store = trainer.strategy, trainer.precision_plugin, trainer.hooks, trainer.metric_store
+        # the loaders come from fit_data (fit_data.FitData) in run(), requested in Lightning's order (around the
+        # sanity check); None: the loaders are given (val_loaders) and never reloaded
+        self.fit_data = fit_data
         self.train_loader: Any = None
         self.val_loaders: list = []
         self.resume = resume
@@ -111,7 +119,7 @@ class FitLoop:
     # -- fit --------------------------------------------------------------------------------
     def run(self) -> None:
         t = self.trainer
-        fit_data = t._fit_data  # the fit's first loaders, in Lightning's order: sanity check (val), train, val
+        fit_data = self.fit_data  # the fit's first loaders, in Lightning's order: sanity check (val), train, val
         if self.sanity_check and fit_data.validation_possible():
             self.run_validation(sanity=True, loaders=fit_data.load_sanity_val)
         self.train_loader = fit_data.load_train()
@@ -173,11 +181,11 @@ class FitLoop:
         """
         t = self.trainer
         self._batches_before += self.batches_done  # the previous epoch's, for check_val_every_n_epoch=None
-        fit_data = t._fit_data
+        fit_data = self.fit_data
         if fit_data is not None and fit_data.train_reload_due():
             self.train_loader = fit_data.load_train()
             self.num_train_batches = t.num_training_batches
-        if fit_data is not None and self._val_epoch() and (not fit_data.val_loaded or fit_data.val_reload_due()):
+        if fit_data is not None and self.val_epoch() and (not fit_data.val_loaded or fit_data.val_reload_due()):
             self.val_loaders = fit_data.reload_val()
         if self.resume is None or not self.resume["batches_done"]:  # resumed mid-epoch: it had started (Lightning)
             self.hooks.call("on_train_epoch_start")
@@ -219,7 +227,7 @@ class FitLoop:
         self.epoch, self.validated_at = t.current_epoch, -1
         if skip and val_every and (val_offset + skip) % val_every == 0:
             # resumed right after a batch that validated in the fit that saved: not run again, but counted (Lightning)
-            t._val_has_run, self.validated_at = True, skip
+            t.val_has_run, self.validated_at = True, skip
         store.context = store.TRAIN_STEP
         stopped_early = False
         batch_idx = self.batch_idx = skip - 1
@@ -267,11 +275,11 @@ class FitLoop:
                     opt.zero_grad(set_to_none=True)
                 if not manual:
                     t.global_step += 1  # manual optimization: each optimizer.step() counts (LightningOptimizer)
-                t._batches_stepped += 1
+                t.batches_stepped += 1
             if stepping and step_scheds or epoch_scheds and batch_idx + 1 == total:
                 self._step_schedulers(batch_idx, last=batch_idx + 1 == total, stepped=stepping)
-            if stepping and self.log_needed and t._batches_stepped % log_every == 0:
-                t._log_step_metrics()
+            if stepping and self.log_needed and t.batches_stepped % log_every == 0:
+                trainer_logging.log_step_metrics(t)
             self.batches_done = batch_idx + 1
             if hooks.on_train_batch_end:
                 if hooks.train_batch_end_outputs and (manual or not general):
@@ -301,7 +309,7 @@ class FitLoop:
                           UserWarning, stacklevel=3)
         last = batch_idx + 1 == total
         if (batch_idx + 1) % self.cfg.accumulate_grad_batches == 0 or last:
-            t._batches_stepped += 1
+            t.batches_stepped += 1
         if last:
             self._step_schedulers(batch_idx, last=True)
         self.batches_done = batch_idx + 1
@@ -321,14 +329,14 @@ class FitLoop:
         if stepped:
             for s in self.step_plateaus if plateau else self.step_schedulers:
                 if (batch_idx + 1) % s.frequency == 0:
-                    t._step_scheduler(s)
+                    step_scheduler(t, s)
         if plateau:
             return
         if last and not self.epoch_scheds_stepped:
             self.epoch_scheds_stepped = True
             for s in self.epoch_schedulers:
                 if not s.reduce_on_plateau and (t.current_epoch + 1) % s.frequency == 0:
-                    t._step_scheduler(s)
+                    step_scheduler(t, s)
 
     def _forward_backward(self, step_fn, batch: Any, batch_idx: int, accum: int) -> Any:
         with self.precision.forward_context():
@@ -358,7 +366,7 @@ class FitLoop:
         batches validates after batches 3, 6 and 9, and not again at the epoch's end.
         """
         vcb = self.trainer.val_check_batch
-        if not self._val_epoch() or vcb == math.inf:
+        if not self.val_epoch() or vcb == math.inf:
             return 0
         return int(vcb)
 
@@ -366,11 +374,11 @@ class FitLoop:
         """Batches of earlier epochs that count towards the interval (all of them when check_val_every_n_epoch=None)."""
         return self._batches_before if self.cfg.check_val_every_n_epoch is None else 0
 
-    def _val_epoch(self) -> bool:
+    def val_epoch(self) -> bool:
         """Validation can run in this epoch: loaders, validation_step, check_val_every_n_epoch."""
         n = self.cfg.check_val_every_n_epoch
         due = n is None or (self.trainer.current_epoch + 1) % n == 0
-        fit_data = self.trainer._fit_data
+        fit_data = self.fit_data
         if fit_data is None:
             return due and bool(self.val_loaders)
         # not requested yet (no sanity check, no validation in the first epochs): requested when first due
@@ -379,7 +387,7 @@ class FitLoop:
     def _val_due(self) -> bool:
         """Validation runs after the epoch's last batch: the interval falls on it, or the epoch is unsized
         (or its steps took their batches themselves through ``dataloader_iter``)."""
-        if not self._val_epoch():
+        if not self.val_epoch():
             return False
         vcb = self.trainer.val_check_batch
         if vcb == math.inf or self.dl_iter:
@@ -390,7 +398,7 @@ class FitLoop:
         """``should_stop`` (also set by ``max_time``'s Timer) ended training: Lightning validates once more after that batch."""
         t = self.trainer
         stopping = t.should_stop and self._can_stop_early(t.current_epoch)  # a Timer's max_time sets should_stop
-        return stopping and self.validated_at != self.batches_done and self._val_epoch()
+        return stopping and self.validated_at != self.batches_done and self.val_epoch()
 
     def _end_epoch(self) -> None:
         t, store = self.trainer, self.store
@@ -405,12 +413,12 @@ class FitLoop:
         metrics = store.reduce_epoch("train")  # callbacks read epoch means in on_train_epoch_end, as in Lightning
         self.hooks.call("on_train_epoch_end")
         metrics.update(store.reduce_epoch("train"))  # what the hooks themselves logged
-        t._log_epoch_metrics(metrics)
+        trainer_logging.log_epoch_metrics(t, metrics)
         self.hooks.call("on_train_epoch_end_monitors")
         if self.epoch_done:
             for s in self.epoch_schedulers:
                 if s.reduce_on_plateau and (t.current_epoch + 1) % s.frequency == 0:
-                    t._step_scheduler(s)
+                    step_scheduler(t, s)
         t.should_stop = self.strategy.any(t.should_stop) if t.world_size > 1 else t.should_stop
         if t.logger is not None and t.is_global_zero:
             t.logger.save()
@@ -420,10 +428,14 @@ class FitLoop:
     def is_last_batch(self, batch_idx: int) -> bool:
         return batch_idx + 1 >= self.num_train_batches
 
+    def validates_at_epoch_end(self) -> bool:
+        """Validation will run after this epoch's last batch (and has batches to run)."""
+        return self._val_due() and sum(self.trainer.num_val_batches) > 0
+
     def run_validation(self, sanity: bool = False, loaders: Any = None) -> None:
         """``loaders``: for the sanity check, the function that requests the val loaders inside it."""
         if not sanity:
-            self.trainer._val_has_run = True
+            self.trainer.val_has_run = True
             self.validated_at = self.batches_done
             if self.batches_done % self.cfg.accumulate_grad_batches == 0 or self.batches_done >= self.num_train_batches:
                 self.module.on_validation_model_zero_grad()  # no gradients held through validation (Lightning's)

@@ -102,7 +102,7 @@ class Module(HyperparametersMixin, ModuleLogging, nn.Module):
                 child.trainer = trainer
         self._trainer = trainer
         # self.log reaches the Trainer's metrics from here on, also outside its loops (Lightning's)
-        store = getattr(trainer, "__dict__", {}).get("_store")
+        store = getattr(trainer, "__dict__", {}).get("metric_store")
         self._metric_store = store if isinstance(store, metrics.MetricStore) else None
 
     @property
@@ -221,7 +221,7 @@ class Module(HyperparametersMixin, ModuleLogging, nn.Module):
             return opts[0] if len(opts) == 1 else opts
         if self._trainer is None:
             return []
-        opts = self._trainer._lightning_optimizers if use_pl_optimizer else self._trainer.optimizers
+        opts = self._trainer.lightning_optimizers if use_pl_optimizer else self._trainer.optimizers
         return opts[0] if len(opts) == 1 else opts
 
     def lr_schedulers(self) -> Any:
@@ -236,7 +236,7 @@ class Module(HyperparametersMixin, ModuleLogging, nn.Module):
             raise MisconfigurationException(
                 "to use manual_backward, please disable automatic optimization: set model property "
                 "`automatic_optimization` as False")
-        self._trainer._backward(loss, *args, **kwargs)
+        self._trainer.strategy.backward(loss, kwargs.pop("optimizer", None), *args, **kwargs)
 
     def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         """Compute gradients of ``loss`` (already scaled by the precision's loss scaler, if any)."""
@@ -287,7 +287,7 @@ class Module(HyperparametersMixin, ModuleLogging, nn.Module):
             self._fabric.clip_gradients(self, optimizer, clip_val=gradient_clip_val if by_value else None,
                                         max_norm=None if by_value else gradient_clip_val)
             return
-        cfg = self.trainer._config
+        cfg = self.trainer.config
         trainer_val, trainer_algo = cfg.gradient_clip_val, cfg.gradient_clip_algorithm
         if gradient_clip_val is None:
             gradient_clip_val = trainer_val or 0.0
@@ -310,7 +310,7 @@ class Module(HyperparametersMixin, ModuleLogging, nn.Module):
             raise MisconfigurationException(
                 f"`gradient_clip_algorithm` {gradient_clip_algorithm} is invalid. Allowed algorithms: ['value', 'norm'].")
         opt = getattr(optimizer, "_optimizer", optimizer)
-        self._trainer._precision.clip_gradients(opt, float(gradient_clip_val), gradient_clip_algorithm)
+        self._trainer.precision_plugin.clip_gradients(opt, float(gradient_clip_val), gradient_clip_algorithm)
 
     def configure_gradient_clipping(self, optimizer: Any, gradient_clip_val: float | None = None,
                                     gradient_clip_algorithm: str | None = None) -> None:

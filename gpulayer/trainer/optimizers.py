@@ -207,3 +207,23 @@ class _MockOptimizer(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         return "No Optimizer"
+
+
+def step_scheduler(trainer: Any, cfg: SchedulerConfig) -> None:
+    """Step one scheduler through the module's ``lr_scheduler_step``; a ReduceLROnPlateau gets its monitored
+    value from ``trainer.callback_metrics`` (missing: an error, or a warning and no step with ``strict=False``)."""
+    metric = None
+    if cfg.reduce_on_plateau:
+        metrics = trainer.callback_metrics
+        if cfg.monitor not in metrics:
+            if not cfg.strict:
+                warnings.warn(f"ReduceLROnPlateau conditioned on metric {cfg.monitor} which is not available but "
+                              "strict is set to `False`. Skipping learning rate update.", RuntimeWarning, stacklevel=3)
+                return
+            raise TrainerConfigError(
+                f"ReduceLROnPlateau conditioned on metric {cfg.monitor} which is not available. Available metrics "
+                f"are: {list(metrics)}. Condition can be set using `monitor` key in lr scheduler dict "
+                f"(log it with self.log({cfg.monitor!r}, value))"
+            )
+        metric = float(metrics[cfg.monitor])
+    trainer.lightning_module.lr_scheduler_step(cfg.scheduler, metric)

@@ -4,7 +4,8 @@ On a terminal it redraws in place at most a few times a second. When the stream 
 not a terminal (CI logs, files) it writes nothing while running and one finished
 line when the bar closes or ends its line, so logs get one line per epoch instead
 of thousands of carriage returns. ``TQDMProgressBar`` (callbacks/progress.py)
-decides what it shows; this file only draws.
+decides what it shows; this file only draws. ``position`` (tqdm's) draws a bar that many
+lines below the cursor on a terminal, so bars of parallel processes do not overwrite each other.
 """
 
 from __future__ import annotations
@@ -30,13 +31,18 @@ def _fmt(value: Any) -> str:
 
 
 class LineBar:
-    """``total`` (None: unknown), ``n`` (done), ``desc``, ``postfix``; ``disable=True`` draws nothing."""
+    """``total`` (None: unknown), ``n`` (done), ``desc``, ``postfix``; ``disable=True`` draws nothing.
+
+    ``position``: on a terminal, the bar is drawn that many lines below the cursor (tqdm's ``position``), and
+    a finished line stays there in place (the cursor never moves down past it); in a log it changes nothing.
+    """
 
     REFRESH_S = 0.25
 
     def __init__(self, desc: str = "", total: int | None = None, leave: bool = True, disable: bool = False,
-                 stream: Any = None) -> None:
+                 stream: Any = None, position: int = 0) -> None:
         self.desc, self.total, self.leave, self.disable = desc, total, leave, disable
+        self.position = position
         self.n = 0
         self.initial = 0
         self.postfix: dict[str, Any] = {}
@@ -70,9 +76,14 @@ class LineBar:
         if not force and now - self._last < self.REFRESH_S and self.n != self.total:
             return
         self._last = now
-        self.stream.write("\r" + self.line() + "\033[K")
+        self._draw_at_row("\r" + self.line() + "\033[K")
         self.stream.flush()
         self._shown = True
+
+    def _draw_at_row(self, text: str) -> None:
+        """``text`` on the bar's row (``position`` lines down), the cursor back where it was."""
+        p = self.position
+        self.stream.write("\n" * p + text + f"\033[{p}A" if p else text)
 
     def due(self) -> bool:
         """A redraw would show now (a terminal, and the last draw is old enough): worth computing what it shows."""
@@ -82,7 +93,10 @@ class LineBar:
         """Finish this line (an epoch's): the final numbers stay, the next draw starts below."""
         if self.disable:
             return
-        self.stream.write(("\r" if self.terminal else "") + self.line() + ("\033[K\n" if self.terminal else "\n"))
+        if self.terminal and self.position:  # an offset row: the final numbers stay on it, in place
+            self._draw_at_row("\r" + self.line() + "\033[K")
+        else:
+            self.stream.write(("\r" if self.terminal else "") + self.line() + ("\033[K\n" if self.terminal else "\n"))
         self.stream.flush()
         self._shown = False
 
@@ -93,14 +107,14 @@ class LineBar:
         if self.leave:
             self.end_line()
         else:
-            self.stream.write("\r\033[K")
+            self._draw_at_row("\r\033[K")
             self.stream.flush()
         self._shown = False
 
     def write(self, text: str) -> None:
         """Print a line without breaking the bar (it is drawn again below on the next refresh)."""
         if self.terminal and self._shown:
-            self.stream.write("\r\033[K")
+            self._draw_at_row("\r\033[K")
             self._shown = False
         self.stream.write(text + "\n")
         self.stream.flush()

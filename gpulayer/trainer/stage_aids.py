@@ -18,7 +18,7 @@ from gpulayer.trainer import profilers
 
 @contextlib.contextmanager
 def around_stage(trainer: Any, stage: str) -> Iterator[None]:
-    cfg = trainer._config
+    cfg = trainer.config
     profiler = cfg.profiler
     profiling = profilers.active(profiler)
     if profiling:

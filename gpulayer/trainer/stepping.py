@@ -47,16 +47,16 @@ def optimizer_step(trainer: Any, optimizer: Any, closure: Any, **kwargs: Any) ->
     automatic optimization, ``configure_gradient_clipping`` with the Trainer's settings. Under manual
     optimization each step counts as one ``global_step``.
     """
-    module, cfg = trainer.lightning_module, trainer._config
+    module, cfg = trainer.lightning_module, trainer.config
 
     def after_closure() -> None:
-        for f in trainer._hooks.on_before_optimizer_step:
+        for f in trainer.hooks.on_before_optimizer_step:
             f(optimizer)
         if module.automatic_optimization:
             module.configure_gradient_clipping(optimizer, gradient_clip_val=cfg.gradient_clip_val,
                                                gradient_clip_algorithm=cfg.gradient_clip_algorithm)
 
-    out = trainer._precision.optimizer_step(optimizer, closure, after_closure, **kwargs)
+    out = trainer.precision_plugin.optimizer_step(optimizer, closure, after_closure, **kwargs)
     if not module.automatic_optimization:
         trainer.global_step += 1
     return out
@@ -64,8 +64,8 @@ def optimizer_step(trainer: Any, optimizer: Any, closure: Any, **kwargs: Any) ->
 
 def backward(trainer: Any, loss: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
     """``on_before_backward`` -> ``module.backward`` on the loss the precision scaled -> ``on_after_backward``."""
-    hooks = trainer._hooks
-    loss = trainer._precision.scale_loss(loss)
+    hooks = trainer.hooks
+    loss = trainer.precision_plugin.scale_loss(loss)
     for f in hooks.on_before_backward:
         f(loss)
     trainer.lightning_module.backward(loss, *args, **kwargs)
@@ -93,7 +93,7 @@ class _Closure(Closure):
         return ClosureResult.from_training_step_output(out, loop.cfg.accumulate_grad_batches)
 
     def _backward(self, loss: torch.Tensor) -> None:
-        self.loop.trainer._backward(loss, optimizer=self.loop.optimizer)
+        self.loop.trainer.strategy.backward(loss, self.loop.optimizer)
 
     def _zero_grad(self) -> None:
         loop, opt = self.loop, self.loop.optimizer
@@ -116,7 +116,7 @@ class GeneralStep:
             with sync:
                 closure()
         else:
-            lopt = t._lightning_optimizers[0] if t._lightning_optimizers else loop.optimizer
+            lopt = t.lightning_optimizers[0] if t.lightning_optimizers else loop.optimizer
             loop.module.optimizer_step(t.current_epoch, batch_idx, lopt, closure)
         result = closure.consume_result()  # raises when optimizer_step never called the closure
         return {} if result.loss is None else result.asdict()

@@ -18,14 +18,15 @@ from typing import Any
 
 import torch
 
-from gpulayer.trainer import checkpoint, data, evaluate, gcfreeze, optimizers, stage_aids, stepping, strategies, summary
+from gpulayer.trainer import checkpoint, data, evaluate, gcfreeze, optimizers, stage_aids, strategies, summary
+from gpulayer.trainer import trainer_logging
 from gpulayer.trainer import loggers as loggers_mod
 from gpulayer.trainer.callbacks import Callback
 from gpulayer.trainer.config import TrainerConfig, build_config
 from gpulayer.trainer.datamodule import LightningDataModule
 from gpulayer.trainer.core.optimizer import LightningOptimizer
 from gpulayer.trainer.errors import TrainerConfigError, TrainerError, TrainerTypeError
-from gpulayer.trainer.fit_data import FitData
+from gpulayer.trainer.fit_data import FitData, Loaders
 from gpulayer.trainer.hooks import Hooks
 from gpulayer.trainer.loop import FitLoop
 from gpulayer.trainer import metrics as metrics_mod
@@ -70,17 +71,25 @@ class Trainer(TrainerProperties):
     process is connected to (``gpulayer.init``): each rank builds its data from
     ``model.train_dataloader()``, a loader factory (``fit(model, make_loader)``)
     or a datamodule, so datasets never travel; ``fit_info`` says how it ran.
+
+    Besides Lightning's attributes, a Trainer shows the state its loop, evaluation, checkpoints and callbacks
+    share (read them; the Trainer and its loop set them): ``config`` (the validated arguments, ``config.py``),
+    ``precision_plugin`` (Lightning's name; ``precision.py``), ``hooks`` (the running stage's hook lists,
+    ``hooks.py``), ``metric_store`` (what ``self.log`` recorded, ``metrics.py``), ``loop`` (the running or last
+    fit's ``loop.FitLoop``: its position and validation schedule), ``loaders`` (``fit_data.Loaders``: the loaders
+    the runs used), ``batches_stepped`` (the logger's step), ``val_has_run``, ``lightning_optimizers`` and
+    ``fit_id`` (a cluster fit's id).
     """
 
     def __init__(self, **kwargs: Any) -> None:
-        self._config = build_config(**kwargs)
+        self.config = build_config(**kwargs)
         self._init_state()
 
     @classmethod
     def from_config(cls, config: TrainerConfig) -> "Trainer":
         """A Trainer for an already-validated config (what ``fit_rank`` uses inside each rank)."""
         trainer = cls.__new__(cls)
-        trainer._config = config
+        trainer.config = config
         trainer._init_state()
         return trainer
 
@@ -90,34 +99,31 @@ class Trainer(TrainerProperties):
         self.should_stop = False
         self.state = TrainerState()
         self.optimizers: list[torch.optim.Optimizer] = []
-        self._lightning_optimizers: list[LightningOptimizer] = []
         self.datamodule: Any = None
-        self._batches_stepped = 0  # Lightning's _batches_that_stepped: the logger's step
-        self._val_has_run = False  # a (non-sanity) validation ran in this fit
+        self.lightning_optimizers: list[LightningOptimizer] = []  # what ``module.optimizers()`` returns
+        self.batches_stepped = 0  # Lightning's _batches_that_stepped: the logger's step
+        self.val_has_run = False  # a (non-sanity) validation ran in a fit (ModelCheckpoint's missing-monitor rule)
         self.num_val_batches: list[float] = []
-        self._fit_val_batches: list[float] = []  # num_val_batches of the fit's own val loaders
         self.num_test_batches: list[float] = []
         self.num_predict_batches: list[float] = []
-        self._train_loader: Any = None  # the fit's train loader (a CombinedLoader for several)
-        self._train_source: Any = None  # a zero-argument function that requests it again
-        self._stage_loaders: dict[str, Any] = {}  # "validate" / "test" / "predict" -> the loaders a run used
-        self._fit_data: FitData | None = None
+        self.loaders = Loaders()  # the loaders the runs used (fit_data.py)
         self.val_check_batch: float = math.inf  # validate every this many train batches (set when a fit loads data)
         self.ckpt_path: str | None = None
         self.lr_scheduler_configs: list[optimizers.SchedulerConfig] = []
         # Lightning's trainer holds its strategy from the start (``trainer.strategy.connect(model)``) and runs
         # every stage on it (a launched rank makes its own); the module of the run lives on it
-        self.strategy: SingleDeviceStrategy = strategy_for(self._config)
+        self.strategy: SingleDeviceStrategy = strategy_for(self.config)
         self.strategy._trainer = self
         self.has_val_loader = False
         self.num_training_batches: float = 0
-        self._precision: Precision | None = None
-        self._hooks: Hooks | None = None
-        self._loop: FitLoop | None = None
-        self._store = MetricStore()
+        # set up per run (_in_process, _setup_stage, _run): what the loops, checkpoints and callbacks read
+        self.precision_plugin: Precision | None = None
+        self.hooks: Hooks | None = None
+        self.loop: FitLoop | None = None  # the running (or last) fit's loop: position, loaders, validation schedule
+        self.metric_store = MetricStore()
         self.fit_info: dict[str, Any] = {}  # strategy, world, grad sync (and job, placement on the cluster)
         # A cluster fit: its id, written into its checkpoints; on a restarted attempt, resume from its newest one.
-        self._fit_id: str | None = None
+        self.fit_id: str | None = None
         self._resume_newest = False
         self._resumed_from: dict[str, Any] | None = None
 
@@ -146,7 +152,7 @@ class Trainer(TrainerProperties):
         if datamodule is not None and (train_dataloaders is not None or val_dataloaders is not None):
             raise TrainerConfigError(
                 "You cannot pass `train_dataloader` or `val_dataloaders` to `trainer.fit(datamodule=...)`")
-        cfg = self._config
+        cfg = self.config
         if cfg.multi_process and not _in_matching_job(cfg):
             from gpulayer.trainer import cluster, launcher
             if cfg.logger is not None:
@@ -208,7 +214,7 @@ class Trainer(TrainerProperties):
                 f"You cannot pass both `trainer.{stage}(dataloaders=..., datamodule=...)`, choose one to pass.")
         evaluate.check_step(stage, model)
         ckpt = self._eval_checkpoint(stage, ckpt_path, model_provided)
-        cfg = self._config
+        cfg = self.config
         if cfg.multi_process and not _in_matching_job(cfg):
             if cfg.num_nodes > 1:
                 raise TrainerError(
@@ -218,7 +224,7 @@ class Trainer(TrainerProperties):
             result = launcher.stage_in_processes(stage_rank, cfg, stage, model, dataloaders, datamodule, ckpt, kw)
             model.trainer = self
             self.lightning_module = model
-            self._store.load_result(result["callback_metrics"], result["logged_metrics"])
+            self.metric_store.load_result(result["callback_metrics"], result["logged_metrics"])
             for cb, state in zip(self.callbacks, result["callbacks"]):
                 cb.load_state_dict(state)
             return result["output"]
@@ -272,7 +278,7 @@ class Trainer(TrainerProperties):
         self.ckpt_path = ckpt_path
         module.zero_grad()
         method, loaders = f"{'val' if stage == 'validate' else stage}_dataloader", []
-        if stage == "predict" or getattr(self._config, limit_name) != 0:  # a limit of 0: no loader, no loop
+        if stage == "predict" or getattr(self.config, limit_name) != 0:  # a limit of 0: no loader, no loop
             if dataloaders is not None:
                 loaders = data.resolve(dataloaders)
             else:
@@ -284,13 +290,13 @@ class Trainer(TrainerProperties):
                     f"No `{method}()` method defined to run `Trainer.{stage}`; pass dataloaders=... or define "
                     f"{method}() on the module or the datamodule")
             mode = "predict" if stage == "predict" else "eval"
-            given, loaders = loaders, [self._prepare_loader(dl, mode) for dl in data.as_list(loaders)]
+            given, loaders = loaders, [data.distribute(self, dl, mode) for dl in data.as_list(loaders)]
             for dl in loaders:
                 data.check_lengths(dl, self)
-            self._stage_loaders[stage] = data.as_given(given, loaders)
+            self.loaders.stages[stage] = data.as_given(given, loaders)
         loggers_mod.log_hyperparams(self)
         setattr(self, f"num_{method[:-11]}_batches",
-                data.stage_counts(loaders, getattr(self._config, limit_name), method[:-11]))
+                data.stage_counts(loaders, getattr(self.config, limit_name), method[:-11]))
         try:
             out = evaluate.EvalLoop(self, module, stage, loaders, **kw).run() if loaders else []
         finally:
@@ -299,42 +305,24 @@ class Trainer(TrainerProperties):
         loggers_mod.finalize(self)  # after teardown, as Lightning: what the run's last hooks logged is flushed too
         return out
 
-    def _prepare_loader(self, loader: Any, mode: str) -> Any:
-        if self.strategy.world_size == 1 or not self._config.use_distributed_sampler:
-            return loader
-        if isinstance(loader, data.CombinedLoader):  # a combined one (not sequential): each of its loaders
-            loader.flattened = [self._prepare_loader(dl, mode) for dl in loader.flattened]
-            return loader
-        return self.strategy.prepare_loader(loader, mode)
-
-    def _optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Any, **kwargs: Any) -> Any:
-        """``LightningOptimizer.step`` ends here: ``stepping.optimizer_step``."""
-        return stepping.optimizer_step(self, optimizer, closure, **kwargs)
-
-    def _backward(self, loss: torch.Tensor, *args: Any, optimizer: Any = None, **kwargs: Any) -> None:
-        self.strategy.backward(loss, optimizer, *args, **kwargs)  # manual_backward and the closure
-
-    def _val_due_this_epoch(self) -> bool:
-        return self._loop is not None and self._loop._val_due() and sum(self.num_val_batches) > 0
-
     def _fit_here(self, module: Module, train_dataloaders: Any, val_dataloaders: Any, datamodule: Any,
                   ckpt_path: str | None) -> None:
         self._in_process(module, self._run, module, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
 
     def _in_process(self, module: Module, body: Any, *args: Any) -> Any:
         """Set up this process's strategy, precision and metric store around ``body(*args)`` (any stage)."""
-        cfg = self._config
+        cfg = self.config
         if cfg.multi_process:  # a launched rank: its own rank, world and device (the one built at init planned them)
             self.strategy = strategy_for(cfg)
         device = self.strategy.root_device
         self.strategy._trainer = self
         self.strategy.setup_environment()
         self._setup_backends()
-        self._store = MetricStore(self.strategy.reduce if self.strategy.world_size > 1 else None)
-        self._precision = make_precision(cfg.precision, device.type)
+        self.metric_store = MetricStore(self.strategy.reduce if self.strategy.world_size > 1 else None)
+        self.precision_plugin = make_precision(cfg.precision, device.type)
         self.lightning_module = module
         module.trainer = self
-        module._metric_store = self._store
+        module._metric_store = self.metric_store
         self.fit_info = self.strategy.describe()
         try:
             with stage_aids.around_stage(self, self.state.fn.value if self.state.fn is not None else "fit"):
@@ -346,11 +334,11 @@ class Trainer(TrainerProperties):
         finally:
             self.fit_info = self.strategy.describe()  # now with the comm hook DDP got
             module._metric_store = None
-            self._store.teardown()  # the metrics stay readable on the CPU, as Lightning leaves them
+            self.metric_store.teardown()  # the metrics stay readable on the CPU, as Lightning leaves them
             self.strategy.teardown()
 
     def _setup_backends(self) -> None:
-        cfg = self._config
+        cfg = self.config
         torch.backends.cudnn.benchmark = cfg.benchmark
         if cfg.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=cfg.deterministic == "warn")
@@ -359,13 +347,13 @@ class Trainer(TrainerProperties):
 
     def _setup_stage(self, stage: str, module: Module, datamodule: Any) -> Hooks:
         """Lightning's start of every stage: configure_callbacks, prepare_data, setup, configure_model."""
-        cfg = self._config
+        cfg = self.config
         extra = module.configure_callbacks() or []
         cfg.callbacks = cfg.callbacks + [c for c in (extra if isinstance(extra, (list, tuple)) else [extra])
                                          if isinstance(c, Callback) and c not in cfg.callbacks]
-        self._hooks = hooks = Hooks(self, module, cfg.callbacks, datamodule)
+        self.hooks = hooks = Hooks(self, module, cfg.callbacks, datamodule)
         # picklable (torch.save(trainer) must work): nothing a trainer holds may be a local function
-        self._precision._automatic = functools.partial(getattr, module, "automatic_optimization")
+        self.precision_plugin._automatic = functools.partial(getattr, module, "automatic_optimization")
         metrics_mod.attach_callback_logging(cfg.callbacks, module)
         self.datamodule = datamodule
         if datamodule is not None:
@@ -389,11 +377,11 @@ class Trainer(TrainerProperties):
         if self.datamodule is not None and hasattr(self.datamodule, "teardown"):
             with stage_aids.profile_hook(self, self.datamodule, "teardown"):
                 self.datamodule.teardown(stage=stage)
-        self._hooks.call("teardown", stage=stage)
+        self.hooks.call("teardown", stage=stage)
 
     def _run(self, module: Module, train: Any, val: Any, datamodule: Any, ckpt_path: str | None) -> None:
         """Lightning's fit order: setup and configure_model, the optimizers, on_fit_start, then the data and the loop."""
-        cfg = self._config
+        cfg = self.config
         self.state_stage = "fit"
         if not module.automatic_optimization and cfg.gradient_clip_val:
             raise TrainerConfigError(
@@ -415,18 +403,18 @@ class Trainer(TrainerProperties):
             checkpoint.restore_modules_and_callbacks(self, ckpt)
         step_fn = self.strategy.setup_module(module)
         self.optimizers, self.lr_scheduler_configs = optimizers.parse(module.configure_optimizers(), module)
-        self._lightning_optimizers = [LightningOptimizer._to_lightning_optimizer(o, self) for o in self.optimizers]
+        self.lightning_optimizers = [LightningOptimizer._to_lightning_optimizer(o, self) for o in self.optimizers]
         if cfg.enable_model_summary and self.is_global_zero:
             summary.print_summary(module)
         hooks.call("on_fit_start")
         loggers_mod.log_hyperparams(self)  # also creates version_N now, as Lightning does
         resume = checkpoint.restore_training_state(self, ckpt) if ckpt is not None else None
         module.zero_grad()
-        self._fit_data = FitData(self, module, train, val, datamodule)
+        fit_data = FitData(self, module, train, val, datamodule)
         sanity = cfg.num_sanity_val_steps != 0 and ckpt_path is None and not self._resume_newest
-        self._loop = FitLoop(self, module, step_fn, resume, sanity)  # its run() requests the loaders
+        self.loop = FitLoop(self, module, step_fn, resume, sanity, fit_data)  # its run() requests the loaders
         with gcfreeze.frozen():  # a failure: the entry point's _call_and_handle_interrupt runs on_exception
-            self._loop.run()
+            self.loop.run()
         hooks.call("on_fit_end")
         self._teardown_stage("fit")
         loggers_mod.finalize(self)  # after teardown, as Lightning: what on_fit_end logged is flushed too
@@ -438,7 +426,7 @@ class Trainer(TrainerProperties):
         ``None`` when the fit had written none yet: it starts again from the beginning.
         """
         dirs = [c.dirpath for c in self.checkpoint_callbacks if c.dirpath]
-        found = checkpoint.newest_of_fit(dirs, self._fit_id)
+        found = checkpoint.newest_of_fit(dirs, self.fit_id)
         if found is None:
             return None
         path, ckpt = found
@@ -465,59 +453,16 @@ class Trainer(TrainerProperties):
         self.global_step, self.current_epoch = result["global_step"], result["current_epoch"]
         self.should_stop = result.get("should_stop", False)
         self.fit_info = dict(result.get("fit_info", {}))
-        self._store.load_result(result["callback_metrics"], result["logged_metrics"])
+        self.metric_store.load_result(result["callback_metrics"], result["logged_metrics"])
         # by position: the ranks hold copies of these callbacks in the same order (class names of
         # by-value pickled classes may differ, so state_key is not reliable across processes)
         for cb, state in zip(self.callbacks, result["callbacks"]):
             if state:  # Lightning loads a callback's state only when it saved one
                 cb.load_state_dict(state)
 
-    # -- used by the loops at log intervals and epoch ends ----------------------------------------
-    def _log_step_metrics(self, to_logger: bool = True) -> None:
-        metrics = self._store.step_metrics("train")
-        if to_logger and metrics:
-            self._send_to_loggers({**metrics, "epoch": self.current_epoch}, self._batches_stepped - 1)
-
-    def _log_epoch_metrics(self, metrics: dict[str, float]) -> None:
-        if metrics:
-            # in a fit the counter already moved past the last step (Lightning logs at the step that ran);
-            # a validate/test on its own logs at the count the trainer holds
-            step = self._batches_stepped - 1 if self._loop is not None and self.state_stage == "fit" \
-                else self._batches_stepped
-            self._send_to_loggers({**metrics, "epoch": self.current_epoch}, max(step, 0))
-
-    def _log_eval_step_metrics(self, acc_name: str) -> None:
-        """An eval batch's ``on_step`` values, to the logger at that loader's batch count (Lightning's eval step)."""
-        metrics = self._store.step_metrics(acc_name)
-        step = self._store.next_eval_step(acc_name)
-        if metrics:
-            self._send_to_loggers(metrics, step)
-
     def log_to_logger(self, metrics: dict[str, float], step: int | None = None) -> None:
         """For callbacks: send numbers straight to the logger (rank 0), at the current step by default."""
-        self._send_to_loggers(metrics, max(self._batches_stepped - 1, 0) if step is None else step)
-
-    def _send_to_loggers(self, metrics: dict[str, float], step: int) -> None:
-        if self.is_global_zero:
-            for logger in self.loggers:
-                logger.log_metrics(metrics, step=step)
-
-    def _step_scheduler(self, cfg: optimizers.SchedulerConfig) -> None:
-        metric = None
-        if cfg.reduce_on_plateau:
-            metrics = self.callback_metrics
-            if cfg.monitor not in metrics:
-                if not cfg.strict:
-                    warnings.warn(f"ReduceLROnPlateau conditioned on metric {cfg.monitor} which is not available but "
-                                  "strict is set to `False`. Skipping learning rate update.", RuntimeWarning, stacklevel=2)
-                    return
-                raise TrainerConfigError(
-                    f"ReduceLROnPlateau conditioned on metric {cfg.monitor} which is not available. Available metrics "
-                    f"are: {list(metrics)}. Condition can be set using `monitor` key in lr scheduler dict "
-                    f"(log it with self.log({cfg.monitor!r}, value))"
-                )
-            metric = float(metrics[cfg.monitor])
-        self.lightning_module.lr_scheduler_step(cfg.scheduler, metric)
+        trainer_logging.send_to_loggers(self, metrics, max(self.batches_stepped - 1, 0) if step is None else step)
 
     # -- checkpoints --------------------------------------------------------------------------------
     def save_checkpoint(self, filepath: str | os.PathLike, weights_only: bool = False) -> None:
@@ -555,7 +500,7 @@ def fit_rank(config: TrainerConfig, module: Module, train_dataloaders: Any = Non
     attempt) continues from the newest of them instead of ``ckpt_path``.
     """
     trainer = Trainer.from_config(config)
-    trainer._fit_id, trainer._resume_newest = fit_id, resume and fit_id is not None
+    trainer.fit_id, trainer._resume_newest = fit_id, resume and fit_id is not None
     # a running fit, as Trainer.fit marks it: ModelCheckpoint saves only while the state says so
     trainer._begin(TrainerFn.FITTING, RunningStage.TRAINING)
     trainer._call_and_handle_interrupt(trainer._fit_here, module, train_dataloaders, val_dataloaders, datamodule,
@@ -569,8 +514,8 @@ def fit_rank(config: TrainerConfig, module: Module, train_dataloaders: Any = Non
         "global_step": trainer.global_step,
         "current_epoch": trainer.current_epoch,
         "should_stop": trainer.should_stop,
-        "callback_metrics": trainer._store.cpu_copy(trainer.callback_metrics),
-        "logged_metrics": trainer._store.cpu_copy(trainer.logged_metrics),
+        "callback_metrics": trainer.metric_store.cpu_copy(trainer.callback_metrics),
+        "logged_metrics": trainer.metric_store.cpu_copy(trainer.logged_metrics),
         "callbacks": [cb.state_dict() for cb in trainer.callbacks],
         "fit_info": trainer.fit_info,
     }
@@ -587,8 +532,8 @@ def stage_rank(config: TrainerConfig, stage: str, module: Module, loaders: Any, 
         return None
     return {
         "output": output,
-        "callback_metrics": trainer._store.cpu_copy(trainer.callback_metrics),
-        "logged_metrics": trainer._store.cpu_copy(trainer.logged_metrics),
+        "callback_metrics": trainer.metric_store.cpu_copy(trainer.callback_metrics),
+        "logged_metrics": trainer.metric_store.cpu_copy(trainer.logged_metrics),
         "callbacks": [cb.state_dict() for cb in trainer.callbacks],
     }
 

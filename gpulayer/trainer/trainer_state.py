@@ -38,61 +38,61 @@ def _stage_flag(stage: RunningStage) -> property:
 
 
 class TrainerProperties:
-    """Mixed into ``Trainer``; reads ``self._config`` and the run's attributes."""
+    """Mixed into ``Trainer``; reads ``self.config`` and the run's attributes."""
 
     state: TrainerState
     predict_loop: Any = None  # the last predict run's outputs and batch indices (predict_state.py)
     _fit_started = False  # a fit began on this Trainer (max_epochs is resolved from then on)
 
     # -- settings -------------------------------------------------------------------------------
-    callbacks = property(lambda self: self._config.callbacks)
+    callbacks = property(lambda self: self.config.callbacks)
 
     @property
     def default_root_dir(self) -> str:
         """Where logs and checkpoints go; ``~`` expanded for a local path, as Lightning shows it."""
-        path = self._config.default_root_dir
+        path = self.config.default_root_dir
         return path if "://" in path else os.path.normpath(os.path.expanduser(path))
 
     @property
     def max_epochs(self) -> int | None:
         # not given: None until a fit resolves it (1000, or -1 when max_steps bounds the run), as Lightning shows
-        cfg = self._config
+        cfg = self.config
         return cfg.max_epochs if cfg.max_epochs_given or self._fit_started else None
 
-    min_epochs = property(lambda self: self._config.min_epochs)
-    max_steps = property(lambda self: self._config.max_steps)
-    min_steps = property(lambda self: self._config.min_steps)
-    val_check_interval = property(lambda self: self._config.val_check_interval)
-    check_val_every_n_epoch = property(lambda self: self._config.check_val_every_n_epoch)
-    log_every_n_steps = property(lambda self: self._config.log_every_n_steps)
+    min_epochs = property(lambda self: self.config.min_epochs)
+    max_steps = property(lambda self: self.config.max_steps)
+    min_steps = property(lambda self: self.config.min_steps)
+    val_check_interval = property(lambda self: self.config.val_check_interval)
+    check_val_every_n_epoch = property(lambda self: self.config.check_val_every_n_epoch)
+    log_every_n_steps = property(lambda self: self.config.log_every_n_steps)
     @property
     def accumulate_grad_batches(self) -> int:
-        return self._config.accumulate_grad_batches
+        return self.config.accumulate_grad_batches
 
     @accumulate_grad_batches.setter
     def accumulate_grad_batches(self, value: int) -> None:
         # a callback may change it between epochs (GradientAccumulationScheduler); the fit loop reads it per epoch
-        self._config.accumulate_grad_batches = value
-    gradient_clip_val = property(lambda self: self._config.gradient_clip_val)
-    gradient_clip_algorithm = property(lambda self: self._config.gradient_clip_algorithm)
-    precision = property(lambda self: self._config.precision)
-    num_nodes = property(lambda self: self._config.num_nodes)
-    num_devices = property(lambda self: self._config.devices)
-    fast_dev_run = property(lambda self: True if self._config.fast_dev_run == 1 else self._config.fast_dev_run)
-    limit_train_batches = property(lambda self: self._config.limit_train_batches)
-    limit_val_batches = property(lambda self: self._config.limit_val_batches)
-    limit_test_batches = property(lambda self: self._config.limit_test_batches)
-    limit_predict_batches = property(lambda self: self._config.limit_predict_batches)
-    overfit_batches = property(lambda self: self._config.overfit_batches)
-    reload_dataloaders_every_n_epochs = property(lambda self: self._config.reload_dataloaders_every_n_epochs)
-    profiler = property(lambda self: self._config.profiler)
-    barebones = property(lambda self: self._config.barebones)
-    _detect_anomaly = property(lambda self: self._config.detect_anomaly)
+        self.config.accumulate_grad_batches = value
+    gradient_clip_val = property(lambda self: self.config.gradient_clip_val)
+    gradient_clip_algorithm = property(lambda self: self.config.gradient_clip_algorithm)
+    precision = property(lambda self: self.config.precision)
+    num_nodes = property(lambda self: self.config.num_nodes)
+    num_devices = property(lambda self: self.config.devices)
+    fast_dev_run = property(lambda self: True if self.config.fast_dev_run == 1 else self.config.fast_dev_run)
+    limit_train_batches = property(lambda self: self.config.limit_train_batches)
+    limit_val_batches = property(lambda self: self.config.limit_val_batches)
+    limit_test_batches = property(lambda self: self.config.limit_test_batches)
+    limit_predict_batches = property(lambda self: self.config.limit_predict_batches)
+    overfit_batches = property(lambda self: self.config.overfit_batches)
+    reload_dataloaders_every_n_epochs = property(lambda self: self.config.reload_dataloaders_every_n_epochs)
+    profiler = property(lambda self: self.config.profiler)
+    barebones = property(lambda self: self.config.barebones)
+    _detect_anomaly = property(lambda self: self.config.detect_anomaly)
 
     @property
     def num_sanity_val_steps(self) -> int | float:
         """Batches per val loader in the sanity check; ``-1`` given means all (``inf``), as Lightning reports it."""
-        n = self._config.num_sanity_val_steps
+        n = self.config.num_sanity_val_steps
         return math.inf if n == -1 else n
 
     # -- where this process stands ----------------------------------------------------------------
@@ -108,22 +108,22 @@ class TrainerProperties:
     model = property(lambda self: self.lightning_module)
     global_rank = property(lambda self: self.strategy.global_rank if self.strategy else 0)
     local_rank = property(lambda self: self.strategy.local_rank if self.strategy else 0)
-    node_rank = property(lambda self: self.global_rank // max(self._config.devices, 1))
+    node_rank = property(lambda self: self.global_rank // max(self.config.devices, 1))
     is_global_zero = property(lambda self: self.strategy.is_global_zero if self.strategy else True)
 
     @property
     def world_size(self) -> int:
         # before and after a multi-process fit this process holds no strategy; Lightning knows the world from
         # the arguments (its launching process is rank 0 of it)
-        return self.strategy.world_size if self.strategy else self._config.devices * self._config.num_nodes
+        return self.strategy.world_size if self.strategy else self.config.devices * self.config.num_nodes
 
     @property
     def device_ids(self) -> list[int]:
-        return list(self._config.device_ids) if self._config.device_ids else list(range(self._config.devices))
+        return list(self.config.device_ids) if self.config.device_ids else list(range(self.config.devices))
 
     # -- callbacks and loggers ----------------------------------------------------------------------
-    logger = property(lambda self: self._config.logger)
-    loggers = property(lambda self: [self._config.logger] if self._config.logger is not None else [])
+    logger = property(lambda self: self.config.logger)
+    loggers = property(lambda self: [self.config.logger] if self.config.logger is not None else [])
     checkpoint_callbacks = property(lambda self: [c for c in self.callbacks if isinstance(c, ModelCheckpoint)])
     checkpoint_callback = property(lambda self: next(iter(self.checkpoint_callbacks), None))
     early_stopping_callbacks = property(lambda self: [c for c in self.callbacks if isinstance(c, EarlyStopping)])
@@ -143,21 +143,21 @@ class TrainerProperties:
 
         A plain dict that callbacks may add to (``LearningRateMonitor`` puts its ``lr-*`` values here).
         """
-        return self._store.callback_metrics()
+        return self.metric_store.callback_metrics()
 
     @property
     def logged_metrics(self) -> dict[str, Any]:
         """The values sent to the logger (tensors, Lightning's names: ``x_step``, ``x_epoch/dataloader_idx_0``)."""
-        return self._store.logged_metrics()
+        return self.metric_store.logged_metrics()
 
     @property
     def progress_bar_metrics(self) -> dict[str, float]:
         """The ``prog_bar=True`` values, as floats."""
-        return self._store.progress_bar_metrics()
+        return self.metric_store.progress_bar_metrics()
 
     @property
     def is_log_step(self) -> bool:
-        return self.global_step % self._config.log_every_n_steps == 0
+        return self.global_step % self.config.log_every_n_steps == 0
 
     # -- the state machine --------------------------------------------------------------------------
     training = _stage_flag(RunningStage.TRAINING)
@@ -193,38 +193,38 @@ class TrainerProperties:
     @property
     def train_dataloader(self) -> Any:
         """The train loader(s) of the fit as given (a CombinedLoader's iterables), after distribution."""
-        loader = self._train_loader
+        loader = self.loaders.train
         return loader.iterables if isinstance(loader, CombinedLoader) else loader
 
-    val_dataloaders = property(lambda self: self._stage_loaders.get("validate"))
-    test_dataloaders = property(lambda self: self._stage_loaders.get("test"))
-    predict_dataloaders = property(lambda self: self._stage_loaders.get("predict"))
+    val_dataloaders = property(lambda self: self.loaders.stages.get("validate"))
+    test_dataloaders = property(lambda self: self.loaders.stages.get("test"))
+    predict_dataloaders = property(lambda self: self.loaders.stages.get("predict"))
 
     @property
     def num_sanity_val_batches(self) -> list[int | float]:
         """The sanity check's batches per val loader: a fit's (``[]`` before a fit requested its val loaders)."""
-        return [min(self.num_sanity_val_steps, n) for n in self._fit_val_batches]
+        return [min(self.num_sanity_val_steps, n) for n in self.loaders.fit_val_batches]
 
     @property
     def enable_validation(self) -> bool:
         """Validation runs in this fit: val loaders exist, the module defines validation_step, limit_val_batches > 0."""
-        return bool(self.has_val_loader) and self._config.limit_val_batches > 0
+        return bool(self.has_val_loader) and self.config.limit_val_batches > 0
 
     @property
     def is_last_batch(self) -> bool:
         """The batch being trained on is the epoch's last (from its ``on_train_batch_start`` until the next epoch's
         first batch); a loader without a length has no known last batch until it ends."""
-        loop = self._loop
+        loop = self.loop
         return loop is not None and (loop.batch_idx + 1 >= loop.num_train_batches or loop.epoch_done)
 
     @property
     def estimated_stepping_batches(self) -> int | float:
         """Optimizer steps the fit will take (for schedulers such as OneCycleLR), as Lightning estimates them."""
-        cfg = self._config
+        cfg = self.config
         if cfg.max_epochs == -1:
             return math.inf if cfg.max_steps == -1 else cfg.max_steps
         total = self.num_training_batches
-        if not total and self._train_loader is None and self.lightning_module is not None:
+        if not total and self.loaders.train is None and self.lightning_module is not None:
             total = self._estimate_train_batches()
         if total == math.inf:
             return cfg.max_steps
@@ -234,15 +234,15 @@ class TrainerProperties:
     def _estimate_train_batches(self) -> int | float:
         """Ask the fit's train loader source for its length (``configure_optimizers`` may run before loading)."""
         from gpulayer.trainer import data
-        source = getattr(self, "_train_source", None)
+        source = self.loaders.train_source
         if source is None:
             return 0
         loader = data.combine_train(source())
-        return data.num_batches(loader, self._config.limit_train_batches)
+        return data.num_batches(loader, self.config.limit_train_batches)
 
     # -- running an entry point ---------------------------------------------------------------------
     def _begin(self, fn: TrainerFn, stage: RunningStage) -> None:
-        cfg = self._config
+        cfg = self.config
         if fn == TrainerFn.FITTING and not cfg.max_epochs_given and cfg.max_steps == -1 and not cfg.fast_dev_run:
             rank_zero_warn("`max_epochs` was not set. Setting it to 1000 epochs. To train without an epoch limit, set "
                            "`max_epochs=-1`.", category=PossibleUserWarning)

@@ -123,7 +123,7 @@ def test_the_job_asks_for_the_accelerator_and_the_users_resources(monkeypatch):
     from gpulayer import Resources
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # the workers' GPUs count, not ours
-    cfg = _trainer(num_nodes=2, devices=4, accelerator="cuda", cluster_resources=Resources(zone="eu-1a"))._config
+    cfg = _trainer(num_nodes=2, devices=4, accelerator="cuda", cluster_resources=Resources(zone="eu-1a")).config
     assert cluster._resources(cfg) == Resources(cuda=True, gpus=1, zone="eu-1a")
-    cfg = _trainer(num_nodes=2, devices=2, cluster_resources={"region": "eu"})._config
+    cfg = _trainer(num_nodes=2, devices=2, cluster_resources={"region": "eu"}).config
     assert cluster._resources(cfg) == Resources(region="eu")

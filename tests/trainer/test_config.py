@@ -59,7 +59,7 @@ def test_max_restarts_is_for_cluster_fits_and_their_paths_are_absolute(tmp_path,
     monkeypatch.chdir(tmp_path)
     trainer = Trainer(num_nodes=2, devices=2, accelerator="cpu", max_restarts=2, default_root_dir="runs", logger=False)
     # the ranks run in another working directory, on another machine: their checkpoints need an absolute path
-    assert trainer._config.max_restarts == 2 and trainer.default_root_dir == str(tmp_path / "runs")
+    assert trainer.config.max_restarts == 2 and trainer.default_root_dir == str(tmp_path / "runs")
     assert Trainer(devices=2, accelerator="cpu", default_root_dir="runs", logger=False).default_root_dir == "runs"
     with pytest.raises(TrainerConfigError, match=r"max_restarts=1\) applies to fits on the cluster.*num_nodes > 1"):
         Trainer(devices=2, accelerator="cpu", max_restarts=1, logger=False)

@@ -64,6 +64,17 @@ def test_gloo_all_reduce_on_request_matches_too():
     assert t2.fit_info["grad_sync"] == "flat"
 
 
+def test_ddp_spawn_starts_the_ranks_and_returns_the_trained_weights_to_the_caller():
+    # Lightning's ddp_spawn: rank processes train, the calling process gets rank 0's weights and metrics back.
+    # gpulayer starts fresh rank processes for "ddp" too, so both names are the same launcher.
+    single, t1 = _fit(1, 16)
+    spawned, t2 = _fit(2, 8, strategy="ddp_spawn")
+    assert t2.fit_info["world_size"] == 2 and t2.fit_info["strategy"] == "ddp"
+    for a, b in zip(single.parameters(), spawned.parameters()):  # the caller's own model object holds them
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert t2.global_step == 8 and "val_loss" in t2.callback_metrics
+
+
 class Boom(Linear):
     def training_step(self, batch, batch_idx):
         if self.global_rank == 1 and batch_idx == 2:

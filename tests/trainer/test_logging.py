@@ -520,3 +520,110 @@ def test_a_callback_pickled_after_a_run_leaves_the_modules_log_behind():
     assert cb.log.__self__ is not None and bar.trainer is not None
     copy, bar_copy = pickle.loads(pickle.dumps(cb)), pickle.loads(pickle.dumps(bar))
     assert not hasattr(copy, "log") and bar_copy._trainer is None
+
+
+class _RecordingStore:
+    """Stands in for the Trainer's metric store: keeps the arguments ``self.log`` hands it."""
+
+    PREDICT = object()
+    context = None
+
+    def __init__(self):
+        self.calls = []
+
+    def log(self, fx, name, value, prog_bar, logger, on_step, on_epoch, reduce_fx, enable_graph, sync_dist,
+            sync_dist_group, add_dataloader_idx, batch_size, metric, rank_zero_only):
+        self.calls.append({"name": name, "value": value, "enable_graph": enable_graph, "sync_dist": sync_dist,
+                           "sync_dist_group": sync_dist_group, "rank_zero_only": rank_zero_only})
+
+
+@pytest.mark.parametrize("through", ["log", "log_dict"])
+def test_log_and_log_dict_hand_every_flag_to_the_store(through):
+    boring = _pkg("gpulayer.trainer")[1]
+    model, store, group = boring.BoringModel(), _RecordingStore(), object()
+    model._metric_store = store
+    value = torch.ones((), requires_grad=True) * 2
+    flags = dict(enable_graph=True, sync_dist=True, sync_dist_group=group, rank_zero_only=True)
+    if through == "log":
+        model.log("k", value, **flags)
+    else:
+        model.log_dict({"k": value}, **flags)
+    (call,) = store.calls
+    assert call["enable_graph"] is True and call["sync_dist"] is True and call["rank_zero_only"] is True
+    assert call["sync_dist_group"] is group
+    assert call["value"].requires_grad  # enable_graph: the module hands the value on with its graph
+
+
+def test_sync_dist_group_is_the_process_group_the_value_is_reduced_over(monkeypatch):
+    import torch.distributed as dist
+
+    from gpulayer.trainer.metrics import MetricStore
+
+    group, seen, default_reduce = object(), [], []
+
+    def all_reduce(tensor, op=None, group=None):
+        seen.append(group)
+        tensor.mul_(3)  # three ranks in the group, each holding the same value
+
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 3)
+    store = MetricStore(lambda t, op: default_reduce.append(op) or t * 2)  # the whole world: two ranks
+
+    def training_step():
+        store.log("training_step", "k", torch.tensor(1.0), False, None, True, True, "sum", False, True, group,
+                  True, 1, None, False)
+
+    training_step()
+    assert store.step_metrics("train") == {"k_step": 3.0}
+    assert store.reduce_epoch("train") == {"k_epoch": 3.0}
+    assert seen == [group, group] and default_reduce == []  # the named group, never the whole world
+
+
+def test_rank_zero_only_values_are_not_reduced_in_a_module_either():
+    boring = _pkg("gpulayer.trainer")[1]
+    from gpulayer.trainer.metrics import MetricStore
+
+    calls = []
+    store = MetricStore(lambda t, op: calls.append(op) or t * 2)
+    model = boring.BoringModel()
+    model._metric_store = store
+
+    def training_step():  # the hook name decides the defaults
+        model.log("local", 1.0, sync_dist=True, rank_zero_only=True, on_epoch=True)
+        model.log("synced", 1.0, sync_dist=True, on_epoch=True)
+
+    training_step()
+    assert store.step_metrics("train") == {"local_step": 1.0, "synced_step": 2.0}
+    assert calls == ["mean"]
+
+
+def _metric_model(boring, torchmetrics, attribute):
+    class Model(boring.BoringModel):
+        def __init__(self):
+            super().__init__()
+            self.acc = torchmetrics.classification.BinaryAccuracy()
+            self.unregistered = [torchmetrics.classification.BinaryAccuracy()]  # a list: not a submodule
+
+        def training_step(self, batch, batch_idx):
+            metric = self.acc if attribute != "unregistered" else self.unregistered[0]
+            metric(torch.tensor([1, 0]), torch.tensor([1, 1]))
+            if attribute in (None, "unregistered"):
+                self.log("acc", metric)
+            else:
+                self.log("acc", metric, metric_attribute=attribute)
+            return super().training_step(batch, batch_idx)
+
+    return Model()
+
+
+def test_metric_attribute_names_the_attribute_holding_the_logged_metric():
+    torchmetrics = pytest.importorskip("torchmetrics")
+    boring = _pkg("gpulayer.trainer")[1]
+    trainer = _trainer(gl, limit_train_batches=1, limit_val_batches=0)
+    trainer.fit(_metric_model(boring, torchmetrics, "acc"))
+    assert float(trainer.callback_metrics["acc"]) == 0.5
+    with pytest.raises(MisconfigurationException, match=r"metric_attribute='layer'.*no attribute 'layer' holding"):
+        _trainer(gl, limit_train_batches=1, limit_val_batches=0).fit(_metric_model(boring, torchmetrics, "layer"))
+    with pytest.raises(MisconfigurationException, match=r"metric_attribute=name\)` where `name` is one of \['acc'\]"):
+        _trainer(gl, limit_train_batches=1, limit_val_batches=0).fit(
+            _metric_model(boring, torchmetrics, "unregistered"))

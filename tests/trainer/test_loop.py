@@ -135,7 +135,7 @@ def test_only_overridden_hooks_are_dispatched():
     model = MLP()
     trainer = _quiet(max_steps=1)
     trainer.fit(model, DataLoader(_data(), batch_size=32))
-    hooks = trainer._hooks
+    hooks = trainer.hooks
     assert hooks.on_after_backward == [] and hooks.on_before_optimizer_step == []
     assert len(hooks.on_train_batch_end) == 1  # the module's own
 

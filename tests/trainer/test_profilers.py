@@ -32,10 +32,10 @@ def test_default_profiler_records_nothing_and_wraps_nothing():
     model = Hooked()
     trainer.fit(model)
     assert isinstance(trainer.profiler, PassThroughProfiler)
-    hooks = trainer._hooks
+    hooks = trainer.hooks
     # the module's own bound method, not a wrapper: the fast path is unchanged
     assert hooks.on_train_epoch_start[-1] == model.on_train_epoch_start
-    assert trainer._loop.step_fn == model.training_step
+    assert trainer.loop.step_fn == model.training_step
 
 
 def test_simple_profiler_times_hooks_steps_and_fetches_per_call():

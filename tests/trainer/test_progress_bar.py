@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import itertools
+import re
+import sys
 
 import pytest
 import torch
@@ -82,6 +85,55 @@ def test_not_a_terminal_one_line_per_epoch_and_nothing_for_validation(capsys):
     assert "\r" not in "".join(lines)
 
 
+class _Terminal(io.StringIO):
+    """stdout as a terminal: the bar redraws in place on it."""
+
+    def isatty(self):
+        return True
+
+
+def _fit_on_terminal(monkeypatch, bar: TQDMProgressBar, epochs: int = 3) -> str:
+    screen = _Terminal()
+    monkeypatch.setattr(sys, "stdout", screen)
+    Trainer(max_epochs=epochs, limit_train_batches=4, limit_val_batches=0, logger=False, enable_checkpointing=False,
+            enable_model_summary=False, callbacks=[bar]).fit(BoringModel())
+    return screen.getvalue()
+
+
+def _kept_lines(out: str) -> list[str]:
+    """The lines a terminal keeps: what each finished line ends with after its last carriage return."""
+    return [line.rsplit("\r", 1)[-1].split(" [")[0] for line in out.split("\n")[:-1]]
+
+
+def test_leave_true_keeps_every_finished_epoch_line_on_a_terminal(monkeypatch):
+    out = _fit_on_terminal(monkeypatch, TQDMProgressBar(leave=True))
+    assert _kept_lines(out) == ["Epoch 0: 4/4", "Epoch 1: 4/4", "Epoch 2: 4/4"]
+
+
+def test_leave_false_draws_each_epoch_over_the_last_and_keeps_the_final_one(monkeypatch):
+    out = _fit_on_terminal(monkeypatch, TQDMProgressBar(leave=False))
+    assert _kept_lines(out) == ["Epoch 2: 4/4"]  # one line left on screen
+    assert "\rEpoch 0: 4/4" in out and "\rEpoch 1: 4/4" in out  # drawn, then drawn over
+
+
+def test_process_position_draws_the_bars_that_many_lines_down(monkeypatch):
+    out = _fit_on_terminal(monkeypatch, TQDMProgressBar(process_position=2), epochs=2)
+    # every draw goes two lines down, writes the bar's row and moves the cursor back up: nothing else moves
+    assert re.fullmatch(r"(\n\n\r[^\n]*?\033\[K\033\[2A)+", out), out
+    assert "\n\n\rEpoch 1: 4/4" in out
+    with pytest.raises(TrainerConfigError, match=r"process_position=-1\) must be an int >= 0"):
+        TQDMProgressBar(process_position=-1)
+
+
+def test_a_log_gets_one_line_per_epoch_whatever_leave_and_process_position_say(capsys):
+    trainer = Trainer(max_epochs=2, limit_train_batches=2, limit_val_batches=0, logger=False,
+                      enable_checkpointing=False, enable_model_summary=False,
+                      callbacks=[TQDMProgressBar(leave=True, process_position=1)])
+    trainer.fit(BoringModel())
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(" [")[0] for line in lines] == ["Epoch 0: 2/2", "Epoch 1: 2/2"]
+
+
 def test_refresh_rate_zero_draws_nothing(capsys):
     trainer = Trainer(max_epochs=2, limit_train_batches=2, limit_val_batches=0, logger=False, enable_checkpointing=False,
                       enable_model_summary=False, callbacks=[TQDMProgressBar(refresh_rate=0)])
@@ -108,7 +160,7 @@ def test_bar_shows_logged_prog_bar_values_and_version(capsys, tmp_path):
 def test_the_bar_alone_does_not_make_the_loop_build_batch_outputs():
     trainer = Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_model_summary=False)
     trainer.fit(BoringModel())
-    assert trainer._hooks.on_train_batch_end and not trainer._hooks.train_batch_end_outputs
+    assert trainer.hooks.on_train_batch_end and not trainer.hooks.train_batch_end_outputs
 
 
 def test_bar_pickles_without_its_trainer_or_stream():

@@ -78,7 +78,7 @@ def test_max_time_becomes_a_step_timer_and_lifts_the_epoch_default():
         return [(t._duration, t._interval) for t in timers], kept == [given], trainer.max_steps
 
     assert both(run) == ([(1337.0, "step")], True, -1)
-    assert Trainer(max_time={"seconds": 1}, **QUIET)._config.max_epochs == -1
+    assert Trainer(max_time={"seconds": 1}, **QUIET).config.max_epochs == -1
 
 
 def test_stage_times_and_a_resumed_fit_counting_the_time_spent(tmp_path):

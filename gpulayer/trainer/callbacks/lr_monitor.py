@@ -54,7 +54,7 @@ class LearningRateMonitor(Callback):
         every = trainer.log_every_n_steps
         if self.logging_interval == "epoch" or not every:
             return
-        if (trainer._batches_stepped + 1) % every and not trainer.should_stop:
+        if (trainer.batches_stepped + 1) % every and not trainer.should_stop:
             return
         self._log(trainer, "step" if self.logging_interval is None else "any")
 
@@ -89,7 +89,7 @@ class LearningRateMonitor(Callback):
             return
         device = trainer.strategy.root_device if trainer.strategy is not None else None
         trainer.callback_metrics.update({k: torch.tensor(v, device=device) for k, v in stats.items()})
-        trainer.log_to_logger(stats, step=trainer._batches_stepped)
+        trainer.log_to_logger(stats, step=trainer.batches_stepped)
 
     def _names(self, trainer) -> tuple[list[list[str]], list[Any], list[str | None]]:
         """Per watched optimizer: its names (one per parameter group), the optimizer, its scheduler's interval.

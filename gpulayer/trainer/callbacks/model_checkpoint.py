@@ -181,7 +181,7 @@ class ModelCheckpoint(Callback):
             self._defer_save_until_validation = True  # a validation-only metric: save once validation has it
             return
         if self.monitor is not None and not self._should_save_on_train_epoch_end(trainer) \
-                and trainer._loop is not None and trainer._loop.is_last_batch(batch_idx) and trainer._val_due_this_epoch():
+                and trainer.loop is not None and trainer.loop.is_last_batch(batch_idx) and trainer.loop.validates_at_epoch_end():
             self._defer_save_until_validation = True  # validation right after this batch: use its fresh value
             return
         if self._should_skip_saving_checkpoint(trainer):
@@ -311,7 +311,7 @@ class ModelCheckpoint(Callback):
         if self.monitor not in candidates:
             m = (f"`ModelCheckpoint(monitor={self.monitor!r})` could not find the monitored key in the returned metrics: "
                  f"{list(candidates)}. HINT: Did you call `log({self.monitor!r}, value)` in the `LightningModule`?")
-            if trainer._val_has_run:  # Lightning raises only once validation could have logged it
+            if trainer.val_has_run:  # Lightning raises only once validation could have logged it
                 raise _misconfigured(m)
             warnings.warn(m, stacklevel=2)
         self._save_monitor_checkpoint(trainer, candidates)

@@ -74,8 +74,8 @@ class ProgressBar(Callback):
     def total_val_batches(self) -> int | float:
         """Validation batches of all loaders in this epoch: 0 when the fit does not validate in it."""
         trainer = self.trainer
-        loop = getattr(trainer, "_loop", None)
-        if loop is not None and trainer.state_stage == "fit" and not loop._val_epoch():
+        loop = getattr(trainer, "loop", None)
+        if loop is not None and trainer.state_stage == "fit" and not loop.val_epoch():
             return 0
         batches = trainer.num_val_batches
         return sum(batches) if isinstance(batches, list) else batches
@@ -143,15 +143,23 @@ class TQDMProgressBar(ProgressBar):
     """The default bar: a line for training (per epoch), a passing line for validation, test and predict.
 
     ``refresh_rate``: update every this many batches (0 turns the bar off); on Colab a rate of 1 becomes
-    20, and ``TQDM_MINITERS`` raises it, as Lightning does. ``leave=True`` keeps each epoch's line (gpulayer
-    always ends an epoch's training line). ``train_progress_bar`` and friends have tqdm's attributes
-    (``n``, ``total``, ``postfix``).
+    20, and ``TQDM_MINITERS`` raises it, as Lightning does. ``leave``, on a terminal: ``True`` keeps each
+    finished epoch's line on screen (a new bar per epoch, as Lightning); ``False`` (the default) draws the next
+    epoch over it, and the last epoch's line stays when training ends. A log (not a terminal) cannot erase, so
+    it gets one line per epoch either way. ``process_position``: the bars are drawn this many lines below the
+    cursor on a terminal (tqdm's ``position``), for several processes training side by side; gpulayer's bars
+    share one line per process (validation passes over the training line), so ``process_position=k`` is
+    the k-th process's line. ``train_progress_bar`` and friends have tqdm's attributes (``n``, ``total``,
+    ``postfix``).
     """
 
     def __init__(self, refresh_rate: int = 1, process_position: int = 0, leave: bool = False):
         super().__init__()
         if isinstance(refresh_rate, bool) or not isinstance(refresh_rate, int) or refresh_rate < 0:
             raise TrainerConfigError(f"TQDMProgressBar(refresh_rate={refresh_rate!r}) must be an int >= 0")
+        if isinstance(process_position, bool) or not isinstance(process_position, int) or process_position < 0:
+            raise TrainerConfigError(f"TQDMProgressBar(process_position={process_position!r}) must be an int >= 0 "
+                                     "(the lines below the cursor this process's bar is drawn on)")
         self._refresh_rate = self._resolve_refresh_rate(refresh_rate)
         self._process_position = process_position
         self._enabled = True
@@ -201,7 +209,8 @@ class TQDMProgressBar(ProgressBar):
     predict_progress_bar = property(lambda self: self._bar("predict"), lambda self, b: self._set_bar("predict", b))
 
     def _new_bar(self, desc: str, leave: bool) -> LineBar:
-        return LineBar(desc=desc, leave=leave, disable=self.is_disabled, stream=sys.stdout)
+        return LineBar(desc=desc, leave=leave, disable=self.is_disabled, stream=sys.stdout,
+                       position=self.process_position)
 
     def init_sanity_tqdm(self) -> LineBar:
         return self._new_bar(self.sanity_check_description, leave=False)
@@ -226,6 +235,8 @@ class TQDMProgressBar(ProgressBar):
         self.train_progress_bar = self.init_train_tqdm()
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
+        if self._leave:  # each epoch's bar is its own, kept when the epoch ends (Lightning's)
+            self.train_progress_bar = self.init_train_tqdm()
         bar = self.train_progress_bar
         bar.reset(total=_total(self.total_train_batches))
         bar.initial = 0
@@ -242,9 +253,12 @@ class TQDMProgressBar(ProgressBar):
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         bar = self.train_progress_bar
         if not bar.disable:
-            bar.n = max(bar.n, trainer._loop.batches_done if getattr(trainer, "_loop", None) else bar.n)
+            bar.n = max(bar.n, trainer.loop.batches_done if getattr(trainer, "loop", None) else bar.n)
             bar.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)
-            bar.end_line()
+            if self._leave or not bar.terminal:
+                bar.end_line()  # kept; a log gets the line either way (it cannot erase)
+            else:
+                bar.refresh(force=True)  # leave=False: the final numbers, in place; the next epoch draws over them
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.train_progress_bar.close()

@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from gpulayer.trainer import stepping
 from gpulayer.trainer.errors import MisconfigurationException
 
 
@@ -65,7 +66,7 @@ class LightningOptimizer:
         if self._trainer is None:  # outside a fit: the torch optimizer calls the closure itself (LBFGS may, many times)
             out = self._optimizer.step(closure=closure, **kwargs)
         else:
-            out = self._trainer._optimizer_step(self._optimizer, closure, **kwargs)
+            out = stepping.optimizer_step(self._trainer, self._optimizer, closure, **kwargs)
         self._on_after_step()
         return out
 

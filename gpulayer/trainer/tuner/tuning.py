@@ -49,14 +49,14 @@ class Tuner:
     def _trial(self, model: Any, callbacks: list, **overrides: Any) -> Any:
         """A Trainer for one trial: the user's settings, but quiet (no logger, checkpoints, bar, summary)."""
         from gpulayer.trainer.trainer import Trainer
-        cfg = dataclasses.replace(self._trainer._config, callbacks=list(callbacks), logger=None,
+        cfg = dataclasses.replace(self._trainer.config, callbacks=list(callbacks), logger=None,
                                   enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                                   num_sanity_val_steps=0, profiler=PassThroughProfiler(), **overrides)
         return Trainer.from_config(cfg)
 
     def _guarded(self, model: Any, search: Callable[[], Any]) -> Any:
         """Run ``search``; the model's weights and Trainer reference are put back whatever happens."""
-        if self._trainer._config.multi_process:
+        if self._trainer.config.multi_process:
             raise ValueError("Tuning is currently not supported with distributed strategies: tune with devices=1, "
                              "then train with the values found.")
         weights = copy.deepcopy(model.state_dict())
