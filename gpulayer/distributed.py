@@ -25,6 +25,7 @@ from . import app as app_mod
 from . import signing
 from .client import ensure_connected
 from .errors import JobFailed, JobRejected
+from .deadline import Deadline
 from .models import GangPlacement, GangSpec, GangState, Resources
 from .payload import function_name, pack_function
 from .placement import check_gang_fits_fleet
@@ -266,6 +267,6 @@ class GangHandle:
 
     def _wait_nodes_stopped(self, events, timeout: float = 30.0) -> None:
         """Until every node of the attempt reported (announced as ``stopped:<attempt>``), or ``timeout``."""
-        deadline = time.monotonic() + timeout
-        while len(self.store.nodes(self.id, self.attempt)) < self.spec.nodes and time.monotonic() < deadline:
-            events.get_message(timeout=min(LOOK_EVERY, max(0.0, deadline - time.monotonic())))
+        deadline = Deadline(timeout)
+        while len(self.store.nodes(self.id, self.attempt)) < self.spec.nodes and not deadline.expired():
+            events.get_message(timeout=deadline.left(LOOK_EVERY))

@@ -22,6 +22,7 @@ from celery import bootsteps
 from celery.worker import state as worker_state
 
 from .. import signing
+from ..deadline import Deadline
 from . import workdir
 from ..app import settings as app_settings
 from ..engine.qos import gate_consumption
@@ -140,9 +141,9 @@ class GangAgent(LoopStep):
         for run in runs:
             run.abort("the worker is shutting down")
         super().stop(worker)
-        deadline = time.monotonic() + GRACE + 2.0
+        deadline = Deadline(GRACE + 2.0)
         for run in runs:  # each removes its own directory once its ranks are stopped
-            run.ended.wait(max(0.0, deadline - time.monotonic()))
+            run.ended.wait(deadline.remaining())
         # What is left (gangs between attempts, a run that did not end in time): nothing on a
         # stopped worker resumes from it.
         workdir.sweep(workdir.root(), self.worker_info.id, set(), lambda gang_id: True)
@@ -219,8 +220,8 @@ class GangRun:
             port = free_port(addr)
             self.store.set_master(self.gang_id, self.attempt, addr, port)
             return addr, port
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not self._aborted.is_set():
+        deadline = Deadline(120)
+        while not deadline.expired() and not self._aborted.is_set():
             found = self.store.master(self.gang_id, self.attempt)
             if found:
                 return found

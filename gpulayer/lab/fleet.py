@@ -21,24 +21,10 @@ import redis
 
 from .. import local
 from ..config import with_tls
+from ..deadline import Deadline, wait_until  # noqa: F401  (wait_until: the tests' and benchmarks' import)
 from ..procs.env import free_port
 from ..store.connection import connect_redis
 from ..store.registry import Registry
-
-
-def wait_until(predicate, timeout: float = 30.0, what: str = "the condition", every: float = 0.02):
-    """Call ``predicate`` until it returns something truthy, and return that; ``TimeoutError`` naming ``what``.
-
-    For tests and benchmarks: wait for a state instead of sleeping a fixed time and hoping.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} did not happen within {timeout:g} s")
-        time.sleep(every)
 
 
 @dataclass(frozen=True)
@@ -181,7 +167,7 @@ class Fleet:
     def wait_workers(self, names, timeout: float = 60.0) -> None:
         client = self.client()
         registry = Registry(client)
-        deadline = time.monotonic() + timeout
+        deadline = Deadline(timeout)
         try:
             while True:
                 live = {w.id for w in registry.snapshot()}
@@ -192,7 +178,7 @@ class Fleet:
                     if p is not None and p.poll() is not None:
                         log = (self.workdir / f"{n}.log").read_text(errors="replace")[-3000:]
                         raise RuntimeError(f"worker {n} exited with {p.returncode}:\n{log}")
-                if time.monotonic() > deadline:
+                if deadline.expired():
                     raise TimeoutError(f"workers {sorted(set(names) - live)} did not register in {timeout}s")
                 time.sleep(0.05)
         finally:

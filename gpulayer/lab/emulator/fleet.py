@@ -10,6 +10,7 @@ from pathlib import Path
 
 import redis
 
+from ...deadline import Deadline
 from ...models import WorkerInfo
 from ...store.registry import Registry
 
@@ -73,7 +74,7 @@ class EmulatedFleet:
         """Until every emulated worker is live in the registry (or a process died: then say so)."""
         client = redis.Redis.from_url(self.url)
         want = set(self.ids)
-        deadline = time.monotonic() + timeout
+        deadline = Deadline(timeout)
         try:
             reg = Registry(client)
             while True:
@@ -83,7 +84,7 @@ class EmulatedFleet:
                 if dead:
                     raise RuntimeError(f"emulator processes {dead} exited before their workers registered"
                                        + (f"; see {self.log_dir}" if self.log_dir else ""))
-                if time.monotonic() > deadline:
+                if deadline.expired():
                     raise TimeoutError(f"{len(want - reg.live_ids())} emulated workers did not register in {timeout}s")
                 time.sleep(0.1)
         finally:
