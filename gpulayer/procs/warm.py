@@ -174,11 +174,9 @@ class WarmTemplate:
             except OSError:
                 pass
         if proc is not None:
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            from .stop import stop
+
+            stop([proc], timeout, term=None)  # SIGKILL if it did not exit within ``timeout``
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 

@@ -12,6 +12,7 @@ import redis
 
 from ...deadline import Deadline
 from ...models import WorkerInfo
+from ...procs.stop import stop
 from ...store.registry import Registry
 
 
@@ -91,15 +92,7 @@ class EmulatedFleet:
             client.close()
 
     def stop(self, grace: float = 15.0) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(grace)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop(self.procs, grace)
         self.procs = []
         for f in self._logs:
             f.close()
