@@ -191,9 +191,13 @@ class Fleet:
         return gpulayer.init(self.url, secret=self.secret)
 
     # -- lifetime -------------------------------------------------------------------------------
-    def stop(self) -> None:
-        stop(list(self.workers.values()), grace=15)  # SIGTERM to all at once, SIGKILL to any left after 15 s
+    def stop_workers(self, grace: float = 15.0) -> None:
+        """Stop every worker: SIGTERM to all at once, SIGKILL to any left after ``grace`` s."""
+        stop(list(self.workers.values()), grace)
         self.workers.clear()
+
+    def stop(self) -> None:
+        self.stop_workers()
         self.stop_redis()
         Fleet.live.discard(self)
 
