@@ -28,7 +28,7 @@ from ..app import settings as app_settings
 from ..engine.qos import gate_consumption
 from ..procs import warm
 from .coordinator import node_stopped, worker_lost
-from ..procs.env import RankLayout, free_port, rank_env, socket_ifname_env, torchrun_command
+from ..procs.env import BACKEND_ENV, RankLayout, free_port, rank_env, socket_ifname_env, torchrun_command
 from ..procs.runner import RankCommand, RankFailure, RankRunner
 from ..models import GangSpec, GangState
 from ..store import keys
@@ -253,7 +253,7 @@ class GangRun:
         args = [self.gang_id, str(self.attempt)]
         cwd = str(self.cwd) if self.cwd is not None else None  # the shipped workdir (None: the worker's)
         if s.launcher == "torchrun":
-            env = dict(base, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // m)))
+            env = dict(base, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // m)), **{BACKEND_ENV: s.backend})
             cmd = torchrun_command(s.nodes, m, self.node, addr, port, ["-m", "gpulayer.gang.rank", *args],
                                    max_restarts=0, run_id=self.gang_id, log_dir=str(self.base / "torchrun"))
             commands = [RankCommand(tuple(range(self.node * m, self.node * m + m)), tuple(cmd[1:]), env, cwd,
@@ -263,7 +263,8 @@ class GangRun:
             for local in range(m):
                 layout = RankLayout(self.node, local, s.nodes, m)
                 env = rank_env(layout, master_addr=addr, master_port=port, run_id=self.gang_id,
-                               restart_count=self.attempt, max_restarts=s.max_restarts, base_env=base)
+                               restart_count=self.attempt, max_restarts=s.max_restarts, base_env=base,
+                               backend=s.backend)
                 commands.append(RankCommand((layout.rank,), ("-m", "gpulayer.gang.rank", *args), env, cwd))
         template = warm.shared_template() if s.warm and s.launcher == "direct" else None
         self.runner = RankRunner(commands, on_output=self._publish_line, on_failure=self._first_failure,
