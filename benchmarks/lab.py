@@ -81,11 +81,7 @@ class LabFleet:
                     raise
 
     def stop_workers(self) -> None:
-        for proc in self.fleet.workers.values():
-            if proc.poll() is None:
-                proc.terminate()
-        for name in list(self.fleet.workers):
-            self.fleet.stop_worker(name)
+        self.fleet.stop_workers()
 
     def restart(self, torch: bool, machines: int | None = None) -> float:
         self.stop_workers()

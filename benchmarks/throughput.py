@@ -32,8 +32,8 @@ Without Ray the Ray side is skipped (the log says why) and the rest runs.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import datetime as dt
+import functools
 import os
 import platform
 import shutil
@@ -82,20 +82,16 @@ def run_plain_worker(broker: str, concurrency: int, loglevel: str) -> None:
                            "--loglevel", loglevel, "--hostname", f"plain-{os.getpid()}@%h"])
 
 
-def _die_with_parent() -> None:
-    """Linux: a child gets SIGTERM if this benchmark dies without its finally running (e.g. SIGKILL)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 def start_plain_worker(broker: str, concurrency: int, loglevel: str, log_file: Path) -> subprocess.Popen:
+    from gpulayer.procs.stop import die_with_parent  # here: the plain worker runs this file without gpulayer
+
     args = [sys.executable, os.path.abspath(__file__), "--plain-worker", "--broker", broker,
             "--concurrency", str(concurrency), "--loglevel", loglevel]
+    # The worker gets SIGTERM if this benchmark dies without its finally running (e.g. SIGKILL).
     with open(log_file, "ab") as out:
         return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=_die_with_parent)
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                preexec_fn=functools.partial(die_with_parent, signal.SIGTERM))
 
 
 def wait_plain_worker(proc: subprocess.Popen, log_file: Path) -> None:
@@ -298,7 +294,7 @@ def run_shape(fleet, shape: Shape, args: argparse.Namespace, out: Report, ray, w
               ) -> tuple[dict[str, float], dict[tuple[str, str], float]]:
     """Start every side's workers for one configuration, warm up, run the rounds, stop them; median jobs/s per side,
     and the median per-round ratio of each pair of ``_PAIRS``."""
-    from gpulayer import local
+    from gpulayer.procs.stop import stop_process
 
     workers, slots = shape
     pool = workers * slots
@@ -345,7 +341,7 @@ def run_shape(fleet, shape: Shape, args: argparse.Namespace, out: Report, ray, w
         if ray_tasks is not None:
             ray_tasks.close()
         if plain_proc is not None:
-            local.stop_process(plain_proc, grace=15)
+            stop_process(plain_proc, grace=15)
         for name in names:
             fleet.stop_worker(name)
 

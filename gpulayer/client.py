@@ -15,6 +15,7 @@ from kombu.utils.uuid import uuid
 from . import app as app_mod
 from .cancel import cancel_jobs, interrupted
 from .canvas import function_and_args
+from .deadline import Deadline
 from .session import connect, ensure_connected, init  # noqa: F401  (connect, init: public here too)
 from .models import Resources
 from .payload import PickledFunction, pack_function, summarize
@@ -68,7 +69,7 @@ class BatchHandle:
         keys = [backend.get_key_for_task(i) for i in self.ids]
         metas: list[dict | None] = [None] * len(self.ids)
         pending = list(range(len(self.ids)))
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = Deadline(timeout)
         wait = interval
         failed = 0
         while pending:
@@ -90,7 +91,7 @@ class BatchHandle:
                 tick(len(self.ids) - len(pending), failed)
             if not pending:
                 break
-            if deadline is not None and time.monotonic() > deadline:
+            if deadline.expired():
                 raise TimeoutError(f"{len(self.ids) - len(pending)} of {len(self.ids)} jobs finished within {timeout}s")
             wait = interval if found else min(wait * 1.5, 0.2)
             time.sleep(wait)
@@ -139,11 +140,11 @@ def submit_batch(signatures: Iterable[Signature], resources: Resources | dict | 
 def wait_for_workers(count: int, timeout: float = 30.0) -> None:
     """Block until at least ``count`` workers are live (for scripts and tests)."""
     ensure_connected()
-    deadline = time.monotonic() + timeout
+    deadline = Deadline(timeout)
     while True:
         live = app_mod.registry().current()
         if len(live) >= count:
             return
-        if time.monotonic() > deadline:
+        if deadline.expired():
             raise TimeoutError(f"only {len(live)} of {count} workers came up within {timeout:.0f}s")
         time.sleep(0.1)

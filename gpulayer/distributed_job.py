@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 import uuid
@@ -24,10 +25,12 @@ import redis
 from . import app as app_mod
 from . import signing
 from .client import ensure_connected
+from .deadline import Deadline
 from .errors import JobFailed, JobRejected
 from .models import GangPlacement, GangSpec, GangState, Resources
 from .payload import function_name, pack_function
 from .placement import check_gang_fits_fleet
+from .procs.env import BACKEND_ENV
 from .store import keys
 from .store.gangs import GangStore
 from .gang import attempts
@@ -43,13 +46,14 @@ NO_COORDINATOR_GRACE = 30.0  # past its timeout by this much, a gang no coordina
 def init_process_group(backend: str | None = None, **kwargs):
     """``torch.distributed.init_process_group`` from the environment gpulayer (or torchrun) set.
 
-    ``backend`` defaults to nccl when CUDA is available, else gloo.
+    ``backend`` defaults to the job's (``distributed(backend=...)``, which its ranks find in
+    ``GPULAYER_BACKEND``); outside such a job, to nccl when CUDA is available, else gloo.
     """
     import torch
     import torch.distributed as dist
 
     if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        backend = os.environ.get(BACKEND_ENV) or ("nccl" if torch.cuda.is_available() else "gloo")
     if not dist.is_initialized():
         dist.init_process_group(backend, **kwargs)
     return dist.group.WORLD
@@ -65,7 +69,9 @@ def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int =
     raises ``JobRejected`` now; one that does not fit yet waits in the cluster's
     line (its reason in ``handle.status()``) up to ``timeout`` seconds, and is
     placed when slots come free even if this process has exited. ``fn`` calls
-    ``torch.distributed.init_process_group`` itself, as under torchrun.
+    ``torch.distributed.init_process_group`` itself, as under torchrun, or
+    ``gpulayer.init_process_group()``, whose default is ``backend`` (``"gloo"``, or
+    ``"nccl"``, which needs ``resources`` with CUDA and is refused without).
     ``on_output(rank, stream, line)`` gets every line the ranks print, from the
     first (subscribed before the gang can start); ``get()`` returns after the last.
     ``workdir`` (what ``gpulayer train`` ships): every node's agent unpacks it once
@@ -266,6 +272,6 @@ class GangHandle:
 
     def _wait_nodes_stopped(self, events, timeout: float = 30.0) -> None:
         """Until every node of the attempt reported (announced as ``stopped:<attempt>``), or ``timeout``."""
-        deadline = time.monotonic() + timeout
-        while len(self.store.nodes(self.id, self.attempt)) < self.spec.nodes and time.monotonic() < deadline:
-            events.get_message(timeout=min(LOOK_EVERY, max(0.0, deadline - time.monotonic())))
+        deadline = Deadline(timeout)
+        while len(self.store.nodes(self.id, self.attempt)) < self.spec.nodes and not deadline.expired():
+            events.get_message(timeout=deadline.left(LOOK_EVERY))

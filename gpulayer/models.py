@@ -127,6 +127,13 @@ class GangSpec(BaseModel):
     workdir: WorkdirSpec | None = None  # the archive is in Redis (keys.gang_workdir)
     warm: bool = True  # direct launcher: fork ranks from the worker's warm template (False: fresh interpreters)
 
+    @model_validator(mode="after")
+    def _nccl_needs_cuda(self) -> GangSpec:
+        if self.backend == "nccl" and not self.resources.cuda:
+            raise ValueError("backend='nccl' runs on CUDA GPUs only: give resources=Resources(cuda=True) "
+                             "(or gpus=N), or use backend='gloo' for CPU ranks")
+        return self
+
     @property
     def world_size(self) -> int:
         return self.nodes * self.procs_per_node

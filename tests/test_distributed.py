@@ -47,7 +47,7 @@ def allreduce_ranks():
     names = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
              "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
              "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE",
-             "OMP_NUM_THREADS")
+             "OMP_NUM_THREADS", "GPULAYER_BACKEND")
     return {"sum": t.item(), "env": {n: os.environ.get(n) for n in names}, "worker": os.environ["GPULAYER_WORKER_ID"]}
 
 
@@ -64,6 +64,7 @@ def test_allreduce_2x2(gangs, launcher):
     assert {e["GROUP_WORLD_SIZE"] for e in env} == {"2"}
     assert len({(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in env}) == 1
     assert [r["worker"] for r in out][::2] == list(job.placement.workers)
+    assert {e["GPULAYER_BACKEND"] for e in env} == {"gloo"}  # the job's backend, under either launcher
     if launcher == "direct":
         assert {e["TORCHELASTIC_USE_AGENT_STORE"] for e in env} == {"False"}
         assert {e["TORCHELASTIC_RUN_ID"] for e in env} == {job.id}
@@ -73,6 +74,28 @@ def test_allreduce_2x2(gangs, launcher):
     else:
         assert {e["TORCHELASTIC_USE_AGENT_STORE"] for e in env} == {"True"}  # torchrun's agent hosts it
     assert job.status()["state"] == "succeeded"
+
+
+def default_backend():
+    import torch
+    import torch.distributed as dist
+
+    gpulayer.init_process_group()  # no backend named: the job's
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return {"backend": dist.get_backend(), "env": os.environ.get("GPULAYER_BACKEND"), "sum": t.item()}
+
+
+def test_ranks_get_the_jobs_backend_as_init_process_groups_default(gangs):
+    job = distributed(default_backend, nodes=1, procs_per_node=2, backend="gloo")
+    assert job.spec.backend == "gloo"
+    assert job.get(timeout=120) == [{"backend": "gloo", "env": "gloo", "sum": 2.0}] * 2
+
+
+def test_nccl_without_cuda_is_refused_at_submission(gangs):
+    with pytest.raises(ValueError, match="nccl.*CUDA"):
+        distributed(default_backend, nodes=1, procs_per_node=2, backend="nccl")
+    assert GangStore(redis_client()).held() == {}
 
 
 def rank3_raises():

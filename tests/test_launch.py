@@ -6,7 +6,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from gpulayer.lab.fleet import wait_until
+from gpulayer.models import GangSpec, Resources
 from gpulayer.procs.env import RankLayout, interface_for, rank_env, torchrun_command
 
 
@@ -19,6 +22,41 @@ def test_rank_env_matches_torchrun_names_and_values():
         "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29500", "TORCHELASTIC_RUN_ID": "job1",
         "TORCHELASTIC_RESTART_COUNT": "2", "TORCHELASTIC_MAX_RESTARTS": "3",
         "TORCHELASTIC_USE_AGENT_STORE": "False", "OMP_NUM_THREADS": "4"}
+
+
+def test_rank_env_carries_the_jobs_backend():
+    layout = RankLayout(0, 1, 1, 2)
+    env = rank_env(layout, master_addr="a", master_port=1, run_id="r", base_env={}, backend="nccl")
+    assert env["GPULAYER_BACKEND"] == "nccl"
+    assert "GPULAYER_BACKEND" not in rank_env(layout, master_addr="a", master_port=1, run_id="r", base_env={})
+
+
+def test_init_process_group_defaults_to_the_backend_in_the_environment(monkeypatch):
+    import torch.distributed as dist
+
+    import gpulayer
+
+    seen = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: seen.append(backend))
+    monkeypatch.setenv("GPULAYER_BACKEND", "nccl")  # not what this CPU-only machine would pick by itself
+    gpulayer.init_process_group()
+    gpulayer.init_process_group("gloo")  # a backend named wins
+    monkeypatch.delenv("GPULAYER_BACKEND")
+    gpulayer.init_process_group()
+    assert seen == ["nccl", "gloo", "nccl" if torch_cuda() else "gloo"]
+
+
+def torch_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def test_nccl_needs_cuda_resources():
+    with pytest.raises(ValueError, match="nccl.*CUDA"):
+        GangSpec(gang_id="g", nodes=1, procs_per_node=2, backend="nccl")
+    assert GangSpec(gang_id="g", nodes=1, procs_per_node=2, backend="nccl", resources=Resources(cuda=True)).backend == "nccl"
 
 
 def test_user_omp_threads_win_and_never_below_one():

@@ -22,12 +22,13 @@ from celery import bootsteps
 from celery.worker import state as worker_state
 
 from .. import signing
+from ..deadline import Deadline
 from . import workdir
 from ..app import settings as app_settings
 from ..engine.qos import gate_consumption
 from ..procs import warm
 from .coordinator import node_stopped, worker_lost
-from ..procs.env import RankLayout, free_port, rank_env, socket_ifname_env, torchrun_command
+from ..procs.env import BACKEND_ENV, RankLayout, free_port, rank_env, socket_ifname_env, torchrun_command
 from ..procs.runner import RankCommand, RankFailure, RankRunner
 from ..models import GangSpec, GangState
 from ..store import keys
@@ -140,9 +141,9 @@ class GangAgent(LoopStep):
         for run in runs:
             run.abort("the worker is shutting down")
         super().stop(worker)
-        deadline = time.monotonic() + GRACE + 2.0
+        deadline = Deadline(GRACE + 2.0)
         for run in runs:  # each removes its own directory once its ranks are stopped
-            run.ended.wait(max(0.0, deadline - time.monotonic()))
+            run.ended.wait(deadline.remaining())
         # What is left (gangs between attempts, a run that did not end in time): nothing on a
         # stopped worker resumes from it.
         workdir.sweep(workdir.root(), self.worker_info.id, set(), lambda gang_id: True)
@@ -219,8 +220,8 @@ class GangRun:
             port = free_port(addr)
             self.store.set_master(self.gang_id, self.attempt, addr, port)
             return addr, port
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not self._aborted.is_set():
+        deadline = Deadline(120)
+        while not deadline.expired() and not self._aborted.is_set():
             found = self.store.master(self.gang_id, self.attempt)
             if found:
                 return found
@@ -252,7 +253,7 @@ class GangRun:
         args = [self.gang_id, str(self.attempt)]
         cwd = str(self.cwd) if self.cwd is not None else None  # the shipped workdir (None: the worker's)
         if s.launcher == "torchrun":
-            env = dict(base, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // m)))
+            env = dict(base, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // m)), **{BACKEND_ENV: s.backend})
             cmd = torchrun_command(s.nodes, m, self.node, addr, port, ["-m", "gpulayer.gang.rank", *args],
                                    max_restarts=0, run_id=self.gang_id, log_dir=str(self.base / "torchrun"))
             commands = [RankCommand(tuple(range(self.node * m, self.node * m + m)), tuple(cmd[1:]), env, cwd,
@@ -262,7 +263,8 @@ class GangRun:
             for local in range(m):
                 layout = RankLayout(self.node, local, s.nodes, m)
                 env = rank_env(layout, master_addr=addr, master_port=port, run_id=self.gang_id,
-                               restart_count=self.attempt, max_restarts=s.max_restarts, base_env=base)
+                               restart_count=self.attempt, max_restarts=s.max_restarts, base_env=base,
+                               backend=s.backend)
                 commands.append(RankCommand((layout.rank,), ("-m", "gpulayer.gang.rank", *args), env, cwd))
         template = warm.shared_template() if s.warm and s.launcher == "direct" else None
         self.runner = RankRunner(commands, on_output=self._publish_line, on_failure=self._first_failure,

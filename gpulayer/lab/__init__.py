@@ -2,7 +2,7 @@
 
 Nothing in the product imports from here (tests/test_import_cycles.py checks it).
 
-- ``fleet.py``     ``Fleet`` (a Redis and real workers on free loopback ports) and ``wait_until``.
+- ``fleet.py``     ``Fleet`` (a Redis and real workers on free loopback ports) and ``wait_until`` (``gpulayer/deadline.py``'s).
 - ``netns.py``     "machines" as network namespaces with their own addresses (root and ``ip netns``).
 - ``emulator/``    thousands of emulated workers on the real registry and queues.
 """

@@ -21,24 +21,11 @@ import redis
 
 from .. import local
 from ..config import with_tls
+from ..deadline import Deadline, wait_until  # noqa: F401  (wait_until: the tests' and benchmarks' import)
 from ..procs.env import free_port
+from ..procs.stop import stop, stop_process
 from ..store.connection import connect_redis
 from ..store.registry import Registry
-
-
-def wait_until(predicate, timeout: float = 30.0, what: str = "the condition", every: float = 0.02):
-    """Call ``predicate`` until it returns something truthy, and return that; ``TimeoutError`` naming ``what``.
-
-    For tests and benchmarks: wait for a state instead of sleeping a fixed time and hoping.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} did not happen within {timeout:g} s")
-        time.sleep(every)
 
 
 @dataclass(frozen=True)
@@ -114,7 +101,7 @@ class Fleet:
 
     def stop_redis(self) -> None:
         if self.redis_proc is not None:
-            local.stop_process(self.redis_proc)
+            stop_process(self.redis_proc)
             self.redis_proc = None
 
     def client(self) -> redis.Redis:
@@ -176,12 +163,12 @@ class Fleet:
     def stop_worker(self, name: str) -> None:
         proc = self.workers.pop(name, None)
         if proc is not None:
-            local.stop_process(proc, grace=15)
+            stop_process(proc, grace=15)
 
     def wait_workers(self, names, timeout: float = 60.0) -> None:
         client = self.client()
         registry = Registry(client)
-        deadline = time.monotonic() + timeout
+        deadline = Deadline(timeout)
         try:
             while True:
                 live = {w.id for w in registry.snapshot()}
@@ -192,7 +179,7 @@ class Fleet:
                     if p is not None and p.poll() is not None:
                         log = (self.workdir / f"{n}.log").read_text(errors="replace")[-3000:]
                         raise RuntimeError(f"worker {n} exited with {p.returncode}:\n{log}")
-                if time.monotonic() > deadline:
+                if deadline.expired():
                     raise TimeoutError(f"workers {sorted(set(names) - live)} did not register in {timeout}s")
                 time.sleep(0.05)
         finally:
@@ -204,13 +191,13 @@ class Fleet:
         return gpulayer.init(self.url, secret=self.secret)
 
     # -- lifetime -------------------------------------------------------------------------------
+    def stop_workers(self, grace: float = 15.0) -> None:
+        """Stop every worker: SIGTERM to all at once, SIGKILL to any left after ``grace`` s."""
+        stop(list(self.workers.values()), grace)
+        self.workers.clear()
+
     def stop(self) -> None:
-        for name in list(self.workers):
-            proc = self.workers[name]
-            if proc.poll() is None:
-                proc.terminate()
-        for name in list(self.workers):
-            self.stop_worker(name)
+        self.stop_workers()
         self.stop_redis()
         Fleet.live.discard(self)
 

@@ -5,6 +5,6 @@
 - ``runner.py``  the rank runner: start a machine's ranks, stream their output, stop them all on the first
                  failure, and say who failed first (the gang agent and the local ``Trainer(devices=M)``).
 - ``warm.py``    warm starts: a template that imported torch once forks each rank, as a fresh process.
-- ``stop.py``    the one stopper (``stop_group``), a process tree's kill (``kill_tree``) and the one
-                 parent-death hook (``die_with_parent``).
+- ``stop.py``    the one stopper (``stop``, with its usual forms ``stop_group``, ``stop_process``,
+                 ``kill_now`` and ``kill_tree``) and the one parent-death hook (``die_with_parent``).
 """

@@ -15,6 +15,8 @@ import socket
 import sys
 from dataclasses import dataclass
 
+BACKEND_ENV = "GPULAYER_BACKEND"  # a distributed job's backend: the default of gpulayer.init_process_group()
+
 
 @dataclass(frozen=True)
 class RankLayout:
@@ -44,11 +46,14 @@ def rank_env(
     max_restarts: int = 0,
     cpu_count: int | None = None,
     base_env: dict[str, str] | None = None,
+    backend: str | None = None,
 ) -> dict[str, str]:
     """The environment for one rank: ``base_env`` plus what torchrun sets.
 
     ``OMP_NUM_THREADS`` is the machine's cores divided by its local processes
     (at least 1) unless ``base_env`` already sets it, as torchrun would.
+    ``backend``: the job's (``distributed(backend=...)``), in ``GPULAYER_BACKEND``
+    for ``gpulayer.init_process_group()``.
     """
     env = dict(os.environ if base_env is None else base_env)
     cores = cpu_count or os.cpu_count() or 1
@@ -70,6 +75,8 @@ def rank_env(
         TORCHELASTIC_USE_AGENT_STORE="False",
     )
     env.setdefault("OMP_NUM_THREADS", str(max(1, cores // layout.procs_per_node)))
+    if backend is not None:
+        env[BACKEND_ENV] = backend
     return env
 
 

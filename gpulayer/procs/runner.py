@@ -32,6 +32,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
+from ..deadline import Deadline
 from .stop import die_with_parent, stop_group
 
 REPORTS_ENV = "GPULAYER_RANK_REPORTS"  # the runner's unix datagram socket for failure reports
@@ -420,9 +421,9 @@ class RankRunner:
 
     def _drain(self) -> None:
         """Let the output threads read what the ranks wrote before they ended (a grandchild may hold a pipe)."""
-        deadline = time.monotonic() + DRAIN_S
+        deadline = Deadline(DRAIN_S)
         for t in self._pumps:
-            t.join(max(0.0, deadline - time.monotonic()))
+            t.join(deadline.remaining())
 
     def _cleanup(self) -> None:
         self._closing = True

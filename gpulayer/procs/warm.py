@@ -49,6 +49,8 @@ import sys
 import threading
 import time
 
+from ..deadline import Deadline
+
 log = logging.getLogger(__name__)
 
 WARM_ENV = "GPULAYER_WARM_RANKS"
@@ -150,11 +152,11 @@ class WarmTemplate:
 
     def wait_ready(self, timeout: float = READY_TIMEOUT) -> bool:
         """True once the template can fork ranks; False if it failed or did not get ready in time."""
-        deadline = time.monotonic() + timeout
+        deadline = Deadline(timeout)
         while not self._ready.is_set():
-            if self._gone.is_set() or time.monotonic() > deadline:
+            if self._gone.is_set() or deadline.expired():
                 return False
-            self._ready.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+            self._ready.wait(deadline.left(0.05))
         return True
 
     @property
@@ -172,11 +174,9 @@ class WarmTemplate:
             except OSError:
                 pass
         if proc is not None:
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            from .stop import stop
+
+            stop([proc], timeout, term=None)  # SIGKILL if it did not exit within ``timeout``
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 

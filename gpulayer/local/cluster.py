@@ -1,0 +1,160 @@
+"""The embedded cluster as its users see it: ``up`` / ``down`` (``gpulayer up``), ``start_for_process``
+(``gpulayer.init()`` with nothing configured), and ``LocalCluster``.
+
+Each starts the supervisor (``supervisor.py``) in a session of its own and waits for its state file
+and its workers.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from ..config import STATE_FILE_NAME, home_dir, read_state
+from ..deadline import Deadline
+from ..errors import ClusterUnavailable, ConfigError
+from ..procs.stop import kill_now, stop_process
+from ..store.connection import connect_redis
+from .supervisor import proc_start_time
+
+
+@dataclass
+class LocalCluster:
+    """A running embedded cluster, as seen by the process that asked for it."""
+
+    broker_url: str
+    secret: str
+    home: Path
+    supervisor: subprocess.Popen | None = None
+    flower_url: str | None = None
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.supervisor is not None:
+            stop_process(self.supervisor, grace=timeout)
+
+
+def _spawn_supervisor(home: Path, workers: int, slots: int, parent: int | None, timeout: float,
+                      flower: int | None = None, zones: list[str] | None = None,
+                      regions: list[str] | None = None) -> LocalCluster:
+    home.mkdir(parents=True, exist_ok=True)
+    log = open(home / "supervisor.log", "ab")
+    args = [sys.executable, "-m", "gpulayer.local", "--home", str(home), "--workers", str(workers),
+            "--slots", str(slots)] + (["--parent", str(parent)] if parent else []) \
+        + (["--flower", str(flower)] if flower is not None else []) \
+        + [a for z in zones or [] for a in ("--zone", z)] + [a for r in regions or [] for a in ("--region", r)]
+    try:
+        # Its own session, even for a process-scoped cluster: a Ctrl-C in the terminal is for the script
+        # (which may still want to cancel its jobs), not for Redis and the workers; the supervisor
+        # follows its parent by itself.
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    finally:
+        log.close()
+    deadline = Deadline(timeout)
+    state_file = home / STATE_FILE_NAME
+    while True:
+        state = read_state(state_file)
+        if state and state.get("supervisor_pid") == proc.pid:
+            cluster = LocalCluster(state["broker_url"], state["secret"], home, proc, state.get("flower_url"))
+            _wait_workers(cluster, workers, deadline)
+            return cluster
+        if proc.poll() is not None or deadline.expired():
+            stop_process(proc)
+            tail = (home / "supervisor.log").read_text(errors="replace")[-2000:]
+            raise ClusterUnavailable(f"the embedded cluster did not start (log {home / 'supervisor.log'}):\n{tail}")
+        time.sleep(0.05)
+
+
+def _wait_workers(cluster: LocalCluster, count: int, deadline: Deadline) -> None:
+    from ..store.registry import Registry
+
+    client = connect_redis(cluster.broker_url)
+    try:
+        registry = Registry(client)
+        while len(registry.snapshot()) < count:
+            if deadline.expired():
+                raise ClusterUnavailable(f"local workers did not register in time; see {cluster.home / 'logs'}")
+            time.sleep(0.1)
+    finally:
+        client.close()
+
+
+def default_shape(workers: int | None, slots: int | None) -> tuple[int, int]:
+    workers = 2 if workers is None else workers
+    slots = max(2, (os.cpu_count() or 2) // max(workers, 1)) if slots is None else slots
+    if workers < 1 or slots < 1:
+        raise ConfigError(f"--workers and --slots must be at least 1 (got {workers} and {slots})")
+    return workers, slots
+
+
+def up(workers: int | None = None, slots: int | None = None, home: Path | None = None,
+       timeout: float = 60.0, flower: int | None = None, zones: list[str] | None = None,
+       regions: list[str] | None = None) -> tuple[LocalCluster, bool]:
+    """Start the background cluster, or find the running one. Returns (cluster, started_now).
+
+    ``flower``: also run Flower on that port (0: a free one); its URL is in the state file.
+    ``zones`` / ``regions``: of the workers, in turn (``worker_places``).
+    """
+    home = home or home_dir()
+    state = read_state(home / STATE_FILE_NAME)
+    if state and _alive(state.get("supervisor_pid"), state.get("supervisor_start")):
+        return LocalCluster(state["broker_url"], state["secret"], home, flower_url=state.get("flower_url")), False
+    workers, slots = default_shape(workers, slots)
+    return _spawn_supervisor(home, workers, slots, parent=None, timeout=timeout, flower=flower, zones=zones,
+                             regions=regions), True
+
+
+def down(home: Path | None = None, timeout: float = 30.0) -> bool:
+    """Stop the cluster ``up`` started (its supervisor stops its own children). False if none ran."""
+    home = home or home_dir()
+    state_file = home / STATE_FILE_NAME
+    state = read_state(state_file)
+    if not state:
+        return False
+    pid, start = state.get("supervisor_pid"), state.get("supervisor_start")
+    try:
+        # Not necessarily our child; psutil signals it only while it is the process of the state file.
+        supervisor = psutil.Process(pid) if _alive(pid, start) else None
+    except psutil.NoSuchProcess:
+        supervisor = None
+    if supervisor is None:
+        state_file.unlink(missing_ok=True)
+        return False
+    stop_process(supervisor, grace=timeout)  # after SIGKILL, its children follow through PDEATHSIG
+    state_file.unlink(missing_ok=True)
+    return True
+
+
+def _alive(pid: int | None, start: str | None) -> bool:
+    return bool(pid) and proc_start_time(pid) is not None and proc_start_time(pid) == start
+
+
+def start_for_process(workers: int | None = None, slots: int | None = None, zones: list[str] | None = None,
+                      regions: list[str] | None = None) -> LocalCluster:
+    """An embedded cluster that lives as long as the calling process (``gpulayer.init()``).
+
+    At the process's exit it is stopped at once (``kill_now``: the supervisor and everything below it),
+    not gracefully: nothing in it is kept.
+    """
+    workers, slots = default_shape(workers, slots)
+    home = Path(tempfile.mkdtemp(prefix="gpulayer-"))
+    cluster = _spawn_supervisor(home, workers, slots, parent=os.getpid(), timeout=60.0, zones=zones,
+                                regions=regions)
+
+    def _stop():
+        # The supervisor would do the same on SIGTERM, but only after waking up; killing its whole tree
+        # from here saves that, and the script's exit waits for nothing that needs to end gracefully.
+        kill_now([cluster.supervisor])
+        shutil.rmtree(home, ignore_errors=True)
+
+    atexit.register(_stop)
+    return cluster

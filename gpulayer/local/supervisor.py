@@ -1,0 +1,137 @@
+"""The supervisor: one process that owns the embedded cluster's Redis, workers and Flower.
+
+It starts Redis bound to 127.0.0.1 on a free port with a generated password and append-only
+persistence, then the workers (in the zones of ``places.worker_places``); it writes the state file
+(mode 0600), starts again a worker that dies, and, when told to stop (SIGTERM, or its parent process
+exits for a process-scoped cluster), stops exactly the processes it started: gracefully for
+``gpulayer up``, at once for a process-scoped cluster. ``python -m gpulayer.local`` runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..config import STATE_FILE_NAME, read_state
+from ..procs.env import free_port
+from ..procs.stop import kill_now, stop, stop_process
+from .places import worker_places
+from .redis_server import start_redis, wait_for_redis
+from .workers import start_flower, start_worker, wait_for_port
+
+
+def write_state(path: Path, state: dict) -> None:
+    """The state file, readable only by us (it holds the broker URL and the secret)."""
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(state, f, indent=2)
+    os.replace(tmp, path)
+
+
+def proc_start_time(pid: int) -> str | None:
+    """The kernel's start time of ``pid``: tells our process from a recycled pid."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_port: int | None = None,
+              zones: list[str] | None = None, regions: list[str] | None = None) -> int:
+    home.mkdir(parents=True, exist_ok=True)
+    os.chmod(home, 0o700)
+    logs = home / "logs"
+    logs.mkdir(exist_ok=True)
+    state_file = home / STATE_FILE_NAME
+    password = secrets.token_urlsafe(24)
+    secret = secrets.token_urlsafe(32)
+    port = free_port()
+    url = f"redis://:{password}@127.0.0.1:{port}/0"
+    stopping = False
+
+    def on_term(signum, frame):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    redis_proc = start_redis(home / "redis", port=port, password=password, log_file=logs / "redis.log",
+                             tie_to_parent=True)
+    procs: dict[str, subprocess.Popen] = {}
+    flower: subprocess.Popen | None = None
+    places = dict(zip([f"local-{i + 1}" for i in range(workers)], worker_places(workers, zones, regions)))
+
+    def start(name: str) -> subprocess.Popen:
+        zone, region = places[name]
+        return start_worker(url, secret, name=name, slots=slots, zone=zone, region=region,
+                            log_file=logs / f"{name}.log", tie_to_parent=True)
+
+    try:
+        wait_for_redis(url, redis_proc)
+        for name in places:
+            procs[name] = start(name)
+        flower_url = None
+        if flower_port is not None:
+            flower_port = flower_port or free_port()
+            flower = start_flower(url, secret, port=flower_port, log_file=logs / "flower.log", tie_to_parent=True)
+            if wait_for_port(flower_port, flower):
+                flower_url = f"http://127.0.0.1:{flower_port}/"
+            else:
+                print(f"Flower did not start on port {flower_port}; see {logs / 'flower.log'}", file=sys.stderr)
+        state = {"broker_url": url, "secret": secret, "home": str(home), "supervisor_pid": os.getpid(),
+                 "supervisor_start": proc_start_time(os.getpid()), "redis_pid": redis_proc.pid,
+                 "worker_pids": {n: p.pid for n, p in procs.items()}, "workers": workers, "slots": slots,
+                 "places": {n: {"zone": z, "region": r} for n, (z, r) in places.items()},
+                 "started_at": time.time(), "flower_url": flower_url,
+                 "flower_pid": flower.pid if flower_url else None}
+        write_state(state_file, state)
+        while not stopping:
+            if parent is not None and os.getppid() != parent:
+                break  # the process this cluster belongs to is gone
+            if redis_proc.poll() is not None:
+                print(f"redis-server exited with {redis_proc.returncode}; stopping", file=sys.stderr)
+                break
+            for name, proc in procs.items():
+                if proc.poll() is not None and not stopping:
+                    # Keep the fleet whole: a local worker that dies is started again.
+                    print(f"worker {name} exited with {proc.returncode}; restarting", file=sys.stderr)
+                    procs[name] = start(name)
+            time.sleep(0.05)
+    finally:
+        if parent is not None:
+            # A process-scoped cluster: everything at once, nothing to keep (the script has ended).
+            kill_now([flower, *procs.values(), redis_proc])
+        else:
+            # `gpulayer up`: workers finish and hand back what they hold, then Redis writes its file.
+            if flower is not None:
+                stop_process(flower, grace=5)
+            stop(list(procs.values()), grace=10)
+            stop_process(redis_proc, grace=10)
+        state = read_state(state_file)
+        if state and state.get("supervisor_pid") == os.getpid():
+            state_file.unlink(missing_ok=True)
+        if parent is not None:  # a process-scoped cluster leaves nothing behind
+            shutil.rmtree(home, ignore_errors=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gpulayer.local", description="embedded cluster supervisor")
+    p.add_argument("--home", type=Path, required=True)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--slots", type=int, default=2)
+    p.add_argument("--parent", type=int, default=None)
+    p.add_argument("--flower", type=int, default=None, help="run Flower on this port (0: a free one)")
+    p.add_argument("--zone", action="append", default=None, help="zone of the next worker (repeatable)")
+    p.add_argument("--region", action="append", default=None, help="region of the next worker (repeatable)")
+    a = p.parse_args(argv)
+    return supervise(a.home, a.workers, a.slots, a.parent, a.flower, a.zone, a.region)

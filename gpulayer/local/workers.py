@@ -1,0 +1,73 @@
+"""Starting ``gpulayer worker`` and ``gpulayer flower`` as child processes, and waiting for a port.
+
+The broker URL and the cluster secret go by environment, never on the command line, where any local
+user would read the password in ``ps``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..deadline import Deadline
+from .redis_server import TERM_WITH_PARENT
+
+
+def start_worker(broker_url: str, secret: str, *, name: str, slots: int = 1, zone: str | None = None,
+                 region: str | None = None, cuda: str = "off", advertise_addr: str | None = None,
+                 log_file: Path | None = None, env: dict[str, str] | None = None,
+                 tie_to_parent: bool = False, extra_args: list[str] | None = None,
+                 prefix: list[str] | None = None) -> subprocess.Popen:
+    """Start ``gpulayer worker`` as our child process (``prefix``: e.g. ``ip netns exec ns1``).
+
+    The broker URL and the secret go by environment, never on the command line,
+    where any local user would read the password in ``ps``.
+    """
+    args = [*(prefix or []), sys.executable, "-m", "gpulayer", "worker", "--name", name,
+            "--slots", str(slots), "--cuda", cuda, "--loglevel", "INFO"]
+    for flag, value in (("--zone", zone), ("--region", region), ("--advertise-addr", advertise_addr)):
+        if value:
+            args += [flag, value]
+    args += extra_args or []
+    child_env = dict(os.environ if env is None else env)
+    child_env["GPULAYER_BROKER_URL"] = broker_url
+    child_env["GPULAYER_SECRET"] = secret
+    child_env["PYTHONUNBUFFERED"] = "1"  # logs reach the file as they happen
+    out = open(log_file, "ab") if log_file else subprocess.DEVNULL
+    try:
+        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=child_env, preexec_fn=TERM_WITH_PARENT if tie_to_parent else None)
+    finally:
+        if log_file:
+            out.close()
+
+
+def start_flower(broker_url: str, secret: str, *, port: int, log_file: Path | None = None,
+                 tie_to_parent: bool = False) -> subprocess.Popen:
+    """Start ``gpulayer flower`` on 127.0.0.1:``port`` as our child (the URL and secret go by environment)."""
+    args = [sys.executable, "-m", "gpulayer", "flower", "--port", str(port), "--address", "127.0.0.1"]
+    env = dict(os.environ, GPULAYER_BROKER_URL=broker_url, GPULAYER_SECRET=secret, PYTHONUNBUFFERED="1")
+    out = open(log_file, "ab") if log_file else subprocess.DEVNULL
+    try:
+        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                preexec_fn=TERM_WITH_PARENT if tie_to_parent else None)
+    finally:
+        if log_file:
+            out.close()
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 30.0, host: str = "127.0.0.1") -> bool:
+    """True once ``host:port`` accepts connections; False if ``proc`` exits or time runs out."""
+    import socket
+
+    deadline = Deadline(timeout)
+    while not deadline.expired() and proc.poll() is None:
+        try:
+            socket.create_connection((host, port), timeout=0.5).close()
+            return True
+        except OSError:
+            time.sleep(0.1)
+    return False
