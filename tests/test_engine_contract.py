@@ -33,14 +33,10 @@ from gpulayer.engine.upstream import BORROWED, WRITTEN_FOR, Borrowed, changes, d
 PACKAGE = Path(gpulayer.__file__).parent
 ROOT = PACKAGE.parent
 
-# Outside engine/, on purpose, each with the reason; every one is listed in BORROWED all the same.
-OUTSIDE_ENGINE = {
-    "gpulayer.store.connection": "redis-py's TLS connection (one SSLContext per process), not Celery or kombu: it "
-                                 "stays with the one way gpulayer connects to Redis",
-}
-ALLOWED_OUTSIDE = {
-    ("gpulayer/store/connection.py", "TLSConnection._wrap_socket_with_ssl"): OUTSIDE_ENGINE["gpulayer.store.connection"],
-}
+# Modules outside engine/ that override upstream methods on purpose, each with the reason (listed in BORROWED all the
+# same). None: redis-py's TLS connection moved to engine/redis_tls.py.
+OUTSIDE_ENGINE: dict[str, str] = {}
+ALLOWED_OUTSIDE: dict[tuple[str, str], str] = {}
 UPSTREAM = ("celery", "kombu", "flower", "billiard", "redis", "tornado")
 
 

@@ -1,4 +1,4 @@
-"""Every place gpulayer overrides, copies or patches a private part of Celery, kombu or Flower.
+"""Every place gpulayer overrides, copies or patches a private part of Celery, kombu, Flower or redis-py.
 
 - ``transport.py``: kombu's Redis transport with takes a SIGKILL cannot lose, batched, prefetched
   and carrying the acks (the Channel's ``_put``, ``_do_restore_message``, ``_brpop_start``,
@@ -10,6 +10,8 @@
 - ``qos.py``: the slot gate (may a message start now, may a take bring more), asked by the transport's QoS.
 - ``connections.py``: forgetting a Celery app's pooled connections.
 - ``flower.py``: a transform of ours ahead of Flower's own.
+- ``redis_tls.py``: redis-py's TLS connection with one SSLContext per process, installed into
+  ``store.connection.connect_redis``.
 - ``upstream.py``: each upstream method the above depend on, with the hash of its source for the
   pinned versions; ``tests/test_engine_contract.py`` fails, naming it, when upstream changes one.
 

@@ -67,7 +67,7 @@ from kombu.utils.json import dumps, loads
 
 from ..errors import ConfigError
 from ..store import keys
-from ..store.connection import TLSConnection
+from .redis_tls import TLSConnection
 from .loop import add_readers_only_when_missing, remove_writers_only_if_added
 
 log = logging.getLogger(__name__)
@@ -198,7 +198,7 @@ class QoS(kredis.QoS):
 
 class Channel(kredis.Channel):
     QoS = QoS
-    connection_class_ssl = TLSConnection  # rediss://: one TLS context per process (store/connection.py)
+    connection_class_ssl = TLSConnection  # rediss://: one TLS context per process (engine/redis_tls.py)
 
     def __init__(self, *args, **kwargs):
         self._pool_client = None  # before kombu's __init__, which may already talk to Redis

@@ -138,9 +138,9 @@ BORROWED: tuple[Borrowed, ...] = (
     Borrowed("celery.app.amqp:AMQP.producer_pool", "56ab6c3b9fc55f33", "gpulayer/engine/connections.py", "relies on"),
     # Flower's pages, masked
     Borrowed("flower.app:Flower.__init__", "baa7ff74d616ec05", "gpulayer/engine/flower.py", "patches"),
-    # redis-py's TLS connection, one SSLContext per process (stays with the one way to connect to Redis)
+    # redis-py's TLS connection, one SSLContext per process (installed into store/connection.py's connect_redis)
     Borrowed("redis.connection:SSLConnection._wrap_socket_with_ssl", "21d551d80815de5f",
-             "gpulayer/store/connection.py", "copies"),
+             "gpulayer/engine/redis_tls.py", "copies"),
 )
 
 _BY_TARGET = {b.target: b for b in BORROWED}
