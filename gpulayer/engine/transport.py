@@ -40,9 +40,7 @@ takes fill their batch, the worker takes again without waiting.
 
 Clients publish through the same transport (for the bells); only a process that
 called :func:`consume_as` (the worker) takes this way, everything else consumes
-as kombu does. A worker of an earlier gpulayer took into a *taking list* first
-and recorded with a second command; the janitor still puts back what such a
-life left there (:func:`put_back_taking`).
+as kombu does.
 """
 
 from __future__ import annotations
@@ -83,7 +81,6 @@ BURST_DRAIN = 0.05  # seconds: a full take whose messages all started within thi
 # BURST_MAX); one whose messages took over twice as long, or a take that found its queues dry, takes the base again
 _LUA = resources.files("gpulayer.store").joinpath("lua")
 TAKE = _LUA.joinpath("take.lua").read_text()
-PUT_BACK = _LUA.joinpath("put_back.lua").read_text()
 GIVE_BACK = _LUA.joinpath("give_back.lua").read_text()
 
 _consumer: str | None = None  # this worker process's life (keys.life), once it consumes
@@ -98,33 +95,6 @@ def consume_as(worker_id: str | None, pid: int | None = None) -> None:
     """Take messages as this life of ``worker_id`` (the worker's main process calls this before consuming)."""
     global _consumer
     _consumer = keys.life(worker_id, pid or os.getpid()) if worker_id else None
-
-
-def copy_of(queue_key: bytes, item: bytes) -> bytes:
-    """The taking list's entry for ``item`` taken from ``queue_key`` (as take.lua writes it)."""
-    return queue_key + b"\n" + item
-
-
-def split_copy(entry: bytes) -> tuple[bytes, bytes]:
-    queue_key, _, item = entry.partition(b"\n")
-    return queue_key, item
-
-
-def put_back_taking(client, life: str) -> list[bytes]:
-    """Requeue what ``life``'s taking list holds (taken, never recorded); returns the messages put back.
-
-    Only when no take of that life is under way: the janitor's dead workers, a worker's earlier lives, or
-    the consumer itself between takes.
-    """
-    done = []
-    for entry in client.lrange(keys.taking(life), 0, -1):
-        queue_key, item = split_copy(entry)
-        if client.eval(PUT_BACK, 2, keys.taking(life), queue_key, entry, item):
-            pipe = client.pipeline(transaction=False)
-            ring(pipe, queue_key)
-            pipe.execute()
-            done.append(item)
-    return done
 
 
 def loads_message(item: bytes) -> dict:

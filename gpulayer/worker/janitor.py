@@ -6,8 +6,7 @@ while it runs). Every worker runs a janitor; a Redis lock lets one act at a
 time. When a worker misses heartbeats for ``worker_dead_after`` seconds, the
 janitor hands back each message that worker held (recorded as it was taken,
 ``gpulayer/engine/transport.py``), counting the delivery as lost (a job lost
-``max_deliveries`` times fails instead, saying why), and each message it was
-in the middle of taking.
+``max_deliveries`` times fails instead, saying why).
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ import redis
 from billiard.exceptions import WorkerLostError
 
 from ..app import settings as app_settings
-from ..engine import transport
 from ..gang.coordinator import worker_lost
 from ..store import keys
 from ..store.gangs import GangStore
@@ -41,31 +39,12 @@ def dead_workers(client: redis.Redis, dead_after: float) -> list[str]:
     return [w.decode() for w in client.zrangebyscore(keys.WORKERS, "-inf", cutoff)]
 
 
-def _job_id(message: bytes) -> str | None:
-    try:
-        return json.loads(message)["headers"]["id"]
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
-def put_back_takes(client: redis.Redis, life: str) -> int:
-    """Requeue the messages a dead worker life was taking (popped, not yet recorded). Returns how many.
-
-    Not counted as lost deliveries: the job never reached a process.
-    """
-    items = transport.put_back_taking(client, life)
-    for item in items:
-        log.warning("gpulayer janitor: put back job %s that %s was taking when it died", _job_id(item), life)
-    return len(items)
-
-
 def hand_back(app, client: redis.Redis, life: str, why: str, max_deliveries: int) -> tuple[int, int]:
     """Requeue every message one worker life held; fail the jobs lost too often. Returns (requeued, failed)."""
     records = JobRecords(client)
     worker_id = life.rsplit(":", 1)[0]
-    requeued = put_back_takes(client, life)
+    requeued = failed = 0
     held = records.held_by(life)
-    failed = 0
     if held:
         with app.connection_for_write() as conn:
             channel = conn.default_channel
