@@ -8,12 +8,11 @@ import signal
 import time
 
 import pytest
-from kombu.transport.redis import Channel
 
 import gpulayer
 from gpulayer import queues, submit, submit_batch
 from gpulayer.app import redis_client
-from gpulayer.engine import transport
+from gpulayer.engine import delivery, transport
 from gpulayer.store import keys
 from gpulayer.store.jobs import JobRecords
 from gpulayer.store.registry import Registry
@@ -124,10 +123,10 @@ def test_a_message_taken_by_a_worker_that_dies_at_once_goes_back_from_its_record
         assert client.llen(queues.DEFAULT) == 1
         # t1's take, as its transport does it (take.lua, recorded as it takes), then nothing: t1 dies.
         before = set(client.keys("*"))
-        got = client.eval(transport.TAKE, 4, queues.DEFAULT, Channel.unacked_key, Channel.unacked_index_key,
+        got = client.eval(transport.TAKE, 4, queues.DEFAULT, delivery.UNACKED, delivery.UNACKED_INDEX,
                           keys.inflight(t1), 1, time.time(), 0)
         assert len(got) == 2 and client.llen(queues.DEFAULT) == 0 and client.hlen(keys.inflight(t1)) == 1
-        assert set(client.keys("*")) - before <= {k.encode() for k in (Channel.unacked_key, Channel.unacked_index_key,
+        assert set(client.keys("*")) - before <= {k.encode() for k in (delivery.UNACKED, delivery.UNACKED_INDEX,
                                                                        keys.inflight(t1))}
         fleet.kill_worker("t1", signal.SIGKILL)
     finally:

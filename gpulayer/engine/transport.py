@@ -509,10 +509,9 @@ class Channel(kredis.Channel):
         old channel's prefetched messages and unsent acks went with it too (a finished job's message
         comes back, and is ignored as done), and so did a take whose reply was lost.
         """
-        from celery.worker import state  # the worker's own requests; this runs in its consumer
+        from .qos import held_requests  # the worker's own requests; this runs in its consumer
 
-        held = {getattr(getattr(r, "_message", None), "delivery_tag", None)
-                for r in (*state.active_requests, *state.reserved_requests)}
+        held = {getattr(getattr(r, "_message", None), "delivery_tag", None) for r in held_requests()}
         held.update(m["properties"]["delivery_tag"] for _, _, m in self._buffer)
         held.update(self._acks)
         for raw in client.hkeys(keys.inflight(_consumer)):
