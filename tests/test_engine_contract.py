@@ -117,6 +117,11 @@ def test_an_unlisted_override_is_found():
     exec("from kombu.transport import redis\nclass Channel(redis.Channel):\n"
          "    def _size(self, queue):\n        return 0\n    def _ours(self):\n        return 1\n", module.__dict__)
     assert unlisted([module]) == {"kombu.transport.redis:Channel._size"}
+    # A method a mixin of ours gives the class counts as the class's own (engine/prefetch.py's Prefetch).
+    mixed = types.ModuleType("gpulayer.engine.fake_mixed")
+    exec("from kombu.transport import redis\nclass Mixin:\n    def _size(self, queue):\n        return 0\n"
+         "    def _ours(self):\n        return 1\nclass Channel(Mixin, redis.Channel):\n    pass\n", mixed.__dict__)
+    assert unlisted([mixed]) == {"kombu.transport.redis:Channel._size"}
 
 
 def test_patch_refuses_an_unlisted_target_and_keeps_the_original_for_the_contract(monkeypatch):

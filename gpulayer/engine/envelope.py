@@ -21,11 +21,22 @@ import json
 from typing import Collection
 
 from kombu import serialization
+from kombu.utils.encoding import bytes_to_str
+from kombu.utils.json import loads
 
 
 def parse(raw: bytes | str) -> dict:
     """The message ``raw`` (as a queue or a take holds it), decoded from JSON."""
     return json.loads(raw)
+
+
+def loads_message(item: bytes) -> dict:
+    """kombu's JSON ``loads`` of a taken message, without its hook (a Python call per object, ~6 in a message)
+    when no object in it can be one of kombu's tagged values (``{"__type__": ..., "__value__": ...}``: a datetime,
+    a UUID, bytes, a Decimal), the only objects the hook changes."""
+    if b"__type__" in item:
+        return loads(bytes_to_str(item))
+    return json.loads(item)
 
 
 def job_id(message: dict) -> str | None:
