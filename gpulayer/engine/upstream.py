@@ -315,8 +315,9 @@ def main(argv: list[str] | None = None) -> int:
         except (ImportError, AttributeError, OSError, TypeError) as err:
             found = f"missing ({type(err).__name__})"
         state = "ok" if found == entry.digest else "CHANGED"
+        also = f"; also relied on in {', '.join(entry.also)}" if entry.also else ""
         print(f"{state:8} {entry.target:75} recorded {entry.digest} installed {found}  "
-              f"[{entry.how}: {', '.join(entry.files)}]")
+              f"[{entry.how}: {entry.ours}{also}]")
     print("installed: " + ", ".join(f"{p} {installed_version(p)}" for p in WRITTEN_FOR) +
           "; written for: " + ", ".join(f"{p} {v}" for p, v in WRITTEN_FOR.items()))
     found_changes = changes()
