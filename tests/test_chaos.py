@@ -12,7 +12,7 @@ import pytest
 import gpulayer
 from gpulayer import queues, submit, submit_batch
 from gpulayer.app import redis_client
-from gpulayer.engine import transport
+from gpulayer.engine import delivery, transport
 from gpulayer.store import keys
 from gpulayer.store.jobs import JobRecords
 from gpulayer.store.registry import Registry
@@ -108,9 +108,9 @@ def test_poison_job_fails_after_bounded_deliveries_and_neighbours_finish(fleet):
     assert len([x for x in JobRecords(redis_client()).history(h.id) if x["event"] == "lost"]) == 3
 
 
-def test_a_message_taken_but_not_yet_recorded_goes_back_when_its_worker_dies(fresh_fleet):
-    """What a worker of an earlier gpulayer, SIGKILLed between its take and its record, leaves: the message
-    only in its taking list (today's take.lua records as it takes)."""
+def test_a_message_taken_by_a_worker_that_dies_at_once_goes_back_from_its_record(fresh_fleet):
+    """A worker SIGKILLed right after its take: take.lua popped and recorded the message in one step, so it is
+    in kombu's unacked hash with the worker's delivery record and nowhere else, and the janitor hands it back."""
     fleet = fresh_fleet
     fleet.add_workers({"t1": dict(slots=1), "t2": dict(slots=1)})
     fleet.connect()
@@ -121,20 +121,23 @@ def test_a_message_taken_but_not_yet_recorded_goes_back_when_its_worker_dies(fre
     try:
         h = submit.delay(work, 5, 0.0, f"taken:{time.time()}")
         assert client.llen(queues.DEFAULT) == 1
-        # t1's take, as an earlier transport did it (popped into its taking list), then nothing: t1 dies.
-        item = client.rpop(queues.DEFAULT)
-        client.lpush(keys.taking(t1), transport.copy_of(queues.DEFAULT.encode(), item))
-        assert client.llen(queues.DEFAULT) == 0 and client.llen(keys.taking(t1)) == 1
+        # t1's take, as its transport does it (take.lua, recorded as it takes), then nothing: t1 dies.
+        before = set(client.keys("*"))
+        got = client.eval(transport.TAKE, 4, queues.DEFAULT, delivery.UNACKED, delivery.UNACKED_INDEX,
+                          keys.inflight(t1), 1, time.time(), 0)
+        assert len(got) == 2 and client.llen(queues.DEFAULT) == 0 and client.hlen(keys.inflight(t1)) == 1
+        assert set(client.keys("*")) - before <= {k.encode() for k in (delivery.UNACKED, delivery.UNACKED_INDEX,
+                                                                       keys.inflight(t1))}
         fleet.kill_worker("t1", signal.SIGKILL)
     finally:
         os.kill(fleet.workers["t2"].pid, signal.SIGCONT)
     i, wid, _, _ = h.get(timeout=60)  # t2's janitor declares t1 dead and puts the message back
     assert (i, wid) == (5, "t2")
-    assert client.llen(keys.taking(t1)) == 0
+    assert client.hlen(keys.inflight(t1)) == 0
     deadline = time.time() + 10  # t2's record of the message goes with its ack
     while client.hlen(keys.inflight(t2)) and time.time() < deadline:
         time.sleep(0.1)
-    assert client.hlen(keys.inflight(t2)) == 0 and client.llen(keys.taking(t2)) == 0
+    assert client.hlen(keys.inflight(t2)) == 0 and JobRecords(client).losses(h.id) == 1  # t1's delivery
     client.close()
 
 

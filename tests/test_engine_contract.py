@@ -33,14 +33,10 @@ from gpulayer.engine.upstream import BORROWED, WRITTEN_FOR, Borrowed, changes, d
 PACKAGE = Path(gpulayer.__file__).parent
 ROOT = PACKAGE.parent
 
-# Outside engine/, on purpose, each with the reason; every one is listed in BORROWED all the same.
-OUTSIDE_ENGINE = {
-    "gpulayer.store.connection": "redis-py's TLS connection (one SSLContext per process), not Celery or kombu: it "
-                                 "stays with the one way gpulayer connects to Redis",
-}
-ALLOWED_OUTSIDE = {
-    ("gpulayer/store/connection.py", "TLSConnection._wrap_socket_with_ssl"): OUTSIDE_ENGINE["gpulayer.store.connection"],
-}
+# Modules outside engine/ that override upstream methods on purpose, each with the reason (listed in BORROWED all the
+# same). None: redis-py's TLS connection moved to engine/redis_tls.py.
+OUTSIDE_ENGINE: dict[str, str] = {}
+ALLOWED_OUTSIDE: dict[tuple[str, str], str] = {}
 UPSTREAM = ("celery", "kombu", "flower", "billiard", "redis", "tornado")
 
 
@@ -55,7 +51,9 @@ def assert_as_written(found) -> None:
 # -- the hashes ------------------------------------------------------------------------------------
 def test_every_borrowed_method_is_as_written():
     assert len(BORROWED) >= 30 and len({b.target for b in BORROWED}) == len(BORROWED)
-    assert all(b.how in upstream.HOW and b.package in WRITTEN_FOR and (ROOT / b.ours).is_file() for b in BORROWED)
+    assert all(b.how in upstream.HOW and b.package in WRITTEN_FOR and all((ROOT / f).is_file() for f in b.files)
+               for b in BORROWED)
+    assert all(f.startswith("gpulayer/engine/") for b in BORROWED for f in b.also)
     assert_as_written(changes())
 
 
@@ -119,6 +117,11 @@ def test_an_unlisted_override_is_found():
     exec("from kombu.transport import redis\nclass Channel(redis.Channel):\n"
          "    def _size(self, queue):\n        return 0\n    def _ours(self):\n        return 1\n", module.__dict__)
     assert unlisted([module]) == {"kombu.transport.redis:Channel._size"}
+    # A method a mixin of ours gives the class counts as the class's own (engine/prefetch.py's Prefetch).
+    mixed = types.ModuleType("gpulayer.engine.fake_mixed")
+    exec("from kombu.transport import redis\nclass Mixin:\n    def _size(self, queue):\n        return 0\n"
+         "    def _ours(self):\n        return 1\nclass Channel(Mixin, redis.Channel):\n    pass\n", mixed.__dict__)
+    assert unlisted([mixed]) == {"kombu.transport.redis:Channel._size"}
 
 
 def test_patch_refuses_an_unlisted_target_and_keeps_the_original_for_the_contract(monkeypatch):
@@ -267,6 +270,120 @@ def test_the_fence_finds_each_kind_of_breach(tmp_path):
         "binds a method onto an object (MethodType)",
         "setattr on an upstream object",
     ], found
+
+
+# -- the fence, for reads: nothing outside engine/ reaches into upstream internals ----------------------------
+# Upstream modules whose insides are engine/'s: the worker's state, requests and consumer steps, Celery's trace and
+# backends, kombu's transports and event loop, redis-py's connections, Flower.
+INTERNAL_MODULES = ("celery.worker.state", "celery.worker.request", "celery.worker.consumer", "celery.worker.strategy",
+                    "celery.worker.control", "celery.worker.loops", "celery.app.trace", "celery.backends",
+                    "celery.concurrency", "kombu.transport", "kombu.asynchronous", "redis.connection", "flower")
+# Attributes of upstream objects that are private structure, though not spelled with "_": kombu's unacked records,
+# its channels' QoS and restore, Celery's task consumer and worker state; and the private ones gpulayer once read.
+PRIVATE_STRUCTURE = {"qos", "unacked_key", "unacked_index_key", "unacked_mutex_key", "restore_by_tag",
+                     "restore_unacked", "task_consumer", "active_requests", "reserved_requests", "scheduled_requests",
+                     "_wrap_socket_with_ssl", "_request_dict", "_message"}
+# Keys of kombu's message envelope that only its layout has (engine/envelope.py reads it): a string of these outside
+# engine/ is code parsing a kombu message itself.
+ENVELOPE_KEYS = {"body_encoding", "delivery_tag", "delivery_info", "content-encoding"}
+# Lab modules (gpulayer/lab/: fleet.py, netns.py, emulator/) allowed a breach, each with the reason. None: they use engine/.
+LAB_EXEMPT: dict[str, str] = {}
+
+
+def _internal(dotted: str) -> bool:
+    return any(dotted == m or dotted.startswith(m + ".") for m in INTERNAL_MODULES)
+
+
+def reach_violations(path: Path, rel: str) -> list[str]:
+    """Where ``path`` reaches into upstream internals, which only engine/ may do (each case has an engine/ function
+    to call instead). The rule, on the source's ``ast``:
+
+    1. no import of an internal upstream module (``INTERNAL_MODULES``: ``celery.worker.state``,
+       ``kombu.transport.redis``...), nor of a class, function or module from one (a constant, such as kombu's
+       ``PRIORITY_STEPS``, is a value, not structure); no private name (``_x``) imported from any upstream package;
+    2. no attribute named in ``PRIVATE_STRUCTURE`` (``.qos``, ``.unacked_key``, ``.restore_by_tag``,
+       ``.active_requests``, ``._wrap_socket_with_ssl``...), on any object: those names are upstream's structure;
+    3. no private attribute (``_x``, not ``__x__``) anywhere along a name bound to an upstream module or object
+       (``kredis.Channel._brpop_read``, ``celery_trace._fast_trace``);
+    4. no string naming a key of kombu's message envelope (``ENVELOPE_KEYS``: ``"delivery_tag"``,
+       ``"body_encoding"``...): a message is parsed by engine/envelope.py.
+    """
+    tree = ast.parse(path.read_text())
+    names = _upstream_names(tree)
+    found = []
+    for node in ast.walk(tree):
+        imported: list[tuple[str, str]] = []  # (dotted module or object, as written)
+        if isinstance(node, ast.Import):
+            imported = [(a.name, a.name) for a in node.names if a.name.split(".")[0] in UPSTREAM]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module.split(".")[0] in UPSTREAM:
+            imported = [(f"{node.module}.{a.name}", f"from {node.module} import {a.name}") for a in node.names]
+        for dotted, written in imported:
+            if any(part.startswith("_") and not part.startswith("__") for part in dotted.split(".")):
+                found.append(f"{rel}:{node.lineno}: {written} (a private upstream name)")
+            elif _internal(dotted):
+                obj = _upstream_object(dotted)
+                if inspect.isclass(obj) or inspect.ismodule(obj) or callable(obj):
+                    found.append(f"{rel}:{node.lineno}: {written} (an upstream internal)")
+        if isinstance(node, ast.Attribute):
+            dotted = _dotted(node)
+            if node.attr in PRIVATE_STRUCTURE:
+                found.append(f"{rel}:{node.lineno}: .{node.attr} (upstream's private structure)")
+            elif dotted and dotted[0] in names and node.attr.startswith("_") and not node.attr.startswith("__"):
+                found.append(f"{rel}:{node.lineno}: {'.'.join(dotted)} (a private upstream attribute)")
+        if isinstance(node, ast.Constant) and node.value in ENVELOPE_KEYS:
+            found.append(f"{rel}:{node.lineno}: {node.value!r} (kombu's message envelope)")
+    return found
+
+
+def test_nothing_outside_engine_reaches_into_upstream_internals():
+    """The fence is complete: every access to a private part of Celery, kombu, Flower or redis-py (an override, a
+    copy, a patch, or a read of its structure) is in gpulayer/engine/, each listed in engine/upstream.py."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if not rel.startswith("gpulayer/engine/") and rel not in LAB_EXEMPT:
+            found += reach_violations(path, rel)
+    assert not found, ("outside gpulayer/engine/ (call an engine/ function instead: engine/qos.py for the worker's "
+                       "requests and slot gate, engine/delivery.py for unacked deliveries, engine/envelope.py for a "
+                       "message's layout; or add one there, listed in engine/upstream.py): " + "; ".join(found))
+
+
+def test_the_reach_fence_finds_each_kind_of_breach(tmp_path):
+    path = tmp_path / "breach.py"
+    path.write_text(textwrap.dedent("""\
+        import redis
+        from celery.worker import state as worker_state
+        from kombu.transport.redis import Channel, PRIORITY_STEPS
+        from kombu.transport import redis as kredis
+        from celery.app.trace import _fast_trace_task
+
+        def peek(c, channel, req):
+            qos = c.task_consumer.channel.qos
+            channel.qos.restore_by_tag("t")
+            n = len(worker_state.active_requests)
+            key = kredis.Channel._brpop_read
+            conn = redis.connection.SSLConnection._wrap_socket_with_ssl
+            tag = req.message["properties"]["delivery_tag"]
+            return req._request_dict, PRIORITY_STEPS, redis.Redis.from_url
+        """))
+    found = [f.split(": ", 1)[1] for f in reach_violations(path, "gpulayer/breach.py")]
+    expected = [
+        "from celery.worker import state (an upstream internal)",
+        "from kombu.transport.redis import Channel (an upstream internal)",
+        "from kombu.transport import redis (an upstream internal)",
+        "from celery.app.trace import _fast_trace_task (a private upstream name)",
+        ".qos (upstream's private structure)",
+        ".task_consumer (upstream's private structure)",
+        ".restore_by_tag (upstream's private structure)",
+        ".qos (upstream's private structure)",
+        ".active_requests (upstream's private structure)",
+        "kredis.Channel._brpop_read (a private upstream attribute)",
+        "._wrap_socket_with_ssl (upstream's private structure)",
+        "._request_dict (upstream's private structure)",
+        "'delivery_tag' (kombu's message envelope)",
+    ]
+    assert sorted(found) == sorted(expected), found
+    assert not any("PRIORITY_STEPS" in f or "from_url" in f for f in found)  # a constant, a public method
 
 
 @pytest.mark.parametrize("tz", ["UTC", "Europe/Paris", "America/New_York"])

@@ -10,7 +10,7 @@ import json
 import pytest
 from kombu.transport.redis import Channel
 
-from gpulayer.engine import transport
+from gpulayer.app import app
 from gpulayer.store import keys
 from gpulayer.store.registry import load_script
 from gpulayer.worker import janitor
@@ -25,28 +25,43 @@ def r(fresh_fleet):
     client.close()
 
 
-def test_a_taking_entry_keeps_its_queue_and_message_apart():
-    entry = transport.copy_of(b"gl.q.cpu", b'{"body": "x\\ny"}')
-    assert transport.split_copy(entry) == (b"gl.q.cpu", b'{"body": "x\\ny"}')  # a newline in the message survives
+def test_a_take_leaves_each_message_in_its_queue_or_in_the_unacked_records_and_nowhere_else(r):
+    """take.lua pops and records in one step: no key of the taker's life (or any other) holds a message between."""
+    life = keys.life("w-take", 5)
+    item = kombu_message("j-nl", "t-nl", body="x\ny")  # a newline in the message survives
+    r.lpush("gl.q.cpu", item)
+    before = set(r.keys("*"))
+    got = take(r, ["gl.q.cpu"], life, 1)
+    assert got == [b"gl.q.cpu", item] and r.llen("gl.q.cpu") == 0
+    assert set(r.keys("*")) - before == {UNACKED.encode(), UNACKED_INDEX.encode(), keys.inflight(life).encode()}
+    assert json.loads(r.hget(UNACKED, "t-nl"))[0] == json.loads(item)
+    assert r.hgetall(keys.inflight(life)) == {b"t-nl": b"j-nl"}
 
 
-def test_what_a_dead_life_was_taking_goes_back_to_its_own_queue_and_rings_its_bell(r):
+def test_what_a_dead_life_took_goes_back_to_its_own_queue_once_and_rings_its_bell(r, fresh_fleet):
+    fresh_fleet.connect()
     life = keys.life("w-dead", 4242)
-    r.rpush(keys.taking(life), transport.copy_of(b"gl.q.a", b"m1"), transport.copy_of(b"gl.q.b", b"m2"))
-    assert sorted(transport.put_back_taking(r, life)) == [b"m1", b"m2"]
-    assert r.lrange("gl.q.a", 0, -1) == [b"m1"] and r.lrange("gl.q.b", 0, -1) == [b"m2"]
-    assert r.llen(keys.taking(life)) == 0
+    r.lpush("gl.q.a", kombu_message("j1", "t1", queue="gl.q.a"))
+    r.lpush("gl.q.b", kombu_message("j2", "t2", queue="gl.q.b"))
+    assert len(take(r, ["gl.q.a", "gl.q.b"], life, 2)) == 4
+    assert janitor.hand_back(app, r, life, "test", max_deliveries=3) == (2, 0)
+    assert [json.loads(m)["headers"]["id"] for m in r.lrange("gl.q.a", 0, -1)] == ["j1"]
+    assert [json.loads(m)["headers"]["id"] for m in r.lrange("gl.q.b", 0, -1)] == ["j2"]
+    assert r.hlen(keys.inflight(life)) == 0 and r.hlen(UNACKED) == 0 and r.zcard(UNACKED_INDEX) == 0
     assert r.llen(keys.bell("gl.q.a")) == 1 and r.llen(keys.bell("gl.q.b")) == 1  # idle takers wake up
-    assert transport.put_back_taking(r, life) == []  # twice is once: nothing is put back two times
+    assert janitor.hand_back(app, r, life, "test", max_deliveries=3) == (0, 0)  # twice is once
     assert r.llen("gl.q.a") == 1
 
 
-def test_the_janitor_counts_what_it_put_back_and_leaves_other_lives_alone(r):
+def test_the_janitor_counts_what_it_put_back_and_leaves_other_lives_alone(r, fresh_fleet):
+    fresh_fleet.connect()
     dead, alive = keys.life("w-1", 1), keys.life("w-1", 2)
-    r.rpush(keys.taking(dead), transport.copy_of(b"gl.q.a", b'{"headers": {"id": "j1"}}'))
-    r.rpush(keys.taking(alive), transport.copy_of(b"gl.q.a", b'{"headers": {"id": "j2"}}'))
-    assert janitor.put_back_takes(r, dead) == 1
-    assert r.llen(keys.taking(alive)) == 1  # the new life of the same worker is not touched
+    r.lpush("gl.q.a", kombu_message("j1", "t1"), kombu_message("j2", "t2"))
+    take(r, ["gl.q.a"], dead, 1)
+    take(r, ["gl.q.a"], alive, 1)
+    assert janitor.hand_back(app, r, dead, "test", max_deliveries=3) == (1, 0)
+    assert r.hgetall(keys.inflight(alive)) == {b"t2": b"j2"}  # the new life of the same worker is not touched
+    assert r.hkeys(UNACKED) == [b"t2"]
 
 
 def test_dead_workers_are_judged_by_redis_clock(r):

@@ -26,8 +26,9 @@ from gpulayer.app import app
 from gpulayer.config import load_settings, tls_options, with_tls
 from gpulayer.engine import transport
 from gpulayer.errors import ConfigError, JobFailed
-from gpulayer.store import connection
-from gpulayer.store.connection import TLSConnection, connect_redis
+from gpulayer.engine import redis_tls
+from gpulayer.engine.redis_tls import TLSConnection
+from gpulayer.store.connection import connect_redis
 from gpulayer.lab.fleet import Fleet, TlsFiles
 
 from .test_chaos import kill_each_worker_mid_run
@@ -194,12 +195,13 @@ def test_tls_connections_share_one_context_until_a_certificate_changes(tls_fleet
     """redis-py builds an SSLContext, loading the system's CA bundle, per connection; TLSConnection, per process."""
     assert list(inspect.signature(redis.SSLConnection._wrap_socket_with_ssl).parameters) == ["self", "sock"], \
         "redis-py changed the method TLSConnection overrides (written for redis-py 8.1)"
-    connection._contexts.clear()
+    redis_tls._contexts.clear()
     clients = [connect_redis(tls_fleet.url) for _ in range(3)]
-    assert all(c.ping() for c in clients) and len(connection._contexts) == 1
+    assert all(c.ping() for c in clients) and len(redis_tls._contexts) == 1
+    assert all(c.connection_pool.connection_class is TLSConnection for c in clients)  # installed by engine/
     st = tls_files.client_cert.stat()
     os.utime(tls_files.client_cert, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # a rotated certificate
-    assert connect_redis(tls_fleet.url).ping() and len(connection._contexts) == 2
+    assert connect_redis(tls_fleet.url).ping() and len(redis_tls._contexts) == 2
     for c in clients:
         c.close()
 

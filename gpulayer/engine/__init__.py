@@ -1,19 +1,25 @@
-"""Every place gpulayer overrides, copies or patches a private part of Celery, kombu or Flower.
+"""Every place gpulayer overrides, copies, patches or reads a private part of Celery, kombu, Flower or redis-py.
 
-- ``transport.py``: kombu's Redis transport with takes a SIGKILL cannot lose, batched, prefetched
-  and carrying the acks (the Channel's ``_put``, ``_do_restore_message``, ``_brpop_start``,
-  ``_brpop_read``, ``close``; its QoS's ``append``, ``ack``, ``can_consume``).
+- ``transport.py``: kombu's Redis transport with takes a SIGKILL cannot lose (the Channel's ``_put``,
+  ``_do_restore_message``, ``_brpop_start``, ``_brpop_read``, ``close``), with
+  ``prefetch.py`` (messages taken ahead of free slots: delivered one by one, given back to a gang),
+  ``carry.py`` (the acks and results a take carries), ``bells.py`` (waking idle takers) and
+  ``takeover.py`` (what a reconnect dropped goes back).
+- ``qos.py``: the transport's QoS (its ``append``, ``ack``, ``can_consume``), the slot gate it asks, and the
+  worker's requests as Celery's worker state keeps them.
+- ``envelope.py``: a kombu message's layout; ``delivery.py``: kombu's unacked deliveries (the janitor's side).
+- ``redis_tls.py``: redis-py's TLS connection with one SSLContext per process.
 - ``results.py``: Celery's Redis result backend, stored once, failures as ``JobFailed``.
 - ``request.py``: the worker's request (bounded redelivery) and its "received" log line.
 - ``events.py``: Celery's monitoring events, off until a monitor asks (``enable_events``), then paced.
 - ``control.py``: remote control (``celery inspect``) that waits for as many replies as live workers.
-- ``qos.py``: the slot gate (may a message start now, may a take bring more), asked by the transport's QoS.
+- ``loop.py``: a cheaper turn of the worker's event loop.
 - ``connections.py``: forgetting a Celery app's pooled connections.
 - ``flower.py``: a transform of ours ahead of Flower's own.
-- ``upstream.py``: each upstream method the above depend on, with the hash of its source for the
+- ``upstream.py``: each upstream method or attribute the above depend on, with the hash of its source for the
   pinned versions; ``tests/test_engine_contract.py`` fails, naming it, when upstream changes one.
 
-Nothing outside this package overrides or patches Celery, kombu or Flower internals
+Nothing outside this package overrides, patches or reads Celery, kombu, Flower or redis-py internals
 (``tests/test_engine_contract.py`` checks that too). Submodules are imported where used:
 this ``__init__`` imports none of them.
 """

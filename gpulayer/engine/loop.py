@@ -7,6 +7,8 @@ descriptors that are registered already (or were never): a syscall and a caught 
 
 from __future__ import annotations
 
+TURN_DELAY = 0.001  # seconds: kombu's loop takes a timer due after 0 as one a second away
+
 
 def add_readers_only_when_missing(loop, cycle, on_readable, kombu_tick) -> None:
     """Replace kombu's per-turn ``kombu_tick`` (which adds a reader for each of its sockets on every turn:

@@ -34,7 +34,7 @@ from celery.exceptions import BackendStoreError
 from kombu.utils.encoding import bytes_to_str
 
 from ..store import keys
-from ..store.connection import TLSConnection
+from .redis_tls import TLSConnection
 from ..store.registry import load_script
 from ..store.results import as_job_failed
 

@@ -40,6 +40,11 @@ class Borrowed:
     digest: str  # the first 16 hex digits of sha256 over its normalised source, in WRITTEN_FOR's version
     ours: str  # the file of gpulayer's code that depends on it
     how: str  # a key of HOW
+    also: tuple[str, ...] = ()  # other files of gpulayer's code (in engine/) that rely on it too
+
+    @property
+    def files(self) -> tuple[str, ...]:
+        return (self.ours, *self.also)
 
     @property
     def package(self) -> str:
@@ -53,16 +58,18 @@ class Borrowed:
 
 _T, _R, _Q, _E = ("gpulayer/engine/transport.py", "gpulayer/engine/results.py", "gpulayer/engine/request.py",
                   "gpulayer/engine/events.py")
-_L = "gpulayer/engine/loop.py"
+_L, _QOS, _P, _C = ("gpulayer/engine/loop.py", "gpulayer/engine/qos.py", "gpulayer/engine/prefetch.py",
+                    "gpulayer/engine/carry.py")
+_ENV, _D, _TO = "gpulayer/engine/envelope.py", "gpulayer/engine/delivery.py", "gpulayer/engine/takeover.py"
 
 BORROWED: tuple[Borrowed, ...] = (
     # kombu's Redis transport: takes a SIGKILL cannot lose, bells, one client per pool
-    Borrowed("kombu.transport.redis:QoS.append", "c7daa00b15fd856c", _T, "overrides"),
-    Borrowed("kombu.transport.redis:QoS._remove_from_indices", "1d16cda1cc93f5ad", _T, "overrides"),
-    Borrowed("kombu.transport.redis:QoS.ack", "e327206e27ae8803", _T, "overrides"),
-    Borrowed("kombu.transport.virtual.base:QoS.ack", "10a753d3357edafb", _T, "relies on"),
-    Borrowed("kombu.transport.redis:QoS.restore_by_tag", "da84a4be670b4345", _T, "relies on"),
-    Borrowed("kombu.transport.virtual.base:QoS.append", "f66e99e79deefec4", _T, "relies on"),
+    Borrowed("kombu.transport.redis:QoS.append", "c7daa00b15fd856c", _QOS, "overrides", also=(_ENV,)),
+    Borrowed("kombu.transport.redis:QoS._remove_from_indices", "1d16cda1cc93f5ad", _QOS, "overrides", also=(_D,)),
+    Borrowed("kombu.transport.redis:QoS.ack", "e327206e27ae8803", _QOS, "overrides"),
+    Borrowed("kombu.transport.virtual.base:QoS.ack", "10a753d3357edafb", _QOS, "relies on"),
+    Borrowed("kombu.transport.redis:QoS.restore_by_tag", "da84a4be670b4345", _TO, "relies on", also=(_D,)),
+    Borrowed("kombu.transport.virtual.base:QoS.append", "f66e99e79deefec4", _QOS, "relies on"),
     Borrowed("kombu.transport.redis:Channel.__init__", "c85cbfeb45bd4cb4", _T, "overrides"),
     Borrowed("kombu.transport.redis:Channel.conn_or_acquire", "73c0765b5280564e", _T, "overrides"),
     Borrowed("kombu.transport.redis:Channel._put", "b341c110d926fbb3", _T, "overrides"),
@@ -71,18 +78,30 @@ BORROWED: tuple[Borrowed, ...] = (
     Borrowed("kombu.transport.redis:Channel._brpop_read", "8dffdd33e02e92cf", _T, "overrides"),
     Borrowed("kombu.transport.redis:Channel.close", "e432a00c5593503e", _T, "overrides"),
     # a taken message decoded without kombu's JSON hook where it has nothing to change
-    Borrowed("kombu.utils.json:object_hook", "cf29125995c05973", _T, "relies on"),
+    Borrowed("kombu.utils.json:object_hook", "cf29125995c05973", _ENV, "relies on"),
     # a cheaper loop turn: kombu's on_poll_start, with a reader added only for a socket that has none
     Borrowed("kombu.transport.redis:Transport.register_with_event_loop", "0979cb1d0b41a986", _T, "overrides"),
     Borrowed("kombu.transport.redis:MultiChannelPoller._register", "84a2b49e9aeff3fd", _L, "relies on"),
     Borrowed("kombu.asynchronous.hub:Hub.add", "09bb121b537d9a49", _L, "relies on"),
     Borrowed("kombu.asynchronous.hub:Hub.remove_writer", "403748aced7cf852", _L, "relies on"),
     Borrowed("celery.concurrency.asynpool:AsynPool._create_write_handlers", "c7381a1afb8c8e9c", _L, "relies on"),
-    # the event loop turn that Celery's acks wait for (the transport's _turn_soon_if_acks_wait)
-    Borrowed("kombu.asynchronous.hub:Hub.create_loop", "8faca5b8e3b64640", _T, "relies on"),
-    Borrowed("kombu.asynchronous.hub:Hub.fire_timers", "22f549d5283e7c45", _T, "relies on"),
+    # the event loop turn that Celery's acks wait for (the prefetch's _turn_soon_if_acks_wait, carry's timer)
+    Borrowed("kombu.asynchronous.hub:Hub.create_loop", "8faca5b8e3b64640", _P, "relies on", also=(_C,)),
+    Borrowed("kombu.asynchronous.hub:Hub.fire_timers", "22f549d5283e7c45", _P, "relies on", also=(_C,)),
     # the slot gate (engine/qos.py), asked by the transport's QoS
-    Borrowed("kombu.transport.virtual.base:QoS.can_consume", "49da5047156f5223", _T, "overrides"),
+    Borrowed("kombu.transport.virtual.base:QoS.can_consume", "49da5047156f5223", _QOS, "overrides", also=(_P,)),
+    # ... set on the task consumer's channel's QoS; the worker's requests, as Celery's worker state keeps them
+    Borrowed("celery.worker.consumer.tasks:Tasks.start", "c86185b905f34044", _QOS, "relies on"),
+    Borrowed("kombu.transport.virtual.base:Channel.qos", "919fa972ef27f344", _QOS, "relies on"),
+    Borrowed("celery.worker.state:task_reserved", "31688234dd7ecd41", _QOS, "relies on"),
+    Borrowed("celery.worker.state:task_accepted", "fda3b2b9d59c296f", _QOS, "relies on"),
+    Borrowed("celery.worker.state:task_ready", "c828c23270b019e9", _QOS, "relies on"),
+    # a message's layout in a queue and in kombu's unacked records (read by the control consumer, the janitor, the
+    # emulator through engine/envelope.py and engine/delivery.py)
+    Borrowed("kombu.transport.virtual.base:Channel.prepare_message", "2beb8edc7692d609", _ENV, "relies on"),
+    Borrowed("kombu.transport.virtual.base:Channel._inplace_augment_message", "1556dfbeca73f122", _ENV, "relies on"),
+    Borrowed("kombu.transport.redis:Channel.unacked_key", "d74ac3dfa7ca8407", _D, "relies on"),
+    Borrowed("kombu.transport.redis:Channel.unacked_index_key", "9d26d870ab19d81d", _D, "relies on"),
     # Celery's Redis result backend: stored once, failures as JobFailed
     Borrowed("celery.backends.redis:RedisBackend.__init__", "b25298d88bf82498", _R, "overrides"),
     Borrowed("celery.backends.redis:RedisBackend._set_with_state", "37db08ec94802d6e", _R, "overrides"),
@@ -99,7 +118,7 @@ BORROWED: tuple[Borrowed, ...] = (
     Borrowed("celery.backends.asynchronous:AsyncBackendMixin.remove_pending_result", "744fbbd18bc30225", _R,
              "overrides"),
     # the worker's request: bounded redelivery, summaries instead of pickles
-    Borrowed("celery.worker.request:Request.__init__", "3bb3f5995d780969", _Q, "overrides"),
+    Borrowed("celery.worker.request:Request.__init__", "3bb3f5995d780969", _Q, "overrides", also=(_TO,)),
     Borrowed("celery.worker.request:Request.info", "e3d30d7615008072", _Q, "overrides"),
     Borrowed("celery.worker.request:Request.on_failure", "98f98c5f0542af2b", _Q, "overrides"),
     Borrowed("celery.app.trace:LOG_RECEIVED", "1bd53e34652b424d", _Q, "patches"),
@@ -138,9 +157,9 @@ BORROWED: tuple[Borrowed, ...] = (
     Borrowed("celery.app.amqp:AMQP.producer_pool", "56ab6c3b9fc55f33", "gpulayer/engine/pools.py", "relies on"),
     # Flower's pages, masked
     Borrowed("flower.app:Flower.__init__", "baa7ff74d616ec05", "gpulayer/engine/flower.py", "patches"),
-    # redis-py's TLS connection, one SSLContext per process (stays with the one way to connect to Redis)
+    # redis-py's TLS connection, one SSLContext per process (installed into store/connection.py's connect_redis)
     Borrowed("redis.connection:SSLConnection._wrap_socket_with_ssl", "21d551d80815de5f",
-             "gpulayer/store/connection.py", "copies"),
+             "gpulayer/engine/redis_tls.py", "copies"),
 )
 
 _BY_TARGET = {b.target: b for b in BORROWED}
@@ -213,11 +232,12 @@ class Change:
         now = f"{e.package} {self.installed or 'not installed'}"
         todo = (f"then record its new hash in gpulayer/engine/upstream.py (`python -m gpulayer.engine.upstream` prints "
                 f"them) and update the {e.package} pin in pyproject.toml")
+        where = f"{HOW[e.how]} in {e.ours}" + "".join(f" and the code that relies on it in {f}" for f in e.also)
         if self.found is None:
             return (f"{e.name} no longer exists in {now} (gpulayer was written against {pinned}): rewrite "
-                    f"{HOW[e.how]} in {e.ours} for the new version, {todo}")
+                    f"{where} for the new version, {todo}")
         return (f"{e.name} changed upstream since {pinned} (installed: {now}; source hash {self.found}, recorded "
-                f"{e.digest}): re-read {HOW[e.how]} in {e.ours} against the new source, {todo}")
+                f"{e.digest}): re-read {where} against the new source, {todo}")
 
 
 def changes(entries: Iterable[Borrowed] = BORROWED,
@@ -237,20 +257,29 @@ def changes(entries: Iterable[Borrowed] = BORROWED,
 UPSTREAM_PACKAGES = ("celery", "kombu", "flower", "redis", "billiard")
 
 
+def _upstream(cls: type) -> bool:
+    return cls.__module__.split(".")[0] in UPSTREAM_PACKAGES
+
+
 def overrides_in(module: types.ModuleType) -> set[str]:
-    """Targets (``module:Class.name``) of every upstream method a class defined in ``module`` overrides."""
+    """Targets (``module:Class.name``) of every upstream method a class defined in ``module`` overrides, itself
+    or through a mixin of ours ahead of the upstream class in its MRO (engine/prefetch.py's ``Prefetch``)."""
     found = set()
     for cls in vars(module).values():
         if not inspect.isclass(cls) or cls.__module__ != module.__name__:
             continue
-        for name in vars(cls):
-            for base in cls.__mro__[1:]:
-                if base.__module__.split(".")[0] in UPSTREAM_PACKAGES and name in vars(base):
-                    value = vars(cls)[name]  # a method; not a class attribute naming a class (Channel.QoS = QoS)
-                    if inspect.isfunction(value) or isinstance(value, (property, staticmethod, classmethod,
-                                                                       functools.cached_property)):
-                        found.add(f"{base.__module__}:{base.__name__}.{name}")
-                    break
+        mro = cls.__mro__
+        for i, definer in enumerate(mro):
+            if _upstream(definer) or definer is object:
+                break
+            for name, value in vars(definer).items():
+                for base in mro[i + 1:]:
+                    if _upstream(base) and name in vars(base):
+                        # a method; not a class attribute naming a class (Channel.QoS = QoS)
+                        if inspect.isfunction(value) or isinstance(value, (property, staticmethod, classmethod,
+                                                                           functools.cached_property)):
+                            found.add(f"{base.__module__}:{base.__name__}.{name}")
+                        break
     return found
 
 
@@ -286,7 +315,9 @@ def main(argv: list[str] | None = None) -> int:
         except (ImportError, AttributeError, OSError, TypeError) as err:
             found = f"missing ({type(err).__name__})"
         state = "ok" if found == entry.digest else "CHANGED"
-        print(f"{state:8} {entry.target:75} recorded {entry.digest} installed {found}  [{entry.how}: {entry.ours}]")
+        also = f"; also relied on in {', '.join(entry.also)}" if entry.also else ""
+        print(f"{state:8} {entry.target:75} recorded {entry.digest} installed {found}  "
+              f"[{entry.how}: {entry.ours}{also}]")
     print("installed: " + ", ".join(f"{p} {installed_version(p)}" for p in WRITTEN_FOR) +
           "; written for: " + ", ".join(f"{p} {v}" for p, v in WRITTEN_FOR.items()))
     found_changes = changes()

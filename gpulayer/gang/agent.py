@@ -19,13 +19,12 @@ import time
 
 import redis
 from celery import bootsteps
-from celery.worker import state as worker_state
 
 from .. import signing
 from ..deadline import Deadline
 from . import workdir
 from ..app import settings as app_settings
-from ..engine.qos import gate_consumption
+from ..engine.qos import gate_consumer, reserved_count, running_count
 from ..procs import warm
 from .coordinator import node_stopped, worker_lost
 from ..procs.env import BACKEND_ENV, RankLayout, free_port, rank_env, socket_ifname_env, torchrun_command
@@ -67,7 +66,7 @@ slots = Slots()
 
 def ordinary_active() -> int:
     """Jobs running on this worker's pool (the coordinator runs beside it, in ``control.py``)."""
-    return len(worker_state.active_requests)
+    return running_count()
 
 
 class SlotGate(bootsteps.StartStopStep):
@@ -86,8 +85,7 @@ class SlotGate(bootsteps.StartStopStep):
         settings = app_settings()
         multiplier, hold = (settings.prefetch_multiplier, settings.prefetch_hold) if settings else (1, 0.0)
         # Taking ahead only while no gang holds slots here: the transport hands its buffer back once one does.
-        gate_consumption(c.task_consumer.channel.qos, lambda: total - slots.held - len(worker_state.reserved_requests),
-                         lambda: 0 if slots.held else multiplier, hold)
+        gate_consumer(c, lambda: total - slots.held - reserved_count(), lambda: 0 if slots.held else multiplier, hold)
 
 
 class GangAgent(LoopStep):

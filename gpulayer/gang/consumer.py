@@ -12,8 +12,6 @@ the once-a-second sweep below. Celery's own consumer never sees this queue, so
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
 import threading
 
@@ -21,6 +19,7 @@ import redis
 from kombu import serialization
 
 from .. import queues, signing
+from ..engine import envelope
 from ..store import keys
 from ..store.connection import client_name, connect_redis
 from ..worker import runtime
@@ -40,13 +39,12 @@ def read_message(raw: bytes) -> tuple[str, tuple, dict]:
     The body is checked by the signed serializer before anything is unpickled; any
     other content type is refused.
     """
-    envelope = json.loads(raw)
-    body = envelope["body"]
-    if envelope.get("properties", {}).get("body_encoding") == "base64":
-        body = base64.b64decode(body)
-    args, kwargs, _ = serialization.loads(body, envelope["content-type"], envelope["content-encoding"],
-                                          accept=_ACCEPT)
-    return envelope["headers"]["task"], tuple(args), dict(kwargs)
+    message = envelope.parse(raw)
+    args, kwargs, _ = envelope.decode(message, accept=_ACCEPT)
+    task = envelope.task_name(message)
+    if task is None:
+        raise ValueError("the message names no task")
+    return task, args, kwargs
 
 
 class ControlConsumer:

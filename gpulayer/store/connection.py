@@ -4,14 +4,11 @@ The broker URL carries its TLS options (``config.with_tls`` folds ``GPULAYER_SSL
 worker's janitor, its gang agent, a rank and a client all connect the same way: plain for ``redis://``,
 TLS for ``rediss://`` with the certificate checked unless the URL says otherwise. kombu's transport and
 Celery's result backend take the same options from ``gpulayer.app.configure`` and the same connection
-class, :class:`TLSConnection`.
+class (engine/redis_tls.py's ``TLSConnection``, installed here with :func:`use_for_tls`).
 """
 
 from __future__ import annotations
 
-import os
-import ssl
-import threading
 from urllib.parse import urlsplit
 
 import redis
@@ -19,57 +16,15 @@ import redis
 from ..config import with_tls
 from ..errors import ClusterUnavailable
 
-# Written for redis-py 8.1: engine/upstream.py pins the source of the method this overrides (tests/test_engine_contract.py).
-_contexts: dict[tuple, ssl.SSLContext] = {}
-_contexts_lock = threading.Lock()
+# The connection class of rediss:// clients: redis-py's, until engine/redis_tls.py (imported with the Celery app's
+# transport and result backend) installs its own, one SSLContext per process (store/ never imports engine/).
+_tls_connection: type[redis.Connection] = redis.SSLConnection
 
 
-class TLSConnection(redis.SSLConnection):
-    """redis-py's TLS connection, with one ``SSLContext`` per process and options instead of one per connection.
-
-    redis-py builds a context for every connection, loading the system's CA bundle each time (45 ms of CPU
-    per connection on a busy machine with OpenSSL 3): that made every job that opens a client, and every
-    worker start, several times slower over TLS. The context is built as redis-py builds it, and built
-    again when a certificate or key file changes on disk (a rotated certificate takes effect on the next
-    connection, as it does in redis-py).
-    """
-
-    def _wrap_socket_with_ssl(self, sock):
-        if self.ssl_validate_ocsp or self.ssl_validate_ocsp_stapled:  # rare: redis-py's own path, uncached
-            return super()._wrap_socket_with_ssl(sock)
-        return self._context().wrap_socket(sock, server_hostname=self.host)
-
-    def _context(self) -> ssl.SSLContext:
-        files = (self.certfile, self.keyfile, self.ca_certs)
-        key = (self.cert_reqs, self.check_hostname, self.ca_path, self.ca_data, self.ssl_min_version,
-               self.ssl_ciphers, self.certificate_password,
-               tuple(self.ssl_include_verify_flags or ()), tuple(self.ssl_exclude_verify_flags or ()),
-               *((f, os.stat(f).st_mtime_ns) if f else None for f in files))
-        with _contexts_lock:
-            context = _contexts.get(key)
-            if context is None:
-                context = _contexts[key] = self._build_context()
-        return context
-
-    def _build_context(self) -> ssl.SSLContext:
-        """The context redis-py 8.1's ``SSLConnection._wrap_socket_with_ssl`` builds."""
-        context = ssl.create_default_context()
-        context.check_hostname = self.check_hostname
-        context.verify_mode = self.cert_reqs
-        for flag in self.ssl_include_verify_flags or ():
-            context.verify_flags |= flag
-        for flag in self.ssl_exclude_verify_flags or ():
-            context.verify_flags &= ~flag
-        if self.certfile or self.keyfile:
-            context.load_cert_chain(certfile=self.certfile, keyfile=self.keyfile,
-                                    password=self.certificate_password)
-        if self.ca_certs is not None or self.ca_path is not None or self.ca_data is not None:
-            context.load_verify_locations(cafile=self.ca_certs, capath=self.ca_path, cadata=self.ca_data)
-        if self.ssl_min_version is not None:
-            context.minimum_version = self.ssl_min_version
-        if self.ssl_ciphers:
-            context.set_ciphers(self.ssl_ciphers)
-        return context
+def use_for_tls(connection_class: type[redis.Connection]) -> None:
+    """Make every rediss:// client :func:`connect_redis` builds from now on use ``connection_class``."""
+    global _tls_connection
+    _tls_connection = connection_class
 
 
 def client_name(worker_id: str, use: str) -> str:
@@ -90,7 +45,7 @@ def connect_redis(url: str, *, name: str | None = None, one_connection: bool = F
     """
     url = with_tls(url)
     if urlsplit(url).scheme == "rediss":
-        kwargs.setdefault("connection_class", TLSConnection)
+        kwargs.setdefault("connection_class", _tls_connection)
     if name:
         kwargs.setdefault("client_name", name)
     if one_connection:

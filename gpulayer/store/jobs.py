@@ -25,14 +25,13 @@ class JobRecords:
         return {k.decode(): v.decode() for k, v in self.r.hgetall(keys.inflight(life)).items()}
 
     def lives(self, worker_id: str) -> list[str]:
-        """Every life of ``worker_id`` that still has records (inflight or taking)."""
+        """Every life of ``worker_id`` that still has delivery records."""
         found = set()
-        for pattern in keys.lives_of(worker_id):
-            prefix = pattern[: pattern.index(":", len(keys.NAMESPACE) + 1) + 1]  # "gl:inflight:"
-            for key in self.r.scan_iter(match=pattern, count=1000):
-                life = key.decode()[len(prefix):]
-                if life[len(worker_id) + 1:].isdigit():
-                    found.add(life)
+        prefix = keys.inflight("")
+        for key in self.r.scan_iter(match=keys.lives_of(worker_id), count=1000):
+            life = key.decode()[len(prefix):]
+            if life[len(worker_id) + 1:].isdigit():
+                found.add(life)
         return sorted(found)
 
     def record_loss(self, job_id: str, worker_id: str) -> int:

@@ -130,20 +130,15 @@ def inflight(life: str) -> str:
     return f"{NAMESPACE}:inflight:{life}"
 
 
-# Taking a message (gpulayer/engine/transport.py): a message is always in a queue, a taking list, or kombu's
-# unacked hash with a delivery record, so a worker killed at any instant loses nothing.
-#   gl:taking:<life>           list   "<queue key>\n<message>" between the take and its record (~1 ms)
-#   gl:bell:<queue key>        list   wake-up tokens pushed with each message (capped); idle workers block on them
-def taking(life: str) -> str:
-    return f"{NAMESPACE}:taking:{life}"
-
-
-def lives_of(worker_id: str) -> tuple[str, str]:
-    """SCAN patterns for every life's inflight and taking keys of ``worker_id`` (glob characters escaped)."""
+def lives_of(worker_id: str) -> str:
+    """SCAN pattern for every life's inflight key of ``worker_id`` (glob characters escaped)."""
     name = "".join("\\" + c if c in "*?[]\\" else c for c in worker_id)
-    return f"{NAMESPACE}:inflight:{name}:*", f"{NAMESPACE}:taking:{name}:*"
+    return f"{NAMESPACE}:inflight:{name}:*"
 
 
+# Taking a message (gpulayer/engine/transport.py): a message is always in a queue, or in kombu's unacked hash
+# with a delivery record (one script takes and records), so a worker killed at any instant loses nothing.
+#   gl:bell:<queue key>        list   wake-up tokens pushed with each message (capped); idle workers block on them
 def bell(queue_key: str) -> str:
     return f"{NAMESPACE}:bell:{queue_key}"
 

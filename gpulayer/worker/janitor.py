@@ -6,8 +6,7 @@ while it runs). Every worker runs a janitor; a Redis lock lets one act at a
 time. When a worker misses heartbeats for ``worker_dead_after`` seconds, the
 janitor hands back each message that worker held (recorded as it was taken,
 ``gpulayer/engine/transport.py``), counting the delivery as lost (a job lost
-``max_deliveries`` times fails instead, saying why), and each message it was
-in the middle of taking.
+``max_deliveries`` times fails instead, saying why).
 """
 
 from __future__ import annotations
@@ -20,7 +19,8 @@ import redis
 from billiard.exceptions import WorkerLostError
 
 from ..app import settings as app_settings
-from ..engine import transport
+from ..engine import envelope
+from ..engine.delivery import unacked
 from ..gang.coordinator import worker_lost
 from ..store import keys
 from ..store.gangs import GangStore
@@ -41,44 +41,24 @@ def dead_workers(client: redis.Redis, dead_after: float) -> list[str]:
     return [w.decode() for w in client.zrangebyscore(keys.WORKERS, "-inf", cutoff)]
 
 
-def _job_id(message: bytes) -> str | None:
-    try:
-        return json.loads(message)["headers"]["id"]
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
-def put_back_takes(client: redis.Redis, life: str) -> int:
-    """Requeue the messages a dead worker life was taking (popped, not yet recorded). Returns how many.
-
-    Not counted as lost deliveries: the job never reached a process.
-    """
-    items = transport.put_back_taking(client, life)
-    for item in items:
-        log.warning("gpulayer janitor: put back job %s that %s was taking when it died", _job_id(item), life)
-    return len(items)
-
-
 def hand_back(app, client: redis.Redis, life: str, why: str, max_deliveries: int) -> tuple[int, int]:
     """Requeue every message one worker life held; fail the jobs lost too often. Returns (requeued, failed)."""
     records = JobRecords(client)
     worker_id = life.rsplit(":", 1)[0]
-    requeued = put_back_takes(client, life)
+    requeued = failed = 0
     held = records.held_by(life)
-    failed = 0
     if held:
-        with app.connection_for_write() as conn:
-            channel = conn.default_channel
+        with unacked(app) as deliveries:
             for tag, job_id in held.items():
                 if not records.release(life, tag):
                     continue  # another janitor (or the restarted worker itself) is handing this one back
-                if client.hexists(channel.unacked_key, tag):  # still unacknowledged: really lost
+                if deliveries.holds(client, tag):  # still unacknowledged: really lost
                     lost = records.record_loss(job_id, worker_id)
                     if lost < max_deliveries:
-                        channel.qos.restore_by_tag(tag)  # to the consuming end: next in line
+                        deliveries.give_back(tag)  # to the consuming end: next in line
                         requeued += 1
                     else:
-                        client.pipeline().hdel(channel.unacked_key, tag).zrem(channel.unacked_index_key, tag).execute()
+                        deliveries.drop(client, tag)
                         app.backend.mark_as_failure(job_id, WorkerLostError(
                             f"the job's worker died on all {lost} deliveries (limit {max_deliveries}; last on "
                             f"{worker_id}: {why}), so it was not delivered again"))
@@ -118,26 +98,20 @@ def sweep_orphans(app, client: redis.Redis, older_than: float, max_deliveries: i
     live = [life_in_registry(client, w.decode()) for w in client.zrange(keys.WORKERS, 0, -1)]
     live = [life for life in live if life]
     restored = 0
-    with app.connection_for_write() as conn:
-        channel = conn.default_channel
-        old = client.zrangebyscore(channel.unacked_index_key, "-inf", time.time() - older_than)
-        for raw_tag in old:
-            tag = raw_tag.decode()
+    with unacked(app) as deliveries:
+        for tag in deliveries.older_than(client, time.time() - older_than):
             pipe = client.pipeline()
             for life in live:
                 pipe.hexists(keys.inflight(life), tag)
             if any(pipe.execute()):
                 continue
-            payload = client.hget(channel.unacked_key, tag)
-            if payload is None:
+            message = deliveries.message(client, tag)
+            if message is None:
                 continue
-            try:
-                job_id = json.loads(payload)[0]["headers"]["id"]
-            except (ValueError, KeyError, IndexError, TypeError):
-                job_id = None
+            job_id = envelope.job_id(message)
             if job_id:
                 JobRecords(client).record_loss(job_id, "unknown (orphaned message)")
-            channel.qos.restore_by_tag(tag)
+            deliveries.give_back(tag)
             restored += 1
     if restored:
         log.warning("gpulayer janitor: requeued %d orphaned message(s) no live worker held", restored)

@@ -13,8 +13,8 @@ import logging
 import time
 
 import redis
-from celery.worker import state as worker_state
 
+from ..engine.qos import running
 from ..store import keys
 from ..store.connection import client_name, connect_redis
 from ..procs.stop import kill_tree
@@ -52,12 +52,12 @@ class Reaper(LoopStep):
                 self.stopping.wait(1)
                 continue
             now = time.time()
-            for req in list(worker_state.active_requests):
+            for req in running():
                 reason = None
                 if req.id in cancelled:
                     reason = "cancelled"
                 else:
-                    limit = (req._request_dict or {}).get(TIMEOUT_HEADER)
+                    limit = (req.request_dict or {}).get(TIMEOUT_HEADER)
                     if limit and req.time_start and now - req.time_start > float(limit):
                         reason = f"timed out: ran over its {float(limit):g}s timeout"
                 if reason and req.worker_pid and req.id not in stopped:

@@ -21,7 +21,6 @@
 
 from __future__ import annotations
 
-import base64
 import heapq
 import itertools
 import json
@@ -34,12 +33,11 @@ import time
 
 import redis
 from celery import states
-from kombu import serialization
-from kombu.transport import redis as kredis
 
 from ... import app as app_mod
 from ... import queues, signing
-from ...engine import transport
+from ...engine import envelope, transport
+from ...engine.delivery import UNACKED, UNACKED_INDEX, forget
 from ...config import load_settings
 from ...store import keys
 from ...store.gangs import GangStore
@@ -56,7 +54,6 @@ BEAT_SLICE = 50  # workers per heartbeat script call: Redis runs each in ~0.4 ms
 TAKE_BATCH = 64  # takes pipelined per round trip
 SWEEP_EVERY = 1.0  # seconds between sweeps of every queue (private queues, and messages put back without a bell)
 GANG_POLL = 0.02  # seconds between reads of the slot ledger for new gang orders
-UNACKED, UNACKED_INDEX = kredis.Channel.unacked_key, kredis.Channel.unacked_index_key
 
 
 def gang_script(payload: tuple) -> dict:
@@ -168,25 +165,20 @@ class Emulator:
         """Start what the takes brought (take.lua recorded each message as it took it)."""
         now = time.monotonic()
         for wid, (_, item) in got:
-            message = json.loads(item)
-            tag = message["properties"]["delivery_tag"]
-            job_id = (message.get("headers") or {}).get("id")
+            message = envelope.parse(item)
+            tag = envelope.delivery_tag(message)
+            job_id = envelope.job_id(message)
             self.busy[wid] += 1
             self.taken += 1
             self.start_job(wid, tag, job_id, message, now)
 
     def start_job(self, wid: str, tag: str, job_id: str, message: dict, now: float) -> None:
-        headers = message.get("headers") or {}
-        try:
-            body = message["body"]
-            if message["properties"].get("body_encoding") == "base64":
-                body = base64.b64decode(body)
-            args, kwargs, _ = serialization.loads(body, message["content-type"], message["content-encoding"],
-                                                  accept={message["content-type"]})
+        try:  # (the serializer the message names: the signed one refuses a bad signature)
+            args, kwargs, _ = envelope.decode(message, accept=None)
         except Exception as err:  # a bad signature or a foreign message: fail it, as a worker would refuse it
             self.schedule(now, "job", (wid, tag, job_id, None, f"emulated worker could not decode the job: {err}"))
             return
-        task = headers.get("task")
+        task = envelope.task_name(message)
         if task == app_mod.SUBMIT:
             fn = args[0] if args else None
             if fn == REF:
@@ -221,8 +213,7 @@ class Emulator:
                             "traceback": None, "children": [], "date_done": None, "task_id": job_id}
                 self.store_once(keys=[backend.get_key_for_task(job_id), keys.job_done(job_id)],
                                 args=[backend.encode(meta), expires, "1"], client=pipe)
-            pipe.zrem(UNACKED_INDEX, tag)
-            pipe.hdel(UNACKED, tag)
+            forget(pipe, tag)
             pipe.hdel(keys.inflight(self.lives[wid]), tag)
         pipe.execute()
         for wid, *_ in jobs:
