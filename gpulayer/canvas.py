@@ -117,7 +117,7 @@ class chunks(Signature):
         it = iter(kw["items"])
         parts = iter(lambda: list(islice(it, kw["n"])), [])
         return group([map_signature(self._submit, kw["fn"], part, star=True, resources=kw["resources"])
-                      for part in parts], app=self._app)
+                      for part in parts], app=self.app)
 
     def apply_async(self, args=None, kwargs=None, **options):
         if args or kwargs:

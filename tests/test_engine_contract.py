@@ -207,6 +207,13 @@ def fence_violations(path: Path, rel: str) -> list[str]:
                             and (rel, f"{node.name}.{item.name}") not in ALLOWED_OUTSIDE):
                         found.append(f"{rel}:{item.lineno}: {node.name}.{item.name} overrides "
                                      f"{upstream_cls.__module__}.{upstream_cls.__name__}.{item.name}")
+                own = {item.name for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))}
+                for sub in ast.walk(node):  # self._x that only the upstream base defines: its private method or state
+                    if (isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == "self"
+                            and sub.attr.startswith("_") and not sub.attr.startswith("__") and sub.attr not in own
+                            and hasattr(upstream_cls, sub.attr)):
+                        found.append(f"{rel}:{sub.lineno}: {node.name} uses self.{sub.attr} of "
+                                     f"{upstream_cls.__module__}.{upstream_cls.__name__}")
         targets = node.targets if isinstance(node, ast.Assign) else \
             [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
         for target in targets:
@@ -253,6 +260,7 @@ def test_the_fence_finds_each_kind_of_breach(tmp_path):
             def _put(self, queue, message, **kwargs): ...
             def _ours(self): ...
             def append(self): ...
+            def size(self): return self._size("q")
 
         def install(app, qos):
             celery_trace.LOG_RECEIVED = "x"
@@ -264,6 +272,7 @@ def test_the_fence_finds_each_kind_of_breach(tmp_path):
     found = fence_violations(path, "gpulayer/breach.py")
     assert [f.split(": ", 1)[1] for f in found] == [
         "Channel._put overrides kombu.transport.redis.Channel._put",
+        "Channel uses self._size of kombu.transport.redis.Channel",
         "assigns celery_trace.LOG_RECEIVED (an upstream attribute)",
         "assigns Flower.__init__ (an upstream attribute)",
         "assigns app._pool (another object's private attribute)",

@@ -176,3 +176,9 @@ class ResultBackend(RedisBackend):
             meta["result"] = as_job_failed(meta["result"], meta.get("traceback"), meta.get("task_id"),
                                            meta.get("worker"))
         return meta
+
+
+def prime_result(handle, meta: dict) -> None:
+    """Give a result handle the job's stored meta, as Celery does when a result arrives
+    (``AsyncResult._maybe_set_cache``: a finished job's ``get`` then needs no subscription)."""
+    handle._maybe_set_cache(meta)

@@ -108,10 +108,10 @@ BORROWED: tuple[Borrowed, ...] = (
     Borrowed("celery.backends.redis:RedisBackend.on_task_call", "cc5438d6a248cc13", _R, "overrides"),
     Borrowed("celery.backends.redis:ResultConsumer.on_wait_for_pending", "a530b00bb90811f7", _R, "relies on"),
     Borrowed("celery.result:AsyncResult.get", "03853d62e5dc75e1", _R, "relies on"),
-    Borrowed("celery.result:AsyncResult._maybe_set_cache", "8880e55f95b14579", "gpulayer/tasks/submit.py", "relies on"),
+    Borrowed("celery.result:AsyncResult._maybe_set_cache", "8880e55f95b14579", _R, "relies on"),
     # submit's own publish (send_job): the message Celery's send_task would build for it
-    Borrowed("celery.app.base:Celery.send_task", "0f94519120b9a7f9", "gpulayer/tasks/submit.py", "relies on"),
-    Borrowed("celery.app.amqp:AMQP._create_task_sender", "477b5497539d6acd", "gpulayer/tasks/submit.py", "relies on"),
+    Borrowed("celery.app.base:Celery.send_task", "0f94519120b9a7f9", "gpulayer/engine/publish.py", "relies on"),
+    Borrowed("celery.app.amqp:AMQP._create_task_sender", "477b5497539d6acd", "gpulayer/engine/publish.py", "relies on"),
     Borrowed("celery.backends.base:BaseKeyValueStoreBackend._store_result", "53e3e1e9911e32c0", _R, "overrides"),
     Borrowed("celery.backends.base:Backend._get_result_meta", "eedbd98d0f7b1b25", _R, "overrides"),
     Borrowed("celery.backends.base:Backend.meta_from_decoded", "4d526017ca11ce6d", _R, "overrides"),

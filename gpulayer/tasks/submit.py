@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 
 from celery import Task, signature
 from celery.result import AsyncResult
@@ -16,6 +15,8 @@ from .. import canvas
 from ..app import RESOURCES_HEADER, SUBMIT, app
 from ..session import ensure_connected
 from ..deadline import Deadline
+from ..engine.publish import publish_task
+from ..engine.results import prime_result
 from ..errors import PayloadError
 from ..models import Resources
 from ..payload import pack_function, resolve_function, summarize
@@ -51,7 +52,7 @@ class JobHandle(AsyncResult):
         """
         try:
             if self._cache is None and not self.ignored and kwargs.get("on_message") is None:
-                self._maybe_set_cache(self.backend.get_task_meta(self.id))
+                prime_result(self, self.backend.get_task_meta(self.id))
             deadline = Deadline(timeout)
             while True:
                 try:
@@ -99,7 +100,7 @@ class SubmitTask(Task):
     Request = "gpulayer.engine.request:JobRequest"
 
     def AsyncResult(self, task_id, **kwargs):
-        return JobHandle(task_id, backend=self.backend, task_name=self.name, app=self._get_app(), **kwargs)
+        return JobHandle(task_id, backend=self.backend, task_name=self.name, app=self.app, **kwargs)
 
     def signature(self, args=None, *starargs, **starkwargs):
         """``submit.s(fn, *args, resources=...)``: a signature whose function travels beside its args."""
@@ -171,32 +172,14 @@ def direct_publish_applies(celery_app) -> bool:
     return conf.task_routes == app_mod.ROUTES and not conf.task_always_eager and celery_app.current_worker_task is None
 
 
-_declared: tuple[int, set[str]] = (0, set())  # (pid, queues this process declared): kombu declares per message
-
-
 def send_job(producer, job_id: str, ref, args: tuple, kwargs: dict, queue: str, headers: dict, argsrepr: str,
              kwargsrepr: str) -> None:
-    """Publish one job message as Celery's ``send_task`` builds it for ``submit`` (``create_task_message``,
-    then ``send_task_message``: its signals, serializer and retry policy), routed to ``queue`` already.
-
-    What ``submit.delay`` and ``submit_batch`` send, without ``send_task``'s generic work per message (task
-    options, the router, a producer from the pool per call, a queue declaration each time): a third of a
-    ``delay``'s CPU in the client (``benchmarks/throughput.py``). The queue is declared once per process; a
-    direct queue needs no binding on Redis (kombu publishes it to the anonymous exchange).
-    """
-    global _declared
-    amqp = app.amqp
-    pid, declared = _declared
-    if pid != os.getpid():
-        _declared = pid, declared = os.getpid(), set()
-    message = amqp.create_task_message(job_id, SUBMIT, (ref, *args), kwargs, reply_to=app.thread_oid,
-                                       argsrepr=argsrepr, kwargsrepr=kwargsrepr)
+    """Publish one ``submit`` job routed to ``queue`` already (``engine/publish.py``: the message Celery's
+    ``send_task`` would build, a third of a ``delay``'s CPU cheaper in the client)."""
     try:
-        amqp.send_task_message(producer, SUBMIT, message, queue=amqp.router.expand_destination({"queue": queue})["queue"],
-                               headers=dict(headers), declare=[] if queue in declared else None)
+        publish_task(app, producer, SUBMIT, job_id, (ref, *args), kwargs, queue, headers, argsrepr, kwargsrepr)
     except EncodeError as err:
         raise _payload_error(err) from err
-    declared.add(queue)
 
 
 def _payload_error(err: EncodeError) -> PayloadError:
