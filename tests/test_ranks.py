@@ -149,3 +149,15 @@ def _rank3_raises():
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_gloo_words_for_a_crashed_or_hung_peer_count_as_a_lost_peer():
+    """gloo's message when the other side crashed (seen with torch 2.13 under load) is collateral, not the cause;
+    a rank's own error is not."""
+    from gpulayer.procs.runner import peer_lost
+
+    crashed = RuntimeError("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 1800000ms "
+                           "for recv operation to complete. This is typically caused by a remote worker crashing. "
+                           "Check the logs of the remote worker before reporting an error. GLHF!")
+    assert peer_lost(crashed)
+    assert not peer_lost(ValueError("rank 3 raises"))

@@ -55,7 +55,8 @@ def peer_lost(exc: BaseException) -> bool:
     text = f"{type(exc).__name__}: {exc}"
     return type(exc).__name__ in ("DistBackendError", "DistNetworkError") or any(
         s in text for s in ("Connection closed by peer", "Connection reset by peer", "gloo/transport",
-                            "NCCL communicator was aborted", "Broken pipe"))
+                            "NCCL communicator was aborted", "Broken pipe",
+                            "typically caused by a remote worker"))  # gloo's words for a peer that crashed or hangs
 
 
 def report_failure(exc: BaseException | None = None, *, exit_code: int | None = None, message: str | None = None,
