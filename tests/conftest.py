@@ -81,7 +81,14 @@ def no_leaked_processes_per_test(request):
 
 @pytest.fixture(scope="session")
 def session_fleet(tmp_path_factory):
-    with running_fleet(tmp_path_factory.mktemp("fleet"), FLEET) as f:
+    with running_fleet(tmp_path_factory.mktemp("fleet"), FLEET, connect=True) as f:
+        # Registered is not yet listening: the first test to use the fleet may be one that asks every worker
+        # over the control channel (test_events, test_control), and with parallel test processes it may run
+        # within a second of the start, before a worker consumes broadcasts.
+        from gpulayer.app import app
+
+        wait_until(lambda: len(app.control.ping(timeout=1.0, limit=len(FLEET))) == len(FLEET), 60,
+                   "every worker of the session fleet to answer a ping")
         yield f
 
 

@@ -18,7 +18,8 @@ from gpulayer.store.jobs import JobRecords
 from gpulayer.store.registry import Registry
 from gpulayer.worker.janitor import bury
 
-WORKERS = {"c1": dict(slots=2, zone="z"), "c2": dict(slots=2, zone="z"), "c3": dict(slots=2, zone="z")}
+# torch=False: the jobs use no torch, so the workers (and each restart) skip importing it.
+WORKERS = {n: dict(slots=2, zone="z", torch=False) for n in ("c1", "c2", "c3")}
 
 
 def work(i: int, seconds: float, run: str):
@@ -112,7 +113,7 @@ def test_a_message_taken_by_a_worker_that_dies_at_once_goes_back_from_its_record
     """A worker SIGKILLed right after its take: take.lua popped and recorded the message in one step, so it is
     in kombu's unacked hash with the worker's delivery record and nowhere else, and the janitor hands it back."""
     fleet = fresh_fleet
-    fleet.add_workers({"t1": dict(slots=1), "t2": dict(slots=1)})
+    fleet.add_workers({"t1": dict(slots=1, torch=False), "t2": dict(slots=1, torch=False)})
     fleet.connect()
     client = redis_client()
     t1, t2 = (keys.life(n, fleet.workers[n].pid) for n in ("t1", "t2"))
@@ -144,7 +145,7 @@ def test_a_message_taken_by_a_worker_that_dies_at_once_goes_back_from_its_record
 def test_burying_a_dead_life_leaves_the_new_life_of_the_same_worker_alone(fresh_fleet):
     """A janitor that judged an old life of a worker dead must not hand back what its new life holds."""
     fleet = fresh_fleet
-    fleet.add_workers({"r1": dict(slots=1), "r2": dict(slots=1)})
+    fleet.add_workers({"r1": dict(slots=1, torch=False), "r2": dict(slots=1, torch=False)})
     fleet.connect()
     client = redis_client()
     run = f"lives:{time.time()}"

@@ -27,7 +27,8 @@ IDLE = 9  # the main process's connections, above
 
 
 def test_a_worker_holds_nine_connections_and_one_per_pool_process_that_stored_a_result_itself(tmp_path):
-    with running_fleet(tmp_path, {"w-one": {"slots": 1}, "w-four": {"slots": 4}}, connect=True) as fleet:
+    with running_fleet(tmp_path, {"w-one": {"slots": 1}, "w-four": {"slots": 4}}, connect=True,
+                       torch=False) as fleet:
         assert submit.delay(abs, -1, resources=Resources(worker_ids=["w-one"])).get(timeout=60) == 1
         jobs = [submit.delay(time.sleep, 1.0, resources=Resources(worker_ids=["w-four"])) for _ in range(4)]
         for job in jobs:

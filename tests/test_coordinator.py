@@ -187,7 +187,7 @@ def where_on_attempt():
 
 
 def test_a_gang_whose_worker_dies_restarts_on_live_workers_through_the_cluster(tmp_path):
-    with running_fleet(tmp_path / "f") as f:
+    with running_fleet(tmp_path / "f", torch=False) as f:  # ranks that use no torch
         f.add_workers({"r1": dict(slots=1), "r2": dict(slots=1), "r3": dict(slots=1)})
         f.connect()
         job = distributed(where_on_attempt, nodes=2, procs_per_node=1, max_restarts=1)

@@ -112,7 +112,7 @@ def test_events_are_off_until_a_monitor_asks_and_off_again_when_it_says(tmp_path
     """No publish on the event exchange from a worker nobody watches, not even its heartbeat events;
     enable_events (what Flower sends every 5 s) turns task events and worker heartbeats on, disable_events
     turns both off again."""
-    with running_fleet(tmp_path, {"w-ev": {"slots": 1}}, connect=True) as fleet:
+    with running_fleet(tmp_path, {"w-ev": {"slots": 1, "torch": False}}, connect=True) as fleet:
         client = fleet.client()
         pubsub = client.pubsub()
         pubsub.psubscribe("*celeryev*")

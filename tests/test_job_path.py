@@ -18,8 +18,9 @@ from gpulayer.store.registry import Registry
 from gpulayer.lab.fleet import wait_until
 
 
-# The extra messages wait on their worker for the whole test (by default they would go back after a second).
-HOLD = dict(env=dict(os.environ, GPULAYER_PREFETCH_HOLD="300"))
+# The extra messages wait on their worker for the whole test (by default they would go back after a second);
+# torch=False here and below: these jobs use no torch, so the workers skip importing it.
+HOLD = dict(env=dict(os.environ, GPULAYER_PREFETCH_HOLD="300"), torch=False)
 
 
 def blocker(run: str, i: int) -> str:
@@ -125,7 +126,7 @@ def test_a_stopping_worker_gives_back_what_it_prefetched_and_its_next_life_runs_
     proc.wait(60)
     assert client.llen(queues.private("s1")) == 3
     assert ran(client, run, 3) == [[], [], []]
-    fleet.add_worker("s1", slots=1)
+    fleet.add_worker("s1", slots=1, torch=False)
     assert batch.get(timeout=60) == [0, (0, "s1"), (1, "s1"), (2, "s1")]
     assert ran(client, run, 3) == [["s1"], ["s1"], ["s1"]]  # each once
     for job_id in batch.ids[1:]:  # given back as taken: no lost delivery, no redelivery
@@ -135,7 +136,7 @@ def test_a_stopping_worker_gives_back_what_it_prefetched_and_its_next_life_runs_
 
 def test_a_killed_worker_s_prefetched_jobs_are_handed_back_and_each_runs_once(fresh_fleet):
     fleet = fresh_fleet
-    fleet.add_workers({"k1": dict(slots=1, **HOLD), "k2": dict(slots=1)})
+    fleet.add_workers({"k1": dict(slots=1, **HOLD), "k2": dict(slots=1, torch=False)})
     fleet.connect()
     client = redis_client()
     run = f"prefetch-kill:{time.time()}"
@@ -146,7 +147,7 @@ def test_a_killed_worker_s_prefetched_jobs_are_handed_back_and_each_runs_once(fr
     # restart would hand them back at once; waiting for the janitor shows nothing else is needed.)
     wait_until(lambda: client.llen(queues.private("k1")) == 4, 60, "the janitor to hand back k1's messages")
     client.set(f"{run}:release:0", 1)
-    fleet.add_worker("k1", slots=1)
+    fleet.add_worker("k1", slots=1, torch=False)
     assert batch.get(timeout=60) == [0, (0, "k1"), (1, "k1"), (2, "k1")]
     assert ran(client, run, 3) == [["k1"], ["k1"], ["k1"]]  # each once: never lost, never run twice
     assert client.hlen(keys.inflight(life)) == 0
@@ -157,8 +158,8 @@ def test_a_killed_worker_s_prefetched_jobs_are_handed_back_and_each_runs_once(fr
 
 def test_prefetched_jobs_behind_a_long_job_go_back_after_prefetch_hold_and_an_idle_worker_runs_them(fresh_fleet):
     fleet = fresh_fleet
-    hold = dict(env=dict(os.environ, GPULAYER_PREFETCH_HOLD="3"))
-    fleet.add_workers({"h1": dict(slots=1, **hold), "h2": dict(slots=1)})
+    hold = dict(env=dict(os.environ, GPULAYER_PREFETCH_HOLD="3"), torch=False)
+    fleet.add_workers({"h1": dict(slots=1, **hold), "h2": dict(slots=1, torch=False)})
     fleet.connect()
     client = redis_client()
     run = f"prefetch-hold:{time.time()}"
@@ -190,7 +191,7 @@ def test_a_job_sent_after_a_cancel_does_not_wait_behind_the_revoked_messages(fre
     poll of up to a second: a worker went through a cancelled batch's queued messages two a second (its prefetch
     count), and a job sent after the cancel waited behind them all (engine/transport.py, _turn_soon_if_acks_wait)."""
     fleet = fresh_fleet
-    fleet.add_workers({"r1": dict(slots=2)})
+    fleet.add_workers({"r1": dict(slots=2, torch=False)})
     fleet.connect()
     client = redis_client()
     run = f"revoked-drain:{time.time()}"

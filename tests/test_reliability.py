@@ -24,7 +24,7 @@ def tiny(i, seconds=0.02):
 
 
 def test_redis_restart_loses_no_submitted_job(tmp_path):
-    with Fleet(tmp_path / "f", appendonly=True) as fleet:
+    with Fleet(tmp_path / "f", appendonly=True, torch=False) as fleet:
         fleet.add_worker("r1", slots=2)
         fleet.add_worker("r2", slots=2)
         fleet.connect()
