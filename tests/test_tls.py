@@ -152,7 +152,7 @@ def test_a_tls_fleet_serves_jobs_groups_gangs_and_cancels(tls_fleet, tls_files):
                       socket_connect_timeout=2).ping()
     with pytest.raises((redis.ConnectionError, redis.TimeoutError)):
         connect_redis(fleet.url.replace("rediss://", "redis://").split("?")[0], socket_connect_timeout=2).ping()
-    fleet.add_workers({"s1": dict(slots=2, zone="z1"), "s2": dict(slots=2, zone="z2")})
+    fleet.add_workers({"s1": dict(slots=2, zone="z1", torch=False), "s2": dict(slots=2, zone="z2", torch=False)})
     fleet.connect()
     assert app.conf.broker_transport == transport.NAME and app.conf.broker_use_ssl["ssl_ca_certs"] == str(tls_files.ca)
     with app.connection_for_write() as conn:
