@@ -11,8 +11,13 @@ from pathlib import Path
 
 
 def write_results(lines: list[str], name: str) -> Path:
-    """Write ``lines`` to ``benchmarks/results/<date>-<host>/<name>``; returns the path."""
-    folder = Path(__file__).resolve().parent / "results" / f"{dt.date.today().isoformat()}-{socket.gethostname()}"
+    """Write ``lines`` to ``benchmarks/results/<date>-<host>/<name>``; returns the path.
+
+    ``BENCH_RESULTS_DIR``, when set, is the folder instead (``benchmarks/smoke.sh`` points it at a
+    temporary one, so a smoke run leaves nothing in ``results/``).
+    """
+    folder = (Path(os.environ["BENCH_RESULTS_DIR"]) if os.environ.get("BENCH_RESULTS_DIR")
+              else Path(__file__).resolve().parent / "results" / f"{dt.date.today().isoformat()}-{socket.gethostname()}")
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
     path.write_text("\n".join(lines) + "\n")
