@@ -189,9 +189,9 @@ def test_a_rank_dies_with_a_runner_that_is_sigkilled(tmp_path):
         "from gpulayer.procs.warm import WarmTemplate\n"
         "t = WarmTemplate(restart=False).start()\n"
         "r = RankRunner([RankCommand((0,), ('-c', 'import os, time; print(os.getpid(), flush=True); "
-        "time.sleep(300)'), dict(os.environ))], template=t, on_output=lambda rank, s, l: print(l, flush=True))\n"
+        "time.sleep(300)'), dict(os.environ))], template=t, on_output=lambda rank, s, l: os.write(1, f'{l}\\n'.encode()))\n"
         "r.start()\n"
-        "print('warm', r.warm[0], t.pid, flush=True)\n"
+        "os.write(1, f'warm {r.warm[0]} {t.pid}\\n'.encode())  # one write a line: print() from two threads can interleave\n"
         "r.wait()\n")
     runner = subprocess.Popen([sys.executable, "-c", code], env=_env(), stdout=subprocess.PIPE, text=True)
     rank_pid = template_pid = None
