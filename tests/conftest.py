@@ -119,19 +119,3 @@ def gpulayer_home(tmp_path, monkeypatch):
 def have_ip_netns() -> bool:
     return os.geteuid() == 0 and shutil.which("ip") is not None
 
-
-# The suite runs in two processes (pyproject: -n 2 --dist loadfile --no-loadscope-reorder): xdist hands out
-# whole files in collection order. These files take longest (a minute or more on 2 cores): handed out first,
-# the two processes end together instead of one running a long file alone at the end. The rest keep pytest's order.
-LONGEST_FIRST = [
-    "tests/trainer/test_examples_match_lightning.py", "tests/test_cloud_scripts.py", "tests/test_distributed.py",
-    "tests/test_readme.py", "tests/test_local.py", "tests/test_benchmark_scaling.py",
-    "tests/trainer/test_fault_tolerance.py", "tests/test_placement.py", "tests/test_tls.py", "tests/trainer/test_ddp.py",
-    "tests/test_warm_start.py", "tests/trainer/test_gradsync.py", "tests/test_chaos.py",
-    "tests/trainer/test_without_numpy.py", "tests/test_jobs.py", "tests/trainer/test_demo.py",
-]
-
-
-def pytest_collection_modifyitems(session, config, items):
-    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable: ties keep their order
