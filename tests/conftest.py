@@ -118,4 +118,3 @@ def gpulayer_home(tmp_path, monkeypatch):
 
 def have_ip_netns() -> bool:
     return os.geteuid() == 0 and shutil.which("ip") is not None
-
