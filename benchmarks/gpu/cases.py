@@ -255,7 +255,8 @@ def run_nccl(out: Path, rehearse: bool, runs: int) -> None:
     with tempfile.TemporaryDirectory(prefix="gpu-nccl-") as tmp, Fleet(Path(tmp)) as fleet:
         fleet.add_worker("gpu-1", slots=max(procs, 1), cuda="off" if rehearse else "on", zone="lab-a", region="lab")
         fleet.connect()
-        for i in range(runs + 1):  # round 0 warms up every variant and is not counted
+        warmups = 0 if rehearse else 1  # a rehearsal checks the code path, not figures: no uncounted round
+        for i in range(warmups, runs + 1):  # round 0 warms up every variant and is not counted
             order = variants[i % 3:] + variants[:i % 3]
             for name, launcher, warm in order:
                 t0 = time.time()
