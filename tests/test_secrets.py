@@ -229,3 +229,24 @@ def test_nothing_a_user_gets_back_shows_the_password(fleet):
     assert len(logs) >= 2
     for name, text in {"status": out.stdout + out.stderr, **logs}.items():
         assert password not in text and fleet.secret not in text, f"{name} shows a secret"
+
+
+def test_mask_url_and_the_log_filter():
+    import logging
+
+    from gpulayer.masking import MaskingFilter, mask_url
+
+    assert mask_url("redis://:pw@10.0.0.1:6379/0") == "redis://:***@10.0.0.1:6379/0"
+    assert mask_url("rediss://user:p%40ss@[::1]:6380/0?ssl_cert_reqs=none") == \
+        "rediss://user:***@[::1]:6380/0?ssl_cert_reqs=none"
+    assert mask_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0" and mask_url(None) is None
+
+    try:
+        raise ConnectionError("lost redis://:pw-in-a-traceback@h:1/0")
+    except ConnectionError:
+        record = logging.LogRecord("x", logging.ERROR, __file__, 1, "to %s with %s", ("redis://:pw1@h/0", "s3cr3t"),
+                                   sys.exc_info())
+    assert MaskingFilter(["s3cr3t"]).filter(record)
+    line = logging.Formatter().format(record)
+    assert "to redis://:***@h/0 with ***" in line and "redis://:***@h:1/0" in line
+    assert "pw1" not in line and "s3cr3t" not in line and "pw-in-a-traceback" not in line
