@@ -25,6 +25,7 @@ from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from .errors import ConfigError
+from .masking import mask_url
 
 STATE_FILE_NAME = "cluster.json"
 # TLS options of a rediss:// broker, named as redis-py, kombu and Celery name them (URL query or GPULAYER_SSL_*).
@@ -111,6 +112,12 @@ class Settings(BaseSettings):
 
     def secret_bytes(self) -> bytes | None:
         return self.secret.get_secret_value().encode() if self.secret else None
+
+    def __repr_args__(self):
+        # repr and str (a notebook shows what init() returns) mask the broker URL's password; the secret is a
+        # SecretStr already. The field itself keeps the URL whole: connections use it.
+        for name, value in super().__repr_args__():
+            yield name, (mask_url(value) if name == "broker_url" else value)
 
 
 class _FileSource(PydanticBaseSettingsSource):

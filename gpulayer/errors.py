@@ -8,6 +8,8 @@ one-line summary, and ``str(err)`` stays short enough for a log line.
 
 from __future__ import annotations
 
+from .masking import mask_text
+
 _MAX_LINE = 500  # characters of a message shown in the one-line str; the full text stays in .message
 
 
@@ -18,7 +20,14 @@ def one_line(text: str, limit: int = _MAX_LINE) -> str:
 
 
 class GpulayerError(Exception):
-    """Base class of every error gpulayer raises on purpose."""
+    """Base class of every error gpulayer raises on purpose.
+
+    A password inside a URL in its message (``redis://:PASSWORD@host``) is masked as it is made, so no
+    ``str``, ``repr``, log line or traceback of it shows one.
+    """
+
+    def __init__(self, *args):
+        super().__init__(*(mask_text(a) if isinstance(a, str) else a for a in args))
 
 
 class ConfigError(GpulayerError, ValueError):
@@ -74,13 +83,13 @@ class JobFailed(GpulayerError):
     def __init__(self, type_name: str, message: str, traceback: str | None = None, job_id: str | None = None,
                  worker: str | None = None):
         self.type_name = type_name
-        self.message = message
-        self.traceback = traceback
+        self.message = mask_text(message)  # a remote error may quote a URL too
+        self.traceback = mask_text(traceback) if traceback else traceback
         self.job_id = job_id
         self.worker = worker
         super().__init__(type_name, message, traceback, job_id, worker)
         if traceback:
-            self.__cause__ = RemoteTraceback(traceback)  # also suppresses the context, as `raise ... from` does
+            self.__cause__ = RemoteTraceback(self.traceback)  # also suppresses the context, as `raise ... from` does
 
     def _where(self) -> str:
         job = f"job {self.job_id}" if self.job_id else "a job"

@@ -11,14 +11,10 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import re
 import time
-from urllib.parse import urlparse
 
 from .errors import ConfigError
-
-MASK = "***"
-_URL_PASSWORD = re.compile(r"(?P<head>\b[a-z][a-z0-9+.\-]*://[^:/@\s\"'<>]*:)[^@/\s\"'<>]+@", re.IGNORECASE)
+from .masking import MASK, mask_text, secrets_of  # noqa: F401  (MASK, mask_text: the tests' import)
 
 
 def _loopback(address: str) -> bool:
@@ -32,22 +28,8 @@ def _loopback(address: str) -> bool:
 
 # --- Flower ----------------------------------------------------------------------------------------
 
-def mask_text(text: str, secrets: list[str]) -> str:
-    """``text`` with each of ``secrets`` and every password inside a URL replaced by ``***``."""
-    for s in secrets:
-        text = text.replace(s, MASK)
-    return _URL_PASSWORD.sub(lambda m: m.group("head") + MASK + "@", text)
-
-
 def _secrets_of(settings) -> list[str]:
-    out = []
-    password = urlparse(settings.broker_url or "").password
-    if password:
-        out.append(password)
-    if settings.secret is not None:
-        out.append(settings.secret.get_secret_value())
-    # Longest first, so a secret that contains another is masked whole; short ones would mask too much.
-    return sorted({s for s in out if len(s) >= 4}, key=len, reverse=True)
+    return secrets_of(settings.broker_url, settings.secret.get_secret_value() if settings.secret else None)
 
 
 # The Tasks page shows each job's summary (args: ``square(7)``) and its resources (kwargs: ``cpu``);
@@ -68,13 +50,8 @@ def _masking_transform(secrets: list[str], static_prefix: str):
     """
     from tornado.web import OutputTransform
 
-    raw = [s.encode() for s in secrets]
-
     def mask(body: bytes) -> bytes:
-        for s in raw:
-            body = body.replace(s, MASK.encode())
-        return _URL_PASSWORD.sub(lambda m: m.group("head") + MASK + "@", body.decode("utf-8", "surrogateescape")
-                                 ).encode("utf-8", "surrogateescape")
+        return mask_text(body.decode("utf-8", "surrogateescape"), secrets).encode("utf-8", "surrogateescape")
 
     class MaskSecrets(OutputTransform):
         def __init__(self, request):

@@ -4,24 +4,15 @@ from __future__ import annotations
 
 import heapq
 import sys
-from urllib.parse import urlparse
 
 from . import queues
 from .config import Settings, load_settings
 from .errors import ClusterUnavailable, ConfigError
+from .masking import mask_url
 from .store import keys
 from .store.connection import reachable
 from .store.gangs import GangStore
 from .store.registry import Registry
-
-
-def mask_url(url: str) -> str:
-    """The broker URL with its password hidden."""
-    u = urlparse(url)
-    if u.password:
-        netloc = f"{u.username or ''}:***@{u.hostname}" + (f":{u.port}" if u.port else "")
-        return u._replace(netloc=netloc).geturl()
-    return url
 
 
 _standalone: tuple[Settings, Registry] | None = None  # this process's own read of the cluster (a --watch keeps it)

@@ -339,7 +339,8 @@ def test_a_gang_node_judges_its_peers_by_the_configured_death_line(fresh_fleet, 
         reg.heartbeat_many([WorkerInfo(id=w, hostname="h", address="127.0.0.1") for w in ("n0", "n1")])
         order = {"spec": GangSpec(gang_id="g", nodes=2, procs_per_node=1).model_dump(mode="json"), "gang_id": "g",
                  "attempt": 0, "node_rank": 0, "workers": ["n0", "n1"]}
-        run = agent.GangRun(order, WorkerInfo(id="n0", hostname="h", address="127.0.0.1"), fresh_fleet.url)
+        run = agent.GangRun(order, WorkerInfo(id="n0", hostname="h", address="127.0.0.1"), fresh_fleet.url,
+                            fresh_fleet.workdir / "root")
         try:
             secs, _ = client.time()
             client.zadd(keys.WORKERS, {"n1": secs - 10})  # silent 10 s: past 5, within 30

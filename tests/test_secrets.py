@@ -16,6 +16,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import psutil
+import pytest
 
 import gpulayer
 from gpulayer import distributed
@@ -82,11 +83,42 @@ def test_up_with_flower_shows_no_secret_on_any_command_line(gpulayer_home):
         # Asked for, `up` shows the URL whole.
         shown = run_cli("up", "--show-secrets", env=env)
         assert "already running" in shown.stdout and state["broker_url"] in shown.stdout
+
+        # What a script prints of what init() gives back, with a job whose error quotes the URL; `gpulayer status`.
+        script = run_python(SCRIPT_PRINTS_WHAT_INIT_GIVES, env=env)
+        assert script.returncode == 0 and "redis://:***@127.0.0.1" in script.stdout, script.stderr
+        assert "cannot reach redis://:***@" in script.stdout and "result 3" in script.stdout, script.stdout
+        status = run_cli("status", env=env)
+        assert status.returncode == 0 and "local-1" in status.stdout, status.stderr
+        for name, text in (("the script", script.stdout + script.stderr), ("status", status.stdout + status.stderr)):
+            assert password not in text and secret not in text, f"{name} shows a secret:\n{text}"
     finally:
         down = run_cli("down", env=env)
     assert down.returncode == 0, down.stderr
     if state:
         wait_gone([state["supervisor_pid"], state["redis_pid"], state["flower_pid"], *state["worker_pids"].values()])
+        # Every log the cluster wrote: the supervisor's, each worker's (the job's error among them), Flower's, Redis's.
+        logs = {p.relative_to(gpulayer_home): p.read_text(errors="replace") for p in gpulayer_home.rglob("*.log")}
+        assert len(logs) >= 4 and "cannot reach redis://:***@" in "".join(logs.values()), sorted(logs)
+        assert not [name for name, text in logs.items() if password in text or secret in text]
+
+
+SCRIPT_PRINTS_WHAT_INIT_GIVES = """
+import os, gpulayer
+settings = gpulayer.init()   # the running `gpulayer up` cluster
+print(repr(settings)); print(settings)
+def quote_the_url():
+    raise RuntimeError("cannot reach " + os.environ["GPULAYER_BROKER_URL"])
+try:
+    gpulayer.submit.delay(quote_the_url).get(timeout=60)
+except gpulayer.JobFailed as err:
+    print(repr(err)); print(err); print(err.traceback)
+print("result", gpulayer.submit.delay(abs, -3).get(timeout=60))
+"""
+
+
+def run_python(code: str, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
 
 
 def _cmdlines_of_this_rank() -> dict:
@@ -126,3 +158,95 @@ def test_an_operator_can_still_pass_the_broker_on_the_command_line(fresh_fleet, 
     fresh_fleet.wait_workers(["op-1"])
     fresh_fleet.connect()
     assert gpulayer.submit.delay(abs, -4, resources=gpulayer.Resources(zone="ops-zone-a")).get(timeout=60) == 4
+
+
+# -- nothing a user is given back shows the password -------------------------------------------------
+
+def _worker_and_job():
+    return repr(gpulayer.current_worker()) + str(gpulayer.current_worker()) + repr(gpulayer.current_job())
+
+
+def _raises_with_the_url():
+    raise RuntimeError(f"cannot reach {os.environ['GPULAYER_BROKER_URL']}")
+
+
+def _rank_says_where():
+    return os.environ["RANK"]
+
+
+def test_nothing_a_user_gets_back_shows_the_password(fleet):
+    """repr and str of everything a user gets back from the API, and the worker logs, never show the password;
+    the connections themselves still use it."""
+    from gpulayer import app as app_mod
+    from gpulayer.config import load_settings
+    from gpulayer.errors import ClusterUnavailable, ConfigError, JobFailed, JobRejected
+    from gpulayer.local import LocalCluster
+    from gpulayer.masking import mask_url
+    from gpulayer.status import collect
+
+    password = fleet.password
+    shown: dict[str, object] = {}
+    settings = fleet.connect()  # gpulayer.init(url, secret=...) returns the Settings a notebook cell prints
+    shown["init()"] = settings
+    shown["connect()"] = gpulayer.connect(load_settings(broker_url=fleet.url, secret=fleet.secret))
+    assert settings.broker_url == fleet.url and password in settings.broker_url  # the real URL, whole
+    assert f"broker_url='{mask_url(fleet.url)}'" in repr(settings) and ":***@" in str(settings)
+    assert app_mod.app.conf.broker_url == fleet.url  # and it connects with it: the jobs below run
+
+    h = gpulayer.submit.delay(_worker_and_job)
+    shown["AsyncResult"], shown["current_worker/current_job in a job"] = h, h.get(timeout=60)
+    batch = gpulayer.submit_batch([gpulayer.submit.s(abs, -i) for i in range(3)])
+    shown["BatchHandle"], shown["batch results"] = batch, batch.get(timeout=60)
+    job = distributed(_rank_says_where, nodes=1, procs_per_node=2, timeout=60)
+    shown["GangHandle"], shown["gang results"] = job, job.get(timeout=120)
+    shown["placement"], shown["gang status"] = job.placement, job.status()
+    shown["WorkerInfo"] = app_mod.registry().snapshot()
+    shown["status"] = collect()
+    with pytest.raises(JobFailed) as failed:
+        gpulayer.submit.delay(_raises_with_the_url).get(timeout=60)
+    shown["JobFailed"], shown["JobFailed.message"] = failed.value, failed.value.message + failed.value.traceback
+    assert ":***@" in failed.value.message  # the URL the job quoted, masked
+    with pytest.raises(JobRejected) as rejected:
+        gpulayer.submit.delay(abs, 1, resources=gpulayer.Resources(zone="nowhere-1a"))
+    shown["JobRejected"] = rejected.value
+    shown["ClusterUnavailable"] = ClusterUnavailable(f"cannot reach the broker at {fleet.url}; is it up?")
+    shown["ConfigError"] = ConfigError(f"bad broker {fleet.url}")
+    shown["LocalCluster"] = LocalCluster(broker_url=fleet.url, secret=fleet.secret, home=Path("/h"))
+
+    leaks = [name for name, obj in shown.items() for text in (repr(obj), str(obj))
+             if password in text or fleet.secret in text]
+    assert not leaks, f"these show the password or the secret: {leaks}"
+    assert ":***@" in str(shown["ClusterUnavailable"]) and ":***@" in repr(shown["ConfigError"])
+    # The job ran (its worker and job context came back), and so did the gang.
+    assert shown["gang results"] == ["0", "1"] and "w-" in shown["current_worker/current_job in a job"]
+
+    # `gpulayer status` and every worker's log.
+    out = subprocess.run([sys.executable, "-m", "gpulayer", "status", "--json"], capture_output=True, text=True,
+                         env=dict(os.environ, GPULAYER_BROKER_URL=fleet.url, GPULAYER_SECRET=fleet.secret),
+                         timeout=120)
+    assert out.returncode == 0 and '"broker"' in out.stdout, out.stderr
+    logs = {p.name: p.read_text(errors="replace") for p in fleet.workdir.glob("*.log")}
+    assert len(logs) >= 2
+    for name, text in {"status": out.stdout + out.stderr, **logs}.items():
+        assert password not in text and fleet.secret not in text, f"{name} shows a secret"
+
+
+def test_mask_url_and_the_log_filter():
+    import logging
+
+    from gpulayer.masking import MaskingFilter, mask_url
+
+    assert mask_url("redis://:pw@10.0.0.1:6379/0") == "redis://:***@10.0.0.1:6379/0"
+    assert mask_url("rediss://user:p%40ss@[::1]:6380/0?ssl_cert_reqs=none") == \
+        "rediss://user:***@[::1]:6380/0?ssl_cert_reqs=none"
+    assert mask_url("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0" and mask_url(None) is None
+
+    try:
+        raise ConnectionError("lost redis://:pw-in-a-traceback@h:1/0")
+    except ConnectionError:
+        record = logging.LogRecord("x", logging.ERROR, __file__, 1, "to %s with %s", ("redis://:pw1@h/0", "s3cr3t"),
+                                   sys.exc_info())
+    assert MaskingFilter(["s3cr3t"]).filter(record)
+    line = logging.Formatter().format(record)
+    assert "to redis://:***@h/0 with ***" in line and "redis://:***@h:1/0" in line
+    assert "pw1" not in line and "s3cr3t" not in line and "pw-in-a-traceback" not in line

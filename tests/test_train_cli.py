@@ -159,7 +159,9 @@ def assert_nothing_left(fleet, before: dict[str, set[str]]):
                 if names - before.get(name, set())}
 
     wait_until(lambda: not new(), what="every worker's temp root to be as before the job")
-    assert not [n for names in worker_tmp(fleet).values() for n in names if n.startswith("gpulayer-")]
+    # The cluster's root there goes with its last directory, at the next sweep (workdir.py).
+    wait_until(lambda: not [n for names in worker_tmp(fleet).values() for n in names if n.startswith("gpulayer-")],
+               what="the cluster's root in every worker's temp root to go")
 
 
 def test_train_resumes_from_its_snapshot_after_a_restart(fleet, project):
@@ -238,22 +240,28 @@ def test_a_stopping_worker_removes_its_directories_and_a_starting_one_sweeps_sta
     from gpulayer.gang import workdir
     from gpulayer.cli.train import run_script
 
+    from gpulayer.store.cluster import cluster_id
+
     tmp = fresh_fleet.worker_tmp("w-solo")
     tmp.mkdir(parents=True)
-    stale = workdir.base_for(tmp, "0" * 32, "w-solo")  # of a gang Redis never heard of
-    not_mine = workdir.base_for(tmp, "0" * 32, "w-other")  # another worker's, sharing the temp root
-    for d in (stale, not_mine):
-        (d / "work").mkdir(parents=True)
+    client = fresh_fleet.client()
+    root = workdir.root(cluster_id(client), tmp)  # made now, before any worker: the one the worker reads
+    client.close()
+    stale = workdir.base_for(root, "0" * 32, "w-solo")  # of a gang Redis never heard of
+    not_mine = workdir.base_for(root, "0" * 32, "w-other")  # another worker's, sharing the temp root
+    other_cluster = workdir.base_for(workdir.root("0ther", tmp), "0" * 32, "w-solo")  # same name, other cluster
+    for d in (stale, not_mine, other_cluster):
+        (workdir.make(d) / "work").mkdir()
     fresh_fleet.add_worker("w-solo", slots=2)
     wait_until(lambda: not stale.exists(), what="the agent's start-up sweep")
-    assert not_mine.exists()
+    assert not_mine.exists() and other_cluster.exists()
 
     fresh_fleet.connect()
     (project / "sleep.py").write_text("import time\nopen('started', 'w').close()\ntime.sleep(600)\n")
     # One restart left: only the worker's stop says the directory will not be used again.
     job = distributed(run_script, "sleep.py", [], nodes=1, procs_per_node=2, max_restarts=1,
                       workdir=workdir.ShippedDir(package_workdir(project)[0]))
-    base = workdir.base_for(tmp, job.id, "w-solo")
+    base = workdir.base_for(root, job.id, "w-solo")
     wait_until(lambda: (base / "work" / "started").exists(), timeout=120, what="the ranks to start")
     fresh_fleet.stop_worker("w-solo")  # SIGTERM: a graceful stop
     assert not base.exists()

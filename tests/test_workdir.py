@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import io
 import os
+import stat
 import tarfile
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -23,7 +26,7 @@ def archive_of(files: dict[str, bytes]) -> bytes:
 
 def test_prepare_unpacks_once_and_an_attempt_after_finds_what_the_last_one_wrote(tmp_path):
     base = workdir.base_for(tmp_path, "g1", "w/a")
-    assert base.name == "gpulayer-gang-g1-w_a"
+    assert base.name == "gang-g1-w_a"
     calls = []
 
     def archive():
@@ -106,3 +109,28 @@ def test_sweep_removes_this_workers_directories_of_gangs_that_ended(tmp_path):
     assert sorted(asked) == ["done", "running"]  # busy and kept ones are not even looked up
     assert sorted(os.listdir(tmp_path)) == sorted(["gpulayer-other", made["running", "w1"].name, made["busy", "w1"].name,
                                                    made["kept", "w1"].name, made["done", "w2"].name])
+
+
+def test_each_cluster_has_its_own_root_and_a_sweep_never_leaves_it(tmp_path):
+    """Two clusters on one host, workers of the same name, one temp root: each sweep sees its own root only."""
+    mine, theirs = workdir.root("c0ffee", tmp_path), workdir.root("beef00", tmp_path)
+    assert mine == tmp_path / "gpulayer-c0ffee" and workdir.root("a/b").parent == Path(tempfile.gettempdir())
+    for root in (mine, theirs):
+        for gang in ("g-over", "g-running"):
+            (workdir.make(workdir.base_for(root, gang, "local-1")) / "work").mkdir()
+    assert stat.S_IMODE(mine.stat().st_mode) == 0o700
+
+    removed = workdir.sweep(mine, "local-1", set(), lambda gang_id: True)  # our Redis knows none of theirs
+    assert sorted(p.name for p in removed) == ["gang-g-over-local-1", "gang-g-running-local-1"]
+    assert not mine.exists()  # empty: gone with its last directory; make() brings it back
+    assert sorted(os.listdir(theirs)) == ["gang-g-over-local-1", "gang-g-running-local-1"]
+    assert workdir.make(workdir.base_for(mine, "g2", "local-1")).is_dir()
+
+
+def test_a_cluster_root_someone_else_can_write_is_refused(tmp_path):
+    root = workdir.root("c0ffee", tmp_path)
+    root.mkdir(mode=0o777)
+    root.chmod(0o777)
+    with pytest.raises(PermissionError, match="not this user's own directory"):
+        workdir.make(workdir.base_for(root, "g1", "local-1"))
+    assert os.listdir(root) == []

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _up(args) -> int:
     from ..local import up
-    from ..status import mask_url
+    from ..masking import mask_url
 
     cluster, started = up(args.workers, args.slots, flower=args.flower, zones=args.zone, regions=args.region)
     url = cluster.broker_url if args.show_secrets else mask_url(cluster.broker_url)

@@ -31,6 +31,7 @@ from ..procs.env import BACKEND_ENV, RankLayout, free_port, rank_env, socket_ifn
 from ..procs.runner import RankCommand, RankFailure, RankRunner
 from ..models import GangSpec, GangState
 from ..store import keys
+from ..store.cluster import cluster_id
 from ..store.connection import client_name, connect_redis
 from ..store.gangs import GangStore
 from ..store.registry import Registry
@@ -96,20 +97,26 @@ class GangAgent(LoopStep):
         self.worker_info = runtime.current_worker()
         self.url = worker.app.conf.broker_url
         self.runs: dict[str, GangRun] = {}
+        self.cluster_id = ""  # the cluster's id (store/cluster.py), read at start
+        self.root = None  # this cluster's root on this machine (workdir.py), where gang directories live
 
     def start(self, worker) -> None:
         client = connect_redis(self.url)
+        self.cluster_id = cluster_id(client)
+        self.root = workdir.root(self.cluster_id)
         # A previous life's nodes died with it: they fail (their gangs restart or end), then the slate is clean.
         worker_lost(client, self.worker_info.id, "its worker restarted")
         GangStore(client).forget_worker(self.worker_info.id)
-        self._sweep(GangStore(client))  # a previous life's directories of gangs that ended meanwhile
+        self._sweep(client)  # a previous life's directories of gangs that ended meanwhile
         client.close()
         warm.shared_template()  # imports torch in the background; the first gang forks from it
         super().start(worker)
 
-    def _sweep(self, store: GangStore) -> None:
+    def _sweep(self, client) -> None:
+        cluster_id(client, self.cluster_id)  # given back to a Redis that lost it: the next worker uses it too
+        store = GangStore(client)
         busy = {r.base for r in list(self.runs.values()) if r.base is not None and not r.ended.is_set()}
-        workdir.sweep(workdir.root(), self.worker_info.id, busy, lambda gang_id: store.state(gang_id).done)
+        workdir.sweep(self.root, self.worker_info.id, busy, lambda gang_id: store.state(gang_id).done)
 
     def loop(self) -> None:
         client = connect_redis(self.url, socket_timeout=10, name=client_name(self.worker_info.id, "gang-agent"))
@@ -118,7 +125,7 @@ class GangAgent(LoopStep):
             if time.monotonic() > next_sweep:
                 next_sweep = time.monotonic() + SWEEP_EVERY
                 try:
-                    self._sweep(GangStore(client))
+                    self._sweep(client)
                 except (redis.RedisError, OSError) as err:
                     log.warning("gpulayer agent: cannot sweep gang directories (%s); retrying", err)
             try:
@@ -129,7 +136,7 @@ class GangAgent(LoopStep):
                 continue
             if item:
                 order = json.loads(item[1])
-                run = GangRun(order, self.worker_info, self.url)
+                run = GangRun(order, self.worker_info, self.url, self.root)
                 self.runs[order["gang_id"]] = run
                 threading.Thread(target=run.run, name=f"gang-{order['gang_id'][:8]}", daemon=True).start()
         client.close()
@@ -144,14 +151,15 @@ class GangAgent(LoopStep):
             run.ended.wait(deadline.remaining())
         # What is left (gangs between attempts, a run that did not end in time): nothing on a
         # stopped worker resumes from it.
-        workdir.sweep(workdir.root(), self.worker_info.id, set(), lambda gang_id: True)
+        if self.root is not None:
+            workdir.sweep(self.root, self.worker_info.id, set(), lambda gang_id: True)
         warm.close_shared_template()
 
 
 class GangRun:
     """One gang attempt's ranks on this worker."""
 
-    def __init__(self, order: dict, info, url: str):
+    def __init__(self, order: dict, info, url: str, root):
         self.order = order
         self.spec = GangSpec.model_validate(order["spec"])
         self.gang_id, self.attempt, self.node = order["gang_id"], order["attempt"], order["node_rank"]
@@ -166,7 +174,7 @@ class GangRun:
         self.ended = threading.Event()
         # This node's gang directory (``workdir.py``): the shipped working directory (the ranks' cwd)
         # and torchrun's logs live in it, and nothing else of the gang's is left on this worker.
-        self.base = (workdir.base_for(workdir.root(), self.gang_id, info.id)
+        self.base = (workdir.base_for(root, self.gang_id, info.id)
                      if self.spec.workdir is not None or self.spec.launcher == "torchrun" else None)
         self.cwd = None
 
@@ -251,6 +259,8 @@ class GangRun:
         args = [self.gang_id, str(self.attempt)]
         cwd = str(self.cwd) if self.cwd is not None else None  # the shipped workdir (None: the worker's)
         if s.launcher == "torchrun":
+            if self.cwd is None:
+                workdir.make(self.base)  # for its logs; made here, in this user's own cluster root
             env = dict(base, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // m)), **{BACKEND_ENV: s.backend})
             cmd = torchrun_command(s.nodes, m, self.node, addr, port, ["-m", "gpulayer.gang.rank", *args],
                                    max_restarts=0, run_id=self.gang_id, log_dir=str(self.base / "torchrun"))

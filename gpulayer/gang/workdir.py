@@ -7,16 +7,21 @@ node 0 packs the files its ranks created or changed for the client, and the dire
 (unless the client asked to keep it). A restart that lands on another worker starts there from a
 fresh copy of what was shipped, as a torchrun restart on a new machine would.
 
-Layout, under the worker's temp root (``tempfile.gettempdir()``: ``TMPDIR``)::
+Layout, under the cluster's root on this machine: ``<temp root>/gpulayer-<cluster id>/``, where the
+temp root is ``tempfile.gettempdir()`` (``TMPDIR``) and the cluster id is the random id the cluster's
+Redis holds (``store/cluster.py``). Two clusters on one host name their workers alike (``local-1``)
+and share the temp root; each has its own root, so neither ever sees, let alone sweeps, the other's::
 
-    gpulayer-gang-<gang id>-<worker id>/
-        work/           the ranks' working directory, and GPULAYER_WORKDIR
-        manifest.json   {"gang_id", "worker", "files": {path: [size, mtime_ns]}} as unpacked
-        kept            present when the client asked to keep it (--keep-workdir); never swept
-        torchrun/       torchrun's logs (``launcher="torchrun"``; gangs without a working directory too)
+    gpulayer-<cluster id>/          mode 0700, this user's; removed by a sweep once empty
+        gang-<gang id>-<worker id>/
+            work/           the ranks' working directory, and GPULAYER_WORKDIR
+            manifest.json   {"gang_id", "worker", "files": {path: [size, mtime_ns]}} as unpacked
+            kept            present when the client asked to keep it (--keep-workdir); never swept
+            torchrun/       torchrun's logs (``launcher="torchrun"``; gangs without a working directory too)
 
 A directory is removed by the agent that used it once the gang is certainly over, or else by that
 worker's sweep (at start-up, every few seconds, at shutdown) once the gang's record says it ended.
+A sweep looks only under its own cluster's root, at its own worker's directories.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import tarfile
 import tempfile
 from dataclasses import dataclass
@@ -34,7 +40,8 @@ from typing import Callable, Iterable
 
 from ..models import WorkdirSpec
 
-PREFIX = "gpulayer-gang-"
+ROOT_PREFIX = "gpulayer-"  # a cluster's root on this machine: gpulayer-<cluster id>
+PREFIX = "gang-"  # a gang's directory on one worker, in its cluster's root: gang-<gang id>-<worker id>
 SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".mypy_cache", ".pytest_cache",
              ".ipynb_checkpoints", "node_modules", "wandb"}  # never pulled back: caches the ranks made
 MAX_PULL_BYTES = 48 * 2**20  # what comes back, uncompressed; under the 64 MiB message limit
@@ -60,9 +67,9 @@ class PullTooBig(Exception):
     """Node 0's new and changed files exceed the pull limit; the message names the biggest."""
 
 
-def root() -> Path:
-    """This worker's temp root (``TMPDIR``), where gang directories live."""
-    return Path(tempfile.gettempdir())
+def root(cluster_id: str, where: Path | None = None) -> Path:
+    """The cluster's root on this machine: ``where`` (default the temp root, ``TMPDIR``) / ``gpulayer-<id>``."""
+    return Path(where if where is not None else tempfile.gettempdir()) / f"{ROOT_PREFIX}{_safe(cluster_id)}"
 
 
 def _safe(worker_id: str) -> str:
@@ -70,7 +77,31 @@ def _safe(worker_id: str) -> str:
 
 
 def base_for(where: Path, gang_id: str, worker_id: str) -> Path:
+    """Gang ``gang_id``'s directory on worker ``worker_id``, in the cluster root ``where`` (``root()``)."""
     return where / f"{PREFIX}{_safe(gang_id)}-{_safe(worker_id)}"
+
+
+def make(base: Path) -> Path:
+    """Create ``base`` and its cluster root (this user's alone, 0700), whatever a sweep does meanwhile.
+
+    A sweep on this machine removes the root once it is empty (``sweep``), maybe between our making it
+    and our making ``base`` in it: then both are made again. A root that exists but is not this user's
+    own directory (another user made it first, in a shared ``/tmp``) is refused, not written into.
+    """
+    cluster_root = base.parent
+    for _ in range(10):
+        cluster_root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        st = cluster_root.lstat()
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+            raise PermissionError(f"{cluster_root} is not this user's own directory (owner uid {st.st_uid}, "
+                                  f"mode {stat.S_IMODE(st.st_mode):o}); remove it, or give this worker a "
+                                  "TMPDIR of its own")
+        try:
+            base.mkdir(exist_ok=True)
+            return base
+        except FileNotFoundError:  # a sweep removed the empty root just now
+            continue
+    raise OSError(f"cannot create {base}: its directory {cluster_root} keeps disappearing")
 
 
 def prepare(base: Path, gang_id: str, worker_id: str, archive: Callable[[], bytes], keep: bool) -> Path:
@@ -82,7 +113,8 @@ def prepare(base: Path, gang_id: str, worker_id: str, archive: Callable[[], byte
     if manifest.is_file() and work.is_dir():  # an earlier attempt of this gang ran here: resume in it
         return work
     shutil.rmtree(base, ignore_errors=True)  # half made (a worker killed while unpacking)
-    work.mkdir(parents=True)
+    make(base)
+    work.mkdir()
     if keep:
         (base / "kept").touch()
     with tarfile.open(fileobj=io.BytesIO(archive()), mode="r:gz") as tar:
@@ -158,7 +190,10 @@ def end_of_attempt(outcome: str, attempt: int, max_restarts: int, *, cancelled: 
 def sweep(where: Path, worker_id: str, busy: set[Path], gang_over: Callable[[str], bool]) -> list[Path]:
     """Remove this worker's gang directories whose gang has ended (``gang_over(gang_id)``); returns them.
 
-    ``busy``: directories a run on this worker is using now. Kept directories stay.
+    ``where``: this worker's cluster root (``root()``); nothing outside it is looked at, so another
+    cluster's directories on the same machine are never touched, whatever its workers are called.
+    ``busy``: directories a run on this worker is using now. Kept directories stay. The root itself
+    goes once it is empty (``make`` creates it again for the next gang).
     """
     suffix = f"-{_safe(worker_id)}"
     removed = []
@@ -176,4 +211,8 @@ def sweep(where: Path, worker_id: str, busy: set[Path], gang_over: Callable[[str
         if gang_over(name[len(PREFIX):-len(suffix)]):
             remove(base)
             removed.append(base)
+    try:
+        where.rmdir()  # only when empty: another worker's directory, or a kept one, keeps it
+    except OSError:
+        pass
     return removed

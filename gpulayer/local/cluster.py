@@ -22,6 +22,7 @@ import psutil
 from ..config import STATE_FILE_NAME, home_dir, read_state
 from ..deadline import Deadline
 from ..errors import ClusterUnavailable, ConfigError
+from ..masking import mask_url
 from ..procs.stop import kill_now, stop_process
 from ..store.connection import connect_redis
 from .supervisor import proc_start_time
@@ -40,6 +41,10 @@ class LocalCluster:
     def stop(self, timeout: float = 30.0) -> None:
         if self.supervisor is not None:
             stop_process(self.supervisor, grace=timeout)
+
+    def __repr__(self) -> str:  # the password masked, the secret left out
+        return (f"LocalCluster(broker_url={mask_url(self.broker_url)!r}, secret='**********', home={self.home!r}, "
+                f"flower_url={self.flower_url!r})")
 
 
 def _spawn_supervisor(home: Path, workers: int, slots: int, parent: int | None, timeout: float,

@@ -24,6 +24,11 @@ from __future__ import annotations
 
 NAMESPACE = "gl"
 
+# The cluster's identity on a host (gpulayer/store/cluster.py): made once, with SET NX, by the first worker.
+#   gl:cluster:id              string random hex; each machine's local state of the cluster lives under
+#                                     <temp root>/gpulayer-<id>/ (gang/workdir.py), never under a worker name alone
+CLUSTER_ID = f"{NAMESPACE}:cluster:id"
+
 WORKERS = f"{NAMESPACE}:workers"
 WORKERS_INFO = f"{NAMESPACE}:workers:info"
 # The versioned registry (gpulayer/store/registry.py): a reader that knows version v reads only

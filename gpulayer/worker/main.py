@@ -19,6 +19,7 @@ from ..engine.events import EventPacer
 from ..engine import request as job_request
 from ..engine.transport import consume_as
 from ..errors import ClusterUnavailable, ConfigError
+from ..masking import mask_logs, secrets_of
 from ..procs.stop import die_with_parent
 from ..models import WorkerInfo
 from ..store import keys
@@ -167,5 +168,7 @@ def run_worker(*, broker: str | None = None, slots: int | None = None, zone: str
         max_tasks_per_child=1 if gpu_ids else None,
     )
     quiet_job_lines(settings.log_jobs if log_jobs is None else log_jobs)
+    # Celery set up its log handlers as it built the worker; the pool's processes inherit them, filters and all.
+    mask_logs(secrets_of(settings.broker_url, settings.secret.get_secret_value()))
     worker.start()
     return worker.exitcode or 0
