@@ -12,7 +12,7 @@ from kombu.utils.uuid import uuid
 
 from .. import app as app_mod
 from .. import canvas
-from ..app import RESOURCES_HEADER, SUBMIT, app
+from ..app import CLIENT_HEADER, RESOURCES_HEADER, SUBMIT, app
 from ..session import ensure_connected
 from ..deadline import Deadline
 from ..engine.publish import publish_task
@@ -144,6 +144,7 @@ class SubmitTask(Task):
                 raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
             headers[TIMEOUT_HEADER] = float(timeout)
         ensure_connected()
+        headers[CLIENT_HEADER] = app_mod.client_identity()  # the transport records who sent it (engine/senders.py)
         if not options and producer is None and link is None and link_error is None and shadow is None \
                 and direct_publish_applies(self.app):
             job_id = task_id or uuid()
