@@ -25,7 +25,7 @@ from .tasks.submit import as_resources, send_job, submit
 
 class BatchHandle:
     """The jobs of one ``submit_batch``: ``get()`` returns their results in submission order, ``cancel()``
-    stops the ones not finished."""
+    stops the ones not finished; ``id`` names the batch for `gpulayer cancel <id>` from a shell."""
 
     def __init__(self, ids: list[str], id: str | None = None):
         self.ids = ids
