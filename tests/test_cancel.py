@@ -137,6 +137,39 @@ def test_cancel_a_distributed_job(fleet, me):
     assert (again.returncode, again.stdout) == (0, f"distributed 2 x 1 job {job.id}: already cancelled\n")
 
 
+def test_cancel_a_distributed_job_that_waits_for_slots(fleet, me):
+    """Sent right after a job took w-c's only slot: the gang waits in line, or (the registry a heartbeat
+    behind) is reserved on w-c and its agent waits for the job to end. Either way the cancel ends it now."""
+    busy = submit.delay(time.sleep, 600, resources={"worker_ids": ["w-c"]})
+    try:
+        wait_until(lambda: held_by_workers([busy.id]), 30, "w-c's slot to be taken")
+        job = distributed(nap_gang, 600, nodes=1, procs_per_node=1, resources={"zone": "us-central1-a"})
+        wait_until(lambda: job.status()["state"] in ("waiting", "running"), 30, "the job to be seen")
+        out = cli(fleet, "cancel", job.id)
+        print(out.stdout, out.stderr)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout in (f"cancelled 1 x 1 job {job.id} while it waited for slots; nothing had started\n",
+                              f"cancelled 1 x 1 job {job.id}; nothing left running\n")
+        assert job.id not in GangStore(redis_client()).waiting()  # out of the line: it never starts
+        with pytest.raises(JobFailed, match="cancelled"):
+            job.get(timeout=30)
+        assert redis_client().llen(f"test:running:{job.id}") == 0  # no rank ever ran
+        assert GangStore(redis_client()).held().get("w-c", 0) == 0  # its slot went back
+    finally:
+        busy.cancel()
+
+
+def test_cancel_needs_a_cluster(gpulayer_home):
+    out = subprocess.run([sys.executable, "-m", "gpulayer", "cancel", "--all-mine"], capture_output=True, text=True,
+                         timeout=60, env={k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_")}
+                         | {"GPULAYER_HOME": str(gpulayer_home)})
+    assert out.returncode == 2
+    assert "no cluster to cancel on: set GPULAYER_BROKER_URL" in out.stderr, out.stderr
+    bare = subprocess.run([sys.executable, "-m", "gpulayer", "cancel"], capture_output=True, text=True, timeout=60)
+    assert (bare.returncode, bare.stderr.strip()) == (2, "gpulayer cancel: error: name the ids to cancel, or give "
+                                                         "--all-mine")
+
+
 def test_cancel_all_mine_leaves_other_clients_alone(fleet, me, monkeypatch):
     gang = distributed(nap_gang, 600, nodes=1, procs_per_node=1)
     gang_running(gang)  # first: the 5 jobs below take every other slot of the fleet
