@@ -30,6 +30,7 @@ from gpulayer.app import redis_client
 from gpulayer.cancel import held_by_workers, unfinished
 from gpulayer.lab.fleet import wait_until
 from gpulayer.store.gangs import GangStore
+from gpulayer.store.sent import sent_by
 
 
 def cli(fleet, *args: str, client_id: str | None = None) -> subprocess.CompletedProcess:
@@ -168,6 +169,15 @@ def test_cancel_needs_a_cluster(gpulayer_home):
     bare = subprocess.run([sys.executable, "-m", "gpulayer", "cancel"], capture_output=True, text=True, timeout=60)
     assert (bare.returncode, bare.stderr.strip()) == (2, "gpulayer cancel: error: name the ids to cancel, or give "
                                                          "--all-mine")
+
+
+def send_a_child():
+    return submit.delay(pow, 3, 2).id  # from inside a job: sent as the client that sent this job
+
+
+def test_a_job_sends_its_children_as_its_client(fleet, me):
+    child = submit.delay(send_a_child).get(timeout=30)
+    assert child in sent_by(redis_client(), me)
 
 
 def test_cancel_all_mine_leaves_other_clients_alone(fleet, me, monkeypatch):
