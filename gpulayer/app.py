@@ -19,6 +19,7 @@ from .engine import transport
 from .engine.pools import drop_connections
 from .engine.celery_app import GpulayerCelery
 from .engine.broadcast import Control
+from .engine.senders import CLIENT_HEADER  # noqa: F401 (for tasks/submit.py)
 from .config import Settings, tls_options
 from .errors import ClusterUnavailable, JobRejected, PayloadError, UnsupportedOption
 from .models import Resources
@@ -67,12 +68,13 @@ app.conf.update(
 _state = threading.local()
 _lock = threading.Lock()
 _settings: Settings | None = None
+_identity: str | None = None  # settings.client_identity(), once per configure
 _snapshot: CachedSnapshot | None = None
 
 
 def configure(settings: Settings) -> None:
     """Point the app (and this process's signer) at a cluster."""
-    global _settings, _snapshot
+    global _settings, _snapshot, _identity
     if not settings.broker_url:
         raise ClusterUnavailable("no broker URL configured; call gpulayer.init() or set GPULAYER_BROKER_URL")
     url = settings.broker_url
@@ -102,12 +104,20 @@ def configure(settings: Settings) -> None:
         app.set_default()
         app.set_current()
         _settings = settings
+        _identity = settings.client_identity()
         _snapshot = CachedSnapshot(Registry(redis_client(settings), settings.worker_dead_after),
                                    settings.registry_cache_seconds)
 
 
 def settings() -> Settings | None:
     return _settings
+
+
+def client_identity() -> str:
+    """Who this process sends jobs as (config ``client_id``, default ``user@host``): `gpulayer cancel --all-mine`."""
+    if _settings is None:
+        raise ClusterUnavailable("gpulayer is not connected; call gpulayer.init() first")
+    return _identity
 
 
 def is_configured() -> bool:

@@ -11,7 +11,8 @@ results are stored are left out, found with one MGET per ``_CHUNK`` ids.
 
 Ctrl-C while waiting on jobs does not stop them: they run on the workers
 whether or not anyone waits. ``interrupted`` builds the ``KeyboardInterrupt``
-that says so in one line and names the call that stops them.
+that says so in one line and names the call that stops them, and the shell
+command (`gpulayer cancel <id>`, cli/cancel.py, which uses ``cancel_jobs`` too).
 """
 
 from __future__ import annotations
@@ -42,6 +43,19 @@ def unfinished(ids: Sequence[str]) -> list[str]:
     return left
 
 
+def held_by_workers(ids: Sequence[str]) -> dict[str, str]:
+    """The ids among ``ids`` that a worker holds now (running, or taken ahead of a free slot), each with that
+    worker's id: every worker life's delivery record (``keys.inflight``), found with one SCAN. For reports;
+    a cancel needs no split."""
+    client = app_mod.app.backend.client
+    wanted, held = set(ids), {}
+    prefix = keys.inflight("")
+    for key in client.scan_iter(match=keys.inflight("*"), count=1000):
+        worker = key.decode()[len(prefix):].rsplit(":", 1)[0]  # the life is "<worker id>:<pid>"
+        held.update((job, worker) for job in (v.decode() for v in client.hvals(key)) if job in wanted)
+    return held
+
+
 def cancel_jobs(ids: Sequence[str], only_unfinished: bool = True) -> int:
     """Drop the queued jobs of ``ids`` and kill the process trees of the running ones; returns how many.
 
@@ -60,8 +74,12 @@ def cancel_jobs(ids: Sequence[str], only_unfinished: bool = True) -> int:
     return len(targets)
 
 
-def interrupted(ids: Sequence[str], how: str) -> KeyboardInterrupt:
-    """The one-line ``KeyboardInterrupt`` for Ctrl-C while waiting on ``ids``; ``how`` stops them."""
+def interrupted(ids: Sequence[str], how: str, cancel_id: str | None = None) -> KeyboardInterrupt:
+    """The one-line ``KeyboardInterrupt`` for Ctrl-C while waiting on ``ids``; ``how`` stops them from Python,
+    ``gpulayer cancel <cancel_id>`` (the job's, batch's or group's id; default: the one job's) from a shell."""
+    cancel_id = cancel_id or (ids[0] if len(ids) == 1 else None)
+    if cancel_id:
+        how = f"{how} or `gpulayer cancel {cancel_id}`"
     try:
         left = len(unfinished(ids))
     except Exception:  # Redis gone or the wait cut mid-reply: say what we cannot know
@@ -92,13 +110,13 @@ class JobGroupResult(GroupResult):
         try:
             return super().join(*args, **kwargs)
         except KeyboardInterrupt:
-            raise interrupted([r.id for r in self.results], "result.revoke()") from None
+            raise interrupted([r.id for r in self.results], "result.revoke()", self.id) from None
 
     def join_native(self, *args, **kwargs):
         try:
             return super().join_native(*args, **kwargs)
         except KeyboardInterrupt:
-            raise interrupted([r.id for r in self.results], "result.revoke()") from None
+            raise interrupted([r.id for r in self.results], "result.revoke()", self.id) from None
 
     def revoke(self, connection=None, terminate=False, signal=None, wait=False, timeout=None) -> int:
         """Stop every job of the group that has not finished: queued ones are dropped, running ones

@@ -19,15 +19,17 @@ from .deadline import Deadline
 from .session import connect, ensure_connected, init  # noqa: F401  (connect, init: public here too)
 from .models import Resources
 from .payload import PickledFunction, pack_function, summarize
+from .store.sent import record_batch
 from .tasks.submit import as_resources, send_job, submit
 
 
 class BatchHandle:
     """The jobs of one ``submit_batch``: ``get()`` returns their results in submission order, ``cancel()``
-    stops the ones not finished."""
+    stops the ones not finished; ``id`` names the batch for `gpulayer cancel <id>` from a shell."""
 
-    def __init__(self, ids: list[str]):
+    def __init__(self, ids: list[str], id: str | None = None):
         self.ids = ids
+        self.id = id  # submit_batch's: `gpulayer cancel <id>` finds the jobs by it (store/sent.py)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -45,7 +47,7 @@ class BatchHandle:
             with batch_progress(len(self.ids), progress) as tick:
                 metas = self._gather(timeout, interval, tick)
         except KeyboardInterrupt:
-            raise interrupted(self.ids, "batch.cancel()") from None  # the jobs run on without us
+            raise interrupted(self.ids, "batch.cancel()", self.id) from None  # the jobs run on without us
         out = []
         for meta in metas:
             if meta["status"] != states.SUCCESS and propagate:
@@ -118,6 +120,16 @@ def submit_batch(signatures: Iterable[Signature], resources: Resources | dict | 
     celery_app = app_mod.app
     summary = res.describe()
     ids: list[str] = []
+    batch_id = uuid()
+    try:
+        _send_batch(signatures, celery_app, chunk, packed, route, headers, summary, ids)
+    finally:  # also for the ids sent before an error or a Ctrl-C: `gpulayer cancel <batch id>` finds them
+        if ids:
+            record_batch(app_mod.app.backend.client, app_mod.client_identity(), batch_id, ids)
+    return BatchHandle(ids, batch_id)
+
+
+def _send_batch(signatures, celery_app, chunk, packed, route, headers, summary, ids: list[str]) -> None:
     # Celery's apply_async subscribes to each result's channel and routes each message; a batch needs
     # neither (results are gathered by MGET, and it routes once), and kombu pipelines the publishes.
     with celery_app.producer_or_acquire() as producer, producer.batch(max_size=chunk):
@@ -134,7 +146,6 @@ def submit_batch(signatures: Iterable[Signature], resources: Resources | dict | 
             send_job(producer, job_id, packed[id(fn)][1], args, kwargs, route.queue, headers,
                      summarize(fn, args, kwargs), summary)
             ids.append(job_id)
-    return BatchHandle(ids)
 
 
 def wait_for_workers(count: int, timeout: float = 30.0) -> None:

@@ -13,8 +13,10 @@ Precedence, highest first:
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
+import socket
 import ssl
 import tomllib
 from pathlib import Path
@@ -87,6 +89,9 @@ class Settings(BaseSettings):
                                                                 "slots stay busy before they go back to their queue")
     max_deliveries: int = Field(default=3, ge=1, le=100,
                                 description="deliveries of a job whose process or worker dies, before it fails")
+    client_id: str | None = Field(default=None, description="who sends this process's jobs, recorded with each job "
+                                                            "and gang for `gpulayer cancel --all-mine` "
+                                                            "(default: user@host)")
     ssl_cert_reqs: str | None = Field(default=None, description="rediss:// only: check Redis's certificate: "
                                                                 "required (default), optional or none")
     ssl_ca_certs: str | None = Field(default=None, description="rediss:// only: CA file that signed Redis's "
@@ -109,6 +114,16 @@ class Settings(BaseSettings):
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
                                    file_secret_settings) -> tuple[PydanticBaseSettingsSource, ...]:
         return (init_settings, env_settings, _FileSource(settings_cls))
+
+    def client_identity(self) -> str:
+        """``client_id``, else ``user@host``: what `gpulayer cancel --all-mine` means by "mine"."""
+        if self.client_id:
+            return self.client_id
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):  # no name for this uid (a bare container)
+            user = f"uid{os.getuid()}"
+        return f"{user}@{socket.gethostname()}"
 
     def secret_bytes(self) -> bytes | None:
         return self.secret.get_secret_value().encode() if self.secret else None

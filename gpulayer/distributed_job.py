@@ -85,7 +85,7 @@ def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int =
         spec = GangSpec(gang_id=uuid.uuid4().hex, nodes=nodes, procs_per_node=procs_per_node,
                         resources=as_resources(resources), backend=backend, launcher=launcher, timeout=timeout,
                         max_restarts=max_restarts, warm=warm, name=function_name(fn) if not isinstance(fn, str) else fn,
-                        workdir=workdir.spec() if workdir is not None else None)
+                        workdir=workdir.spec() if workdir is not None else None, client=app_mod.client_identity())
     except ValueError as err:
         raise ValueError(f"invalid distributed job: {err}") from err
     check_gang_fits_fleet(spec, app_mod.registry().current())  # incremental: a submit never pays the full read
@@ -93,6 +93,37 @@ def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int =
     client = app_mod.redis_client()
     GangStore(client).create(spec, payload, signing.sign(workdir.archive) if workdir is not None else None)
     return GangHandle(spec, client, on_output)
+
+
+def cancel_gang(gang_id: str, timeout: float = 30.0) -> dict | None:
+    """Cancel distributed job ``gang_id`` from anywhere (``gpulayer cancel``, Ctrl-C in ``gpulayer train``), as
+    ``GangHandle.cancel()`` does, and wait up to ``timeout`` seconds until every node of its attempt reported its
+    ranks stopped. None when Redis has no such gang; else its record (``state`` as it was before, ``spec``,
+    ``placement``) with ``cancelled`` (False: it had ended already) and ``left`` (nodes not yet stopped)."""
+    ensure_connected()
+    store = GangStore(app_mod.app.backend.client)
+    rec = store.record(gang_id)
+    if rec["state"] is None:
+        return None
+    rec.update(cancelled=False, left=0)
+    if rec["state"] not in (GangState.WAITING.value, GangState.RUNNING.value):
+        return rec
+    events = store.r.pubsub(ignore_subscribe_messages=True)
+    try:
+        events.subscribe(keys.gang_events(gang_id))  # before the cancel: no node's "stopped" can be missed
+        store.cancel(gang_id)
+        rec["cancelled"] = True
+        now = store.record(gang_id)  # a coordinator may have placed it between the first read and the cancel
+        placement = now.get("placement") or rec.get("placement")
+        if placement:
+            rec["placement"], attempt, nodes = placement, now["attempt"], len(placement["workers"])
+            deadline = Deadline(timeout)
+            while len(store.nodes(gang_id, attempt)) < nodes and not deadline.expired():
+                events.get_message(timeout=deadline.left(LOOK_EVERY))
+            rec["left"] = nodes - len(store.nodes(gang_id, attempt))
+    finally:
+        events.close()
+    return rec
 
 
 OutputFn = Callable[[int, str, str], None]  # (rank, "stdout" | "stderr", line)

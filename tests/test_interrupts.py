@@ -22,6 +22,7 @@ import gpulayer
 from gpulayer import BatchHandle, JobFailed, submit
 from gpulayer.cancel import unfinished
 from gpulayer.lab.fleet import wait_until
+from gpulayer.store.sent import batch_members
 
 SCRIPTS = {
     "handle": ("h = submit.delay(nap_in_child, KEY)\nids = [h.id]", "h.get()", 1, "handle.cancel()"),
@@ -99,13 +100,17 @@ def test_ctrl_c_says_what_still_runs_and_cancel_stops_it(fleet, tmp_path, case):
         out, err = proc.communicate(timeout=60)
         assert proc.returncode != 0
         last = err.rstrip().splitlines()[-1]
+        # ... and from a shell: `gpulayer cancel <the job's, batch's or group's id>`
         if total == 1:
             expected = rf"KeyboardInterrupt: stopped waiting; job {ids[0]} is still queued or running on the " \
-                       rf"cluster: stop it with {re.escape(how)}"
+                       rf"cluster: stop it with {re.escape(how)} or `gpulayer cancel ({ids[0]})`"
         else:
             expected = rf"KeyboardInterrupt: stopped waiting; \d+ of {total} jobs are still queued or running on " \
-                       rf"the cluster: stop them with {re.escape(how)}"
-        assert re.fullmatch(expected, last), err
+                       rf"the cluster: stop them with {re.escape(how)} or `gpulayer cancel ([0-9a-f-]+)`"
+        said = re.fullmatch(expected, last)
+        assert said, err
+        if total > 1:  # the batch's or group's id finds every one of its jobs (what `gpulayer cancel` reads)
+            assert batch_members(client, said[1]) == sorted(ids)
         assert "site-packages/redis" not in err and "site-packages/celery" not in err, err  # no engine frames
         assert "Exception ignored" not in err, err
         frames = re.findall(r'File "([^"]+)"', err)  # the user's script, then gpulayer's raise: nothing below it

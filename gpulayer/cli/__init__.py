@@ -63,8 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="leave each node's working directory on its worker at the end (its path is printed)")
     tr.add_argument("--no-pull", action="store_true",
                     help="do not copy the files node 0's ranks created or changed back into --workdir")
+    tr.add_argument("--detach", action="store_true",
+                    help="Ctrl-C stops watching and leaves the job running (default: Ctrl-C cancels it)")
     tr.add_argument("script")
     tr.add_argument("args", nargs=argparse.REMAINDER)
+
+    ca = sub.add_parser("cancel", help="stop jobs, distributed jobs or batches by id, or all this client sent")
+    ca.add_argument("ids", nargs="*", metavar="ID", help="a job's, distributed job's, batch's or group's id")
+    ca.add_argument("--all-mine", action="store_true",
+                    help="everything this client identity sent in the last day that has not finished "
+                         "(config client_id, default user@host)")
 
     fl = sub.add_parser("flower", help="run Flower, the monitoring UI, on this cluster")
     fl.add_argument("--broker", default=None, help="redis://... (default: GPULAYER_BROKER_URL, else `gpulayer up`)")
@@ -147,7 +155,16 @@ def _train(args) -> int:
     return train(args.script, args.args, nodes=args.nodes, procs_per_node=args.procs_per_node,
                  launcher=args.launcher, cuda=args.cuda, zone=args.zone, workdir=args.workdir,
                  max_restarts=args.max_restarts, timeout=args.timeout, keep_workdir=args.keep_workdir,
-                 pull=not args.no_pull)
+                 pull=not args.no_pull, detach=args.detach)
+
+
+def _cancel(args) -> int:
+    from .cancel import cancel
+
+    if not args.ids and not args.all_mine:
+        print("gpulayer cancel: error: name the ids to cancel, or give --all-mine", file=sys.stderr)
+        return 2
+    return cancel(args.ids, all_mine=args.all_mine)
 
 
 def _flower(args) -> int:
@@ -168,5 +185,5 @@ def _demo(args) -> int:
     return run_demo()
 
 
-_COMMANDS = {"up": _up, "down": _down, "worker": _worker, "status": _status, "train": _train, "flower": _flower,
-             "metrics": _metrics, "demo": _demo}
+_COMMANDS = {"up": _up, "down": _down, "worker": _worker, "status": _status, "train": _train, "cancel": _cancel,
+             "flower": _flower, "metrics": _metrics, "demo": _demo}

@@ -7,7 +7,7 @@ directory that is kept across ``--max-restarts`` attempts on that worker
 (``gpulayer/gang/workdir.py``). Every rank's output streams back live, prefixed
 with its rank; at the end the files node 0's ranks created or changed come back
 into the client's directory (``--no-pull`` turns it off), and the command exits
-with the job's status.
+with the job's status. Ctrl-C cancels the job (exit status 130) unless ``--detach`` was given.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import os
 import runpy
+import signal
 import sys
 import tarfile
 from pathlib import Path
@@ -74,8 +75,13 @@ def run_script(script: str, argv: list[str]) -> int:
 
 def train(script: str, args: list[str], *, nodes: int, procs_per_node: int, launcher: str = "direct",
           cuda: bool = False, zone: str | None = None, workdir: str | None = None, max_restarts: int = 0,
-          timeout: float | None = None, keep_workdir: bool = False, pull: bool = True, out=None, err=None) -> int:
-    """The ``gpulayer train`` command; returns its exit status."""
+          timeout: float | None = None, keep_workdir: bool = False, pull: bool = True, detach: bool = False,
+          out=None, err=None) -> int:
+    """The ``gpulayer train`` command; returns its exit status.
+
+    Ctrl-C cancels the job (every rank everywhere) and returns 130; with ``detach``, the job keeps running
+    and the line says how to cancel it later (`gpulayer cancel <id>`).
+    """
     import gpulayer
     from gpulayer import Resources, distributed
 
@@ -109,10 +115,12 @@ def train(script: str, args: list[str], *, nodes: int, procs_per_node: int, laun
     out, err = bar.wrap(out), bar.wrap(err)
     sink.update(stdout=out, stderr=err)
     with bar:
-        print(f"gpulayer train: {job.id} {nodes} x {procs_per_node} ({launcher}): {job.placement}", file=err)
         try:
+            print(f"gpulayer train: {job.id} {nodes} x {procs_per_node} ({launcher}): {job.placement}", file=err)
             job.get()
             return 0
+        except KeyboardInterrupt:
+            return _interrupted(job, detach, err)
         except JobFailed as failure:
             print(f"gpulayer train: {failure.message}", file=err)
             code = getattr(failure, "exit_code", None)
@@ -123,6 +131,32 @@ def train(script: str, args: list[str], *, nodes: int, procs_per_node: int, laun
             except Exception as e:  # the job's status stands
                 print(f"gpulayer train: could not bring node 0's files back ({type(e).__name__}: {e}); "
                       "rerun with --keep-workdir to copy them from the worker", file=err)
+
+
+def _interrupted(job, detach: bool, err) -> int:
+    """Ctrl-C: cancel the job, or (``detach``) leave it running; exit status 130 (128 + SIGINT) either way."""
+    if detach:
+        print(f"gpulayer train: stopped watching; job {job.id} keeps running on the cluster: cancel it with "
+              f"`gpulayer cancel {job.id}`", file=err)
+        return 130
+    _ignore_interrupts()  # a second Ctrl-C must not cut the cancel short and leave ranks running
+    from ..distributed_job import cancel_gang
+    from .cancel import gang_line
+
+    rec = cancel_gang(job.id)
+    line = gang_line(rec)[0] if rec is not None else f"job {job.id} has no record left in Redis"
+    print(f"gpulayer train: {line}", file=err, flush=True)
+    return 130
+
+
+def _ignore_interrupts() -> None:
+    """SIGINT ignored from now on (the command ends after the cancel); retried if one lands during the call."""
+    while True:
+        try:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            return
+        except KeyboardInterrupt:
+            continue
 
 
 def _after_job(job, wd: Path, err) -> None:

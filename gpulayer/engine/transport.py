@@ -45,7 +45,7 @@ from kombu.utils.json import dumps
 
 from ..errors import ConfigError
 from ..store import keys
-from . import takeover
+from . import senders, takeover
 from .bells import BELL_TOKENS, ring
 from .carry import Carry
 from .envelope import loads_message
@@ -102,6 +102,7 @@ class Channel(Prefetch, kredis.Channel):
         batch = kwargs.get("_publish_batch")
         if batch is not None:
             super()._put(queue, message, **kwargs)
+            senders.record(batch, message)
             rung = batch.__dict__.setdefault("_gpulayer_rung", {})
             if rung.get(key, 0) < BELL_TOKENS:  # a bigger batch wakes no more workers
                 rung[key] = rung.get(key, 0) + 1
@@ -109,6 +110,7 @@ class Channel(Prefetch, kredis.Channel):
             return
         with self.conn_or_acquire() as client, client.pipeline(transaction=False) as pipe:
             pipe.lpush(key, dumps(message))
+            senders.record(pipe, message)  # who sent it, for `gpulayer cancel` (no round trip more)
             if self._expires and queue in self._expires:
                 for p in self.priority_steps:
                     pipe.pexpire(self._q_for_pri(queue, p), self._expires[queue])

@@ -189,7 +189,7 @@ class GangRun:
         events = self.client.pubsub(ignore_subscribe_messages=True)
         try:
             events.subscribe(keys.gang_events(self.gang_id))
-            if not self._wait_for_room() or not self._launch():
+            if not self._wait_for_room(events) or not self._launch():
                 outcome = "stopped"
             else:
                 outcome, stopped_at, codes = self._watch(events)
@@ -212,12 +212,19 @@ class GangRun:
             self.ended.set()
 
     # -- start ------------------------------------------------------------------------------------
-    def _wait_for_room(self) -> bool:
-        """Ordinary jobs already running keep their slots; start the ranks once they fit beside them."""
+    def _wait_for_room(self, events) -> bool:
+        """Ordinary jobs already running keep their slots; start the ranks once they fit beside them.
+
+        False if the gang ends meanwhile: a peer failed, the worker stops, or it is cancelled (the event on
+        ``events``, or its state if the cancel came before this agent subscribed)."""
+        if ordinary_active() > self.worker_info.slots - slots.held and self.store.state(self.gang_id).done:
+            return False
         while ordinary_active() > self.worker_info.slots - slots.held:
             if self._aborted.is_set() or self.store.failures(self.gang_id, self.attempt):
                 return False
-            time.sleep(POLL)
+            msg = events.get_message(timeout=POLL)
+            if msg and msg["data"] == b"cancel":
+                return False
         return True
 
     def _master(self) -> tuple[str, int] | None:

@@ -163,3 +163,21 @@ def job_done(job_id: str) -> str:
 
 # Cancels of ordinary jobs, broadcast to every worker's reaper.
 CANCEL_CHANNEL = f"{NAMESPACE}:cancel"
+
+
+# Who sent what, for `gpulayer cancel` from a shell (the sending process may be gone). The transport records
+# both with the publish itself (engine/transport.py ``_put``), in the pipeline that sends the message:
+#   gl:clients                 set    every client identity that sent a job (config ``client_id``, default user@host)
+#   gl:client:<identity>:jobs  zset   job id -> when it was sent (client clock); expires a day after the last send
+#   gl:batch:<id>              set    the job ids of one submit_batch or Celery group (its id); expires in a day
+# A gang's identity is its spec's ``client`` (gl:gang:<id>), its index gl:gangs.
+CLIENTS = f"{NAMESPACE}:clients"
+SENT_KEEP_SECONDS = 86400
+
+
+def client_jobs(identity: str) -> str:
+    return f"{NAMESPACE}:client:{identity}:jobs"
+
+
+def batch(batch_id: str) -> str:
+    return f"{NAMESPACE}:batch:{batch_id}"

@@ -12,7 +12,7 @@ from kombu.utils.uuid import uuid
 
 from .. import app as app_mod
 from .. import canvas
-from ..app import RESOURCES_HEADER, SUBMIT, app
+from ..app import CLIENT_HEADER, RESOURCES_HEADER, SUBMIT, app
 from ..session import ensure_connected
 from ..deadline import Deadline
 from ..engine.publish import publish_task
@@ -144,6 +144,7 @@ class SubmitTask(Task):
                 raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
             headers[TIMEOUT_HEADER] = float(timeout)
         ensure_connected()
+        headers.setdefault(CLIENT_HEADER, _sender(self.app))  # the transport records it (engine/senders.py)
         if not options and producer is None and link is None and link_error is None and shadow is None \
                 and direct_publish_applies(self.app):
             job_id = task_id or uuid()
@@ -162,6 +163,14 @@ class SubmitTask(Task):
                                        link_error=link_error, shadow=shadow, headers=headers, **options)
         except EncodeError as err:
             raise _payload_error(err) from err
+
+
+def _sender(celery_app) -> str:
+    """Who sends: this client's identity, or inside a job (a chain's next step, a job's own jobs) the identity
+    that sent that job, so `gpulayer cancel --all-mine` finds the whole of what a client started."""
+    task = celery_app.current_worker_task
+    parent = task.request.get(CLIENT_HEADER) if task is not None else None
+    return parent or app_mod.client_identity()
 
 
 def direct_publish_applies(celery_app) -> bool:

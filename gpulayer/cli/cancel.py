@@ -1,0 +1,113 @@
+"""``gpulayer cancel``: stop jobs, distributed jobs and batches from a shell, whoever sent them.
+
+An id is looked up as a distributed job (``gl:gang:<id>``), then as a ``submit_batch`` or Celery group
+(``gl:batch:<id>``), then as a job (its stored result, or a sender's record: ``store/sent.py``). Jobs stop
+as ``batch.cancel()`` stops them (``cancel.cancel_jobs``), distributed jobs as ``job.cancel()`` does
+(``distributed_job.cancel_gang``). ``--all-mine`` stops what this client identity (config ``client_id``,
+default ``user@host``) sent in the last day. One line per id; the exit status is 1 when an id is unknown
+or a distributed job's ranks did not all report stopped, else 0 (an id that had finished already is fine).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from celery import states
+
+from ..errors import ClusterUnavailable
+
+GANG_WAIT = 30.0  # seconds to wait for every node of a cancelled distributed job to report its ranks stopped
+
+
+def cancel(ids: list[str], all_mine: bool = False, out=None, err=None) -> int:
+    """The ``gpulayer cancel`` command; returns its exit status."""
+    from .. import app as app_mod
+    from ..config import load_settings
+    from ..session import connect
+
+    out, err = out or sys.stdout, err or sys.stderr
+    settings = load_settings()
+    if not settings.broker_url:
+        raise ClusterUnavailable("no cluster to cancel on: set GPULAYER_BROKER_URL (and GPULAYER_SECRET), "
+                                 "or start one with `gpulayer up`")
+    connect(settings)
+    r = app_mod.app.backend.client
+    code = 0
+    if all_mine:
+        print(_all_mine(r, app_mod.client_identity()), file=out)
+    for job_id in ids:
+        line, ok = _one(r, job_id)
+        print(line if ok else f"gpulayer cancel: {line}", file=out if ok else err)
+        code = code if ok else 1
+    return code
+
+
+def gang_line(rec: dict) -> tuple[str, bool]:
+    """One line for a cancelled (or already ended) distributed job, and whether nothing is left running."""
+    spec = rec.get("spec") or {}
+    shape = f"{spec.get('nodes', '?')} x {spec.get('procs_per_node', '?')} job {rec['gang_id']}"
+    if not rec["cancelled"]:
+        return f"distributed {shape}: already {rec['state']}", True
+    if not rec.get("placement"):
+        return f"cancelled {shape} while it waited for slots; nothing had started", True
+    if rec["left"]:
+        return (f"cancelled {shape}, but {rec['left']} node(s) did not report their ranks stopped within "
+                f"{GANG_WAIT:.0f}s (workers: {', '.join(rec['placement']['workers'])}); see `gpulayer status`"), False
+    return f"cancelled {shape}; nothing left running", True
+
+
+def _one(r, job_id: str) -> tuple[str, bool]:
+    from ..distributed_job import cancel_gang
+    from ..store.sent import batch_members
+
+    gang = cancel_gang(job_id, GANG_WAIT)
+    if gang is not None:
+        return gang_line(gang)
+    members = batch_members(r, job_id)
+    if members:
+        return f"batch {job_id}: {_stop_jobs(members)[0]}", True
+    return _job(r, job_id)
+
+
+def _job(r, job_id: str) -> tuple[str, bool]:
+    from .. import app as app_mod
+    from ..cancel import cancel_jobs, held_by_workers
+    from ..store.sent import was_sent
+
+    state = app_mod.app.backend.get_task_meta(job_id)["status"]
+    if state in states.READY_STATES:
+        return f"job {job_id}: already finished ({state})", True
+    worker = held_by_workers([job_id]).get(job_id)
+    if state == states.PENDING and worker is None and not was_sent(r, job_id):
+        return (f"unknown id {job_id}: no job, distributed job or batch with this id was sent in the last day "
+                "(check the id; a finished job's result expires after result_expires)"), False
+    cancel_jobs([job_id], only_unfinished=False)
+    return f"job {job_id}: cancelled ({f'on worker {worker}' if worker else 'queued'})", True
+
+
+def _stop_jobs(ids: list[str]) -> tuple[str, list[str]]:
+    """Cancel the unfinished of ``ids``: how many were queued, on workers (running, or taken ahead of a free
+    slot) and finished, and the unfinished."""
+    from ..cancel import cancel_jobs, held_by_workers, unfinished
+
+    left = unfinished(ids)
+    running = len(held_by_workers(left))
+    cancel_jobs(left, only_unfinished=False)
+    return (f"cancelled {len(left) - running} queued, {running} on workers ({len(ids) - len(left)} of {len(ids)} "
+            "had finished)"), left
+
+
+def _all_mine(r, identity: str) -> str:
+    """Stop every job and distributed job ``identity`` sent that has not finished."""
+    from ..distributed_job import cancel_gang
+    from ..store.gangs import GangStore
+    from ..store.sent import forget, sent_by
+
+    sent = sent_by(r, identity)
+    jobs, left = _stop_jobs(sent)
+    left = set(left)
+    forget(r, identity, [i for i in sent if i not in left])  # finished: not read again next time
+    gangs = [rec["gang_id"] for rec in GangStore(r).active() if (rec.get("spec") or {}).get("client") == identity]
+    lines = [gang_line(rec)[0] for rec in (cancel_gang(g, GANG_WAIT) for g in gangs) if rec is not None]
+    return f"all of {identity}'s jobs: {jobs}" + "".join(f"\n{line}" for line in lines) + \
+        ("" if lines else "; no distributed job")
