@@ -17,6 +17,7 @@ from ..app import app, configure, redis_client
 from ..config import load_settings
 from ..engine.events import EventPacer
 from ..engine import request as job_request
+from ..engine import respawn
 from ..engine.transport import consume_as
 from ..errors import ClusterUnavailable, ConfigError
 from ..procs.stop import die_with_parent
@@ -167,5 +168,6 @@ def run_worker(*, broker: str | None = None, slots: int | None = None, zone: str
         max_tasks_per_child=1 if gpu_ids else None,
     )
     quiet_job_lines(settings.log_jobs if log_jobs is None else log_jobs)
+    respawn.install()  # last before the pool forks: a killed job's process is replaced in milliseconds
     worker.start()
     return worker.exitcode or 0
