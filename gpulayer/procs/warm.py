@@ -37,6 +37,7 @@ as fresh interpreters.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -525,6 +526,10 @@ def main(argv: list[str]) -> int:
         print("gpulayer warm template: a preloaded module initialised CUDA; not forking", file=sys.stderr,
               flush=True)
         return 1
+    # What the template imported goes to the collector's permanent generation: a full collection in a rank
+    # then walks only the rank's own objects (0.1-0.2 s and as many page copies less over torch's heap).
+    gc.collect()
+    gc.freeze()
     template_pid = os.getpid()
     sock.send(json.dumps({"ready": True}).encode())
     request = _serve(sock)
