@@ -335,6 +335,8 @@ def _preload() -> None:
         except ImportError as err:  # a rank that needs it fails on its own import, as a fresh one would
             if name != "torch":
                 print(f"gpulayer warm template: cannot preload {name}: {err}", file=sys.stderr, flush=True)
+    if "numpy" in sys.modules:  # torch's import brings numpy, whose random module each rank reseeds (_reseed)
+        importlib.import_module("numpy.random")
 
 
 def _serve(sock: socket.socket) -> dict | None:
