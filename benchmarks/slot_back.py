@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> list[str]:
         running: dict[int, tuple[int, float]] = {}  # job index -> (pid, start time)
         gaps: list[float] = []
         messages: list[str] = []
-        load0 = __import__("os").getloadavg()[0]
+        load0 = os.getloadavg()[0]
 
         def take_start(timeout: float) -> tuple[int, int, float]:
             item = r.blpop([key], timeout=timeout)
@@ -89,7 +90,7 @@ def run(args: argparse.Namespace) -> list[str]:
                     messages.append(f"{err.type_name}: {err.message}")
         for i in running:
             handles[i].cancel()
-        load1 = __import__("os").getloadavg()[0]
+        load1 = os.getloadavg()[0]
     gaps_ms = sorted(g * 1000 for g in gaps)
     med = statistics.median(gaps_ms)
     p90 = gaps_ms[int(0.9 * (len(gaps_ms) - 1))]
