@@ -222,7 +222,11 @@ class GangRun:
         if self.node == 0:
             addr = self.worker_info.address
             if self.spec.launcher == "direct":
-                self.store_host = StoreHost.start(addr)
+                try:
+                    self.store_host = StoreHost.start(addr)
+                except (RuntimeError, OSError) as err:  # torch's store could not listen here: rank 0 will
+                    log.warning("gpulayer agent: cannot host gang %s's TCP store (%s); rank 0 hosts it",
+                                self.gang_id, err)
             port = self.store_host.port if self.store_host is not None else free_port(addr)
             self.store.set_master(self.gang_id, self.attempt, addr, port, agent_store=self.store_host is not None)
             return addr, port, self.store_host is not None
