@@ -66,7 +66,8 @@ def test_allreduce_2x2(gangs, launcher):
     assert [r["worker"] for r in out][::2] == list(job.placement.workers)
     assert {e["GPULAYER_BACKEND"] for e in env} == {"gloo"}  # the job's backend, under either launcher
     if launcher == "direct":
-        assert {e["TORCHELASTIC_USE_AGENT_STORE"] for e in env} == {"False"}
+        # node 0's worker hosts the store (it has torch imported): listening before any rank starts
+        assert {e["TORCHELASTIC_USE_AGENT_STORE"] for e in env} == {"True"}
         assert {e["TORCHELASTIC_RUN_ID"] for e in env} == {job.id}
         assert {e["ROLE_NAME"] for e in env} == {"default"}
         assert [e["ROLE_RANK"] for e in env] == ["0", "1", "2", "3"]

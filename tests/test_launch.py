@@ -10,7 +10,7 @@ import pytest
 
 from gpulayer.lab.fleet import wait_until
 from gpulayer.models import GangSpec, Resources
-from gpulayer.procs.env import RankLayout, interface_for, rank_env, torchrun_command
+from gpulayer.procs.env import RankLayout, StoreHost, interface_for, rank_env, torchrun_command
 
 
 def test_rank_env_matches_torchrun_names_and_values():
@@ -29,6 +29,25 @@ def test_rank_env_carries_the_jobs_backend():
     env = rank_env(layout, master_addr="a", master_port=1, run_id="r", base_env={}, backend="nccl")
     assert env["GPULAYER_BACKEND"] == "nccl"
     assert "GPULAYER_BACKEND" not in rank_env(layout, master_addr="a", master_port=1, run_id="r", base_env={})
+
+
+def test_a_store_hosted_by_the_worker_serves_the_ranks_and_says_so_in_their_environment(monkeypatch):
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    host = StoreHost.start("127.0.0.1")
+    try:
+        client = dist.TCPStore("127.0.0.1", host.port, is_master=False, timeout=timedelta(seconds=10))
+        client.set("k", "v")
+        assert client.get("k") == b"v"
+    finally:
+        host.close()
+    env = rank_env(RankLayout(0, 0, 1, 1), master_addr="a", master_port=host.port, run_id="r", base_env={},
+                   agent_store=True)
+    assert env["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+    monkeypatch.delitem(sys.modules, "torch.distributed")  # a worker without torch: rank 0 hosts it instead
+    assert StoreHost.start("127.0.0.1") is None
 
 
 def test_init_process_group_defaults_to_the_backend_in_the_environment(monkeypatch):

@@ -6,6 +6,7 @@ import base64
 import json
 import os
 import pickle
+import re
 import time
 import uuid
 
@@ -145,6 +146,30 @@ def test_cancel_drops_a_queued_job(fleet):
     assert e.value.type_name == "JobStopped"
     blocker.get(timeout=60)
     assert fleet.client().get(key) is None, "a cancelled queued job ran"
+
+
+def set_key_and_sleep(key):
+    import time as _t
+
+    gpulayer.app.redis_client().set(key, 1)
+    _t.sleep(120)
+
+
+def test_a_revoke_says_whether_the_job_had_started(fleet):
+    key = f"test:started:{uuid.uuid4()}"
+    on_c = Resources(worker_ids=["w-c"])  # one slot: the second job waits behind the first
+    running = submit.delay(set_key_and_sleep, key, resources=on_c)
+    queued = submit.delay(tiny, 1, resources=on_c)
+    wait_for_key(fleet.client(), key)
+    queued.revoke(terminate=True)
+    running.revoke(terminate=True)
+    with pytest.raises(JobFailed) as ran:
+        running.get(timeout=60)
+    assert ran.value.type_name == "JobStopped"
+    assert re.fullmatch(r"job cancelled: stopped while running \(after \d+\.\d s\)", ran.value.message)
+    with pytest.raises(JobFailed) as never:
+        queued.get(timeout=60)
+    assert never.value.type_name == "JobStopped" and never.value.message.startswith("job cancelled before it ran")
 
 
 def test_timeout_kills_the_job_and_says_so(fleet):

@@ -14,6 +14,7 @@ send to the pool (pinned in engine/upstream.py).
 from __future__ import annotations
 
 import logging
+import time
 
 import redis
 from billiard.einfo import ExceptionWithTraceback
@@ -24,7 +25,7 @@ from celery.worker.request import Request
 
 from ..app import settings as app_settings
 from ..store.jobs import JobRecords
-from ..store.results import process_died
+from ..store.results import STOPPED_WHILE_RUNNING, process_died
 from ..store.connection import connect_redis
 from ..errors import JobStopped
 from ..worker import reaper, runtime
@@ -99,6 +100,13 @@ class JobRequest(Request):
         info["args"] = self._argsrepr
         info["kwargs"] = self._kwargsrepr
         return info
+
+    def _announce_revoked(self, reason, terminated, signum, expired):
+        """A running job that ``revoke(terminate=True)`` killed says so, and for how long it ran (Celery's
+        ``terminate`` gives every one the reason "terminated", which reads as a job that never ran)."""
+        if terminated and self.time_start:
+            reason = f"{STOPPED_WHILE_RUNNING} (after {max(0.0, time.time() - self.time_start):.1f} s)"
+        return super()._announce_revoked(reason, terminated, signum, expired)
 
     def on_failure(self, exc_info, send_failed_event=True, return_ok=False):
         exc = exc_info.exception

@@ -61,6 +61,7 @@ _T, _R, _Q, _E = ("gpulayer/engine/transport.py", "gpulayer/engine/results.py", 
 _L, _QOS, _P, _C = ("gpulayer/engine/loop.py", "gpulayer/engine/qos.py", "gpulayer/engine/prefetch.py",
                     "gpulayer/engine/carry.py")
 _ENV, _D, _TO = "gpulayer/engine/envelope.py", "gpulayer/engine/delivery.py", "gpulayer/engine/takeover.py"
+_RS = "gpulayer/engine/respawn.py"
 
 BORROWED: tuple[Borrowed, ...] = (
     # kombu's Redis transport: takes a SIGKILL cannot lose, bells, one client per pool
@@ -129,6 +130,13 @@ BORROWED: tuple[Borrowed, ...] = (
     Borrowed("celery.worker.request:trace_task_ret", "13f1c1eadda4dbf1", _Q, "patches"),
     Borrowed("celery.worker.request:create_request_cls", "0fca8bbbce2b55ee", _Q, "relies on"),
     Borrowed("celery.worker.strategy:default", "571fb318589c876f", _Q, "relies on"),
+    # a revoke(terminate=True) of a running job says how long it ran
+    Borrowed("celery.worker.request:Request._announce_revoked", "54aaa988d89bbe4c", _Q, "overrides"),
+    Borrowed("celery.worker.request:Request.terminate", "01cef3174fb3a7bd", _Q, "relies on"),
+    # a pool process that died is replaced at once (the exit event retried; the heap frozen before forks)
+    Borrowed("celery.concurrency.asynpool:AsynPool._event_process_exit", "a8405bca6bf91b93", _RS, "patches"),
+    Borrowed("celery.concurrency.asynpool:AsynPool._create_worker_process", "28598922829a7af9", _RS, "relies on"),
+    Borrowed("celery.concurrency.asynpool:AsynPool.timers", "b83744b6be358e50", _RS, "relies on"),
     # task events, paced
     Borrowed("celery.bootsteps:Step.__init__", "1f7b8cd57cb9aee6", _E, "overrides"),
     Borrowed("celery.bootsteps:StartStopStep.start", "90fe302ae41c3143", _E, "overrides"),

@@ -27,7 +27,8 @@ from ..app import settings as app_settings
 from ..engine.qos import gate_consumer, reserved_count, running_count
 from ..procs import warm
 from .coordinator import node_stopped, worker_lost
-from ..procs.env import BACKEND_ENV, RankLayout, free_port, rank_env, socket_ifname_env, torchrun_command
+from ..procs.env import (BACKEND_ENV, RankLayout, StoreHost, free_port, rank_env, socket_ifname_env,
+                         torchrun_command)
 from ..procs.runner import RankCommand, RankFailure, RankRunner
 from ..models import GangSpec, GangState
 from ..store import keys
@@ -169,6 +170,7 @@ class GangRun:
         self.store = GangStore(self.client)
         self.registry = Registry(self.client, _dead_after())
         self.runner: RankRunner | None = None
+        self.store_host: StoreHost | None = None  # node 0: the attempt's TCP store, while its ranks run
         self._aborted = threading.Event()
         self.abort_reason = ""
         self.ended = threading.Event()
@@ -200,6 +202,8 @@ class GangRun:
                 stopped_at = self.runner.stop(FAIL_GRACE).stopped_at
         finally:
             events.close()
+            if self.store_host is not None:  # as when rank 0 hosted it: the store ends with node 0's ranks
+                self.store_host.close()
             kept = self._end_workdir(outcome)
             # Slots first, then the report: a client that saw every node report finds the slots free.
             self.store.release(self.gang_id, self.attempt, self.worker_info.id, m)
@@ -227,15 +231,23 @@ class GangRun:
                 return False
         return True
 
-    def _master(self) -> tuple[str, int] | None:
+    def _master(self) -> tuple[str, int, bool] | None:
+        """The attempt's TCP store: ``(addr, port, agent_store)``. Node 0 hosts it here when it can (direct
+        launcher, torch imported: ``StoreHost``), so it listens before any rank starts; else rank 0 will."""
         if self.node == 0:
             addr = self.worker_info.address
-            port = free_port(addr)
-            self.store.set_master(self.gang_id, self.attempt, addr, port)
-            return addr, port
+            if self.spec.launcher == "direct":
+                try:
+                    self.store_host = StoreHost.start(addr)
+                except (RuntimeError, OSError) as err:  # torch's store could not listen here: rank 0 will
+                    log.warning("gpulayer agent: cannot host gang %s's TCP store (%s); rank 0 hosts it",
+                                self.gang_id, err)
+            port = self.store_host.port if self.store_host is not None else free_port(addr)
+            self.store.set_master(self.gang_id, self.attempt, addr, port, agent_store=self.store_host is not None)
+            return addr, port, self.store_host is not None
         deadline = Deadline(120)
         while not deadline.expired() and not self._aborted.is_set():
-            found = self.store.master(self.gang_id, self.attempt)
+            found = self.store.store_address(self.gang_id, self.attempt)
             if found:
                 return found
             if self.store.failures(self.gang_id, self.attempt):
@@ -253,7 +265,7 @@ class GangRun:
         master = self._master()
         if master is None:
             return False
-        addr, port = master
+        addr, port, agent_store = master
         s, m = self.spec, self.spec.procs_per_node
         base = dict(os.environ)
         base.update(GPULAYER_BROKER_URL=self.url, GPULAYER_SECRET=signing.current_secret().decode(),
@@ -279,7 +291,7 @@ class GangRun:
                 layout = RankLayout(self.node, local, s.nodes, m)
                 env = rank_env(layout, master_addr=addr, master_port=port, run_id=self.gang_id,
                                restart_count=self.attempt, max_restarts=s.max_restarts, base_env=base,
-                               backend=s.backend)
+                               backend=s.backend, agent_store=agent_store)
                 commands.append(RankCommand((layout.rank,), ("-m", "gpulayer.gang.rank", *args), env, cwd))
         template = warm.shared_template() if s.warm and s.launcher == "direct" else None
         self.runner = RankRunner(commands, on_output=self._publish_line, on_failure=self._first_failure,

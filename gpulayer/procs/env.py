@@ -2,10 +2,11 @@
 
 torchrun starts an elastic agent per machine, which rendezvouses, then spawns
 the ranks. gpulayer already knows the whole placement when it launches, so it
-writes the same variables itself and starts the ranks directly: no agent, no
-rendezvous round, rank 0 hosts the TCP store (``TORCHELASTIC_USE_AGENT_STORE``
-is ``False``), exactly as ``torch.distributed.init_process_group("env://")``
-expects.
+writes the same variables itself and starts the ranks directly: no rendezvous
+round. The TCP store is hosted by node 0's worker (:class:`StoreHost`), as
+torchrun's agent hosts it (``TORCHELASTIC_USE_AGENT_STORE=True``), or, where
+the worker has not imported torch, by rank 0 (``False``), exactly as
+``torch.distributed.init_process_group("env://")`` expects either way.
 """
 
 from __future__ import annotations
@@ -47,13 +48,15 @@ def rank_env(
     cpu_count: int | None = None,
     base_env: dict[str, str] | None = None,
     backend: str | None = None,
+    agent_store: bool = False,
 ) -> dict[str, str]:
     """The environment for one rank: ``base_env`` plus what torchrun sets.
 
     ``OMP_NUM_THREADS`` is the machine's cores divided by its local processes
     (at least 1) unless ``base_env`` already sets it, as torchrun would.
     ``backend``: the job's (``distributed(backend=...)``), in ``GPULAYER_BACKEND``
-    for ``gpulayer.init_process_group()``.
+    for ``gpulayer.init_process_group()``. ``agent_store``: the store at
+    ``master_addr:master_port`` is already listening (:class:`StoreHost`); else rank 0 hosts it.
     """
     env = dict(os.environ if base_env is None else base_env)
     cores = cpu_count or os.cpu_count() or 1
@@ -72,7 +75,7 @@ def rank_env(
         TORCHELASTIC_RUN_ID=run_id,
         TORCHELASTIC_RESTART_COUNT=str(restart_count),
         TORCHELASTIC_MAX_RESTARTS=str(max_restarts),
-        TORCHELASTIC_USE_AGENT_STORE="False",
+        TORCHELASTIC_USE_AGENT_STORE=str(agent_store),
     )
     env.setdefault("OMP_NUM_THREADS", str(max(1, cores // layout.procs_per_node)))
     if backend is not None:
@@ -85,6 +88,36 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+class StoreHost:
+    """A distributed job's TCP store, hosted by the process that starts its ranks, as torchrun's agent does.
+
+    When rank 0 hosts the store, the other ranks' first connection is often refused (rank 0 is a few
+    milliseconds behind), and torch's client then backs off 0.25-0.75 s before it tries again: the larger
+    part of a warm 2 x 2 job's start. A store that listens before any rank starts is never refused.
+    Needs torch imported in this process already (the worker preloads it): :meth:`start` returns None
+    otherwise, and rank 0 hosts the store as before, rather than this process importing torch for seconds.
+    """
+
+    def __init__(self, store, port: int):
+        self._store = store
+        self.port = port
+
+    @classmethod
+    def start(cls, host: str, timeout_s: float = 1800.0) -> "StoreHost | None":
+        dist = sys.modules.get("torch.distributed")
+        if dist is None or not dist.is_available():
+            return None
+        from datetime import timedelta
+
+        # Port 0: the kernel's choice, bound at once (no window between picking a free port and using it).
+        store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
+        return cls(store, store.port)
+
+    def close(self) -> None:
+        """Stop listening (the last reference to torch's store goes; its destructor stops the server)."""
+        self._store = None
 
 
 def torchrun_command(nodes: int, procs_per_node: int, node_rank: int, master_addr: str, master_port: int,

@@ -37,6 +37,7 @@ as fresh interpreters.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -334,6 +335,8 @@ def _preload() -> None:
         except ImportError as err:  # a rank that needs it fails on its own import, as a fresh one would
             if name != "torch":
                 print(f"gpulayer warm template: cannot preload {name}: {err}", file=sys.stderr, flush=True)
+    if "numpy" in sys.modules:  # torch's import brings numpy, whose random module each rank reseeds (_reseed)
+        importlib.import_module("numpy.random")
 
 
 def _serve(sock: socket.socket) -> dict | None:
@@ -525,6 +528,10 @@ def main(argv: list[str]) -> int:
         print("gpulayer warm template: a preloaded module initialised CUDA; not forking", file=sys.stderr,
               flush=True)
         return 1
+    # What the template imported goes to the collector's permanent generation: a full collection in a rank
+    # then walks only the rank's own objects (0.1-0.2 s and as many page copies less over torch's heap).
+    gc.collect()
+    gc.freeze()
     template_pid = os.getpid()
     sock.send(json.dumps({"ready": True}).encode())
     request = _serve(sock)

@@ -205,15 +205,24 @@ class GangStore:
             pipe.lpush(keys.agent_orders(worker_id), json.dumps(order))
         pipe.execute()
 
-    def set_master(self, gang_id: str, attempt: int, addr: str, port: int) -> None:
-        self.r.set(keys.gang_attempt(gang_id, attempt, "master"), f"{addr}:{port}", ex=KEEP_SECONDS)
+    def set_master(self, gang_id: str, attempt: int, addr: str, port: int, agent_store: bool = False) -> None:
+        """Where the attempt's TCP store listens; ``agent_store``: node 0's worker hosts it (else rank 0)."""
+        value = f"{addr}:{port}" + (" agent" if agent_store else "")
+        self.r.set(keys.gang_attempt(gang_id, attempt, "master"), value, ex=KEEP_SECONDS)
 
     def master(self, gang_id: str, attempt: int) -> tuple[str, int] | None:
+        """``(addr, port)`` of the attempt's TCP store, once node 0 has written it."""
+        found = self.store_address(gang_id, attempt)
+        return None if found is None else found[:2]
+
+    def store_address(self, gang_id: str, attempt: int) -> tuple[str, int, bool] | None:
+        """``(addr, port, agent_store)``: :meth:`master`, and whether node 0's worker hosts the store."""
         raw = self.r.get(keys.gang_attempt(gang_id, attempt, "master"))
         if raw is None:
             return None
-        addr, _, port = raw.decode().rpartition(":")
-        return addr, int(port)
+        where, _, host = raw.decode().partition(" ")
+        addr, _, port = where.rpartition(":")
+        return addr, int(port), host == "agent"
 
     def push_failure(self, gang_id: str, attempt: int, report: dict) -> None:
         key = keys.gang_attempt(gang_id, attempt, "failures")

@@ -55,7 +55,8 @@ SLOTS_HELD = f"{NAMESPACE}:slots:held"
 #                                     deleted when the gang finishes
 #   gl:gang:<id>:pulled        hash   what node 0's ranks wrote in that directory, for the client: attempt, worker,
 #                                     files (JSON), archive (signed gzipped tar) or error (one line); expires in an hour
-#   gl:gang:<id>:<a>:master    string "addr:port" of rank 0's TCP store, written by node 0's agent
+#   gl:gang:<id>:<a>:master    string "addr:port" of the TCP store, written by node 0's agent; " agent" after it
+#                               when that agent hosts the store (procs/env.py StoreHost), else rank 0 does
 #   gl:gang:<id>:<a>:results   hash   rank -> signed return value
 #   gl:gang:<id>:<a>:failures  list   JSON failure reports, in the order Redis received them
 #   gl:gang:<id>:<a>:nodes     hash   node rank -> JSON node report (worker, state, stopped_at)

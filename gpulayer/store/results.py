@@ -11,6 +11,9 @@ from __future__ import annotations
 from ..errors import JobFailed
 
 _DIED = ("WorkerLostError",)
+# How a stop of a running job is worded (engine/request.py for a revoke, worker/reaper.py for a cancel or a
+# timeout); a revoke's reason without it is one of a job that never ran.
+STOPPED_WHILE_RUNNING = "stopped while running"
 # How the explanations below begin: a message that starts so was explained once already.
 _EXPLAINED = ("the job's process died", "the job's worker died")
 
@@ -40,7 +43,8 @@ def as_job_failed(exc: BaseException, traceback: str | None, job_id: str | None,
         type_name = getattr(exc, "exc_cls_name", type_name)
         message = getattr(exc, "text", None) or " ".join(map(str, getattr(exc, "exc_args", ()))) or message
     if type_name == "TaskRevokedError":
-        type_name, message = "JobStopped", f"job cancelled before it ran ({message})"
+        type_name, message = "JobStopped", (f"job cancelled: {message}" if message.startswith(STOPPED_WHILE_RUNNING)
+                                            else f"job cancelled before it ran ({message})")
     if type_name in _DIED and not message.startswith(_EXPLAINED):
         message = process_died(message)
     return JobFailed(type_name, message, traceback, job_id, worker)

@@ -16,6 +16,7 @@ import redis
 
 from ..engine.qos import running
 from ..store import keys
+from ..store.results import STOPPED_WHILE_RUNNING
 from ..store.connection import client_name, connect_redis
 from ..procs.stop import kill_tree
 from . import runtime
@@ -54,12 +55,13 @@ class Reaper(LoopStep):
             now = time.time()
             for req in running():
                 reason = None
+                ran = f"after {max(0.0, now - req.time_start):.1f} s" if req.time_start else "just started"
                 if req.id in cancelled:
-                    reason = "cancelled"
+                    reason = f"cancelled: {STOPPED_WHILE_RUNNING} ({ran})"
                 else:
                     limit = (req.request_dict or {}).get(TIMEOUT_HEADER)
                     if limit and req.time_start and now - req.time_start > float(limit):
-                        reason = f"timed out: ran over its {float(limit):g}s timeout"
+                        reason = f"timed out: ran over its {float(limit):g}s timeout ({STOPPED_WHILE_RUNNING}, {ran})"
                 if reason and req.worker_pid and req.id not in stopped:
                     stopped[req.id] = reason
                     n = kill_tree(req.worker_pid)
