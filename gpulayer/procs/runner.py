@@ -372,6 +372,8 @@ class RankRunner:
             if ending == "failure":
                 return self._fail(failed, seen_at, seen_at_boot)
             if ending is not None:
+                # A rank that died on its own just before a peer's failure reached us is a failure, not a stop.
+                failed |= {i for i, code in ended_unseen(self.procs).items() if code != 0}
                 stop_group(self.procs, grace=self._stop_grace)
                 stopped_at = time.time()
                 self._drain()
@@ -434,6 +436,42 @@ class RankRunner:
         except OSError:
             pass
         self._inbox.close()
+
+
+def ended_unseen(procs: Sequence, wait: float = 0.5) -> dict[int, int]:
+    """Index -> exit code of the processes that have ended though ``poll()`` does not say so yet.
+
+    A warm rank's exit reaches the runner through its template, milliseconds late; a stop sent in
+    between would count a rank that died on its own (a SIGKILL, say) as one we stopped, and the
+    gang's failure would name a rank that merely lost its connection to it. The kernel knows first:
+    a process whose pidfd is readable, or that is gone, has ended; its code follows within ``wait``.
+    """
+    if not hasattr(os, "pidfd_open"):
+        return {}
+    import select
+
+    out = {}
+    deadline = Deadline(wait)
+    for i, proc in enumerate(procs):
+        if proc.poll() is not None:
+            continue
+        try:
+            fd = os.pidfd_open(proc.pid)
+        except ProcessLookupError:
+            ended = True  # reaped already: its code is on its way
+        except OSError:
+            continue
+        else:
+            try:
+                ended = bool(select.select([fd], [], [], 0)[0])
+            finally:
+                os.close(fd)
+        if ended:
+            try:
+                out[i] = proc.wait(deadline.remaining())
+            except subprocess.TimeoutExpired:
+                continue
+    return out
 
 
 _FIELDS = ("rank", "kind", "exit_code", "type", "message", "traceback", "failed_at", "failed_at_boot",
