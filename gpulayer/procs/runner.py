@@ -365,6 +365,10 @@ class RankRunner:
             seen_at, seen_at_boot = time.time(), boot_clock()
             failed = {i for i, (c, p) in enumerate(zip(self.commands, self.procs))
                       if p.poll() not in (None, 0) or any(r in self._reports for r in c.ranks)}
+            if failed or self._ending is not None:
+                # A rank that died on its own (its exit not seen yet) just before another rank lost it, or before
+                # a peer's failure reached us, is a failure, not one we stop: it may be the one to name.
+                failed |= {i for i, code in ended_unseen(self.procs).items() if code != 0}
             with self._lock:
                 if self._ending is None and failed:
                     self._ending = "failure"
@@ -372,8 +376,6 @@ class RankRunner:
             if ending == "failure":
                 return self._fail(failed, seen_at, seen_at_boot)
             if ending is not None:
-                # A rank that died on its own just before a peer's failure reached us is a failure, not a stop.
-                failed |= {i for i, code in ended_unseen(self.procs).items() if code != 0}
                 stop_group(self.procs, grace=self._stop_grace)
                 stopped_at = time.time()
                 self._drain()
