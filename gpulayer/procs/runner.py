@@ -440,7 +440,7 @@ class RankRunner:
         self._inbox.close()
 
 
-def ended_unseen(procs: Sequence, wait: float = 0.5) -> dict[int, int]:
+def ended_unseen(procs: Sequence, wait: float = 2.0) -> dict[int, int]:
     """Index -> exit code of the processes that have ended though ``poll()`` does not say so yet.
 
     A warm rank's exit reaches the runner through its template, milliseconds late; a stop sent in
