@@ -189,3 +189,12 @@ def test_a_rank_that_died_before_its_exit_was_seen_counts_as_ended_not_stopped()
     finally:
         stop_process(alive)
         dead.wait()
+    # A rank that lost its peer can report before the peer has finished dying: ``settle`` waits for it.
+    dying = subprocess.Popen([sys.executable, "-c", "import os, signal, sys; sys.stdin.read(); "
+                              "os.kill(os.getpid(), signal.SIGKILL)"], stdin=subprocess.PIPE)
+    try:
+        assert ended_unseen([Late(dying)]) == {}  # still alive: nothing to wait for
+        dying.stdin.close()  # now it dies
+        assert ended_unseen([Late(dying)], settle=30.0) == {0: -signal.SIGKILL}
+    finally:
+        stop_process(dying)
