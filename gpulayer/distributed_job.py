@@ -75,7 +75,11 @@ def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int =
     ``on_output(rank, stream, line)`` gets every line the ranks print, from the
     first (subscribed before the gang can start); ``get()`` returns after the last.
     ``workdir`` (what ``gpulayer train`` ships): every node's agent unpacks it once
-    and its ranks run in it, across restarts (``gpulayer/gang/workdir.py``).
+    and its ranks run in it (``gpulayer/gang/workdir.py``); a restarted attempt starts
+    on every node from node 0's files at the end of the failed one, as on a shared
+    file system (``ShippedDir(..., restart_from="own")``: each worker's own directory;
+    ``"fresh"``: the shipped copy). ``handle.on_restart(fn)`` and ``handle.status()``
+    tell each restart and why.
     With the direct launcher, ranks fork from each worker's warm template
     (torch already imported); ``warm=False`` (or ``GPULAYER_WARM_RANKS=0`` on
     the worker) starts fresh interpreters instead.
@@ -150,6 +154,10 @@ class GangHandle:
         self._result: list[Any] | None = None
         self._error: BaseException | None = None
         self._listening = threading.Event()
+        self._restarts: list[tuple[dict, str]] = []  # (attempt entry, announcement) of each attempt restarted
+        self._restart_seen = 0  # restarts before this attempt number have been told to the listeners
+        self._restart_listeners: list[Callable[[dict, str], None]] = []
+        self._restart_lock = threading.Lock()
         self._output: threading.Thread | None = None
         if on_output is not None:  # subscribed before the gang can start: warm ranks print within milliseconds
             ready = threading.Event()
@@ -174,13 +182,30 @@ class GangHandle:
         return self._placement
 
     def status(self) -> dict:
-        """The gang's record: state, reason (why it waits, or where it runs), attempt, placement."""
-        return self.store.record(self.id)
+        """The gang's record: state, reason (why it waits, or where it runs), attempt (from 0), placement;
+        ``max_restarts``, and ``restarts``: one line per failed attempt that was restarted, e.g.
+        ``attempt 1 failed (rank 2 on w-b: killed by SIGKILL); restarting 2 x 2 (attempt 2 of 2), every node
+        from node 0's files (1 file, 18 bytes, from w-a)``."""
+        rec = self.store.record(self.id)
+        rec["max_restarts"] = self.spec.max_restarts
+        rec["restarts"] = [self._announce(entry) for entry in self.store.attempts(self.id)
+                           if entry["outcome"] == "failed" and entry["attempt"] < rec["attempt"]]
+        return rec
+
+    def on_restart(self, fn: Callable[[dict, str], None]) -> None:
+        """Call ``fn(attempt entry, line)`` for each attempt that failed and was restarted (``max_restarts``),
+        those already past included; the line is ``status()``'s (``gpulayer train`` prints it)."""
+        with self._restart_lock:
+            self._restart_listeners.append(fn)
+            past = list(self._restarts)
+        for entry, line in past:
+            fn(entry, line)
 
     @property
     def attempts(self) -> list[dict]:
         """Every attempt so far, in order: ``attempt``, ``workers``, ``placement``, ``outcome`` (``running``,
-        ``succeeded``, ``failed``), ``failure``, ``failed_rank``, ``lost_workers``. The cluster records each
+        ``succeeded``, ``failed``), ``failure``, ``failed_rank``, ``lost_workers``; a failed one also ``cause``
+        (``rank 2 on w-b: exit 9``) and, when restarted, ``restart_from`` (where the next started). The cluster records each
         attempt as it ends (``coordinator.conclude``); a running one comes from the gang's record."""
         done = self.store.attempts(self.id)
         rec = self.store.record(self.id)
@@ -251,9 +276,31 @@ class GangHandle:
             self._done.set()
             self._placed.set()
 
+    def _announce(self, entry: dict) -> str:
+        return attempts.announcement(entry, self.spec.nodes, self.spec.procs_per_node, self.spec.max_restarts)
+
+    def _saw_attempt(self, attempt: int) -> None:
+        """The record is at ``attempt``: tell the listeners about the restarts before it not yet told."""
+        if attempt <= self._restart_seen:
+            return
+        entries = [e for e in self.store.attempts(self.id) if self._restart_seen <= e["attempt"] < attempt]
+        with self._restart_lock:
+            self._restart_seen = attempt
+            new = [(e, self._announce(e)) for e in entries]
+            self._restarts += new
+            listeners = list(self._restart_listeners)
+        for entry, line in new:
+            for fn in listeners:
+                try:
+                    fn(entry, line)
+                except Exception:  # a listener never stops the watcher
+                    pass
+
     def _settle(self, rec: dict, events) -> bool:
         """Take in the record's state; True once the gang has ended (result or error set)."""
         state, attempt = rec["state"], rec["attempt"]
+        if state is not None:
+            self._saw_attempt(attempt)
         if state is None:
             self._error = JobFailed("GangLost", f"distributed job {self.id} has no record in Redis (expired, or Redis "
                                     "lost its data); submit it again", job_id=self.id)

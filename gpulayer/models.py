@@ -108,6 +108,9 @@ class WorkdirSpec(BaseModel):
     keep: bool = False  # leave the directories on the workers at the end (--keep-workdir)
     pull: bool = True  # node 0's new and changed files come back to the client (--no-pull turns it off)
     max_pull_bytes: int = Field(default=48 * 2**20, ge=0)
+    # Where a restarted attempt's nodes start: node 0's files at the end of the failed attempt, as a shared
+    # file system would show them ("node0"); each worker's own directory ("own"); the shipped copy ("fresh").
+    restart_from: Literal["node0", "own", "fresh"] = "node0"
 
 
 class GangSpec(BaseModel):

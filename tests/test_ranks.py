@@ -161,3 +161,40 @@ def test_gloo_words_for_a_crashed_or_hung_peer_count_as_a_lost_peer():
                            "Check the logs of the remote worker before reporting an error. GLHF!")
     assert peer_lost(crashed)
     assert not peer_lost(ValueError("rank 3 raises"))
+
+
+def test_a_rank_that_died_before_its_exit_was_seen_counts_as_ended_not_stopped():
+    """A warm rank's exit reaches the runner through its template, late; the kernel's pidfd says it first."""
+    import signal
+    import subprocess
+
+    from gpulayer.procs.runner import ended_unseen
+    from gpulayer.procs.stop import stop_process
+
+    class Late:  # its exit not seen yet, as a warm rank's before its template tells the runner
+        def __init__(self, proc):
+            self.proc, self.pid = proc, proc.pid
+
+        def poll(self):
+            return None
+
+        def wait(self, timeout=None):
+            return self.proc.wait(timeout)
+
+    dead = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.waitid(os.P_PID, dead.pid, os.WEXITED | os.WNOWAIT)  # ended, not reaped: as the template would find it
+        assert ended_unseen([Late(dead), Late(alive), alive]) == {0: -signal.SIGKILL}
+    finally:
+        stop_process(alive)
+        dead.wait()
+    # A rank that lost its peer can report before the peer has finished dying: ``settle`` waits for it.
+    dying = subprocess.Popen([sys.executable, "-c", "import os, signal, sys; sys.stdin.read(); "
+                              "os.kill(os.getpid(), signal.SIGKILL)"], stdin=subprocess.PIPE)
+    try:
+        assert ended_unseen([Late(dying)]) == {}  # still alive: nothing to wait for
+        dying.stdin.close()  # now it dies
+        assert ended_unseen([Late(dying)], settle=30.0) == {0: -signal.SIGKILL}
+    finally:
+        stop_process(dying)

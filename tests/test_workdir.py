@@ -134,3 +134,82 @@ def test_a_cluster_root_someone_else_can_write_is_refused(tmp_path):
     with pytest.raises(PermissionError, match="not this user's own directory"):
         workdir.make(workdir.base_for(root, "g1", "local-1"))
     assert os.listdir(root) == []
+
+
+# -- where a restarted attempt starts (``for_attempt``, ``--restart-from``) -----------------------
+
+SHIPPED = {"train.py": b"print(1)\n", "helper.py": b"x = 1\n"}
+
+
+def _attempt0(tmp_path, worker: str, written: dict[str, bytes]):
+    """A worker's directory after attempt 0, in which its ranks wrote ``written``."""
+    base = workdir.base_for(tmp_path, "g1", worker)
+    work, how = workdir.for_attempt(base, "g1", worker, lambda: archive_of(SHIPPED), False, attempt=0,
+                                    restart_from="node0", node0=lambda: pytest.fail("attempt 0 needs no node 0"))
+    assert how == "own"
+    for name, data in written.items():
+        (work / name).write_bytes(data)
+    return base, work
+
+
+def _files(work) -> dict[str, bytes]:
+    return {p.relative_to(work).as_posix(): p.read_bytes() for p in work.rglob("*") if p.is_file()}
+
+
+def _node0(tmp_path):
+    """Node 0 (w0) wrote a snapshot at epoch 3 and changed helper.py; what its agent packs for the restart."""
+    base0, _ = _attempt0(tmp_path, "w0", {"snapshot.json": b'{"epoch": 3}', "helper.py": b"x = 2\n"})
+    blob, _ = workdir.collect(base0)
+    return base0, workdir.Node0Files(attempt=0, worker="w0", archive=blob)
+
+
+def test_node0_a_restart_starts_every_other_node_from_node_0s_files(tmp_path):
+    base0, packed = _node0(tmp_path)
+    base1, _ = _attempt0(tmp_path, "w1", {"snapshot.json": b'{"epoch": 0}', "only-on-w1": b"stale"})
+    shipped = lambda: archive_of(SHIPPED)  # noqa: E731
+    work1, how = workdir.for_attempt(base1, "g1", "w1", shipped, False, attempt=1, restart_from="node0",
+                                     node0=lambda: packed)
+    # What a shared file system would show: node 0's files, and nothing node 1 alone had written.
+    assert _files(work1) == {"train.py": b"print(1)\n", "helper.py": b"x = 2\n", "snapshot.json": b'{"epoch": 3}'}
+    assert how == "node0: 2 files from w0"
+    # A worker new to the gang gets the same; node 0's files count as changed (they come back at the end).
+    base2 = workdir.base_for(tmp_path, "g1", "w2")
+    work2, _ = workdir.for_attempt(base2, "g1", "w2", shipped, False, attempt=1, restart_from="node0",
+                                   node0=lambda: packed)
+    assert _files(work2) == _files(work1)
+    assert sorted(rel for rel, _ in workdir.changed(base2)) == ["helper.py", "snapshot.json"]
+    # Node 0's own worker keeps its directory as it is (it is those files, and more).
+    (base0 / "work" / "cache.bin").write_bytes(b"kept")
+    work0, how = workdir.for_attempt(base0, "g1", "w0", lambda: pytest.fail("no unpacking"), False, attempt=1,
+                                     restart_from="node0", node0=lambda: packed)
+    assert (work0 / "cache.bin").read_bytes() == b"kept" and how == "node0: this worker was node 0"
+
+
+def test_node0_without_node_0s_files_each_node_keeps_its_own_and_says_why(tmp_path):
+    base1, _ = _attempt0(tmp_path, "w1", {"mine": b"1"})
+    shipped = lambda: archive_of(SHIPPED)  # noqa: E731
+    stale = workdir.Node0Files(attempt=0, worker="w0", archive=archive_of({"snapshot.json": b"old"}))
+    too_big = workdir.Node0Files(attempt=0, worker="w0", error="node 0's ranks wrote 60.0 MiB")
+    for attempt, files, why in [(1, None, "not there"), (2, stale, "of attempt 1 are not there"),
+                                (1, too_big, "60.0 MiB")]:
+        work, how = workdir.for_attempt(base1, "g1", "w1", shipped, False, attempt=attempt, restart_from="node0",
+                                        node0=lambda: files)
+        assert how.startswith("own: ") and why in how
+        assert (work / "mine").read_bytes() == b"1"
+
+
+def test_own_keeps_each_workers_directory_and_fresh_starts_from_the_shipped_copy(tmp_path):
+    _, packed = _node0(tmp_path)
+    shipped = lambda: archive_of(SHIPPED)  # noqa: E731
+    base1, _ = _attempt0(tmp_path, "w1", {"snapshot.json": b'{"epoch": 1}'})
+    work, how = workdir.for_attempt(base1, "g1", "w1", shipped, False, attempt=1, restart_from="own",
+                                    node0=lambda: packed)
+    assert how == "own" and _files(work) == {**SHIPPED, "snapshot.json": b'{"epoch": 1}'}
+    work, how = workdir.for_attempt(base1, "g1", "w1", shipped, False, attempt=1, restart_from="fresh",
+                                    node0=lambda: packed)
+    assert how == "fresh" and _files(work) == SHIPPED
+    (work / "late").write_bytes(b"x")
+    base0 = workdir.base_for(tmp_path, "g1", "w0")  # node 0 itself starts again from the shipped copy too
+    work0, _ = workdir.for_attempt(base0, "g1", "w0", shipped, False, attempt=1, restart_from="fresh",
+                                   node0=lambda: packed)
+    assert _files(work0) == SHIPPED

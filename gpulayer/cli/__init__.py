@@ -58,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--zone", default=None)
     tr.add_argument("--workdir", default=None, help="directory to package and send (default: current)")
     tr.add_argument("--max-restarts", type=int, default=0)
+    tr.add_argument("--restart-from", choices=("node0", "own", "fresh"), default="node0",
+                    help="where each node of a restarted attempt starts: node 0's files at the end of the failed "
+                         "attempt, as on a shared file system (default); its own directory; the shipped copy")
     tr.add_argument("--timeout", type=float, default=None, help="seconds to wait for free slots")
     tr.add_argument("--keep-workdir", action="store_true",
                     help="leave each node's working directory on its worker at the end (its path is printed)")
@@ -155,7 +158,7 @@ def _train(args) -> int:
     return train(args.script, args.args, nodes=args.nodes, procs_per_node=args.procs_per_node,
                  launcher=args.launcher, cuda=args.cuda, zone=args.zone, workdir=args.workdir,
                  max_restarts=args.max_restarts, timeout=args.timeout, keep_workdir=args.keep_workdir,
-                 pull=not args.no_pull, detach=args.detach)
+                 pull=not args.no_pull, detach=args.detach, restart_from=args.restart_from)
 
 
 def _cancel(args) -> int:

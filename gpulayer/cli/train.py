@@ -3,8 +3,9 @@
 The working directory travels with the job (``.git``, caches, virtual
 environments and large files left out). Every rank of one node runs the script
 as ``__main__`` with torchrun's environment, in one shared copy of that
-directory that is kept across ``--max-restarts`` attempts on that worker
-(``gpulayer/gang/workdir.py``). Every rank's output streams back live, prefixed
+directory; a restart (``--max-restarts``) starts every node from node 0's files
+at the end of the failed attempt (``--restart-from``, ``gpulayer/gang/workdir.py``)
+and is announced in one line. Every rank's output streams back live, prefixed
 with its rank; at the end the files node 0's ranks created or changed come back
 into the client's directory (``--no-pull`` turns it off), and the command exits
 with the job's status. Ctrl-C cancels the job (exit status 130) unless ``--detach`` was given.
@@ -76,7 +77,7 @@ def run_script(script: str, argv: list[str]) -> int:
 def train(script: str, args: list[str], *, nodes: int, procs_per_node: int, launcher: str = "direct",
           cuda: bool = False, zone: str | None = None, workdir: str | None = None, max_restarts: int = 0,
           timeout: float | None = None, keep_workdir: bool = False, pull: bool = True, detach: bool = False,
-          out=None, err=None) -> int:
+          restart_from: str = "node0", out=None, err=None) -> int:
     """The ``gpulayer train`` command; returns its exit status.
 
     Ctrl-C cancels the job (every rank everywhere) and returns 130; with ``detach``, the job keeps running
@@ -109,7 +110,10 @@ def train(script: str, args: list[str], *, nodes: int, procs_per_node: int, laun
     job = distributed(run_script, str(rel), list(args), nodes=nodes, procs_per_node=procs_per_node,
                       launcher=launcher, resources=Resources(cuda=cuda, zone=zone), timeout=timeout,
                       max_restarts=max_restarts, backend="nccl" if cuda else "gloo",
-                      workdir=ShippedDir(archive, keep=keep_workdir, pull=pull), on_output=show)
+                      workdir=ShippedDir(archive, keep=keep_workdir, pull=pull, restart_from=restart_from),
+                      on_output=show)
+    # Each restart in one line, as it happens: which attempt failed and why, where the next one starts.
+    job.on_restart(lambda entry, line: print(f"gpulayer train: {line}", file=sink["stderr"], flush=True))
     # At a terminal, a bar shows the gang's state and ranks; rank output is printed above it.
     bar = GangProgress(job, file=out, enabled=None if out is sys.stdout else False)
     out, err = bar.wrap(out), bar.wrap(err)

@@ -259,9 +259,13 @@ class GangRun:
 
     def _launch(self) -> bool:
         if self.spec.workdir is not None:  # before the rendezvous address is out: unpacking takes a while
-            self.cwd = workdir.prepare(self.base, self.gang_id, self.worker_info.id,
-                                       lambda: signing.verify(self.store.workdir(self.gang_id)),
-                                       self.spec.workdir.keep)
+            self.cwd, how = workdir.for_attempt(
+                self.base, self.gang_id, self.worker_info.id, lambda: signing.verify(self.store.workdir(self.gang_id)),
+                self.spec.workdir.keep, attempt=self.attempt, restart_from=self.spec.workdir.restart_from,
+                node0=self._node0_files)
+            if self.attempt:
+                log.info("gpulayer agent: gang %s attempt %d node %d starts in %s (%s)", self.gang_id,
+                         self.attempt, self.node, self.cwd, how)
         master = self._master()
         if master is None:
             return False
@@ -324,8 +328,16 @@ class GangRun:
                 self.spec.world_size
             pull, over = workdir.end_of_attempt(outcome, self.attempt, self.spec.max_restarts, cancelled=cancelled,
                                                 aborted=self._aborted.is_set(), all_results=all_results)
-            if pull and self.node == 0 and self.spec.workdir.pull and self.cwd is not None:
-                self._pull()
+            node0 = self.node == 0 and self.cwd is not None
+            pull = pull and node0 and self.spec.workdir.pull
+            # A restart may follow: the next attempt's nodes start from these files (--restart-from node0).
+            restart = (node0 and self.spec.workdir.restart_from == "node0" and not cancelled
+                       and self.attempt < self.spec.max_restarts and not (outcome == "succeeded" and all_results))
+            packed = self._pack() if pull or restart else None
+            if restart:  # before this node's report: the attempt cannot be concluded (and restarted) without it
+                self.store.set_restart_files(self.gang_id, packed)
+            if pull:
+                self.store.set_pulled(self.gang_id, packed)
         except Exception:  # the ranks' outcome stands; only what comes back is lost (the sweep removes it)
             log.exception("gpulayer agent: cannot pack gang %s's working directory", self.gang_id)
             over = False
@@ -335,14 +347,25 @@ class GangRun:
             workdir.remove(self.base)
         return None
 
-    def _pull(self) -> None:
+    def _pack(self) -> dict:
+        """Node 0's new and changed files, signed: for the client at the end, for the other nodes on a restart."""
         record = {"attempt": self.attempt, "worker": self.worker_info.id}
         try:
             blob, files = workdir.collect(self.base, self.spec.workdir.max_pull_bytes)
-            record.update(archive=signing.sign(blob), files=json.dumps(files))
+            record.update(archive=signing.sign(blob), files=json.dumps(files), bytes=sum(n for _, n in files))
         except workdir.PullTooBig as too_big:
             record["error"] = str(too_big)
-        self.store.set_pulled(self.gang_id, record)
+        return record
+
+    def _node0_files(self) -> workdir.Node0Files | None:
+        """What node 0's agent packed at the end of the attempt before (``_end_workdir``), or None."""
+        raw = self.store.restart_files(self.gang_id)
+        if raw is None:
+            return None
+        return workdir.Node0Files(
+            attempt=int(raw["attempt"]), worker=raw["worker"].decode(),
+            archive=signing.verify(raw["archive"]) if "archive" in raw else None,
+            error=raw["error"].decode() if "error" in raw else None)
 
     # -- watch and stop ---------------------------------------------------------------------------
     def _watch(self, events) -> tuple[str, float | None, list]:

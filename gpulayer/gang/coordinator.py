@@ -168,8 +168,12 @@ def conclude(store: GangStore, spec: GangSpec, attempt: int) -> None:
             "see the workers' logs")
         attempts.ended(entry, "failed", error, attempts.lost_nodes(nodes))
         entry["failure"] = message
+        restart = attempt < spec.max_restarts
+        if restart and spec.workdir is not None:  # where the next attempt's nodes start (gang/workdir.py)
+            entry["restart_from"] = attempts.restart_source(spec.workdir.restart_from, attempt,
+                                                            store.restart_files(gang_id, with_archive=False))
         store.add_attempt(gang_id, entry)
-        if attempt < spec.max_restarts:  # the whole gang again, like torchrun, placed on live workers
+        if restart:  # the whole gang again, like torchrun, placed on live workers
             store.restart(gang_id, attempt + 1, f"restarting after: {message}")
         else:
             store.finish(gang_id, GangState.FAILED, message)

@@ -1,11 +1,16 @@
 """A gang's working directory on one worker: torchrun's working-directory contract for ``gpulayer train``.
 
 Every rank of one node runs in the same directory, the working directory the client shipped,
-unpacked once per node by the worker's gang agent. It is kept across ``max_restarts`` attempts on
-that worker, so a script that resumes from a snapshot in its working directory resumes. At the end,
-node 0 packs the files its ranks created or changed for the client, and the directory is removed
-(unless the client asked to keep it). A restart that lands on another worker starts there from a
-fresh copy of what was shipped, as a torchrun restart on a new machine would.
+unpacked once per node by the worker's gang agent. At the end, node 0 packs the files its ranks
+created or changed for the client, and the directory is removed (unless the client asked to keep it).
+
+A restarted attempt (``max_restarts``) starts, on every node, from what a shared file system would
+have shown: node 0's directory at the end of the failed attempt (``restart_from="node0"``, the
+default). Node 0's agent packs its new and changed files into Redis when the attempt fails with a
+restart to come, and each node of the next attempt unpacks them over a fresh copy of what was shipped
+(``for_attempt``), so a script whose rank 0 saves a snapshot resumes on every node from the same epoch.
+``"own"`` keeps each worker's own directory across attempts (a restart on another worker starts there
+from the shipped copy); ``"fresh"`` starts every node from the shipped copy again.
 
 Layout, under the cluster's root on this machine: ``<temp root>/gpulayer-<cluster id>/``, where the
 temp root is ``tempfile.gettempdir()`` (``TMPDIR``) and the cluster id is the random id the cluster's
@@ -58,9 +63,11 @@ class ShippedDir:
     keep: bool = False
     pull: bool = True
     max_pull_bytes: int = MAX_PULL_BYTES
+    restart_from: str = "node0"  # a restart starts from node 0's files ("node0"), its own ("own"), the shipped ("fresh")
 
     def spec(self) -> WorkdirSpec:
-        return WorkdirSpec(keep=self.keep, pull=self.pull, max_pull_bytes=self.max_pull_bytes)
+        return WorkdirSpec(keep=self.keep, pull=self.pull, max_pull_bytes=self.max_pull_bytes,
+                           restart_from=self.restart_from)
 
 
 class PullTooBig(Exception):
@@ -165,6 +172,60 @@ def unpack_pulled(blob: bytes, dest: Path) -> list[str]:
     with tarfile.open(fileobj=io.BytesIO(blob), mode="r:gz") as tar:
         names = [m.name for m in tar.getmembers() if m.isfile()]
         tar.extractall(dest, filter="data")
+    return names
+
+
+@dataclass(frozen=True)
+class Node0Files:
+    """What node 0's agent packed at the end of attempt ``attempt``: ``archive`` (gzipped tar), or ``error``."""
+
+    attempt: int
+    worker: str
+    archive: bytes | None = None
+    error: str | None = None
+
+
+def for_attempt(base: Path, gang_id: str, worker_id: str, archive: Callable[[], bytes], keep: bool, *,
+                attempt: int, restart_from: str, node0: Callable[[], Node0Files | None]) -> tuple[Path, str]:
+    """The ranks' working directory for ``attempt`` of a gang on this worker, and how it was made.
+
+    The first attempt, and every attempt under ``"own"``, is ``prepare``'s (this worker's directory
+    if an earlier attempt ran here). ``"fresh"``: the shipped copy again. ``"node0"``: the shipped copy
+    with node 0's files of the attempt before unpacked over it, unless this worker was that node 0 and
+    still has its directory (it is those files already); without node 0's files (its worker was lost,
+    or they were over the size limit) each node keeps its own, and the how says why.
+    """
+    def own() -> Path:
+        return prepare(base, gang_id, worker_id, archive, keep)
+
+    if attempt == 0 or restart_from == "own":
+        return own(), "own"
+    if restart_from == "fresh":
+        remove(base)
+        return own(), "fresh"
+    files = node0()
+    if files is None or files.attempt != attempt - 1:
+        return own(), f"own: node 0's files of attempt {attempt - 1} are not there (its worker was lost?)"
+    if files.error is not None or files.archive is None:
+        return own(), f"own: {files.error}"
+    if files.worker == worker_id and (base / "manifest.json").is_file() and (base / "work").is_dir():
+        return own(), "node0: this worker was node 0"
+    remove(base)
+    work = own()
+    names = _overlay(base, files.archive)
+    return work, f"node0: {len(names)} files from {files.worker}"
+
+
+def _overlay(base: Path, blob: bytes) -> list[str]:
+    """Unpack node 0's files over ``base/work``; they count as changed since shipping (they come back)."""
+    names = unpack_pulled(blob, base / "work")
+    manifest = base / "manifest.json"
+    record = json.loads(manifest.read_text())
+    for name in names:
+        record["files"].pop(name, None)
+    tmp = manifest.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(manifest)
     return names
 
 

@@ -40,6 +40,7 @@ REPORTS_ENV = "GPULAYER_RANK_REPORTS"  # the runner's unix datagram socket for f
 MAX_REPORT = 64 * 1024  # bytes of one report; a longer traceback keeps its end
 TAIL_LINES = 40
 FAIL_GRACE = 0.1  # seconds between SIGTERM and SIGKILL once a rank failed: nothing is left to save
+SETTLE = 0.3  # at most this long for a rank of ours to end when the only failures are ranks that lost a peer
 DRAIN_S = 0.5  # at most this long for the pipes to empty after the ranks are gone
 
 
@@ -380,6 +381,14 @@ class RankRunner:
             seen_at, seen_at_boot = time.time(), boot_clock()
             failed = {i for i, (c, p) in enumerate(zip(self.commands, self.procs))
                       if p.poll() not in (None, 0) or any(r in self._reports for r in c.ranks)}
+            if failed or self._ending is not None:
+                # A rank that died on its own (its exit not seen yet) just before another rank lost it, or before
+                # a peer's failure reached us, is a failure, not one we stop: it may be the one to name.
+                # Only ranks that lost a peer so far: the peer, if it is one of ours, is still ending.
+                lost_peer_only = bool(failed) and all(
+                    any((self._reports.get(r) or {}).get("collateral") for r in self.commands[i].ranks) for i in failed)
+                failed |= {i for i, code in ended_unseen(self.procs, settle=SETTLE if lost_peer_only else 0.0).items()
+                           if code != 0}
             with self._lock:
                 if self._ending is None and failed:
                     self._ending = "failure"
@@ -449,6 +458,51 @@ class RankRunner:
         except OSError:
             pass
         self._inbox.close()
+
+
+def ended_unseen(procs: Sequence, wait: float = 2.0, settle: float = 0.0) -> dict[int, int]:
+    """Index -> exit code of the processes that have ended though ``poll()`` does not say so yet.
+
+    A warm rank's exit reaches the runner through its template, milliseconds late; a stop sent in
+    between would count a rank that died on its own (a SIGKILL, say) as one we stopped, and the
+    gang's failure would name a rank that merely lost its connection to it. The kernel knows first:
+    a process whose pidfd is readable, or that is gone, has ended; its code follows within ``wait``.
+    ``settle``: when none has ended yet, wait this long for one to (a rank that lost its peer can
+    report before the peer's exit is complete: its sockets close first).
+    """
+    if not hasattr(os, "pidfd_open"):
+        return {}
+    import select
+
+    ended: set[int] = set()
+    live: dict[int, int] = {}  # pidfd -> index
+    try:
+        for i, proc in enumerate(procs):
+            if proc.poll() is not None:
+                continue
+            try:
+                live[os.pidfd_open(proc.pid)] = i
+            except ProcessLookupError:
+                ended.add(i)  # reaped already: its code is on its way
+            except OSError:
+                continue
+        if live:
+            ready = select.select(list(live), [], [], 0)[0]
+            if not ready and not ended and settle > 0:
+                select.select(list(live), [], [], settle)
+                ready = select.select(list(live), [], [], 0)[0]
+            ended |= {live[fd] for fd in ready}
+    finally:
+        for fd in live:
+            os.close(fd)
+    out = {}
+    deadline = Deadline(wait)
+    for i in sorted(ended):
+        try:
+            out[i] = procs[i].wait(deadline.remaining())
+        except subprocess.TimeoutExpired:
+            continue
+    return out
 
 
 _FIELDS = ("rank", "kind", "exit_code", "type", "message", "traceback", "failed_at", "failed_at_boot",

@@ -96,7 +96,7 @@ class GangStore:
         pipe.zrem(keys.GANGS_WAITING, gang_id)
         for key in (keys.gang(gang_id), keys.gang_payload(gang_id)):
             pipe.expire(key, KEEP_SECONDS)
-        pipe.delete(keys.gang_workdir(gang_id))  # no attempt starts after this
+        pipe.delete(keys.gang_workdir(gang_id), keys.gang_restart_files(gang_id))  # no attempt starts after this
         pipe.publish(keys.gang_events(gang_id), f"done:{state.value}")
 
     def restart(self, gang_id: str, attempt: int, reason: str) -> None:
@@ -158,6 +158,25 @@ class GangStore:
         pipe.hgetall(keys.gang_pulled(gang_id))
         pipe.delete(keys.gang_pulled(gang_id))
         raw = pipe.execute()[0]
+        return {k.decode(): v for k, v in raw.items()} or None
+
+    def set_restart_files(self, gang_id: str, record: dict) -> None:
+        """Node 0's files at the end of a failed attempt, for the next one: ``archive`` (signed) or ``error``."""
+        key = keys.gang_restart_files(gang_id)
+        pipe = self.r.pipeline()
+        pipe.delete(key)
+        pipe.hset(key, mapping=record)
+        pipe.expire(key, KEEP_SECONDS)
+        pipe.execute()
+
+    def restart_files(self, gang_id: str, with_archive: bool = True) -> dict[str, bytes] | None:
+        """What ``set_restart_files`` stored (without ``archive`` unless asked), or None."""
+        key = keys.gang_restart_files(gang_id)
+        if with_archive:
+            raw = self.r.hgetall(key)
+        else:
+            fields = ("attempt", "worker", "files", "bytes", "error")
+            raw = {f.encode(): v for f, v in zip(fields, self.r.hmget(key, fields)) if v is not None}
         return {k.decode(): v for k, v in raw.items()} or None
 
     # -- the slot ledger --------------------------------------------------------------------------

@@ -55,6 +55,9 @@ SLOTS_HELD = f"{NAMESPACE}:slots:held"
 #                                     deleted when the gang finishes
 #   gl:gang:<id>:pulled        hash   what node 0's ranks wrote in that directory, for the client: attempt, worker,
 #                                     files (JSON), archive (signed gzipped tar) or error (one line); expires in an hour
+#   gl:gang:<id>:restart       hash   node 0's new and changed files at the end of a failed attempt, for the next
+#                                     attempt's nodes (`--restart-from node0`): attempt, worker, files (JSON),
+#                                     bytes, archive (signed gzipped tar) or error; deleted when the gang finishes
 #   gl:gang:<id>:<a>:master    string "addr:port" of the TCP store, written by node 0's agent; " agent" after it
 #                               when that agent hosts the store (procs/env.py StoreHost), else rank 0 does
 #   gl:gang:<id>:<a>:results   hash   rank -> signed return value
@@ -93,6 +96,10 @@ def gang_workdir(gang_id: str) -> str:
 
 def gang_pulled(gang_id: str) -> str:
     return f"{gang(gang_id)}:pulled"
+
+
+def gang_restart_files(gang_id: str) -> str:
+    return f"{gang(gang_id)}:restart"
 
 
 def gang_attempt(gang_id: str, attempt: int, what: str) -> str:
