@@ -47,8 +47,10 @@ app.conf.update(
     task_default_queue=queues.DEFAULT,
     task_routes=ROUTES,
     broker_connection_retry_on_startup=True,
-    # A result is stored even if Redis restarts meanwhile: retry until it is back.
-    result_backend_always_retry=True,
+    # A worker stores a result even if Redis restarts meanwhile: it retries until Redis is back (worker/main.py
+    # turns this on). A client's reads fail at once instead, and its waiters ride out the outage with their own
+    # deadline (JobHandle.get, BatchHandle.get): Celery's retries would hold a get(timeout=5) for hours.
+    result_backend_always_retry=False,
     result_backend_max_retries=10_000,
     result_backend_base_sleep_between_retries_ms=20,
     result_backend_max_sleep_between_retries_ms=1000,

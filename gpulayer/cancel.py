@@ -24,6 +24,8 @@ from celery import states
 from celery.result import GroupResult
 
 from . import app as app_mod
+from .deadline import Deadline
+from .session import BROKER_ERRORS, outage
 from .store import keys
 
 log = logging.getLogger(__name__)
@@ -103,8 +105,18 @@ class JobGroupResult(GroupResult):
             disable_sync_subtasks=True, on_interval=None):
         # Celery's ResultSet.get, calling the joins below directly: a Ctrl-C shows no engine frame.
         join = self.join_native if self.supports_native_join else self.join
-        return join(timeout=timeout, propagate=propagate, interval=interval, callback=callback, no_ack=no_ack,
-                    on_message=on_message, disable_sync_subtasks=disable_sync_subtasks, on_interval=on_interval)
+        deadline = Deadline(timeout)
+        # A broker restart is ridden out (the join starts again once Redis is back); a lost one is said plainly.
+        lost = outage(deadline, f"a group of {len(self.results)} jobs was sent; its results wait in Redis if the "
+                                "broker comes back with its data: call get() again then")
+        while True:
+            try:
+                left = deadline.remaining()
+                return join(timeout=None if left is None else max(left, 0.001),  # (Celery reads 0 as no limit)
+                            propagate=propagate, interval=interval, callback=callback, no_ack=no_ack,
+                            on_message=on_message, disable_sync_subtasks=disable_sync_subtasks, on_interval=on_interval)
+            except BROKER_ERRORS as err:
+                lost.lost(err)
 
     def join(self, *args, **kwargs):
         try:

@@ -7,7 +7,6 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-import redis
 from celery import states
 from celery.canvas import Signature
 from kombu.utils.uuid import uuid
@@ -16,6 +15,7 @@ from . import app as app_mod
 from .cancel import cancel_jobs, interrupted
 from .canvas import function_and_args
 from .deadline import Deadline
+from .session import BROKER_ERRORS, broker_lost, outage
 from .session import connect, ensure_connected, init  # noqa: F401  (connect, init: public here too)
 from .models import Resources
 from .payload import PickledFunction, pack_function, summarize
@@ -30,6 +30,7 @@ class BatchHandle:
     def __init__(self, ids: list[str], id: str | None = None):
         self.ids = ids
         self.id = id  # submit_batch's: `gpulayer cancel <id>` finds the jobs by it (store/sent.py)
+        self._metas: list[dict | None] = [None] * len(ids)  # the finished jobs' results, kept across get() calls
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -69,18 +70,23 @@ class BatchHandle:
         round reads few keys, not every pending one (which grows with the square of the batch)."""
         backend = app_mod.app.backend
         keys = [backend.get_key_for_task(i) for i in self.ids]
-        metas: list[dict | None] = [None] * len(self.ids)
-        pending = list(range(len(self.ids)))
+        metas = self._metas  # a stored result never changes: a later get() reads only the jobs not finished
+        pending = [i for i, meta in enumerate(metas) if meta is None]
         deadline = Deadline(timeout)
+        # Redis restarting: the results wait for us there; gone for good: say so, with what was in flight.
+        lost = outage(deadline, lambda: f"{len(self.ids)} jobs sent, {len(self.ids) - len(pending)} finished; the "
+                                        "others wait in Redis if the broker comes back with its data: call get() again")
         wait = interval
-        failed = 0
+        failed = sum(1 for meta in metas if meta is not None and meta["status"] != states.SUCCESS)
         while pending:
             window = pending[:_WINDOW]
             found = False
             try:
                 values = backend.client.mget([keys[i] for i in window])
-            except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
-                values = [None] * len(window)  # Redis is restarting: the results wait for us there
+            except BROKER_ERRORS as err:
+                lost.lost(err)
+                continue
+            lost.back()
             for i, raw in zip(window, values):
                 if raw is not None:
                     meta = backend.decode_result(raw)
@@ -113,7 +119,10 @@ def submit_batch(signatures: Iterable[Signature], resources: Resources | dict | 
     """
     ensure_connected()
     res = as_resources(resources)
-    route = app_mod.route_for(res)
+    try:
+        route = app_mod.route_for(res)
+    except BROKER_ERRORS as err:
+        raise broker_lost(err, "no job of the batch was sent") from err
     chunk = chunk_size or app_mod.settings().batch_chunk_size
     packed: dict[int, tuple[Any, PickledFunction | str]] = {}  # id -> (fn kept alive, its packed form)
     headers = {app_mod.RESOURCES_HEADER: res.model_dump(exclude_defaults=True)}
@@ -122,10 +131,16 @@ def submit_batch(signatures: Iterable[Signature], resources: Resources | dict | 
     ids: list[str] = []
     batch_id = uuid()
     try:
-        _send_batch(signatures, celery_app, chunk, packed, route, headers, summary, ids)
-    finally:  # also for the ids sent before an error or a Ctrl-C: `gpulayer cancel <batch id>` finds them
-        if ids:
-            record_batch(app_mod.app.backend.client, app_mod.client_identity(), batch_id, ids)
+        try:
+            _send_batch(signatures, celery_app, chunk, packed, route, headers, summary, ids)
+        finally:  # also for the ids sent before an error or a Ctrl-C: `gpulayer cancel <batch id>` finds them
+            if ids:
+                record_batch(app_mod.app.backend.client, app_mod.client_identity(), batch_id, ids)
+    except BROKER_ERRORS as err:
+        # Published in chunks: those before the last chunk reached the broker, that one may have, the rest did not.
+        cut = (f"the batch was cut off after {len(ids)} jobs (up to {chunk} of them may not have reached the broker, "
+               "none after them did): send the batch again once it is back")
+        raise broker_lost(err, cut) from err
     return BatchHandle(ids, batch_id)
 
 
@@ -152,8 +167,13 @@ def wait_for_workers(count: int, timeout: float = 30.0) -> None:
     """Block until at least ``count`` workers are live (for scripts and tests)."""
     ensure_connected()
     deadline = Deadline(timeout)
+    lost = outage(deadline, f"waiting for {count} workers")
     while True:
-        live = app_mod.registry().current()
+        try:
+            live = app_mod.registry().current()
+        except BROKER_ERRORS as err:
+            lost.lost(err)
+            continue
         if len(live) >= count:
             return
         if deadline.expired():

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import time
 import uuid
 from typing import Any, Callable
 
@@ -27,6 +26,7 @@ from . import signing
 from .client import ensure_connected
 from .deadline import Deadline
 from .errors import JobFailed, JobRejected
+from .session import BROKER_ERRORS, broker_lost, outage
 from .models import GangPlacement, GangSpec, GangState, Resources
 from .payload import function_name, pack_function
 from .placement import check_gang_fits_fleet
@@ -39,7 +39,6 @@ from .gang.workdir import ShippedDir
 from .tasks.submit import as_resources
 
 LOOK_EVERY = 1.0  # seconds between reads of the gang's record when no event arrives (a missed one)
-REDIS_PATIENCE = 60.0  # seconds the handle keeps reconnecting to an unreachable Redis before it gives up
 NO_COORDINATOR_GRACE = 30.0  # past its timeout by this much, a gang no coordinator ended is ended by its client
 
 
@@ -92,11 +91,14 @@ def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int =
                         workdir=workdir.spec() if workdir is not None else None, client=app_mod.client_identity())
     except ValueError as err:
         raise ValueError(f"invalid distributed job: {err}") from err
-    check_gang_fits_fleet(spec, app_mod.registry().current())  # incremental: a submit never pays the full read
     payload = signing.dumps((pack_function(fn), args, kwargs))
-    client = app_mod.redis_client()
-    GangStore(client).create(spec, payload, signing.sign(workdir.archive) if workdir is not None else None)
-    return GangHandle(spec, client, on_output)
+    try:
+        check_gang_fits_fleet(spec, app_mod.registry().current())  # incremental: a submit never pays the full read
+        client = app_mod.redis_client()
+        GangStore(client).create(spec, payload, signing.sign(workdir.archive) if workdir is not None else None)
+        return GangHandle(spec, client, on_output)
+    except BROKER_ERRORS as err:
+        raise broker_lost(err, f"distributed job {spec.gang_id} was not started") from err
 
 
 def cancel_gang(gang_id: str, timeout: float = 30.0) -> dict | None:
@@ -159,6 +161,9 @@ class GangHandle:
         self._restart_listeners: list[Callable[[dict, str], None]] = []
         self._restart_lock = threading.Lock()
         self._output: threading.Thread | None = None
+        # The watcher's view of a lost broker: it rides out a restart, and get() says so when it gives up.
+        self._lost = outage(None, f"distributed job {self.id} was started; the cluster runs it whether or not anyone "
+                                  "watches, and its record waits in Redis if the broker comes back with its data")
         if on_output is not None:  # subscribed before the gang can start: warm ranks print within milliseconds
             ready = threading.Event()
             self._output = threading.Thread(target=self._pump_output, args=(on_output, ready),
@@ -186,10 +191,13 @@ class GangHandle:
         ``max_restarts``, and ``restarts``: one line per failed attempt that was restarted, e.g.
         ``attempt 1 failed (rank 2 on w-b: killed by SIGKILL); restarting 2 x 2 (attempt 2 of 2), every node
         from node 0's files (1 file, 18 bytes, from w-a)``."""
-        rec = self.store.record(self.id)
-        rec["max_restarts"] = self.spec.max_restarts
-        rec["restarts"] = [self._announce(entry) for entry in self.store.attempts(self.id)
-                           if entry["outcome"] == "failed" and entry["attempt"] < rec["attempt"]]
+        try:
+            rec = self.store.record(self.id)
+            rec["max_restarts"] = self.spec.max_restarts
+            rec["restarts"] = [self._announce(entry) for entry in self.store.attempts(self.id)
+                               if entry["outcome"] == "failed" and entry["attempt"] < rec["attempt"]]
+        except BROKER_ERRORS as err:
+            raise self._lost.error(err) from err
         return rec
 
     def on_restart(self, fn: Callable[[dict, str], None]) -> None:
@@ -215,8 +223,14 @@ class GangHandle:
         return done
 
     def get(self, timeout: float | None = None) -> list[Any]:
-        """Per-rank return values (index = rank), or ``JobFailed`` naming the failed rank."""
+        """Per-rank return values (index = rank), or ``JobFailed`` naming the failed rank.
+
+        ``ClusterUnavailable`` when the broker is unreachable at the ``timeout`` (the watcher rides out a
+        broker restart), or has been for a minute.
+        """
         if not self._done.wait(timeout):
+            if self._lost.ongoing:
+                raise self._lost.error(None)
             raise TimeoutError(f"distributed job {self.id} still {self.status()['state']} after {timeout}s")
         if self._output is not None:
             self._output.join(OUTPUT_QUIET + 5.0)  # every line handed to on_output first
@@ -251,7 +265,6 @@ class GangHandle:
 
 
     def _drive(self) -> None:
-        lost_since = None  # Redis unreachable since (monotonic): the handle outlives a Redis restart
         try:
             while True:
                 events = self.store.r.pubsub(ignore_subscribe_messages=True)
@@ -260,13 +273,10 @@ class GangHandle:
                     self._listening.set()
                     while not self._settle(self.store.record(self.id), events):
                         events.get_message(timeout=LOOK_EVERY)
-                        lost_since = None
+                        self._lost.back()
                     return
-                except (redis.ConnectionError, redis.TimeoutError):
-                    lost_since = lost_since or time.monotonic()
-                    if time.monotonic() - lost_since > REDIS_PATIENCE:
-                        raise
-                    time.sleep(0.5)
+                except BROKER_ERRORS as err:  # the handle outlives a Redis restart; a lost Redis, it says so
+                    self._lost.lost(err)
                 finally:
                     events.close()
         except BaseException as err:  # never leave a waiter hanging

@@ -1,4 +1,5 @@
-"""This process's connection to a cluster: ``connect``, ``init`` and ``ensure_connected``.
+"""This process's connection to a cluster: ``connect``, ``init`` and ``ensure_connected``, and what a call
+says when it loses it (``BROKER_ERRORS``, ``outage``, ``broker_lost``).
 
 Below both the client API (``client.py``) and the tasks (``tasks/submit.py``), which connect
 on first use: neither imports the other for it.
@@ -8,11 +9,19 @@ from __future__ import annotations
 
 import importlib
 import threading
+from typing import Callable
+
+from kombu.exceptions import OperationalError
 
 from . import app as app_mod
-from .config import Settings, load_settings
+from .config import Settings, home_dir, load_settings
+from .deadline import Deadline
 from .errors import ClusterUnavailable, ConfigError
+from .store.broker_loss import LOST, PATIENCE, Outage, unavailable
 from .store.connection import reachable
+
+# A lost or refused broker connection as redis-py raises it, and as kombu (a publish) wraps it.
+BROKER_ERRORS: tuple[type[BaseException], ...] = (*LOST, OperationalError)
 
 _init_lock = threading.RLock()
 _local = None  # the process-scoped embedded cluster init() started, if any
@@ -59,3 +68,29 @@ def ensure_connected() -> None:
     """Connect as ``init()`` does, unless this process is connected already (the API calls this first)."""
     if not app_mod.is_configured():
         init()
+
+
+def embedded_note() -> str | None:
+    """The embedded cluster's account of why it stopped on its own, if this process uses one that did."""
+    from .local.supervisor import stopped_note
+
+    settings = app_mod.settings()
+    home = _local.home if _local is not None else home_dir() if settings and settings.broker_from_state else None
+    return stopped_note(home) if home is not None else None
+
+
+def broker_lost(err: BaseException | None, in_flight: str | None = None,
+                lost_for: float | None = None) -> ClusterUnavailable:
+    """``ClusterUnavailable`` for this process's broker: its URL (masked), ``in_flight``, and what to do."""
+    if isinstance(err, ClusterUnavailable):
+        return err
+    settings = app_mod.settings()
+    return unavailable(settings.broker_url if settings else None, err, in_flight, lost_for, embedded_note())
+
+
+def outage(deadline: Deadline | None = None, in_flight: Callable[[], str | None] | str | None = None,
+           patience: float = PATIENCE) -> Outage:
+    """A waiter's :class:`~gpulayer.store.broker_loss.Outage` of this process's broker: it rides out a broker
+    restart for up to ``patience`` seconds, never past ``deadline``, then raises ``broker_lost``'s error."""
+    settings = app_mod.settings()
+    return Outage(settings.broker_url if settings else None, deadline, in_flight, patience, embedded_note)

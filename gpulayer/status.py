@@ -6,10 +6,11 @@ import heapq
 import sys
 
 from . import queues
-from .config import Settings, load_settings
+from .config import Settings, home_dir, load_settings
 from .errors import ClusterUnavailable, ConfigError
 from .masking import mask_url
 from .store import keys
+from .store.broker_loss import LOST, unavailable
 from .store.connection import reachable
 from .store.gangs import GangStore
 from .store.registry import Registry
@@ -32,10 +33,37 @@ def _cluster() -> tuple[Settings, Registry]:
     if _standalone is None:
         settings = load_settings()
         if not settings.broker_url:
-            raise ClusterUnavailable("no cluster to show: set GPULAYER_BROKER_URL, or start one with `gpulayer up`")
-        client = reachable(settings.broker_url, settings.connect_timeout, socket_timeout=30.0)
+            raise ClusterUnavailable("; ".join(filter(None, (
+                "no cluster to show", _embedded_note(settings),
+                "set GPULAYER_BROKER_URL, or start one with `gpulayer up`"))))
+        try:
+            client = reachable(settings.broker_url, settings.connect_timeout, socket_timeout=30.0)
+        except ClusterUnavailable as err:
+            note = _embedded_note(settings)
+            raise ClusterUnavailable(f"{err}; {note}" if note else str(err)) from err.__cause__
         _standalone = settings, Registry(client, settings.worker_dead_after)
     return _standalone
+
+
+def _embedded_note(settings: Settings) -> str | None:
+    """Why the embedded cluster stopped on its own, when the cluster to show is (or was) the embedded one."""
+    session = sys.modules.get("gpulayer.session")
+    if session is not None and sys.modules["gpulayer.app"].is_configured():
+        return session.embedded_note()
+    if settings.broker_url and not settings.broker_from_state:
+        return None
+    from .local.supervisor import stopped_note
+
+    return stopped_note(home_dir())
+
+
+def _broker_restarts(client) -> dict | None:
+    """How often the embedded cluster's supervisor restarted its Redis (``keys.LOCAL_REDIS``); None: never."""
+    import json
+
+    raw = client.hgetall(keys.LOCAL_REDIS)
+    record = {k.decode(): json.loads(v) for k, v in raw.items()}
+    return record if record.get("restarts") else None
 
 
 SUMMARY_ABOVE = 50  # a fleet of more live workers is shown as a summary unless --all is asked
@@ -53,6 +81,14 @@ def collect(full: bool | None = True, top: int = TOP) -> dict:
     (``None``: every worker up to ``SUMMARY_ABOVE`` of them, else the busiest).
     """
     settings, registry = _cluster()
+    try:
+        return _collect(settings, registry, full, top)
+    except LOST as err:
+        raise unavailable(settings.broker_url, err, "reading the fleet for `gpulayer status`",
+                          note=_embedded_note(settings)) from err
+
+
+def _collect(settings: Settings, registry: Registry, full: bool | None, top: int) -> dict:
     workers = registry.current()
     read = read_queues(workers)
     client = registry.client  # this process's; left open for the next call (--watch)
@@ -70,6 +106,7 @@ def collect(full: bool | None = True, top: int = TOP) -> dict:
     ages = registry.ages() if full and len(shown) > SUMMARY_ABOVE else registry.ages(w.id for w in shown)
     return {
         "broker": mask_url(settings.broker_url),
+        "broker_restarts": _broker_restarts(client),
         "workers": [_row(w, held, ages) for w in shown],
         "summary": summarize(workers, held, registry.dead(), busiest),
         "queues": lengths,
@@ -172,6 +209,10 @@ def renderables(report: dict, full: bool | None = None) -> list:
     if full is None:
         full = summary is None or len(report["workers"]) == summary["workers"] <= SUMMARY_ABOVE
     out: list = [_Lines(f"broker {report['broker']}")]
+    if report.get("broker_restarts"):
+        from .local.supervisor import describe_restarts
+
+        out.append(_Lines(f"redis: {describe_restarts(report['broker_restarts'])}"))
     if full:
         out.append(_worker_table(report["workers"], f"{len(report['workers'])} live workers"))
     else:

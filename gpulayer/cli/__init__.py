@@ -104,12 +104,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _up(args) -> int:
+    from ..config import home_dir
     from ..local import up
+    from ..local.supervisor import stopped_note
     from ..masking import mask_url
 
+    previous = stopped_note(home_dir(), fix=False)  # the last cluster's account of why it stopped on its own
     cluster, started = up(args.workers, args.slots, flower=args.flower, zones=args.zone, regions=args.region)
     url = cluster.broker_url if args.show_secrets else mask_url(cluster.broker_url)
     print(("started" if started else "already running") + f": broker {url}")
+    if started and previous:
+        print(f"(the previous one: {previous})")
     from ..config import STATE_FILE_NAME, read_state
 
     places = (read_state(cluster.home / STATE_FILE_NAME) or {}).get("places") or {}

@@ -20,16 +20,27 @@ delivered again, and stored once). Not for a result over ``STORE_LATER_MAX``
 bytes, a failure, or a job in a chord, a chain or with callbacks (whose next
 steps may read its stored result at once): those are stored by the job's own
 process as before.
+
+**A lost broker is the waiter's to ride out.** Celery's consumer of result
+channels retries a lost connection for about 20 s (longer than a ``get``'s
+timeout may be), then raises ``RuntimeError: Retry limit exceeded ... The
+Celery application must be restarted``. :class:`ResultConsumer` tries once and
+passes the broker's own error up; the waiters (``JobHandle.get``, a group's
+``get``) ride out the outage with their own deadline and say what happened
+(``ClusterUnavailable``), or resume when Redis is back.
 """
 
 from __future__ import annotations
 
+import socket
 import sys
 import threading
+from contextlib import contextmanager
 
 import redis
 from celery import states
 from celery.backends.redis import RedisBackend
+from celery.backends.redis import ResultConsumer as RedisResultConsumer
 from celery.exceptions import BackendStoreError
 from kombu.utils.encoding import bytes_to_str
 
@@ -76,10 +87,39 @@ def trace_storing_later(trace, task, uuid, request, *args, **kwargs):
     return failed, value, runtime
 
 
+class ResultConsumer(RedisResultConsumer):
+    """Celery's consumer of result channels, without its ``RuntimeError`` when the broker is lost."""
+
+    @contextmanager
+    def reconnect_on_error(self):
+        try:
+            yield
+        except socket.timeout:  # a drain's timeout: the caller's to handle, not a lost connection
+            raise
+        except self._connection_errors:
+            self._reconnect()  # still away: the broker's own error goes up, for the waiter to ride out
+
+    def _reconnect(self):
+        """One try: reconnect and subscribe again to every channel; a broker still away raises its error.
+
+        On a failure the consumer is left with no connection and no subscriptions, so the next
+        ``consume_from`` starts afresh; the waiters that were subscribed read their results from the
+        stored keys meanwhile (``JobHandle.get`` reads its result again every ``WAIT_SLICE``).
+        """
+        try:
+            self._reconnect_pubsub()
+        except self._connection_errors:
+            with self._locked():
+                self._pubsub = None
+                self.subscribed_to.clear()
+            raise
+
+
 class ResultBackend(RedisBackend):
     """Redis results, stored at most once per job, read back with failures as ``JobFailed``."""
 
     connection_class_ssl = TLSConnection
+    ResultConsumer = ResultConsumer
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -118,6 +118,13 @@ BORROWED: tuple[Borrowed, ...] = (
     Borrowed("celery.backends.base:Backend.meta_from_decoded", "4d526017ca11ce6d", _R, "overrides"),
     Borrowed("celery.backends.asynchronous:AsyncBackendMixin.remove_pending_result", "744fbbd18bc30225", _R,
              "overrides"),
+    # a lost broker: one reconnect, then the broker's own error for the waiter to ride out (no RuntimeError)
+    Borrowed("celery.backends.redis:RedisBackend.ResultConsumer", "f5d3d583bb2775db", _R, "overrides"),
+    Borrowed("celery.backends.asynchronous:BaseResultConsumer.reconnect_on_error", "275347b412de818d", _R,
+             "overrides"),
+    Borrowed("celery.backends.redis:ResultConsumer._reconnect", "4120a7560dada207", _R, "overrides"),
+    Borrowed("celery.backends.redis:ResultConsumer._reconnect_pubsub", "e641622641700878", _R, "relies on"),
+    Borrowed("celery.backends.redis:ResultConsumer.consume_from", "78d150a7d8fca094", _R, "relies on"),
     # the worker's request: bounded redelivery, summaries instead of pickles
     Borrowed("celery.worker.request:Request.__init__", "3bb3f5995d780969", _Q, "overrides", also=(_TO,)),
     Borrowed("celery.worker.request:Request.info", "e3d30d7615008072", _Q, "overrides"),

@@ -68,10 +68,15 @@ def start_redis(data_dir: Path, *, port: int, password: str | None, appendonly: 
     local user would read it in ``ps``. ``directives``: more ``(name, value, ...)``
     lines for that file. ``tls``: redis-server's TLS directives (``{"tls-cert-file": ..., "tls-key-file": ...}``);
     Redis then speaks TLS only, on ``port``.
+
+    ``appendonly``: every write goes to the append-only file before Redis answers it (``appendfsync everysec``:
+    a killed redis-server loses nothing it acknowledged, since the kernel holds what was written; a crash of the
+    machine, at most the last second), and a Redis started again on the same ``data_dir`` reloads it.
     """
     data_dir.mkdir(parents=True, exist_ok=True)
     conf: list[tuple[str, ...]] = [("bind", *bind.split()), ("port", str(port)), ("dir", str(data_dir)),
-                                   ("appendonly", "yes" if appendonly else "no"), ("save", ""),
+                                   ("appendonly", "yes" if appendonly else "no"), ("appendfsync", "everysec"),
+                                   ("save", ""),
                                    ("daemonize", "no"), ("protected-mode", "yes")]
     if tls:  # the later `port 0` wins: no plain TCP at all
         conf += [("port", "0"), ("tls-port", str(port)), *((k, str(v)) for k, v in tls.items())]

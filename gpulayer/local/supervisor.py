@@ -5,6 +5,13 @@ persistence, then the workers (in the zones of ``places.worker_places``); it wri
 (mode 0600), starts again a worker that dies, and, when told to stop (SIGTERM, or its parent process
 exits for a process-scoped cluster), stops exactly the processes it started: gracefully for
 ``gpulayer up``, at once for a process-scoped cluster. ``python -m gpulayer.local`` runs it.
+
+A Redis that dies is started again at once, on the same port with the same password, from its own
+append-only file: the workers and clients reconnect by themselves and nothing Redis acknowledged is lost.
+Each restart is counted in the state file and in Redis (``keys.LOCAL_REDIS``, which ``gpulayer status``
+shows). A Redis that dies ``RESTART_LIMIT`` times within ``RESTART_WINDOW`` seconds is not started again:
+the cluster stops, and ``stopped.json`` in its home says why (``gpulayer status``, ``gpulayer up`` and the
+clients' ``ClusterUnavailable`` quote it).
 """
 
 from __future__ import annotations
@@ -21,8 +28,11 @@ import time
 from pathlib import Path
 
 from ..config import STATE_FILE_NAME, read_state
+from ..errors import ClusterUnavailable
 from ..procs.env import free_port
 from ..procs.stop import kill_now, stop, stop_process
+from ..store import keys
+from ..store.connection import connect_redis
 from .places import worker_places
 from .redis_server import start_redis, wait_for_redis
 from .workers import start_flower, start_worker, wait_for_port
@@ -45,6 +55,72 @@ def proc_start_time(pid: int) -> str | None:
         return None
 
 
+STOPPED_FILE_NAME = "stopped.json"  # in the cluster's home: why the supervisor stopped on its own, for its users
+RESTART_LIMIT = 5  # deaths of Redis ...
+RESTART_WINDOW = 60.0  # ... within this many seconds, and the supervisor stops instead of restarting it again
+
+
+class RedisDeaths:
+    """The embedded Redis's deaths: when each was, and whether one more restart is allowed."""
+
+    def __init__(self, limit: int = RESTART_LIMIT, window: float = RESTART_WINDOW):
+        self.limit, self.window = limit, window
+        self.recent: list[float] = []  # monotonic times of the deaths within the window
+        self.count = 0  # restarts so far
+        self.last: dict | None = None  # {"exit": code, "at": wall time} of the last death
+
+    def died(self, code: int | None) -> bool:
+        """Record a death; True when Redis may be started again, False once it died ``limit`` times in the window."""
+        now = time.monotonic()
+        self.recent = [t for t in self.recent if now - t < self.window] + [now]
+        self.last = {"exit": code, "at": time.time()}
+        if len(self.recent) >= self.limit:
+            return False
+        self.count += 1
+        return True
+
+    def record(self) -> dict:
+        """What the state file and Redis keep: ``{"restarts": n, "last_exit": code, "last_at": time}``."""
+        last = self.last or {}
+        return {"restarts": self.count, "last_exit": last.get("exit"), "last_at": last.get("at")}
+
+
+def describe_restarts(record: dict) -> str | None:
+    """``restarted 1 time (last: exited -9 at 19:40:02)``, from :meth:`RedisDeaths.record`; None for none."""
+    n = int(record.get("restarts") or 0)
+    if not n:
+        return None
+    at = record.get("last_at")
+    when = f" at {time.strftime('%H:%M:%S', time.localtime(float(at)))}" if at else ""
+    return f"restarted {n} time{'s' if n != 1 else ''} (last: exited {record.get('last_exit')}{when})"
+
+
+def stopped_note(home: Path, fix: bool = True) -> str | None:
+    """Why the embedded cluster of ``home`` stopped on its own (``stopped.json``), in one line; None if it did not.
+
+    ``fix``: say also where to look and how to start it again.
+    """
+    try:
+        info = json.loads((home / STOPPED_FILE_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info.get("at", 0)))
+    note = f"the embedded cluster stopped at {when}: {info.get('reason')}"
+    return note + (f"; see {info.get('log')}, then start it again (`gpulayer up`, or gpulayer.init() in a new "
+                   "process)" if fix else "")
+
+
+def _publish_restarts(url: str, deaths: RedisDeaths) -> None:
+    """Tell the cluster's Redis how often it was restarted (``gpulayer status`` reads it); best effort."""
+    client = connect_redis(url, socket_connect_timeout=2, socket_timeout=2)
+    try:
+        client.hset(keys.LOCAL_REDIS, mapping={k: json.dumps(v) for k, v in deaths.record().items()})
+    except Exception as err:  # noqa: BLE001  (Redis died again: the loop sees it)
+        print(f"could not record the restart in Redis: {err}", file=sys.stderr)
+    finally:
+        client.close()
+
+
 def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_port: int | None = None,
               zones: list[str] | None = None, regions: list[str] | None = None) -> int:
     home.mkdir(parents=True, exist_ok=True)
@@ -64,8 +140,15 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
-    redis_proc = start_redis(home / "redis", port=port, password=password, log_file=logs / "redis.log",
-                             tie_to_parent=True)
+    (home / STOPPED_FILE_NAME).unlink(missing_ok=True)  # an earlier cluster's account of its end
+
+    def start_redis_here():  # the same port, password and data (its append-only file) every time
+        return start_redis(home / "redis", port=port, password=password, log_file=logs / "redis.log",
+                           tie_to_parent=True)
+
+    redis_proc = start_redis_here()
+    deaths = RedisDeaths()
+    gave_up = False
     procs: dict[str, subprocess.Popen] = {}
     flower: subprocess.Popen | None = None
     places = dict(zip([f"local-{i + 1}" for i in range(workers)], worker_places(workers, zones, regions)))
@@ -92,14 +175,32 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
                  "worker_pids": {n: p.pid for n, p in procs.items()}, "workers": workers, "slots": slots,
                  "places": {n: {"zone": z, "region": r} for n, (z, r) in places.items()},
                  "started_at": time.time(), "flower_url": flower_url,
-                 "flower_pid": flower.pid if flower_url else None}
+                 "flower_pid": flower.pid if flower_url else None, "redis": deaths.record()}
         write_state(state_file, state)
         while not stopping:
             if parent is not None and os.getppid() != parent:
                 break  # the process this cluster belongs to is gone
-            if redis_proc.poll() is not None:
-                print(f"redis-server exited with {redis_proc.returncode}; stopping", file=sys.stderr)
-                break
+            if redis_proc.poll() is not None and not stopping:
+                code = redis_proc.returncode
+                if not deaths.died(code):
+                    reason = (f"its Redis died {deaths.limit} times within {deaths.window:.0f} s (last: exited "
+                              f"{code}), so it was not started again")
+                    print(f"redis-server exited with {code}; {reason}; stopping", file=sys.stderr)
+                    write_state(home / STOPPED_FILE_NAME,
+                                {"at": time.time(), "reason": reason, "log": str(logs / "redis.log")})
+                    gave_up = True
+                    break
+                print(f"redis-server exited with {code}; starting it again from its append-only file "
+                      f"(restart {deaths.count})", file=sys.stderr)
+                redis_proc = start_redis_here()
+                state.update(redis_pid=redis_proc.pid, redis=deaths.record())
+                write_state(state_file, state)
+                try:
+                    wait_for_redis(url, redis_proc, timeout=30.0)
+                except ClusterUnavailable as err:
+                    print(f"the restarted redis-server did not answer: {err}", file=sys.stderr)
+                    continue  # an exit is counted on the next turn
+                _publish_restarts(url, deaths)
             for name, proc in procs.items():
                 if proc.poll() is not None and not stopping:
                     # Keep the fleet whole: a local worker that dies is started again.
@@ -119,7 +220,9 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
         state = read_state(state_file)
         if state and state.get("supervisor_pid") == os.getpid():
             state_file.unlink(missing_ok=True)
-        if parent is not None:  # a process-scoped cluster leaves nothing behind
+        # A process-scoped cluster leaves nothing behind, except after giving up: stopped.json then stays for
+        # its script to quote (the script's own exit removes the home).
+        if parent is not None and not gave_up:
             shutil.rmtree(home, ignore_errors=True)
     return 0
 

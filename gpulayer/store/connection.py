@@ -15,6 +15,7 @@ import redis
 
 from ..config import with_tls
 from ..errors import ClusterUnavailable
+from ..masking import mask_url
 
 # The connection class of rediss:// clients: redis-py's, until engine/redis_tls.py (imported with the Celery app's
 # transport and result backend) installs its own, one SSLContext per process (store/ never imports engine/).
@@ -78,7 +79,7 @@ def reachable(url: str, connect_timeout: float, socket_timeout: float | None = N
         raise
     except (redis.ConnectionError, redis.TimeoutError, OSError) as err:
         client.close()
-        raise ClusterUnavailable(f"cannot reach Redis at {where.hostname}:{where.port} within "
+        raise ClusterUnavailable(f"cannot reach Redis at {where.hostname}:{where.port} ({mask_url(url)}) within "
                                  f"{connect_timeout:.0f}s ({err}); is it running, and is the "
                                  "broker URL right?") from err
     return client

@@ -29,6 +29,10 @@ NAMESPACE = "gl"
 #                                     <temp root>/gpulayer-<id>/ (gang/workdir.py), never under a worker name alone
 CLUSTER_ID = f"{NAMESPACE}:cluster:id"
 
+# The embedded cluster's Redis, as its supervisor (gpulayer/local/supervisor.py) restarted it; `gpulayer status` shows it.
+#   gl:local:redis             hash   restarts, last_exit (its exit code), last_at (wall time): JSON values
+LOCAL_REDIS = f"{NAMESPACE}:local:redis"
+
 WORKERS = f"{NAMESPACE}:workers"
 WORKERS_INFO = f"{NAMESPACE}:workers:info"
 # The versioned registry (gpulayer/store/registry.py): a reader that knows version v reads only

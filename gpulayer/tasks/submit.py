@@ -13,7 +13,7 @@ from kombu.utils.uuid import uuid
 from .. import app as app_mod
 from .. import canvas
 from ..app import CLIENT_HEADER, RESOURCES_HEADER, SUBMIT, app
-from ..session import ensure_connected
+from ..session import BROKER_ERRORS, broker_lost, ensure_connected, outage
 from ..deadline import Deadline
 from ..engine.publish import publish_task
 from ..engine.results import prime_result
@@ -49,17 +49,25 @@ class JobHandle(AsyncResult):
         time, reading the stored result again between waits: its subscription goes on one connection and
         its read of the result on another, and Redis may run the read first, so a result stored between
         the two is announced before anyone listens (a wait that would last until the timeout).
+
+        A broker that goes away meanwhile (a Redis restart) is waited for, up to a minute and never past
+        ``timeout``; the wait then resumes, or ``ClusterUnavailable`` names the broker.
         """
+        deadline = Deadline(timeout)
+        lost = outage(deadline, f"job {self.id} was sent; its result waits in Redis if the broker comes back "
+                                "with its data: call get() again then")
         try:
-            if self._cache is None and not self.ignored and kwargs.get("on_message") is None:
-                prime_result(self, self.backend.get_task_meta(self.id))
-            deadline = Deadline(timeout)
             while True:
                 try:
+                    if self._cache is None and not self.ignored and kwargs.get("on_message") is None:
+                        prime_result(self, self.backend.get_task_meta(self.id))
                     return super().get(max(deadline.left(WAIT_SLICE), 0.001), *args, **kwargs)
                 except CeleryTimeoutError:
+                    lost.back()
                     if deadline.expired():
                         raise
+                except BROKER_ERRORS as err:  # Redis is restarting, or gone: wait for it within the deadline
+                    lost.lost(err)
         except KeyboardInterrupt:
             from ..cancel import interrupted
 
@@ -148,21 +156,29 @@ class SubmitTask(Task):
         if not options and producer is None and link is None and link_error is None and shadow is None \
                 and direct_publish_applies(self.app):
             job_id = task_id or uuid()
-            queue = app_mod.route_for(resources).queue
-            with self.app.producer_or_acquire() as producer:
-                send_job(producer, job_id, ref, args, kwargs, queue, headers, summarize(fn, args, kwargs),
-                         resources.describe())
-            return self.AsyncResult(job_id)
+            # A broker restarting (the embedded Redis after a crash) is back within connect_timeout.
+            lost = outage(Deadline(app_mod.settings().connect_timeout), f"job {job_id} was not sent")
+            while True:
+                try:
+                    queue = app_mod.route_for(resources).queue
+                    with self.app.producer_or_acquire() as producer:
+                        send_job(producer, job_id, ref, args, kwargs, queue, headers, summarize(fn, args, kwargs),
+                                 resources.describe())
+                    return self.AsyncResult(job_id)
+                except BROKER_ERRORS as err:
+                    lost.lost(err)
         options.setdefault("argsrepr", summarize(fn, args, kwargs))
         options.setdefault("kwargsrepr", resources.describe())
-        # A later step no live worker can run is refused now, not by the worker that would send it.
-        for later in canvas.later_signatures(options.get("chain"), options.get("chord"), link, link_error):
-            app_mod.route_for(as_resources(later.kwargs.get("resources")))
         try:
+            # A later step no live worker can run is refused now, not by the worker that would send it.
+            for later in canvas.later_signatures(options.get("chain"), options.get("chord"), link, link_error):
+                app_mod.route_for(as_resources(later.kwargs.get("resources")))
             return super().apply_async((ref, *args), kwargs, task_id=task_id, producer=producer, link=link,
                                        link_error=link_error, shadow=shadow, headers=headers, **options)
         except EncodeError as err:
             raise _payload_error(err) from err
+        except BROKER_ERRORS as err:
+            raise broker_lost(err, "the job was not sent") from err
 
 
 def _sender(celery_app) -> str:

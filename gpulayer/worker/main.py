@@ -126,6 +126,7 @@ def run_worker(*, broker: str | None = None, slots: int | None = None, zone: str
     app.conf.broker_transport_options = {**app.conf.broker_transport_options,
                                          "client_name": client_name(worker_id, "celery")}
     app.conf.redis_client_name = client_name(worker_id, "results")
+    app.conf.result_backend_always_retry = True  # results are stored through a Redis restart (app.py)
     # The worker's one connection for short commands: registry checks and the janitor (the heartbeat has its own).
     client = redis_client(name=client_name(worker_id, "worker"), one_connection=True)
     try:
