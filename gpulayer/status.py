@@ -33,9 +33,9 @@ def _cluster() -> tuple[Settings, Registry]:
     if _standalone is None:
         settings = load_settings()
         if not settings.broker_url:
-            raise ClusterUnavailable("; ".join(filter(None, (
-                "no cluster to show", _embedded_note(settings),
-                "set GPULAYER_BROKER_URL, or start one with `gpulayer up`"))))
+            note = _embedded_note(settings)  # it names the fix itself
+            raise ClusterUnavailable(f"no cluster to show; {note}" if note else
+                                     "no cluster to show: set GPULAYER_BROKER_URL, or start one with `gpulayer up`")
         try:
             client = reachable(settings.broker_url, settings.connect_timeout, socket_timeout=30.0)
         except ClusterUnavailable as err:

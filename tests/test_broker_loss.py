@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -73,12 +74,15 @@ def test_the_embedded_redis_killed_mid_batch_restarts_and_the_batch_completes(gp
             return i * i
 
         batch = submit_batch([submit.s(job, i) for i in range(1000)])
+        single = submit.delay(job, 3)
+        waiting = ThreadPoolExecutor(1).submit(single.get, timeout=120)  # waiting on its channel through the kill
         wait_until(lambda: len(unfinished(batch.ids)) <= 950, 120, "50 jobs of the batch to finish")
         first = json.loads(state_file.read_text())
         left = len(unfinished(batch.ids))
         os.kill(first["redis_pid"], signal.SIGKILL)
-        assert left > 0, "the batch ended before Redis was killed: make its jobs longer"
+        assert left > 0 and not waiting.done(), "the batch ended before Redis was killed: make its jobs longer"
         assert batch.get(timeout=120) == [i * i for i in range(1000)]
+        assert waiting.result(timeout=120) == 9  # the get() rode out the restart (no Celery RuntimeError)
         assert submit.delay(job, 7).get(timeout=60) == 49  # the workers and this client reconnected
         after = json.loads(state_file.read_text())
         assert after["redis_pid"] != first["redis_pid"] and after["redis"]["restarts"] == 1
