@@ -230,7 +230,7 @@ class GangHandle:
         """
         if not self._done.wait(timeout):
             if self._lost.ongoing:
-                raise self._lost.error(None)
+                raise self._lost.error()
             raise TimeoutError(f"distributed job {self.id} still {self.status()['state']} after {timeout}s")
         if self._output is not None:
             self._output.join(OUTPUT_QUIET + 5.0)  # every line handed to on_output first

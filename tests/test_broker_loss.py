@@ -173,3 +173,4 @@ def test_with_the_broker_gone_every_client_call_says_cluster_unavailable(tmp_pat
         assert "gpulayer status" in message and masked in message and "start the broker again" in message
         st = run_cli("status", env={**os.environ, "GPULAYER_BROKER_URL": fleet.url, "GPULAYER_SECRET": fleet.secret})
         assert st.returncode == 2 and masked in st.stderr and secret not in st.stderr, st.stderr
+        fleet.stop_workers(grace=1)  # their jobs have no broker to report to: nothing to wait for

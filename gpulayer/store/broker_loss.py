@@ -72,19 +72,22 @@ class Outage:
         self.patience = patience
         self.note = note
         self.since: float | None = None  # monotonic time of the first failure of this outage
+        self.last: BaseException | None = None  # its latest failure
 
     def lost(self, err: BaseException) -> None:
         now = time.monotonic()
+        self.last = err
         if self.since is None:
             self.since = now
         if self.deadline.expired() or now - self.since >= self.patience:
             raise self.error(err) from err
         time.sleep(max(0.0, min(self.deadline.left(RETRY_EVERY), self.since + self.patience - now)))
 
-    def error(self, err: BaseException | None) -> ClusterUnavailable:
+    def error(self, err: BaseException | None = None) -> ClusterUnavailable:
+        """The error to raise now: for ``err``, else this outage's latest failure."""
         in_flight = self.in_flight() if callable(self.in_flight) else self.in_flight
         lost_for = time.monotonic() - self.since if self.since is not None else None
-        return unavailable(self.url, err, in_flight, lost_for, self.note() if self.note else None)
+        return unavailable(self.url, err or self.last, in_flight, lost_for, self.note() if self.note else None)
 
     def back(self) -> None:
         self.since = None

@@ -56,11 +56,13 @@ class JobHandle(AsyncResult):
         deadline = Deadline(timeout)
         lost = outage(deadline, f"job {self.id} was sent; its result waits in Redis if the broker comes back "
                                 "with its data: call get() again then")
+        primed = self._cache is not None or self.ignored or kwargs.get("on_message") is not None
         try:
             while True:
                 try:
-                    if self._cache is None and not self.ignored and kwargs.get("on_message") is None:
+                    if not primed:
                         prime_result(self, self.backend.get_task_meta(self.id))
+                        primed = True
                     return super().get(max(deadline.left(WAIT_SLICE), 0.001), *args, **kwargs)
                 except CeleryTimeoutError:
                     lost.back()
