@@ -60,7 +60,8 @@ class Outage:
 
     ``lost`` sleeps a moment and returns while the broker has been away for less than ``patience`` seconds
     and ``deadline`` has not passed (the caller then tries again); after that it raises :func:`unavailable`'s
-    error, from the last failure. ``in_flight`` and ``note`` are called only then, for the message.
+    error, from the last failure, and at once when ``note`` has something to say (the embedded cluster's
+    account of why it stopped for good). ``in_flight`` is called only then, for the message.
     """
 
     def __init__(self, url: str | None, deadline: Deadline | None = None,
@@ -79,7 +80,8 @@ class Outage:
         self.last = err
         if self.since is None:
             self.since = now
-        if self.deadline.expired() or now - self.since >= self.patience:
+        # (A note means the embedded cluster stopped for good: nothing to wait for.)
+        if self.deadline.expired() or now - self.since >= self.patience or (self.note and self.note()):
             raise self.error(err) from err
         time.sleep(max(0.0, min(self.deadline.left(RETRY_EVERY), self.since + self.patience - now)))
 
