@@ -33,6 +33,8 @@ def main(argv: list[str]) -> int:
     store = GangStore(client)
     # A rank that returns leaves its process group to the exit (fast_exit: os._exit closes its connections):
     # destroying it first cost 30-60 ms per rank on the way to the result. A failing rank still destroys it.
+    # It waits for its peers first (_leave_together): gloo's init returns on one side of a pair before the
+    # other side has finished its handshake, and a rank that exited at once failed that peer's init.
     try:
         fn_ref, args, kwargs = signing.loads(store.payload(gang_id))
         fn = resolve_function(fn_ref)
@@ -41,6 +43,7 @@ def main(argv: list[str]) -> int:
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
         if code == 0:
             store.set_result(gang_id, attempt, rank, signing.dumps(None))
+            _leave_together()
             return 0
         report_failure(exit_code=code, message=f"sys.exit({exit_.code!r})")
         _destroy_process_group()
@@ -53,7 +56,25 @@ def main(argv: list[str]) -> int:
         _destroy_process_group()
         return 1
     store.set_result(gang_id, attempt, rank, signing.dumps(result))
+    _leave_together()
     return 0
+
+
+def _leave_together() -> None:
+    """A rank whose function returned with its process group still up waits until every rank got there.
+
+    gloo's ``init_process_group`` can return on one rank of a pair while its peer is still finishing the
+    handshake; had the first rank exited at once, the peer's init failed with "Connection closed by peer"
+    (1 in 12 two-rank gangs on a loaded 2-core machine, 2026-12-03). The result is already stored: an
+    error here (a peer that failed and closed its side) changes nothing, and a failed peer makes the
+    runner stop this rank anyway.
+    """
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier()
+    except Exception:
+        pass
 
 
 def _destroy_process_group() -> None:
