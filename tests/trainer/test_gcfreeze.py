@@ -66,6 +66,8 @@ def test_a_heap_the_program_froze_itself_stays_frozen():
     try:
         frozen = gc.get_freeze_count()
         _fit(Probe())
-        assert gc.get_freeze_count() >= frozen
+        # A frozen object whose last reference goes is still freed, so the count may fall a little (465,340 ->
+        # 465,324 seen once); a fit that unfroze the program's heap would drop it to 0.
+        assert gc.get_freeze_count() > 0.9 * frozen
     finally:
         gc.unfreeze()
