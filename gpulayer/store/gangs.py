@@ -145,12 +145,7 @@ class GangStore:
 
     def set_pulled(self, gang_id: str, record: dict) -> None:
         """What node 0's ranks wrote in their working directory: ``archive`` (signed bytes) or ``error``."""
-        key = keys.gang_pulled(gang_id)
-        pipe = self.r.pipeline()
-        pipe.delete(key)
-        pipe.hset(key, mapping=record)
-        pipe.expire(key, PULLED_KEEP_SECONDS)
-        pipe.execute()
+        self._replace_hash(keys.gang_pulled(gang_id), record, PULLED_KEEP_SECONDS)
 
     def take_pulled(self, gang_id: str) -> dict[str, bytes] | None:
         """The pulled record, read once (the client writes it into its directory)."""
@@ -162,11 +157,14 @@ class GangStore:
 
     def set_restart_files(self, gang_id: str, record: dict) -> None:
         """Node 0's files at the end of a failed attempt, for the next one: ``archive`` (signed) or ``error``."""
-        key = keys.gang_restart_files(gang_id)
+        self._replace_hash(keys.gang_restart_files(gang_id), record, KEEP_SECONDS)
+
+    def _replace_hash(self, key: str, record: dict, ttl: int) -> None:
+        """``key`` holds ``record`` alone, for ``ttl`` seconds, in one round trip."""
         pipe = self.r.pipeline()
         pipe.delete(key)
         pipe.hset(key, mapping=record)
-        pipe.expire(key, KEEP_SECONDS)
+        pipe.expire(key, ttl)
         pipe.execute()
 
     def restart_files(self, gang_id: str, with_archive: bool = True) -> dict[str, bytes] | None:
