@@ -117,6 +117,45 @@ def test_a_rank_that_dies_without_a_report_is_named_with_its_exit_code(template)
     assert outcome.exit_codes[1] == 9 and outcome.exit_codes[0] is not None
 
 
+@pytest.mark.parametrize("own_exit", [True, False], ids=["exits-on-its-own", "stopped"])
+def test_a_rank_that_ends_on_its_own_while_the_others_are_stopped_beats_a_collateral_report(template, tmp_path,
+                                                                                          own_exit):
+    """Rank 0 reports a lost peer while rank 1 is still exiting (its pidfd not readable yet): the stop's SIGTERM
+    finds rank 1 ending with a code of its own (here: a handler's os._exit(9), as a rank already in its exit
+    keeps its code), so rank 1 is the failure, ahead of the collateral report. A rank that dies of the stop's
+    signal is not named."""
+    ready = tmp_path / "ready"
+    handler = "signal.signal(signal.SIGTERM, lambda *a: os._exit(9))\n" if own_exit else ""
+    code = ("import os, signal, sys, time\n"
+            "from gpulayer.procs.runner import report_failure\n"
+            "if os.environ['RANK'] == '1':\n"
+            f"    {handler or 'pass'}\n"
+            f"    open({str(ready)!r}, 'w').close()\n"
+            "else:\n"
+            f"    while not os.path.exists({str(ready)!r}): time.sleep(0.01)\n"
+            "    report_failure(RuntimeError('[gloo] Connection closed by peer [127.0.0.1]:1'))\n"
+            "time.sleep(120)\n")
+    outcome = RankRunner(_commands(code, world=2), template=template).run(timeout=120)
+    assert outcome.state == "failed"
+    got = [(f.rank, f.kind, f.exit_code, f.collateral) for f in outcome.failures]
+    if own_exit:
+        assert got == [(1, "exit", 9, False), (0, "exception", 1, True)]
+        assert "exit code 9" in outcome.failures[0].message
+    else:
+        assert got == [(0, "exception", 1, True)]
+    assert outcome.exit_codes == [-15, 9 if own_exit else -15]
+
+
+def test_a_process_that_ended_with_a_code_of_its_own_during_a_stop_ended_on_its_own():
+    import signal
+
+    from gpulayer.procs.runner import ended_on_its_own
+
+    assert ended_on_its_own(9) and ended_on_its_own(1) and ended_on_its_own(-signal.SIGSEGV)
+    assert not ended_on_its_own(-signal.SIGTERM) and not ended_on_its_own(-signal.SIGKILL)  # the stop's signals
+    assert not ended_on_its_own(0) and not ended_on_its_own(None)
+
+
 def test_output_streams_line_by_line_and_a_stop_is_not_a_failure(template):
     lines = []
     code = "import os, sys, time\nprint('hello from', os.environ['RANK'], flush=True)\ntime.sleep(120)\n"
@@ -181,11 +220,17 @@ def test_a_rank_that_died_before_its_exit_was_seen_counts_as_ended_not_stopped()
         def wait(self, timeout=None):
             return self.proc.wait(timeout)
 
+    class Untold(Late):
+        def wait(self, timeout=None):
+            raise subprocess.TimeoutExpired("rank", timeout)
+
     dead = subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"])
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         os.waitid(os.P_PID, dead.pid, os.WEXITED | os.WNOWAIT)  # ended, not reaped: as the template would find it
         assert ended_unseen([Late(dead), Late(alive), alive]) == {0: -signal.SIGKILL}
+        # Ended, but its code not told within ``wait`` (a busy template): it has ended all the same.
+        assert ended_unseen([Untold(dead)], wait=0.0) == {0: None}
     finally:
         stop_process(alive)
         dead.wait()

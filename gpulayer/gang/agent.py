@@ -288,7 +288,7 @@ class GangRun:
             cmd = torchrun_command(s.nodes, m, self.node, addr, port, ["-m", "gpulayer.gang.rank", *args],
                                    max_restarts=0, run_id=self.gang_id, log_dir=str(self.base / "torchrun"))
             commands = [RankCommand(tuple(range(self.node * m, self.node * m + m)), tuple(cmd[1:]), env, cwd,
-                                    warm=False)]
+                                    warm=False, dies_of_sigterm=False)]
         else:
             commands = []
             for local in range(m):

@@ -9,7 +9,9 @@ torchrun's environment (``launch.rank_env``), forked from the warm template
 Who failed first is decided from facts, not from sleeps: a rank that catches
 an exception records the time before it reports (:func:`report_failure`, read
 by the runner once the rank has exited), and a rank that dies without a report
-is dated by the runner when it sees the exit. Among the failures, those that
+is dated by the runner when it sees the exit (also when it ended just before
+or while the runner stopped the others: the kernel's pidfd, or an exit code of
+its own rather than the stop's signal, says so). Among the failures, those that
 look like a lost connection to a peer (``collateral``: gloo/NCCL errors raised
 because another rank went away) lose to the others; then the earliest wins.
 On one machine the comparison uses ``CLOCK_BOOTTIME``, one clock for every
@@ -22,6 +24,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -153,6 +156,9 @@ class RankCommand:
     env: dict[str, str] = field(hash=False, compare=False)
     cwd: str | None = None
     warm: bool = True  # may fork from the warm template (torchrun never does)
+    # Dies of the stop's SIGTERM (its default action), so an exit code of its own during a stop means it ended on
+    # its own; torchrun handles SIGTERM and exits 1, so its code says nothing about who ended it.
+    dies_of_sigterm: bool = True
 
 
 @dataclass
@@ -183,6 +189,15 @@ class RunOutcome:
     exit_codes: list[int | None]
     failures: list[RankFailure]
     stopped_at: float | None  # time.time() once every rank was reaped after a stop; None if they all exited
+
+
+def ended_on_its_own(code: int | None) -> bool:
+    """Did a process that was sent the stop's signals (SIGTERM, then SIGKILL) end with a failure of its own?
+
+    One that dies of them ends with ``-SIGTERM`` or ``-SIGKILL``; one that was already exiting when they came
+    (the kernel ignores signals to a process in its exit) keeps its own code: ``os._exit(9)`` is 9.
+    """
+    return code not in (None, 0, -signal.SIGTERM, -signal.SIGKILL)
 
 
 def failure_order(report: dict) -> tuple:
@@ -396,49 +411,67 @@ class RankRunner:
             if ending == "failure":
                 return self._fail(failed, seen_at, seen_at_boot)
             if ending is not None:
-                stop_group(self.procs, grace=self._stop_grace)
+                dated = self._stop(failed, seen_at, seen_at_boot, self._stop_grace)
                 stopped_at = time.time()
                 self._drain()
                 state = "timeout" if ending == "timeout" else "stopped"
-                return RunOutcome(state, [p.poll() for p in self.procs],
-                                  self._failures(failed, seen_at, seen_at_boot), stopped_at)
+                return RunOutcome(state, [p.poll() for p in self.procs], self._failures(dated), stopped_at)
             if all(p.poll() == 0 for p in self.procs):
                 self._drain()
                 return RunOutcome("succeeded", [0] * len(self.procs), [], None)
 
     def _fail(self, failed: set[int], seen_at: float, seen_at_boot: float) -> RunOutcome:
-        first = self._failures(failed, seen_at, seen_at_boot, only_failed=True)[0]
+        dated = dict.fromkeys(failed, (seen_at, seen_at_boot))
+        first = self._failures(dated, only_dated=True)[0]
         if self.on_failure is not None:
             try:
                 self.on_failure(first)  # before stopping the others: other machines start stopping now
             except Exception:
                 pass
-        stop_group(self.procs, grace=self.grace)
+        dated = self._stop(failed, seen_at, seen_at_boot, self.grace)
         stopped_at = time.time()
         self._drain()
         # Now with the reports of ranks that failed while we stopped them, and complete stderr tails.
-        return RunOutcome("failed", [p.poll() for p in self.procs], self._failures(failed, seen_at, seen_at_boot),
-                          stopped_at)
+        return RunOutcome("failed", [p.poll() for p in self.procs], self._failures(dated), stopped_at)
 
-    def _failures(self, failed: set[int], seen_at: float, seen_at_boot: float,
-                  only_failed: bool = False) -> list[RankFailure]:
+    def _stop(self, failed: set[int], seen_at: float, seen_at_boot: float,
+              grace: float) -> dict[int, tuple[float, float]]:
+        """Stop every rank; returns index -> (time, boot time) of the processes that ended on their own.
+
+        Those are the ones in ``failed`` (dated when seen), those the kernel says ended before the stop's
+        signals went out, and those that ended with a code of their own while we stopped them (dated when
+        the stop began: they died before it reached them, so after every failure seen before it).
+        """
+        stop_at, stop_at_boot = time.time(), boot_clock()
+        dated = dict.fromkeys(failed, (seen_at, seen_at_boot))
+        for i in ended_unseen(self.procs, wait=0.0):  # its code may still be on its way: the stop reaps it
+            dated.setdefault(i, (stop_at, stop_at_boot))
+        stop_group(self.procs, grace=grace)
+        for i, (command, proc) in enumerate(zip(self.commands, self.procs)):
+            if command.dies_of_sigterm and ended_on_its_own(proc.poll()):
+                dated.setdefault(i, (stop_at, stop_at_boot))
+        return dated
+
+    def _failures(self, dated: dict[int, tuple[float, float]], only_dated: bool = False) -> list[RankFailure]:
         """Failure reports, first failure first: every rank that reported one, and the processes in
-        ``failed`` (seen failing before any stop) that died without a report."""
+        ``dated`` (seen ending on their own, with when) that died without a report."""
         out = []
         for i, (command, proc) in enumerate(zip(self.commands, self.procs)):
             code = proc.poll()
-            if only_failed and i not in failed:
+            if only_dated and i not in dated:
                 continue
             reports = [dict(self._reports[r]) for r in command.ranks if r in self._reports]
             for r in reports:
                 if r.get("exit_code") is None:
                     r["exit_code"] = code
-            if not reports and i in failed and code not in (None, 0):  # dated when seen: it could say no more
-                how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+            if not reports and i in dated and code != 0:  # dated when seen: it could say no more
+                how = ("an exit code not known yet" if code is None else
+                       f"killed by signal {-code}" if code < 0 else f"exit code {code}")
+                failed_at, failed_at_boot = dated[i]
                 reports = [{"rank": command.ranks[0], "kind": "exit", "exit_code": code,
                             "message": f"the process ended with {how} before reporting an error "
                                        "(out of memory? killed?)",
-                            "failed_at": seen_at, "failed_at_boot": seen_at_boot, "host": socket.gethostname()}]
+                            "failed_at": failed_at, "failed_at_boot": failed_at_boot, "host": socket.gethostname()}]
             out.extend(reports)
         out.sort(key=failure_order)
         return [RankFailure(**{k: r[k] for k in _FIELDS if r.get(k) is not None},
@@ -460,13 +493,14 @@ class RankRunner:
         self._inbox.close()
 
 
-def ended_unseen(procs: Sequence, wait: float = 2.0, settle: float = 0.0) -> dict[int, int]:
+def ended_unseen(procs: Sequence, wait: float = 2.0, settle: float = 0.0) -> dict[int, int | None]:
     """Index -> exit code of the processes that have ended though ``poll()`` does not say so yet.
 
     A warm rank's exit reaches the runner through its template, milliseconds late; a stop sent in
     between would count a rank that died on its own (a SIGKILL, say) as one we stopped, and the
     gang's failure would name a rank that merely lost its connection to it. The kernel knows first:
-    a process whose pidfd is readable, or that is gone, has ended; its code follows within ``wait``.
+    a process whose pidfd is readable, or that is gone, has ended; its code follows within ``wait``
+    (None: it has ended, and its code is not known yet).
     ``settle``: when none has ended yet, wait this long for one to (a rank that lost its peer can
     report before the peer's exit is complete: its sockets close first).
     """
@@ -495,13 +529,13 @@ def ended_unseen(procs: Sequence, wait: float = 2.0, settle: float = 0.0) -> dic
     finally:
         for fd in live:
             os.close(fd)
-    out = {}
+    out: dict[int, int | None] = {}
     deadline = Deadline(wait)
     for i in sorted(ended):
         try:
             out[i] = procs[i].wait(deadline.remaining())
         except subprocess.TimeoutExpired:
-            continue
+            out[i] = None  # ended all the same; the template (busy) tells its code later
     return out
 
 
