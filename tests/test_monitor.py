@@ -313,7 +313,12 @@ def test_flower_shows_a_rerun_jobs_lost_deliveries_as_retries(fleet, flower):
     assert h.attempts == 2
     deadline = time.monotonic() + 30
     while True:  # Flower keeps the latest task-received event's fields
-        task = json.loads(get(flower + f"api/task/info/{h.id}", AUTH))
+        try:
+            task = json.loads(get(flower + f"api/task/info/{h.id}", AUTH))
+        except urllib.error.HTTPError as err:  # 404 until Flower has read the job's first event
+            assert err.code == 404 and time.monotonic() < deadline, err
+            time.sleep(0.3)
+            continue
         if task.get("state") == "SUCCESS" and task.get("retries"):
             break
         assert time.monotonic() < deadline, task
