@@ -155,27 +155,21 @@ def set_key_and_sleep(key):
     _t.sleep(120)
 
 
-def test_a_revoke_says_whether_the_job_had_started(tmp_path):
-    # A fleet of one worker: Celery's revoke command, on a worker that does not hold the job, stores "revoked"
-    # for it at once (celery.worker.control._revoke; gpulayer keeps no STARTED state), racing the owner's
-    # "stopped while running" (issue 28's note). With one worker the owner's word is the only one.
-    from tests.fleets import running_fleet
-
-    with running_fleet(tmp_path / "f", {"solo": dict(slots=1)}, connect=True) as solo:
-        key = f"test:started:{uuid.uuid4()}"
-        on_solo = Resources(worker_ids=["solo"])  # one slot: the second job waits behind the first
-        running = submit.delay(set_key_and_sleep, key, resources=on_solo)
-        queued = submit.delay(tiny, 1, resources=on_solo)
-        wait_for_key(solo.client(), key)
-        queued.revoke(terminate=True)
-        running.revoke(terminate=True)
-        with pytest.raises(JobFailed) as ran:
-            running.get(timeout=60)
-        assert ran.value.type_name == "JobStopped"
-        assert re.fullmatch(r"job cancelled: stopped while running \(after \d+\.\d s\)", ran.value.message)
-        with pytest.raises(JobFailed) as never:
-            queued.get(timeout=60)
-        assert never.value.type_name == "JobStopped" and never.value.message.startswith("job cancelled before it ran")
+def test_a_revoke_says_whether_the_job_had_started(fleet):
+    key = f"test:started:{uuid.uuid4()}"
+    on_c = Resources(worker_ids=["w-c"])  # one slot: the second job waits behind the first
+    running = submit.delay(set_key_and_sleep, key, resources=on_c)
+    queued = submit.delay(tiny, 1, resources=on_c)
+    wait_for_key(fleet.client(), key)
+    queued.revoke(terminate=True)
+    running.revoke(terminate=True)
+    with pytest.raises(JobFailed) as ran:
+        running.get(timeout=60)
+    assert ran.value.type_name == "JobStopped"
+    assert re.fullmatch(r"job cancelled: stopped while running \(after \d+\.\d s\)", ran.value.message)
+    with pytest.raises(JobFailed) as never:
+        queued.get(timeout=60)
+    assert never.value.type_name == "JobStopped" and never.value.message.startswith("job cancelled before it ran")
 
 
 def test_timeout_kills_the_job_and_says_so(fleet):

@@ -61,7 +61,7 @@ _T, _R, _Q, _E = ("gpulayer/engine/transport.py", "gpulayer/engine/results.py", 
 _L, _QOS, _P, _C = ("gpulayer/engine/loop.py", "gpulayer/engine/qos.py", "gpulayer/engine/prefetch.py",
                     "gpulayer/engine/carry.py")
 _ENV, _D, _TO = "gpulayer/engine/envelope.py", "gpulayer/engine/delivery.py", "gpulayer/engine/takeover.py"
-_RS = "gpulayer/engine/respawn.py"
+_RS, _RV = "gpulayer/engine/respawn.py", "gpulayer/engine/revoke.py"
 
 BORROWED: tuple[Borrowed, ...] = (
     # kombu's Redis transport: takes a SIGKILL cannot lose, bells, one client per pool
@@ -140,6 +140,10 @@ BORROWED: tuple[Borrowed, ...] = (
     # a revoke(terminate=True) of a running job says how long it ran
     Borrowed("celery.worker.request:Request._announce_revoked", "54aaa988d89bbe4c", _Q, "overrides"),
     Borrowed("celery.worker.request:Request.terminate", "01cef3174fb3a7bd", _Q, "relies on"),
+    # a revoke(terminate=True) is told by the worker that holds the job, not stored as "revoked" by the others
+    Borrowed("celery.worker.control:_revoke", "ff1e7f0e28141b02", _RV, "patches"),
+    Borrowed("celery.worker.control:_find_requests_by_id", "e040e2f75b23d31a", _RV, "relies on"),
+    Borrowed("celery.worker.control:revoke", "afe167a0a2d54838", _RV, "relies on"),
     # a pool process that died is replaced at once (the exit event retried; the heap frozen before forks)
     Borrowed("celery.concurrency.asynpool:AsynPool._event_process_exit", "a8405bca6bf91b93", _RS, "patches"),
     Borrowed("celery.concurrency.asynpool:AsynPool._create_worker_process", "28598922829a7af9", _RS, "relies on"),

@@ -17,7 +17,7 @@ from ..app import app, configure, redis_client
 from ..config import load_settings
 from ..engine.events import EventPacer
 from ..engine import request as job_request
-from ..engine import respawn
+from ..engine import respawn, revoke
 from ..engine.transport import consume_as
 from ..errors import ClusterUnavailable, ConfigError
 from ..masking import mask_logs, secrets_of
@@ -173,5 +173,6 @@ def run_worker(*, broker: str | None = None, slots: int | None = None, zone: str
     # Celery set up its log handlers as it built the worker; the pool's processes inherit them, filters and all.
     mask_logs(secrets_of(settings.broker_url, settings.secret.get_secret_value()))
     respawn.install()  # last before the pool forks: a killed job's process is replaced in milliseconds
+    revoke.install()  # a revoke(terminate=True) is told by the worker that holds the job
     worker.start()
     return worker.exitcode or 0
