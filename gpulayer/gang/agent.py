@@ -258,6 +258,10 @@ class GangRun:
         return None
 
     def _launch(self) -> bool:
+        # A peer that failed before this agent subscribed to the gang's events (its workdir could not be made,
+        # say) published its "fail" to nobody here: read the record, or these ranks would wait for it forever.
+        if self.store.failures(self.gang_id, self.attempt):
+            return False
         if self.spec.workdir is not None:  # before the rendezvous address is out: unpacking takes a while
             self.cwd, how = workdir.for_attempt(
                 self.base, self.gang_id, self.worker_info.id, lambda: signing.verify(self.store.workdir(self.gang_id)),

@@ -97,8 +97,11 @@ def make(base: Path) -> Path:
     """
     cluster_root = base.parent
     for _ in range(10):
-        cluster_root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        st = cluster_root.lstat()
+        try:
+            cluster_root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            st = cluster_root.lstat()
+        except FileNotFoundError:  # a sweep removed the empty root between the two
+            continue
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
             raise PermissionError(f"{cluster_root} is not this user's own directory (owner uid {st.st_uid}, "
                                   f"mode {stat.S_IMODE(st.st_mode):o}); remove it, or give this worker a "
