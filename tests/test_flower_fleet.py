@@ -275,3 +275,45 @@ def test_flower_shows_the_fleet_the_gangs_and_every_job_by_name(up_flower):
         stop_process(gangs, grace=5)
         gangs.stdout.close()
         gangs.stderr.close()
+
+
+def test_the_fleet_script_goes_into_html_pages_only():
+    from tornado.httputil import HTTPHeaders, HTTPServerRequest, RequestStartLine
+
+    from gpulayer.flower_pages import script_transform
+
+    transform = script_transform("", "/static/")
+
+    def answer(uri: str, ctype: str, body: bytes, finishing: bool = True) -> tuple[HTTPHeaders, bytes]:
+        t = transform(HTTPServerRequest(start_line=RequestStartLine("GET", uri, "HTTP/1.1"),
+                                         headers=HTTPHeaders({"Host": "127.0.0.1"})))
+        headers = HTTPHeaders({"Content-Type": ctype, "Content-Length": str(len(body))})
+        _, headers, out = t.transform_first_chunk(200, headers, body, finishing)
+        return headers, out
+
+    page = b"<html><body><p>workers</p></body></html>"
+    headers, body = answer("/workers", "text/html; charset=UTF-8", page)
+    assert body == b'<html><body><p>workers</p><script src="/gpulayer/static/fleet.js"></script></body></html>'
+    assert headers["Content-Length"] == str(len(body))
+    for uri, ctype in (("/api/workers", "text/html"), ("/static/x.html", "text/html"),
+                       ("/gpulayer/fleet.json", "application/json"), ("/tasks", "application/json")):
+        assert answer(uri, ctype, page)[1] == page, uri
+    assert answer("/workers", "text/html", page, finishing=False)[1] == page  # a page in chunks passes as is
+    under = script_transform("/flower", "/flower/static/")
+    t = under(HTTPServerRequest(start_line=RequestStartLine("GET", "/flower/workers", "HTTP/1.1"),
+                                headers=HTTPHeaders({"Host": "127.0.0.1"})))
+    assert b'src="/flower/gpulayer/static/fleet.js"' in t.transform_first_chunk(
+        200, HTTPHeaders({"Content-Type": "text/html"}), page, True)[2]
+
+
+def test_input_errors_map_to_4xx_and_others_stay_flowers():
+    from gpulayer.engine.flower import input_status
+    from gpulayer.errors import ClusterUnavailable, ConfigError, JobFailed, JobRejected, PayloadError
+
+    assert input_status(PayloadError("bad ref")) == 400
+    assert input_status(JobRejected("no zone")) == 400
+    assert input_status(ConfigError("bad option")) == 400
+    assert input_status(ClusterUnavailable("gone")) == 503
+    assert input_status(ValueError("a bug of ours")) is None  # not the caller's input: Flower's 500 stands
+    assert input_status(JobFailed("X", "y")) is None
+    assert input_status(None) is None
