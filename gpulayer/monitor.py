@@ -84,11 +84,17 @@ def _masking_transform(secrets: list[str], static_prefix: str):
     return MaskSecrets
 
 
+def _passwords(basic_auth: str) -> list[str]:
+    """The passwords of Flower's ``--basic-auth`` (``user:password[,user:password...]``)."""
+    return [entry.partition(":")[2] for entry in basic_auth.split(",")]
+
+
 def run_flower(*, broker: str | None = None, port: int = 5555, address: str = "127.0.0.1",
                basic_auth: str | None = None) -> int:
     from . import app as app_mod
     from .session import init
-    from .engine.flower import transform_first
+    from .engine.flower import extend
+    from .flower_pages import pages, script_transform
 
     basic_auth = basic_auth or os.environ.get("FLOWER_BASIC_AUTH")
     if not _loopback(address) and not basic_auth:
@@ -101,7 +107,11 @@ def run_flower(*, broker: str | None = None, port: int = 5555, address: str = "1
     # Redis transport serves it (gpulayer/engine/transport.py only changes how workers take messages).
     app_mod.app.conf.broker_transport = None
     secrets = _secrets_of(settings)
-    transform_first(lambda static_prefix: _masking_transform(secrets, static_prefix))  # before gzip
+    if basic_auth:  # Flower's own login, wherever a page might show it
+        secrets = sorted({*secrets, *(p for p in _passwords(basic_auth) if len(p) >= 4)}, key=len, reverse=True)
+    # Masking last of ours (it sees what the script tag added), both before gzip; then gpulayer's pages.
+    extend(lambda url_prefix, static_prefix: [script_transform(url_prefix, static_prefix),
+                                              _masking_transform(secrets, static_prefix)], pages())
     argv = ["flower", f"--port={port}", f"--address={address}"]
     if "FLOWER_TASKS_COLUMNS" not in os.environ:  # an operator's choice wins (argv would override it)
         argv.append(f"--tasks_columns={TASKS_COLUMNS}")

@@ -196,6 +196,14 @@ def function_name(fn: Callable | FunctionRef) -> str:
     return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
 
 
+def job_name(ref: FunctionRef) -> str:
+    """The name a job goes by in logs and monitoring (Celery's ``shadow``: Flower's Name column, its filters and
+    ``/metrics``): ``train`` for a function sent by value, ``mymod.preprocess`` for ``"mymod:preprocess"``."""
+    if isinstance(ref, PickledFunction):
+        return ref.name
+    return ref.replace(":", ".") if isinstance(ref, str) else function_name(ref)
+
+
 _repr = reprlib.Repr()
 _repr.maxstring = 40
 _repr.maxother = 40

@@ -115,10 +115,17 @@ def _collect(settings: Settings, registry: Registry, full: bool | None, top: int
             {"id": g["gang_id"], "name": g.get("spec", {}).get("name"), "state": g["state"], "reason": g["reason"],
              "nodes": g.get("spec", {}).get("nodes"), "procs_per_node": g.get("spec", {}).get("procs_per_node"),
              "workers": (g.get("placement") or {}).get("workers", []), "attempt": g["attempt"],
-             "in_line": line.get(g["gang_id"])}
+             "in_line": line.get(g["gang_id"]), "ranks": _ranks(g)}
             for g in gangs
         ],
     }
+
+
+def _ranks(gang: dict) -> list[dict]:
+    """Where a placed gang's ranks run: node ``i`` on its ``i``-th worker holds ranks ``i*M`` to ``i*M+M-1``."""
+    workers = (gang.get("placement") or {}).get("workers", [])
+    per = gang.get("spec", {}).get("procs_per_node") or 0
+    return [{"node": i, "worker": w, "ranks": list(range(i * per, (i + 1) * per))} for i, w in enumerate(workers)]
 
 
 def _row(w, held: dict[str, int], ages: dict[str, float]) -> dict:

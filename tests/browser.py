@@ -150,6 +150,13 @@ class Chromium:
         except BrowserError as err:
             raise BrowserError(f"{url} never finished loading: {err}") from err
 
+    def authorize(self, login: str) -> None:
+        """Send HTTP basic auth ``login`` (``user:password``) with every request of this tab, as a browser
+        does once its user typed the login."""
+        self.call("Network.enable")
+        self.call("Network.setExtraHTTPHeaders",
+                  headers={"Authorization": "Basic " + base64.b64encode(login.encode()).decode()})
+
     def evaluate(self, expression: str):
         """The value of a JavaScript expression in the page (awaited if it is a promise)."""
         result = self.call("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)

@@ -133,7 +133,9 @@ def test_up_flower_works_in_a_browser(gpulayer_home, tmp_path):
     try:
         assert up.returncode == 0, up.stderr
         url = state["flower_url"]
-        assert url and url.startswith("http://127.0.0.1:") and f"Flower: {url}" in up.stdout
+        login = state["flower_auth"]  # Flower's login, printed masked by `gpulayer up`
+        assert url and url.startswith("http://127.0.0.1:")
+        assert f"Flower: {url.replace('://', '://' + login.split(':')[0] + ':***@')}" in up.stdout
         assert psutil.pid_exists(state["flower_pid"])
         pids = [state["supervisor_pid"], state["redis_pid"], state["flower_pid"], *state["worker_pids"].values()]
 
@@ -142,6 +144,7 @@ def test_up_flower_works_in_a_browser(gpulayer_home, tmp_path):
         job_env = dict(env, GPULAYER_BROKER_URL=state["broker_url"], GPULAYER_SECRET=state["secret"])
         out = output_dir()
         with Chromium(tmp_path / "chrome") as browser:
+            browser.authorize(login)
             # The dashboard: its script fills the workers table from Flower and says when it last did.
             # Flower lists a worker there once its event receiver heard the worker's events, so it
             # will also hear the job's.
@@ -185,7 +188,7 @@ def test_up_flower_works_in_a_browser(gpulayer_home, tmp_path):
 
         password = state["broker_url"].split(":")[2].split("@")[0]
         for page in ("", "workers", "broker", "tasks", f"task/{job['id']}"):
-            body = get(url + page)
+            body = get(url + page, login)
             assert password not in body and state["secret"] not in body, page
     finally:
         down = subprocess.run([sys.executable, "-m", "gpulayer", "down"], capture_output=True, text=True,

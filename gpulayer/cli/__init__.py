@@ -25,7 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="region of the next local worker, likewise (default: the zone's, europe-west1-b -> "
                          "europe-west1)")
     up.add_argument("--show-secrets", action="store_true",
-                    help="print the broker URL with its password (default: masked; the state file has it)")
+                    help="print the broker URL and Flower's login with their passwords (default: masked; the state "
+                         "file has them)")
 
     sub.add_parser("down", help="stop what `gpulayer up` started")
 
@@ -121,7 +122,9 @@ def _up(args) -> int:
     if places:
         print("workers: " + ", ".join(f"{n} ({p['zone']}, {p['region']})" for n, p in places.items()))
     if cluster.flower_url:
-        print(f"Flower: {cluster.flower_url}")
+        login = cluster.flower_login_url if args.show_secrets else mask_url(cluster.flower_login_url)
+        print(f"Flower: {login}" + ("" if args.show_secrets or not cluster.flower_auth else
+                                    " (its login; --show-secrets prints the password, the state file has it)"))
     elif args.flower is not None:
         print("Flower: not running with this cluster (see its logs, or run `gpulayer flower`)")
     print(f"state file: {cluster.home / 'cluster.json'} (broker URL and cluster secret; mode 0600)")

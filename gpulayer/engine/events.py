@@ -3,7 +3,8 @@
 **Off by default.** Task events and Celery's worker-heartbeat events (one publish per
 worker every 2 s) go out on the event exchange, a Redis PUBLISH that costs the more the
 bigger the fleet, whether or not anything listens. So a worker starts with both off
-(``GPULAYER_EVENTS=1`` turns them on from the start) and without the Redis connection they
+(``GPULAYER_EVENTS=1`` turns them on from the start, as ``gpulayer up --flower`` does for its workers,
+so its Flower lists every job from the first) and without the Redis connection they
 would use, and turns them on when a monitor asks: Flower broadcasts ``enable_events``
 every 5 s, and ``celery -A gpulayer.app control enable_events`` does the same for
 ``celery events``. Celery's own ``enable_events`` adds the task group to a dispatcher that

@@ -17,15 +17,18 @@ _declared: tuple[int, set[str]] = (0, set())  # (pid, queues this process declar
 
 
 def publish_task(celery_app, producer, name: str, task_id: str, args: tuple, kwargs: dict, queue: str,
-                 headers: dict, argsrepr: str, kwargsrepr: str) -> None:
-    """Publish task ``name`` with ``task_id`` to ``queue``; kombu's ``EncodeError`` passes through."""
+                 headers: dict, argsrepr: str, kwargsrepr: str, shadow: str | None = None) -> None:
+    """Publish task ``name`` with ``task_id`` to ``queue``; kombu's ``EncodeError`` passes through.
+
+    ``shadow``: the name the job goes by in the worker's logs and events (Celery's own option; the worker
+    still runs task ``name``)."""
     global _declared
     amqp = celery_app.amqp
     pid, declared = _declared
     if pid != os.getpid():
         _declared = pid, declared = os.getpid(), set()
     message = amqp.create_task_message(task_id, name, args, kwargs, reply_to=celery_app.thread_oid,
-                                       argsrepr=argsrepr, kwargsrepr=kwargsrepr)
+                                       argsrepr=argsrepr, kwargsrepr=kwargsrepr, shadow=shadow)
     amqp.send_task_message(producer, name, message, queue=amqp.router.expand_destination({"queue": queue})["queue"],
                            headers=dict(headers), declare=[] if queue in declared else None)
     declared.add(queue)

@@ -176,6 +176,13 @@ BORROWED: tuple[Borrowed, ...] = (
     Borrowed("celery.app.amqp:AMQP.producer_pool", "56ab6c3b9fc55f33", "gpulayer/engine/pools.py", "relies on"),
     # Flower's pages, masked
     Borrowed("flower.app:Flower.__init__", "baa7ff74d616ec05", "gpulayer/engine/flower.py", "patches"),
+    # ... its API: bad input answered with a 4xx and the reason, and logged as a refusal, not a crash
+    Borrowed("flower.utils.blocking:BlockingOperationRunner.run", "1ee1be151b2b959b", "gpulayer/engine/flower.py",
+             "patches"),
+    Borrowed("flower.api:BaseApiHandler.write_error", "201e67437a0c8188", "gpulayer/engine/flower.py", "relies on"),
+    # ... and our pages: Flower's login (basic auth) and its render (template functions, url_prefix)
+    Borrowed("flower.views:BaseHandler.get_current_user", "9acc869401b007b9", "gpulayer/engine/flower.py", "relies on"),
+    Borrowed("flower.views:BaseHandler.render", "0f48dfbe215a5a6c", "gpulayer/engine/flower.py", "relies on"),
     # redis-py's TLS connection, one SSLContext per process (installed into store/connection.py's connect_redis)
     Borrowed("redis.connection:SSLConnection._wrap_socket_with_ssl", "21d551d80815de5f",
              "gpulayer/engine/redis_tls.py", "copies"),

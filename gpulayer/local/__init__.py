@@ -13,7 +13,8 @@ Redis reads its password from a 0600 redis.conf, and workers and Flower take the
 broker URL and the cluster secret from their environment.
 
 - ``redis_server.py``  find, configure, start and wait for ``redis-server``.
-- ``workers.py``       start ``gpulayer worker`` and ``gpulayer flower``; wait for a port.
+- ``workers.py``       start ``gpulayer worker`` and ``gpulayer flower``; wait for a port, and for Flower to
+                       hear every worker.
 - ``places.py``        the zones and regions local workers say they are in.
 - ``supervisor.py``    the supervisor process (``python -m gpulayer.local``) and its state file.
 - ``cluster.py``       ``up`` / ``down``, ``start_for_process`` and ``LocalCluster``, for its users.

@@ -16,6 +16,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import psutil
 
@@ -37,6 +38,16 @@ class LocalCluster:
     home: Path
     supervisor: subprocess.Popen | None = None
     flower_url: str | None = None
+    flower_auth: str | None = None  # Flower's login, "user:password" (its pages and API refuse anyone else)
+
+    @property
+    def flower_login_url(self) -> str | None:
+        """Flower's URL with its login in it (``http://user:password@127.0.0.1:port/``): what curl and a
+        browser take as is. Shown masked unless asked (``gpulayer up --show-secrets``)."""
+        if not self.flower_url or not self.flower_auth:
+            return self.flower_url
+        user, _, password = self.flower_auth.partition(":")
+        return self.flower_url.replace("://", f"://{quote(user, safe='')}:{quote(password, safe='')}@", 1)
 
     def stop(self, timeout: float = 30.0) -> None:
         if self.supervisor is not None:
@@ -44,7 +55,7 @@ class LocalCluster:
 
     def __repr__(self) -> str:  # the password masked, the secret left out
         return (f"LocalCluster(broker_url={mask_url(self.broker_url)!r}, secret='**********', home={self.home!r}, "
-                f"flower_url={self.flower_url!r})")
+                f"flower_url={self.flower_url!r}, flower_auth={'***' if self.flower_auth else None!r})")
 
 
 def _spawn_supervisor(home: Path, workers: int, slots: int, parent: int | None, timeout: float,
@@ -69,7 +80,8 @@ def _spawn_supervisor(home: Path, workers: int, slots: int, parent: int | None, 
     while True:
         state = read_state(state_file)
         if state and state.get("supervisor_pid") == proc.pid:
-            cluster = LocalCluster(state["broker_url"], state["secret"], home, proc, state.get("flower_url"))
+            cluster = LocalCluster(state["broker_url"], state["secret"], home, proc, state.get("flower_url"),
+                                   state.get("flower_auth"))
             _wait_workers(cluster, workers, deadline)
             return cluster
         if proc.poll() is not None or deadline.expired():
@@ -112,7 +124,8 @@ def up(workers: int | None = None, slots: int | None = None, home: Path | None =
     home = home or home_dir()
     state = read_state(home / STATE_FILE_NAME)
     if state and _alive(state.get("supervisor_pid"), state.get("supervisor_start")):
-        return LocalCluster(state["broker_url"], state["secret"], home, flower_url=state.get("flower_url")), False
+        return LocalCluster(state["broker_url"], state["secret"], home, flower_url=state.get("flower_url"),
+                            flower_auth=state.get("flower_auth")), False
     workers, slots = default_shape(workers, slots)
     return _spawn_supervisor(home, workers, slots, parent=None, timeout=timeout, flower=flower, zones=zones,
                              regions=regions), True

@@ -35,7 +35,7 @@ from ..store import keys
 from ..store.connection import connect_redis
 from .places import worker_places
 from .redis_server import start_redis, wait_for_redis
-from .workers import start_flower, start_worker, wait_for_port
+from .workers import flower_hears, start_flower, start_worker, wait_for_port
 
 
 def write_state(path: Path, state: dict) -> None:
@@ -121,6 +121,17 @@ def _publish_restarts(url: str, deaths: RedisDeaths) -> None:
         client.close()
 
 
+def _login_name() -> str:
+    """Flower's login name: the local user's (a name Flower's ``user:password`` can hold)."""
+    import getpass
+
+    try:
+        name = getpass.getuser()
+    except (KeyError, OSError):
+        name = ""
+    return name if name and ":" not in name and "," not in name else "gpulayer"
+
+
 def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_port: int | None = None,
               zones: list[str] | None = None, regions: list[str] | None = None) -> int:
     home.mkdir(parents=True, exist_ok=True)
@@ -153,10 +164,15 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
     flower: subprocess.Popen | None = None
     places = dict(zip([f"local-{i + 1}" for i in range(workers)], worker_places(workers, zones, regions)))
 
+    flower_auth = f"{_login_name()}:{secrets.token_urlsafe(18)}" if flower_port is not None else None
+    # With a Flower, workers send events from their start (Flower would turn them on seconds later), so it
+    # lists every job from the first one.
+    worker_env = dict(os.environ, GPULAYER_EVENTS="1") if flower_port is not None else None
+
     def start(name: str) -> subprocess.Popen:
         zone, region = places[name]
         return start_worker(url, secret, name=name, slots=slots, zone=zone, region=region,
-                            log_file=logs / f"{name}.log", tie_to_parent=True)
+                            log_file=logs / f"{name}.log", tie_to_parent=True, env=worker_env)
 
     try:
         wait_for_redis(url, redis_proc)
@@ -165,9 +181,14 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
         flower_url = None
         if flower_port is not None:
             flower_port = flower_port or free_port()
-            flower = start_flower(url, secret, port=flower_port, log_file=logs / "flower.log", tie_to_parent=True)
+            flower = start_flower(url, secret, port=flower_port, log_file=logs / "flower.log", tie_to_parent=True,
+                                  basic_auth=flower_auth)
             if wait_for_port(flower_port, flower):
                 flower_url = f"http://127.0.0.1:{flower_port}/"
+                # `up` returns once Flower listens to the workers' events: a job sent then is listed.
+                if not flower_hears(flower_url, flower_auth, list(places), flower):
+                    print(f"Flower did not hear every worker within 30 s; jobs sent now may be missing from it; "
+                          f"see {logs / 'flower.log'}", file=sys.stderr)
             else:
                 print(f"Flower did not start on port {flower_port}; see {logs / 'flower.log'}", file=sys.stderr)
         state = {"broker_url": url, "secret": secret, "home": str(home), "supervisor_pid": os.getpid(),
@@ -175,7 +196,8 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
                  "worker_pids": {n: p.pid for n, p in procs.items()}, "workers": workers, "slots": slots,
                  "places": {n: {"zone": z, "region": r} for n, (z, r) in places.items()},
                  "started_at": time.time(), "flower_url": flower_url,
-                 "flower_pid": flower.pid if flower_url else None, "redis": deaths.record()}
+                 "flower_pid": flower.pid if flower_url else None, "flower_auth": flower_auth if flower_url else None,
+                 "redis": deaths.record()}
         write_state(state_file, state)
         while not stopping:
             if parent is not None and os.getppid() != parent:

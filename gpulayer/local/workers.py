@@ -46,10 +46,13 @@ def start_worker(broker_url: str, secret: str, *, name: str, slots: int = 1, zon
 
 
 def start_flower(broker_url: str, secret: str, *, port: int, log_file: Path | None = None,
-                 tie_to_parent: bool = False) -> subprocess.Popen:
-    """Start ``gpulayer flower`` on 127.0.0.1:``port`` as our child (the URL and secret go by environment)."""
+                 tie_to_parent: bool = False, basic_auth: str | None = None) -> subprocess.Popen:
+    """Start ``gpulayer flower`` on 127.0.0.1:``port`` as our child (the URL, the secret and the login
+    ``basic_auth``, ``user:password``, go by environment)."""
     args = [sys.executable, "-m", "gpulayer", "flower", "--port", str(port), "--address", "127.0.0.1"]
     env = dict(os.environ, GPULAYER_BROKER_URL=broker_url, GPULAYER_SECRET=secret, PYTHONUNBUFFERED="1")
+    if basic_auth:
+        env["FLOWER_BASIC_AUTH"] = basic_auth
     out = open(log_file, "ab") if log_file else subprocess.DEVNULL
     try:
         return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
@@ -70,4 +73,27 @@ def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 30.0, host
             return True
         except OSError:
             time.sleep(0.1)
+    return False
+
+
+def flower_hears(url: str, basic_auth: str, workers: list[str], proc: subprocess.Popen,
+                 timeout: float = 30.0) -> bool:
+    """True once the Flower at ``url`` has heard an event from each of ``workers`` (gpulayer worker ids): its
+    event receiver listens, so it sees every job sent from now on. False if ``proc`` exits or time runs out."""
+    import base64
+    import json
+    import urllib.request
+
+    request = urllib.request.Request(url.rstrip("/") + "/api/workers?status=1",
+                                     headers={"Authorization": "Basic " + base64.b64encode(basic_auth.encode()).decode()})
+    deadline = Deadline(timeout)
+    while not deadline.expired() and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(request, timeout=deadline.left(5.0)) as answer:
+                alive = {name.split("@")[0] for name, up in json.load(answer).items() if up}
+            if alive >= set(workers):
+                return True
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.05)
     return False

@@ -19,7 +19,7 @@ from ..engine.publish import publish_task
 from ..engine.results import prime_result
 from ..errors import PayloadError
 from ..models import Resources
-from ..payload import pack_function, resolve_function, summarize
+from ..payload import job_name, pack_function, resolve_function, summarize
 from ..worker import runtime
 from ..worker.reaper import TIMEOUT_HEADER
 
@@ -176,11 +176,19 @@ class SubmitTask(Task):
             for later in canvas.later_signatures(options.get("chain"), options.get("chord"), link, link_error):
                 app_mod.route_for(as_resources(later.kwargs.get("resources")))
             return super().apply_async((ref, *args), kwargs, task_id=task_id, producer=producer, link=link,
-                                       link_error=link_error, shadow=shadow, headers=headers, **options)
+                                       link_error=link_error, shadow=shadow or _shown_name(ref, kwargs),
+                                       headers=headers, **options)
         except EncodeError as err:
             raise _payload_error(err) from err
         except BROKER_ERRORS as err:
             raise broker_lost(err, "the job was not sent") from err
+
+
+def _shown_name(ref, kwargs: dict) -> str:
+    """The job's name in logs, events and Flower: its function's (``submit.map``'s: ``map:fn``)."""
+    if ref in (canvas.MAP, canvas.STARMAP) and "func" in kwargs:
+        return f"{'starmap' if ref == canvas.STARMAP else 'map'}:{job_name(kwargs['func'])}"
+    return job_name(ref)
 
 
 def _sender(celery_app) -> str:
@@ -204,7 +212,8 @@ def send_job(producer, job_id: str, ref, args: tuple, kwargs: dict, queue: str, 
     """Publish one ``submit`` job routed to ``queue`` already (``engine/publish.py``: the message Celery's
     ``send_task`` would build, a third of a ``delay``'s CPU cheaper in the client)."""
     try:
-        publish_task(app, producer, SUBMIT, job_id, (ref, *args), kwargs, queue, headers, argsrepr, kwargsrepr)
+        publish_task(app, producer, SUBMIT, job_id, (ref, *args), kwargs, queue, headers, argsrepr, kwargsrepr,
+                     shadow=_shown_name(ref, kwargs))
     except EncodeError as err:
         raise _payload_error(err) from err
 
