@@ -74,6 +74,26 @@ def run_script(script: str, argv: list[str]) -> int:
     return 0
 
 
+_FLAGS = {"nodes": "--nodes", "procs_per_node": "--procs-per-node", "max_restarts": "--max-restarts",
+          "timeout": "--timeout"}
+
+
+def check_flags(**values) -> None:
+    """Refuse a value no distributed job can have, naming its flag (the limits are ``GangSpec``'s)."""
+    from pydantic import ValidationError
+
+    from ..models import GangSpec
+
+    try:
+        GangSpec(gang_id="-", **values)
+    except ValidationError as e:
+        first = e.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else ""
+        flag = _FLAGS.get(field, field)
+        rule = first["msg"].replace("Input should be", "must be")
+        raise ConfigError(f"{flag} {values.get(field)}: {rule} (see `gpulayer train --help`)") from None
+
+
 def train(script: str, args: list[str], *, nodes: int, procs_per_node: int, launcher: str = "direct",
           cuda: bool = False, zone: str | None = None, workdir: str | None = None, max_restarts: int = 0,
           timeout: float | None = None, keep_workdir: bool = False, pull: bool = True, detach: bool = False,
@@ -86,6 +106,7 @@ def train(script: str, args: list[str], *, nodes: int, procs_per_node: int, laun
     import gpulayer
     from gpulayer import Resources, distributed
 
+    check_flags(nodes=nodes, procs_per_node=procs_per_node, max_restarts=max_restarts, timeout=timeout)
     out, err = out or sys.stdout, err or sys.stderr
     wd = Path(workdir or ".").resolve()
     if not wd.is_dir():
