@@ -49,12 +49,19 @@ def held_by_workers(ids: Sequence[str]) -> dict[str, str]:
     """The ids among ``ids`` that a worker holds now (running, or taken ahead of a free slot), each with that
     worker's id: every worker life's delivery record (``keys.inflight``), found with one SCAN. For reports;
     a cancel needs no split."""
+    return {job: worker for job, (worker, _) in holders(ids).items()}
+
+
+def holders(ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """``held_by_workers``, each with the delivery tag too: ``job id -> (worker id, tag)``."""
     client = app_mod.app.backend.client
     wanted, held = set(ids), {}
     prefix = keys.inflight("")
     for key in client.scan_iter(match=keys.inflight("*"), count=1000):
         worker = key.decode()[len(prefix):].rsplit(":", 1)[0]  # the life is "<worker id>:<pid>"
-        held.update((job, worker) for job in (v.decode() for v in client.hvals(key)) if job in wanted)
+        for tag, job in client.hgetall(key).items():
+            if job.decode() in wanted:
+                held[job.decode()] = (worker, tag.decode())
     return held
 
 

@@ -7,8 +7,11 @@ cloudpickle, so a worker does not need the user's source tree.
 
 from __future__ import annotations
 
+import collections
+import functools
 import hashlib
 import importlib
+import io
 import reprlib
 import sys
 import sysconfig
@@ -68,7 +71,7 @@ def pack_function(fn: Callable | str) -> FunctionRef:
         if hit is not None and hit[0] == seen:
             return hit[1]
     try:
-        blob = cloudpickle.dumps(fn)
+        blob = dumps(fn)
     except Exception as err:
         raise PayloadError(f"cannot pickle function {function_name(fn)}: {type(err).__name__}: {err}; "
                            "it probably captures an open file, lock, socket or similar object: "
@@ -77,6 +80,47 @@ def pack_function(fn: Callable | str) -> FunctionRef:
     if seen is not None:
         _packed[fn] = (seen, out)
     return out
+
+
+def _code_keeping_its_file(code: types.CodeType):
+    """cloudpickle's reduction of a code object, with the file it was compiled from put back on load.
+
+    cloudpickle sends every code object as from ``<dynamic-code>`` (its payloads stay the same wherever the
+    source lives); a traceback from a worker would then read ``File "<dynamic-code>", line 12, in bad``.
+    The line numbers travel as they are, so only the file name is carried beside them: loading calls
+    ``code.replace(co_filename=...)`` on what cloudpickle rebuilt, with nothing but the standard library
+    and cloudpickle (a worker of an older gpulayer loads it too).
+    """
+    rebuild, args = _CLOUDPICKLE_CODE(code)
+    return functools.partial(types.CodeType.replace, co_filename=code.co_filename), (_Rebuilt(rebuild, args),)
+
+
+class _Rebuilt:
+    """Pickles as the call that rebuilds a value (cloudpickle's reduction of a code object)."""
+
+    __slots__ = ("rebuild", "args")
+
+    def __init__(self, rebuild, args):
+        self.rebuild, self.args = rebuild, args
+
+    def __reduce__(self):
+        return self.rebuild, self.args
+
+
+_CLOUDPICKLE_CODE = cloudpickle.Pickler.dispatch_table[types.CodeType]
+
+
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle's pickler, keeping the file name of the code it sends by value (tracebacks name it)."""
+
+    dispatch_table = collections.ChainMap({types.CodeType: _code_keeping_its_file}, cloudpickle.Pickler.dispatch_table)
+
+
+def dumps(obj, protocol: int | None = None) -> bytes:
+    """``cloudpickle.dumps`` that keeps where functions sent by value were written (``_code_keeping_its_file``)."""
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=protocol).dump(obj)
+    return buf.getvalue()
 
 
 # A function's pickle, kept while what it was pickled from is unchanged (a loop of submit.delay(fn, i)
@@ -214,6 +258,21 @@ def _short(value: Any) -> str:
     if callable(value) and not isinstance(value, type):
         return function_name(value)
     return _repr.repr(value)
+
+
+def unsendable_result(result: Any, err: BaseException) -> str:
+    """Why a job's return value could not be sent back (``err``: the failed pickling, or the size limit)."""
+    root = err  # kombu's EncodeError, around the serializer's PayloadError, around pickle's own error
+    while (root.__cause__ or root.__context__) is not None:
+        root = root.__cause__ or root.__context__
+    kind = type(result)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    if isinstance(root, PayloadError):  # pickled, but over the size limit
+        return f"the job's result ({name}) could not be sent back: {root}"
+    return (f"the job's result could not be pickled: the function returned a {name}, and "
+            f"pickling it failed ({type(root).__name__}: {root}); return plain data instead (numbers, strings, "
+            "lists and dicts of them, tensors, arrays) or an object that pickles, or write the result to shared "
+            "storage and return its path")
 
 
 def summarize(fn: Callable | FunctionRef, args: tuple = (), kwargs: dict | None = None) -> str:

@@ -141,7 +141,11 @@ def train(script: str, args: list[str], *, nodes: int, procs_per_node: int, laun
     sink.update(stdout=out, stderr=err)
     with bar:
         try:
-            print(f"gpulayer train: {job.id} {nodes} x {procs_per_node} ({launcher}): {job.placement}", file=err)
+            # Why it waits for slots, each time that changes: in the bar at a terminal, else a line.
+            waiting = None if bar.enabled else (lambda why: print(f"gpulayer train: {job.id} {nodes} x "
+                                                                  f"{procs_per_node} waits: {why}", file=err, flush=True))
+            placement = job.wait_placement(on_waiting=waiting)
+            print(f"gpulayer train: {job.id} {nodes} x {procs_per_node} ({launcher}): {placement}", file=err)
             job.get()
             return 0
         except KeyboardInterrupt:

@@ -1,0 +1,95 @@
+"""What jobs that have not finished are doing, for the message of a wait that ran out (``JobTimeout``).
+
+``get(timeout=0.5)`` on a job says ``job 5a97... did not finish within 0.5 s: running on local-2 for 0.4 s``
+or ``...: queued on gl.q.cpu (3 jobs waiting there), not taken by a worker yet``. Read only when a wait
+runs out: one SCAN of the delivery records (``cancel.holders``) and a pipelined read of when each was taken.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from celery.exceptions import TimeoutError as CeleryTimeoutError
+
+from .. import app as app_mod
+from .. import errors
+from ..cancel import holders, unfinished
+from ..engine.delivery import UNACKED_INDEX
+
+SHOWN = 3  # workers of a batch named in its message
+
+
+class JobTimeout(errors.JobTimeout, CeleryTimeoutError):
+    """``gpulayer.JobTimeout`` that is also Celery's ``TimeoutError``, which code written for Celery catches."""
+
+
+def whereabouts(ids: Sequence[str]) -> dict[str, tuple[str, float | None] | None]:
+    """``job id -> (worker, seconds since it took the job)`` for each of ``ids`` a worker holds (running, or
+    taken ahead of a free slot), ``None`` for one still queued; finished jobs are left out."""
+    client = app_mod.app.backend.client
+    left = unfinished(ids)
+    held = holders(left)
+    pipe = client.pipeline(transaction=False)
+    pipe.time()
+    for _, tag in held.values():
+        pipe.zscore(UNACKED_INDEX, tag)  # when the worker took it
+    now, *taken = pipe.execute()
+    clock = now[0] + now[1] / 1e6
+    out: dict[str, tuple[str, float | None] | None] = dict.fromkeys(left)
+    for (job, (worker, _)), at in zip(held.items(), taken):
+        out[job] = (worker, None if at is None else max(clock - at, 0.0))
+    return out
+
+
+def _queued(queue: str | None, count: int = 1) -> str:
+    """``queued on gl.q.cpu (3 jobs waiting there)``: where the job (``count`` of them) waits."""
+    if not queue:
+        return "queued"
+    waiting = app_mod.app.backend.client.llen(queue)
+    return f"queued on {queue} ({waiting} job{'s' if waiting != 1 else ''} waiting there)"
+
+
+def _ago(seconds: float | None) -> str:
+    return "" if seconds is None else f" {seconds:.1f} s ago"
+
+
+def job_timeout(job_id: str, timeout: float | None, queue: str | None = None) -> JobTimeout:
+    """The ``JobTimeout`` of a job's ``get(timeout)``: the job, and what it is doing."""
+    try:
+        where = whereabouts([job_id])
+        if job_id not in where:
+            doing = "it finished just now: call get() again for its result"
+        elif where[job_id] is None:
+            doing = f"{_queued(queue)}, not taken by a worker yet"
+        else:
+            worker, ago = where[job_id]
+            doing = f"taken by worker {worker}{_ago(ago)} (running there, or next for a free slot)"
+    except Exception as err:  # the message is best effort: the timeout is the news
+        doing = f"could not tell what it is doing ({type(err).__name__}: {err})"
+    return JobTimeout(f"job {job_id} did not finish within {timeout:g} s: {doing}; it runs on: call get() again "
+                      "to wait longer, or cancel() to stop it", job_id=job_id, waited=timeout)
+
+
+def batch_timeout(ids: Sequence[str], pending: Sequence[str], timeout: float | None,
+                  queue: str | None = None) -> JobTimeout:
+    """The ``JobTimeout`` of a batch's ``get(timeout)``: how many finished, and what the others are doing."""
+    head = f"{len(ids) - len(pending)} of {len(ids)} jobs finished within {timeout:g} s"
+    try:
+        where = whereabouts(pending)
+        taken = [w for w in where.values() if w is not None]
+        per_worker: dict[str, int] = {}
+        for worker, _ in taken:
+            per_worker[worker] = per_worker.get(worker, 0) + 1
+        parts = []
+        if taken:
+            longest = max((ago for _, ago in taken if ago is not None), default=None)
+            shown = ", ".join(f"{n} on {w}" for w, n in sorted(per_worker.items())[:SHOWN])
+            more = f" and {len(per_worker) - SHOWN} more workers" if len(per_worker) > SHOWN else ""
+            parts.append(f"{len(taken)} taken by workers ({shown}{more}; the first{_ago(longest)})")
+        if len(where) > len(taken):
+            parts.append(f"{len(where) - len(taken)} {_queued(queue)}")
+        note = f"; of the others, {' and '.join(parts)}" if parts else ""
+    except Exception as err:
+        note = f"; could not tell what the others are doing ({type(err).__name__}: {err})"
+    return JobTimeout(f"{head}{note}; they run on: call get() again to wait longer, or cancel() to stop them",
+                      waited=timeout)
