@@ -109,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         try:
-            return _COMMANDS[args.command](args) or 0
+            code = _COMMANDS[args.command](args) or 0
+            sys.stdout.flush()  # a reader gone shows here, not in a traceback at the interpreter's exit
+            return code
         except GpulayerError as err:
             print(f"gpulayer {args.command}: error: {err}", file=sys.stderr)
             return 2

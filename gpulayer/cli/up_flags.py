@@ -47,7 +47,8 @@ def running_cluster(state: dict) -> str:
     where = ", ".join(f"{name} in {p['zone']}" + (f" ({p['region']})" if p["region"] != _region(p["zone"]) else "")
                       for name, p in places.items())
     flower = f"Flower on {state['flower_url']}" if state.get("flower_url") else "without Flower"
-    return (f"{state.get('workers', len(places))} workers x {state.get('slots', '?')} slots"
+    workers, slots = state.get("workers", len(places)), state.get("slots", "?")
+    return (f"{workers} worker{'s' if workers != 1 else ''} x {slots} slot{'s' if slots != 1 else ''}"
             + (f" ({where})" if where else "") + f", {flower}")
 
 
