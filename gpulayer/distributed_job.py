@@ -267,7 +267,12 @@ class GangHandle:
         ``ClusterUnavailable`` when the broker is unreachable at the ``timeout`` (the watcher rides out a
         broker restart), or has been for a minute.
         """
-        if not self._done.wait(timeout):
+        deadline = Deadline(timeout)
+        # In slices: the waiting thread runs now and then, so an interrupt another thread raises in it
+        # (`gpulayer train` when its reader goes away) lands within a moment.
+        while not self._done.wait(deadline.left(0.25)) and not deadline.expired():
+            pass
+        if not self._done.is_set():
             if self._lost.ongoing:
                 raise self._lost.error()
             why = self.waiting_for()

@@ -412,3 +412,25 @@ def test_train_at_a_terminal_shows_why_its_job_waits_in_its_bar(fleet, project):
         fleet.client().rpush(HOLD, *["go"] * 4)
         term.close()
         fleet.client().delete(HOLD)
+
+
+def test_train_whose_reader_goes_away_stops_quietly_and_cancels_its_job(fleet, project):
+    """`gpulayer train ... | head -1`: the command ends as Ctrl-C ends it, without a traceback."""
+    from gpulayer.app import redis_client
+    from gpulayer.store.gangs import GangStore
+
+    (project / "chatty.py").write_text("import time\nprint('hello', flush=True)\ntime.sleep(120)\n")
+    env = dict(os.environ, GPULAYER_BROKER_URL=fleet.url, GPULAYER_SECRET=fleet.secret)
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        out = subprocess.run([sys.executable, "-m", "gpulayer", "train", "--nodes", "1", "--procs-per-node", "1",
+                              "chatty.py"], cwd=project, env=env, stdout=write, stderr=subprocess.PIPE, text=True,
+                             timeout=120)
+    finally:
+        os.close(write)
+    assert out.returncode == 141, out.stderr
+    assert "Traceback" not in out.stderr and "BrokenPipeError" not in out.stderr, out.stderr
+    assert "the reader of its output went away; stopping as Ctrl-C would" in out.stderr, out.stderr
+    job_id = out.stderr.split("gpulayer train: ", 1)[1].split()[0]
+    assert GangStore(redis_client()).record(job_id)["state"] == "cancelled"

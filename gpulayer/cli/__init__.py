@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         try:
             code = _COMMANDS[args.command](args) or 0
-            sys.stdout.flush()  # a reader gone shows here, not in a traceback at the interpreter's exit
+            if sys.stdout is not None:  # (None: started with its stdout closed)
+                sys.stdout.flush()  # a reader gone shows here, not in a traceback at the interpreter's exit
             return code
         except GpulayerError as err:
             print(f"gpulayer {args.command}: error: {err}", file=sys.stderr)
