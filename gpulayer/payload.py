@@ -8,7 +8,6 @@ cloudpickle, so a worker does not need the user's source tree.
 from __future__ import annotations
 
 import collections
-import functools
 import hashlib
 import importlib
 import io
@@ -83,37 +82,26 @@ def pack_function(fn: Callable | str) -> FunctionRef:
 
 
 def _code_keeping_its_file(code: types.CodeType):
-    """cloudpickle's reduction of a code object, with the file it was compiled from put back on load.
+    """cloudpickle's reduction of a code object, with the file it was compiled from in place of its marker.
 
     cloudpickle sends every code object as from ``<dynamic-code>`` (its payloads stay the same wherever the
     source lives); a traceback from a worker would then read ``File "<dynamic-code>", line 12, in bad``.
-    The line numbers travel as they are, so only the file name is carried beside them: loading calls
-    ``code.replace(co_filename=...)`` on what cloudpickle rebuilt, with nothing but the standard library
-    and cloudpickle (a worker of an older gpulayer loads it too).
+    The line numbers travel as they are, so only the file name is put back among the constructor's
+    arguments: the pickle is cloudpickle's own, as cheap, and any worker loads it.
     """
     rebuild, args = _CLOUDPICKLE_CODE(code)
-    return functools.partial(types.CodeType.replace, co_filename=code.co_filename), (_Rebuilt(rebuild, args),)
+    return rebuild, tuple(code.co_filename if type(a) is str and a == _MARKER else a for a in args)
 
 
-class _Rebuilt:
-    """Pickles as the call that rebuilds a value (cloudpickle's reduction of a code object)."""
-
-    __slots__ = ("rebuild", "args")
-
-    def __init__(self, rebuild, args):
-        self.rebuild, self.args = rebuild, args
-
-    def __reduce__(self):
-        return self.rebuild, self.args
-
-
+_MARKER = "<dynamic-code>"  # the file name cloudpickle gives code sent by value (tests/test_errors.py notices a change)
 _CLOUDPICKLE_CODE = cloudpickle.Pickler.dispatch_table[types.CodeType]
 
 
 class _Pickler(cloudpickle.Pickler):
     """cloudpickle's pickler, keeping the file name of the code it sends by value (tracebacks name it)."""
 
-    dispatch_table = collections.ChainMap({types.CodeType: _code_keeping_its_file}, cloudpickle.Pickler.dispatch_table)
+    dispatch_table = collections.ChainMap({types.CodeType: _code_keeping_its_file},
+                                          *cloudpickle.Pickler.dispatch_table.maps)  # (flat: one lookup per map)
 
 
 def dumps(obj, protocol: int | None = None) -> bytes:
