@@ -21,6 +21,7 @@ import logging
 from collections.abc import Sequence
 
 from celery import states
+from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import GroupResult
 
 from . import app as app_mod
@@ -106,7 +107,8 @@ def interrupted(ids: Sequence[str], how: str, cancel_id: str | None = None) -> K
 
 
 class JobGroupResult(GroupResult):
-    """A group's result: Ctrl-C in ``get()`` says what still runs; ``revoke()`` stops queued and running jobs."""
+    """A group's result: Ctrl-C in ``get()`` says what still runs, a timeout (``JobTimeout``) what the jobs not
+    finished are doing; ``revoke()`` stops queued and running jobs."""
 
     def get(self, timeout=None, propagate=True, interval=0.5, callback=None, no_ack=True, on_message=None,
             disable_sync_subtasks=True, on_interval=None):
@@ -124,6 +126,13 @@ class JobGroupResult(GroupResult):
                             on_message=on_message, disable_sync_subtasks=disable_sync_subtasks, on_interval=on_interval)
             except BROKER_ERRORS as err:
                 lost.lost(err)
+            except CeleryTimeoutError:
+                if not deadline.expired():
+                    raise
+                from .tasks.whereabouts import batch_timeout
+
+                ids = [r.id for r in self.results]
+                raise batch_timeout(ids, unfinished(ids), timeout, stop="revoke()") from None
 
     def join(self, *args, **kwargs):
         try:

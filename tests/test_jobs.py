@@ -368,3 +368,16 @@ def test_a_result_that_cannot_be_pickled_is_named_as_the_result(fleet):
                               "pickling it failed (TypeError: cannot pickle '_thread.lock' object); return plain "
                               "data instead"), message
     assert "arguments" not in message and "pass plain data" not in message
+
+
+def test_a_group_that_times_out_says_how_many_finished(fleet):
+    from gpulayer import JobTimeout
+
+    result = group(submit.s(nap, 60, resources=Resources(worker_ids=["w-c"])) for _ in range(2)).apply_async()
+    try:
+        with pytest.raises(JobTimeout) as caught:
+            result.get(timeout=0.3)
+        assert str(caught.value).startswith("0 of 2 jobs finished within 0.3 s; of the others, "), str(caught.value)
+        assert "w-c" in str(caught.value) or "queued" in str(caught.value), str(caught.value)
+    finally:
+        result.revoke()

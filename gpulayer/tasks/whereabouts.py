@@ -71,7 +71,7 @@ def job_timeout(job_id: str, timeout: float | None, queue: str | None = None) ->
 
 
 def batch_timeout(ids: Sequence[str], pending: Sequence[str], timeout: float | None,
-                  queue: str | None = None) -> JobTimeout:
+                  queue: str | None = None, stop: str = "cancel()") -> JobTimeout:
     """The ``JobTimeout`` of a batch's ``get(timeout)``: how many finished, and what the others are doing."""
     head = f"{len(ids) - len(pending)} of {len(ids)} jobs finished within {timeout:g} s"
     try:
@@ -91,5 +91,5 @@ def batch_timeout(ids: Sequence[str], pending: Sequence[str], timeout: float | N
         note = f"; of the others, {' and '.join(parts)}" if parts else ""
     except Exception as err:
         note = f"; could not tell what the others are doing ({type(err).__name__}: {err})"
-    return JobTimeout(f"{head}{note}; they run on: call get() again to wait longer, or cancel() to stop them",
+    return JobTimeout(f"{head}{note}; they run on: call get() again to wait longer, or {stop} to stop them",
                       waited=timeout)
