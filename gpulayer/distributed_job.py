@@ -26,7 +26,7 @@ from . import app as app_mod
 from . import signing
 from .client import ensure_connected
 from .deadline import Deadline
-from .errors import JobFailed, JobRejected, JobTimeout
+from .errors import ClusterUnavailable, JobFailed, JobRejected, JobTimeout
 from .session import BROKER_ERRORS, broker_lost, outage
 from .models import GangPlacement, GangSpec, GangState, Resources
 from .payload import function_name, pack_function
@@ -201,13 +201,18 @@ class GangHandle:
         while not self._placed.wait(deadline.left(PLACEMENT_LOOK)):
             if self._done.is_set():
                 break
-            why = self.waiting_for() if on_waiting is not None or deadline.expired() else None
+            why = None
+            if on_waiting is not None or deadline.expired():
+                try:
+                    why = self.waiting_for()
+                except ClusterUnavailable:  # the watcher rides out a broker restart; the reason comes back with it
+                    pass
             if why and why != told and on_waiting is not None:
                 told = why
                 on_waiting(why)
             if deadline.expired():
                 raise JobTimeout(f"distributed job {self.id} was not placed within {timeout:g} s: "
-                                 f"{why or self.status()['state']}; it waits on in the cluster's line: call "
+                                 f"{why or 'waiting'}; it waits on in the cluster's line: call "
                                  "wait_placement() again, or cancel() it", job_id=self.id, waited=timeout)
         if self._placement is None:
             raise self._error or JobFailed("GangNotPlaced", "the gang ended before it was placed", job_id=self.id)
