@@ -135,7 +135,7 @@ def _reader_gone() -> int:
 
 
 def _up(args) -> int:
-    from ..config import STATE_FILE_NAME, home_dir, read_state
+    from ..config import home_dir
     from ..local import up
     from ..local.supervisor import stopped_note
     from ..masking import mask_url
@@ -144,21 +144,21 @@ def _up(args) -> int:
     check_up_flags(args)  # before anything starts
     previous = stopped_note(home_dir(), fix=False)  # the last cluster's account of why it stopped on its own
     cluster, started = up(args.workers, args.slots, flower=args.flower, zones=args.zone, regions=args.region)
-    state = read_state(cluster.home / STATE_FILE_NAME) or {}
     if not started:
-        refuse_changes(args, state, cluster.home)
+        refuse_changes(args, cluster.home)  # flags it does not have: what runs, and how to get them
     url = cluster.broker_url if args.show_secrets else mask_url(cluster.broker_url)
     print(("started" if started else "already running") + f": broker {url}")
     if started and previous:
         print(f"(the previous one: {previous})")
-    places = state.get("places") or {}
+    from ..config import STATE_FILE_NAME, read_state
+
+    places = (read_state(cluster.home / STATE_FILE_NAME) or {}).get("places") or {}
     if places:
         print("workers: " + ", ".join(f"{n} ({p['zone']}, {p['region']})" for n, p in places.items()))
     if cluster.flower_url:
         print(f"Flower: {cluster.flower_url}")
-    elif state.get("flower_asked"):
-        print(f"Flower: did not start with this cluster (see {cluster.home / 'logs' / 'flower.log'}); "
-              "run `gpulayer flower` beside it")
+    elif args.flower is not None:
+        print("Flower: not running with this cluster (see its logs, or run `gpulayer flower`)")
     print(f"state file: {cluster.home / 'cluster.json'} (broker URL and cluster secret; mode 0600)")
     print("connect with gpulayer.init() from Python, stop with `gpulayer down`")
     return 0

@@ -6,8 +6,12 @@ kept silently; `gpulayer up --slots 4` on one of 2 slots says what runs and how 
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 from urllib.parse import urlsplit
 
+import psutil
+
+from ..config import STATE_FILE_NAME, read_state
 from ..errors import ConfigError
 from ..local.places import worker_places
 
@@ -73,16 +77,26 @@ def differences(args, state: dict) -> list[str]:
             out.append(f"--region {' --region '.join(args.region)} "
                        f"(its regions: {', '.join(p['region'] for p in places)})")
     url = state.get("flower_url")
-    if args.flower is not None and not url and not state.get("flower_asked"):
+    if args.flower is not None and not url and not _flower_asked(state):
         out.append("--flower (it was started without Flower)")
     elif args.flower and url and urlsplit(url).port != args.flower:
         out.append(f"--flower {args.flower} (its Flower is on {url})")
     return out
 
 
-def refuse_changes(args, state: dict, home) -> None:
-    """``ConfigError`` when ``args`` ask for a cluster other than the one running: what runs, what differs,
-    and the commands that give what was asked."""
+def _flower_asked(state: dict) -> bool:
+    """Was the running cluster started with ``--flower`` (and its Flower did not start)? Its supervisor's
+    command line says so."""
+    try:
+        return "--flower" in psutil.Process(state["supervisor_pid"]).cmdline()
+    except (KeyError, TypeError, psutil.Error):
+        return False
+
+
+def refuse_changes(args, home: Path) -> None:
+    """``ConfigError`` when ``args`` ask for a cluster other than the one running in ``home``: what runs, what
+    differs, and the commands that give what was asked."""
+    state = read_state(home / STATE_FILE_NAME) or {}
     diff = differences(args, state)
     if not diff:
         return

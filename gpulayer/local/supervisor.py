@@ -175,8 +175,7 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
                  "worker_pids": {n: p.pid for n, p in procs.items()}, "workers": workers, "slots": slots,
                  "places": {n: {"zone": z, "region": r} for n, (z, r) in places.items()},
                  "started_at": time.time(), "flower_url": flower_url,
-                 "flower_pid": flower.pid if flower_url else None, "flower_asked": flower_port is not None,
-                 "redis": deaths.record()}
+                 "flower_pid": flower.pid if flower_url else None, "redis": deaths.record()}
         write_state(state_file, state)
         while not stopping:
             if parent is not None and os.getppid() != parent:
