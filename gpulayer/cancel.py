@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from celery import states
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import GroupResult
 
@@ -28,22 +27,10 @@ from . import app as app_mod
 from .deadline import Deadline
 from .session import BROKER_ERRORS, outage
 from .store import keys
+from .tasks.whereabouts import batch_timeout, holders, unfinished  # noqa: F401 (unfinished: also cancel's API)
 
 log = logging.getLogger(__name__)
 _CHUNK = 1000  # ids per MGET and per revoke broadcast
-
-
-def unfinished(ids: Sequence[str]) -> list[str]:
-    """The ids among ``ids`` whose final result is not stored yet (queued, running, or never sent)."""
-    backend = app_mod.app.backend
-    left: list[str] = []
-    for start in range(0, len(ids), _CHUNK):
-        chunk = list(ids[start:start + _CHUNK])
-        values = backend.client.mget([backend.get_key_for_task(i) for i in chunk])
-        for job_id, raw in zip(chunk, values):
-            if raw is None or backend.decode_result(raw)["status"] not in states.READY_STATES:
-                left.append(job_id)
-    return left
 
 
 def held_by_workers(ids: Sequence[str]) -> dict[str, str]:
@@ -51,19 +38,6 @@ def held_by_workers(ids: Sequence[str]) -> dict[str, str]:
     worker's id: every worker life's delivery record (``keys.inflight``), found with one SCAN. For reports;
     a cancel needs no split."""
     return {job: worker for job, (worker, _) in holders(ids).items()}
-
-
-def holders(ids: Sequence[str]) -> dict[str, tuple[str, str]]:
-    """``held_by_workers``, each with the delivery tag too: ``job id -> (worker id, tag)``."""
-    client = app_mod.app.backend.client
-    wanted, held = set(ids), {}
-    prefix = keys.inflight("")
-    for key in client.scan_iter(match=keys.inflight("*"), count=1000):
-        worker = key.decode()[len(prefix):].rsplit(":", 1)[0]  # the life is "<worker id>:<pid>"
-        for tag, job in client.hgetall(key).items():
-            if job.decode() in wanted:
-                held[job.decode()] = (worker, tag.decode())
-    return held
 
 
 def cancel_jobs(ids: Sequence[str], only_unfinished: bool = True) -> int:
@@ -129,8 +103,6 @@ class JobGroupResult(GroupResult):
             except CeleryTimeoutError:
                 if not deadline.expired():
                     raise
-                from .tasks.whereabouts import batch_timeout
-
                 ids = [r.id for r in self.results]
                 raise batch_timeout(ids, unfinished(ids), timeout, stop="revoke()") from None
 

@@ -1,26 +1,55 @@
 """What jobs that have not finished are doing, for the message of a wait that ran out (``JobTimeout``).
 
-``get(timeout=0.5)`` on a job says ``job 5a97... did not finish within 0.5 s: running on local-2 for 0.4 s``
-or ``...: queued on gl.q.cpu (3 jobs waiting there), not taken by a worker yet``. Read only when a wait
-runs out: one SCAN of the delivery records (``cancel.holders``) and a pipelined read of when each was taken.
+``get(timeout=0.5)`` on a job says ``job 5a97... did not finish within 0.5 s: taken by worker local-2 0.4 s
+ago (running there, or next for a free slot)`` or ``...: queued on gl.q.cpu (3 jobs waiting there), not taken
+by a worker yet``. Read only when a wait runs out: the stored results (``unfinished``), one SCAN of the
+delivery records (``holders``; ``cancel.py`` uses both) and a pipelined read of when each job was taken.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from celery import states
 from celery.exceptions import TimeoutError as CeleryTimeoutError
 
 from .. import app as app_mod
 from .. import errors
-from ..cancel import holders, unfinished
 from ..engine.delivery import UNACKED_INDEX
+from ..store import keys
 
 SHOWN = 3  # workers of a batch named in its message
+_CHUNK = 1000  # ids per MGET
 
 
 class JobTimeout(errors.JobTimeout, CeleryTimeoutError):
     """``gpulayer.JobTimeout`` that is also Celery's ``TimeoutError``, which code written for Celery catches."""
+
+
+def unfinished(ids: Sequence[str]) -> list[str]:
+    """The ids among ``ids`` whose final result is not stored yet (queued, running, or never sent)."""
+    backend = app_mod.app.backend
+    left: list[str] = []
+    for start in range(0, len(ids), _CHUNK):
+        chunk = list(ids[start:start + _CHUNK])
+        values = backend.client.mget([backend.get_key_for_task(i) for i in chunk])
+        for job_id, raw in zip(chunk, values):
+            if raw is None or backend.decode_result(raw)["status"] not in states.READY_STATES:
+                left.append(job_id)
+    return left
+
+
+def holders(ids: Sequence[str]) -> dict[str, tuple[str, str]]:
+    """``held_by_workers``, each with the delivery tag too: ``job id -> (worker id, tag)``."""
+    client = app_mod.app.backend.client
+    wanted, held = set(ids), {}
+    prefix = keys.inflight("")
+    for key in client.scan_iter(match=keys.inflight("*"), count=1000):
+        worker = key.decode()[len(prefix):].rsplit(":", 1)[0]  # the life is "<worker id>:<pid>"
+        for tag, job in client.hgetall(key).items():
+            if job.decode() in wanted:
+                held[job.decode()] = (worker, tag.decode())
+    return held
 
 
 def whereabouts(ids: Sequence[str]) -> dict[str, tuple[str, float | None] | None]:
@@ -41,8 +70,8 @@ def whereabouts(ids: Sequence[str]) -> dict[str, tuple[str, float | None] | None
     return out
 
 
-def _queued(queue: str | None, count: int = 1) -> str:
-    """``queued on gl.q.cpu (3 jobs waiting there)``: where the job (``count`` of them) waits."""
+def _queued(queue: str | None) -> str:
+    """``queued on gl.q.cpu (3 jobs waiting there)``: where a job waits, and how many wait there."""
     if not queue:
         return "queued"
     waiting = app_mod.app.backend.client.llen(queue)
