@@ -9,6 +9,7 @@ same way.
 from __future__ import annotations
 
 import difflib
+import sys
 import threading
 
 import redis
@@ -185,8 +186,24 @@ def route_task(name, args, kwargs, options, task=None, **kw):
     _check_priority(options.get("priority"))
     serializer = options.get("serializer")
     if serializer not in (None, signing.NAME):
+        if _in_celery_command():  # `celery call gpulayer.submit`: its --serializer defaults to json
+            raise _one_line(f"gpulayer.submit runs only messages signed by gpulayer, and `celery call` sends "
+                            f"{serializer}: add --serializer {signing.NAME}, with a 'pkg.mod:fn' reference as the "
+                            f"first of --args, e.g. celery -A gpulayer.app call gpulayer.submit --serializer "
+                            f"{signing.NAME} --args '[\"os:getcwd\"]'")
         raise UnsupportedOption(f"serializer={serializer!r}: workers accept only gpulayer's signed serializer "
                                 f"({signing.NAME!r}), so the job would never run; drop serializer=")
+    fn = args[0] if args else None
+    if fn is None or isinstance(fn, str):  # by name (send_task, `celery call`): the function is the first arg
+        from .payload import check_function
+
+        try:
+            if fn is None:
+                raise PayloadError("gpulayer.submit needs the function to run as its first argument: "
+                                   "a 'pkg.mod:fn' reference when sent by name")
+            check_function(fn)
+        except PayloadError as err:
+            raise _one_line(str(err)) if _in_celery_command() else err
     given = options.get("queue")
     queue = getattr(given, "name", given) if given is not None else route_for(res).queue
     if given is not None:
@@ -199,6 +216,17 @@ def route_task(name, args, kwargs, options, task=None, **kw):
                                     f"and a different {opt} would bind it to none, losing it; drop {opt}= "
                                     "(name a queue with queue= if you must)")
     return None if given is not None else {"queue": queue}
+
+
+def _in_celery_command() -> bool:
+    """Is this router running inside Celery's command line (``celery call``), a click command?"""
+    click = sys.modules.get("click")
+    return click is not None and click.get_current_context(silent=True) is not None
+
+
+def _one_line(message: str):
+    """An error Celery's command line prints as one line (click's ``Error: ...``), not as a traceback."""
+    return sys.modules["click"].ClickException(message)
 
 
 def _check_priority(priority) -> None:

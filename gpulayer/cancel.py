@@ -20,42 +20,24 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from celery import states
+from celery.exceptions import TimeoutError as CeleryTimeoutError
 from celery.result import GroupResult
 
 from . import app as app_mod
 from .deadline import Deadline
 from .session import BROKER_ERRORS, outage
 from .store import keys
+from .tasks.whereabouts import batch_timeout, holders, unfinished  # noqa: F401 (unfinished: also cancel's API)
 
 log = logging.getLogger(__name__)
 _CHUNK = 1000  # ids per MGET and per revoke broadcast
-
-
-def unfinished(ids: Sequence[str]) -> list[str]:
-    """The ids among ``ids`` whose final result is not stored yet (queued, running, or never sent)."""
-    backend = app_mod.app.backend
-    left: list[str] = []
-    for start in range(0, len(ids), _CHUNK):
-        chunk = list(ids[start:start + _CHUNK])
-        values = backend.client.mget([backend.get_key_for_task(i) for i in chunk])
-        for job_id, raw in zip(chunk, values):
-            if raw is None or backend.decode_result(raw)["status"] not in states.READY_STATES:
-                left.append(job_id)
-    return left
 
 
 def held_by_workers(ids: Sequence[str]) -> dict[str, str]:
     """The ids among ``ids`` that a worker holds now (running, or taken ahead of a free slot), each with that
     worker's id: every worker life's delivery record (``keys.inflight``), found with one SCAN. For reports;
     a cancel needs no split."""
-    client = app_mod.app.backend.client
-    wanted, held = set(ids), {}
-    prefix = keys.inflight("")
-    for key in client.scan_iter(match=keys.inflight("*"), count=1000):
-        worker = key.decode()[len(prefix):].rsplit(":", 1)[0]  # the life is "<worker id>:<pid>"
-        held.update((job, worker) for job in (v.decode() for v in client.hvals(key)) if job in wanted)
-    return held
+    return {job: worker for job, (worker, _) in holders(ids).items()}
 
 
 def cancel_jobs(ids: Sequence[str], only_unfinished: bool = True) -> int:
@@ -99,7 +81,8 @@ def interrupted(ids: Sequence[str], how: str, cancel_id: str | None = None) -> K
 
 
 class JobGroupResult(GroupResult):
-    """A group's result: Ctrl-C in ``get()`` says what still runs; ``revoke()`` stops queued and running jobs."""
+    """A group's result: Ctrl-C in ``get()`` says what still runs, a timeout (``JobTimeout``) what the jobs not
+    finished are doing; ``revoke()`` stops queued and running jobs."""
 
     def get(self, timeout=None, propagate=True, interval=0.5, callback=None, no_ack=True, on_message=None,
             disable_sync_subtasks=True, on_interval=None):
@@ -117,6 +100,11 @@ class JobGroupResult(GroupResult):
                             on_message=on_message, disable_sync_subtasks=disable_sync_subtasks, on_interval=on_interval)
             except BROKER_ERRORS as err:
                 lost.lost(err)
+            except CeleryTimeoutError:
+                if not deadline.expired():
+                    raise
+                ids = [r.id for r in self.results]
+                raise batch_timeout(ids, unfinished(ids), timeout, stop="revoke()") from None
 
     def join(self, *args, **kwargs):
         try:

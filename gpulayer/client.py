@@ -27,9 +27,10 @@ class BatchHandle:
     """The jobs of one ``submit_batch``: ``get()`` returns their results in submission order, ``cancel()``
     stops the ones not finished; ``id`` names the batch for `gpulayer cancel <id>` from a shell."""
 
-    def __init__(self, ids: list[str], id: str | None = None):
+    def __init__(self, ids: list[str], id: str | None = None, queue: str | None = None):
         self.ids = ids
         self.id = id  # submit_batch's: `gpulayer cancel <id>` finds the jobs by it (store/sent.py)
+        self.queue = queue  # where the jobs were sent: a timeout's message says how many wait there
         self._metas: list[dict | None] = [None] * len(ids)  # the finished jobs' results, kept across get() calls
 
     def __len__(self) -> int:
@@ -40,7 +41,8 @@ class BatchHandle:
         """Results in submission order; the first failure raises ``JobFailed`` (or is returned if not ``propagate``).
 
         ``progress``: draw a bar (done, failed, rate, ETA); by default only for more than 8 jobs
-        and only when stdout is a terminal.
+        and only when stdout is a terminal. When ``timeout`` runs out, ``gpulayer.JobTimeout`` says how
+        many finished and what the others are doing (running where for how long, or queued); they run on.
         """
         try:
             from .terminal_progress import batch_progress
@@ -100,9 +102,11 @@ class BatchHandle:
             if not pending:
                 break
             if deadline.expired():
-                raise TimeoutError(f"{len(self.ids) - len(pending)} of {len(self.ids)} jobs finished within {timeout}s")
+                from .tasks.whereabouts import batch_timeout
+
+                raise batch_timeout(self.ids, [self.ids[i] for i in pending], timeout, self.queue)
             wait = interval if found else min(wait * 1.5, 0.2)
-            time.sleep(wait)
+            time.sleep(deadline.left(wait))  # never past the timeout
         return metas
 
 
@@ -141,7 +145,7 @@ def submit_batch(signatures: Iterable[Signature], resources: Resources | dict | 
         cut = (f"the batch was cut off after {len(ids)} jobs (up to {chunk} of them may not have reached the broker, "
                "none after them did): send the batch again once it is back")
         raise broker_lost(err, cut) from err
-    return BatchHandle(ids, batch_id)
+    return BatchHandle(ids, batch_id, route.queue)
 
 
 def _send_batch(signatures, celery_app, chunk, packed, route, headers, summary, ids: list[str]) -> None:

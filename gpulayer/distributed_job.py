@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import uuid
@@ -25,19 +26,21 @@ from . import app as app_mod
 from . import signing
 from .client import ensure_connected
 from .deadline import Deadline
-from .errors import JobFailed, JobRejected
+from .errors import ClusterUnavailable, JobFailed, JobRejected, JobTimeout
 from .session import BROKER_ERRORS, broker_lost, outage
 from .models import GangPlacement, GangSpec, GangState, Resources
 from .payload import function_name, pack_function
 from .placement import check_gang_fits_fleet
 from .procs.env import BACKEND_ENV
 from .store import keys
-from .store.gangs import GangStore
+from .store.gangs import FIRST_REASON, GangStore
 from .gang import attempts
 from .gang.coordinator import ask
 from .gang.workdir import ShippedDir
 from .tasks.submit import as_resources
 
+log = logging.getLogger(__name__)
+PLACEMENT_LOOK = 0.25  # seconds between reads of a waiting gang's reason (wait_placement)
 LOOK_EVERY = 1.0  # seconds between reads of the gang's record when no event arrives (a missed one)
 NO_COORDINATOR_GRACE = 30.0  # past its timeout by this much, a gang no coordinator ended is ended by its client
 
@@ -178,13 +181,54 @@ class GangHandle:
     # -- public ----------------------------------------------------------------------------------
     @property
     def placement(self) -> GangPlacement:
-        """The workers chosen (index = node rank) and why; waits until the gang is placed."""
-        while not self._placed.wait(0.05):
+        """The workers chosen (index = node rank) and why; waits until the gang is placed, with no limit.
+
+        While it waits for slots, the reason is logged (logger ``gpulayer.distributed_job``, WARNING: shown
+        on stderr unless logging is set up otherwise) each time it changes, e.g. ``distributed job 3f2a...
+        is not placed yet: waiting for 2 workers with 2 free slots ... (#1 in line)``. ``wait_placement(timeout)``
+        gives up after ``timeout`` seconds instead.
+        """
+        return self.wait_placement(None, on_waiting=lambda why: log.warning(
+            "distributed job %s is not placed yet: %s", self.id, why))
+
+    def wait_placement(self, timeout: float | None = None,
+                       on_waiting: Callable[[str], None] | None = None) -> GangPlacement:
+        """``placement`` within ``timeout`` seconds, else ``JobTimeout`` saying why the gang still waits (it
+        waits on in the cluster's line: call again, or ``cancel()``). ``on_waiting(reason)`` is called with
+        the reason it waits (``waiting_for()``) each time that changes."""
+        deadline = Deadline(timeout)
+        told = None
+        while not self._placed.wait(deadline.left(PLACEMENT_LOOK)):
             if self._done.is_set():
                 break
+            why = None
+            if on_waiting is not None or deadline.expired():
+                try:
+                    why = self.waiting_for()
+                except ClusterUnavailable:  # the watcher rides out a broker restart; the reason comes back with it
+                    pass
+            if why and why != told and on_waiting is not None:
+                told = why
+                on_waiting(why)
+            if deadline.expired():
+                raise JobTimeout(f"distributed job {self.id} was not placed within {timeout:g} s: "
+                                 f"{why or 'waiting'}; it waits on in the cluster's line: call "
+                                 "wait_placement() again, or cancel() it", job_id=self.id, waited=timeout)
         if self._placement is None:
             raise self._error or JobFailed("GangNotPlaced", "the gang ended before it was placed", job_id=self.id)
         return self._placement
+
+    def waiting_for(self) -> str | None:
+        """Why the gang is not placed yet, as ``gpulayer status`` shows it: the coordinator's reason and the
+        gang's place in the cluster's line; None when it is not waiting (placed, ended, or just sent)."""
+        try:
+            rec = self.store.record(self.id)
+            if rec["state"] != GangState.WAITING.value or rec["reason"] == FIRST_REASON:
+                return None
+            place = self.store.place_in_line(self.id)
+        except BROKER_ERRORS as err:
+            raise self._lost.error(err) from err
+        return rec["reason"] + (f" (#{place} in line)" if place else "")
 
     def status(self) -> dict:
         """The gang's record: state, reason (why it waits, or where it runs), attempt (from 0), placement;
@@ -228,10 +272,18 @@ class GangHandle:
         ``ClusterUnavailable`` when the broker is unreachable at the ``timeout`` (the watcher rides out a
         broker restart), or has been for a minute.
         """
-        if not self._done.wait(timeout):
+        deadline = Deadline(timeout)
+        # In slices: the waiting thread runs now and then, so an interrupt another thread raises in it
+        # (`gpulayer train` when its reader goes away) lands within a moment.
+        while not self._done.wait(deadline.left(0.25)) and not deadline.expired():
+            pass
+        if not self._done.is_set():
             if self._lost.ongoing:
                 raise self._lost.error()
-            raise TimeoutError(f"distributed job {self.id} still {self.status()['state']} after {timeout}s")
+            why = self.waiting_for()
+            doing = f"waiting: {why}" if why else self.status()["state"]
+            raise JobTimeout(f"distributed job {self.id} did not finish within {timeout:g} s: {doing}; it runs on: "
+                             "call get() again to wait longer, or cancel() to stop it", job_id=self.id, waited=timeout)
         if self._output is not None:
             self._output.join(OUTPUT_QUIET + 5.0)  # every line handed to on_output first
         if self._error is not None:

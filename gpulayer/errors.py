@@ -57,6 +57,19 @@ class PayloadRejected(GpulayerError):
     """A message body failed signature verification and was not unpickled."""
 
 
+class JobTimeout(GpulayerError, TimeoutError):
+    """A wait for a job's result (``get(timeout=...)``) ran out; the message says what the job is doing.
+
+    The job is not stopped: it runs on (``handle.cancel()`` stops it) and ``get()`` may be called again.
+    ``job_id`` names it; ``waited`` is the timeout in seconds.
+    """
+
+    def __init__(self, message: str, job_id: str | None = None, waited: float | None = None):
+        self.job_id = job_id
+        self.waited = waited
+        super().__init__(message)
+
+
 class JobStopped(GpulayerError):
     """A job was cancelled or ran over its timeout, and its processes were killed."""
 

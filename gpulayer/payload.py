@@ -7,8 +7,10 @@ cloudpickle, so a worker does not need the user's source tree.
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import importlib
+import io
 import reprlib
 import sys
 import sysconfig
@@ -68,7 +70,7 @@ def pack_function(fn: Callable | str) -> FunctionRef:
         if hit is not None and hit[0] == seen:
             return hit[1]
     try:
-        blob = cloudpickle.dumps(fn)
+        blob = dumps(fn)
     except Exception as err:
         raise PayloadError(f"cannot pickle function {function_name(fn)}: {type(err).__name__}: {err}; "
                            "it probably captures an open file, lock, socket or similar object: "
@@ -77,6 +79,36 @@ def pack_function(fn: Callable | str) -> FunctionRef:
     if seen is not None:
         _packed[fn] = (seen, out)
     return out
+
+
+def _code_keeping_its_file(code: types.CodeType):
+    """cloudpickle's reduction of a code object, with the file it was compiled from in place of its marker.
+
+    cloudpickle sends every code object as from ``<dynamic-code>`` (its payloads stay the same wherever the
+    source lives); a traceback from a worker would then read ``File "<dynamic-code>", line 12, in bad``.
+    The line numbers travel as they are, so only the file name is put back among the constructor's
+    arguments: the pickle is cloudpickle's own, as cheap, and any worker loads it.
+    """
+    rebuild, args = _CLOUDPICKLE_CODE(code)
+    return rebuild, tuple(code.co_filename if type(a) is str and a == _MARKER else a for a in args)
+
+
+_MARKER = "<dynamic-code>"  # the file name cloudpickle gives code sent by value (tests/test_errors.py notices a change)
+_CLOUDPICKLE_CODE = cloudpickle.Pickler.dispatch_table[types.CodeType]
+
+
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle's pickler, keeping the file name of the code it sends by value (tracebacks name it)."""
+
+    dispatch_table = collections.ChainMap({types.CodeType: _code_keeping_its_file},
+                                          *cloudpickle.Pickler.dispatch_table.maps)  # (flat: one lookup per map)
+
+
+def dumps(obj, protocol: int | None = None) -> bytes:
+    """``cloudpickle.dumps`` that keeps where functions sent by value were written (``_code_keeping_its_file``)."""
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=protocol).dump(obj)
+    return buf.getvalue()
 
 
 # A function's pickle, kept while what it was pickled from is unchanged (a loop of submit.delay(fn, i)
@@ -222,6 +254,21 @@ def _short(value: Any) -> str:
     if callable(value) and not isinstance(value, type):
         return function_name(value)
     return _repr.repr(value)
+
+
+def unsendable_result(result: Any, err: BaseException) -> str:
+    """Why a job's return value could not be sent back (``err``: the failed pickling, or the size limit)."""
+    root = err  # kombu's EncodeError, around the serializer's PayloadError, around pickle's own error
+    while (root.__cause__ or root.__context__) is not None:
+        root = root.__cause__ or root.__context__
+    kind = type(result)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    if isinstance(root, PayloadError):  # pickled, but over the size limit
+        return f"the job's result ({name}) could not be sent back: {root}"
+    return (f"the job's result could not be pickled: the function returned a {name}, and "
+            f"pickling it failed ({type(root).__name__}: {root}); return plain data instead (numbers, strings, "
+            "lists and dicts of them, tensors, arrays) or an object that pickles, or write the result to shared "
+            "storage and return its path")
 
 
 def summarize(fn: Callable | FunctionRef, args: tuple = (), kwargs: dict | None = None) -> str:

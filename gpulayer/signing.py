@@ -11,9 +11,9 @@ import hashlib
 import hmac
 import pickle
 
-import cloudpickle
 from kombu.serialization import register
 
+from . import payload
 from .errors import PayloadError, PayloadRejected
 
 NAME = "gpulayer"
@@ -64,7 +64,7 @@ def verify(body: bytes) -> bytes:
 
 def dumps(obj) -> bytes:
     try:
-        data = cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        data = payload.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as err:
         raise PayloadError(f"cannot pickle the job's payload: {type(err).__name__}: {err}; "
                            "pass plain data, tensors or picklable objects") from err

@@ -206,11 +206,12 @@ def queue_lengths(client, read) -> dict[str, int]:
 
 
 def renderables(report: dict, full: bool | None = None) -> list:
-    """The report as rich tables: workers (each one, or a summary above ``SUMMARY_ABOVE``), queues, gangs.
+    """The report as aligned plain tables: workers (each one, or a summary above ``SUMMARY_ABOVE``), queues,
+    distributed jobs.
 
-    ``full`` None: every worker when the fleet is small and the report lists them all. A summary
-    is aligned plain lines (``_Lines``), so a one-shot ``gpulayer status`` of a big fleet prints
-    without importing rich, and rich's tables (~3 ms a row) are kept for the small ones.
+    ``full`` None: every worker when the fleet is small and the report lists them all. Each table is
+    ``_Lines``: columns as wide as their widest value, two spaces apart, nothing cut and no column dropped
+    (a local cluster's fit in 80 columns; a wider row wraps at the terminal's edge), and no rich to import.
     """
     summary = report.get("summary")
     if full is None:
@@ -221,7 +222,8 @@ def renderables(report: dict, full: bool | None = None) -> list:
 
         out.append(_Lines(f"redis: {describe_restarts(report['broker_restarts'])}"))
     if full:
-        out.append(_worker_table(report["workers"], f"{len(report['workers'])} live workers"))
+        out.append(_Lines(f"{len(report['workers'])} live workers",
+                          [_WORKER_COLUMNS, *map(_worker_cells, report["workers"])]))
     else:
         out.extend(_summary_tables(report))
     unread = set(report.get("unread_queues", ()))
@@ -231,66 +233,40 @@ def renderables(report: dict, full: bool | None = None) -> list:
             quiet += 1  # a big fleet's empty queues (10,000 private ones): counted, not listed
             continue
         rows.append((name, str(n), "nobody reads this queue" if name in unread else ""))
+    caption = f"and {quiet} empty queues (--all lists them)" if quiet else None
     if quiet and not rows:
         out.append(_Lines(f"queues: nothing waiting in any of {quiet} (--all lists them)"))
-    elif not full or len(rows) > SUMMARY_ABOVE:
-        out.append(_Lines("queues", [("queue", "waiting", ""), *rows],
-                          f"and {quiet} empty queues (--all lists them)" if quiet else None))
-    else:
-        from rich.table import Table
-        from rich.text import Text
-
-        q = Table(title="queues", caption=f"and {quiet} empty queues (--all lists them)" if quiet else None)
-        q.add_column("queue")
-        q.add_column("waiting", justify="right")
-        q.add_column("")
-        for name, n, note in rows:
-            q.add_row(name, n, Text(note, style="red"))
-        out.append(q)
+    elif rows:
+        noted = any(note for _, _, note in rows)  # the third column only when a queue has a note
+        out.append(_Lines("queues", [("queue", "waiting", *(("note",) if noted else ())),
+                                     *((name, n, *((note,) if noted else ())) for name, n, note in rows)],
+                          caption, right=(1,)))
     if report["gangs"]:
-        from rich.table import Table
-
-        g = Table(title="distributed jobs")
-        for col in ("id", "function", "shape", "state", "workers", "why"):
-            g.add_column(col)
-        for job in report["gangs"]:
-            state = job["state"] + (f" (#{job['in_line']} in line)" if job.get("in_line") else "")
-            g.add_row(job["id"][:12], job["name"] or "-", f"{job['nodes']} x {job['procs_per_node']}", state,
-                      ", ".join(job["workers"]) or "-", job["reason"])
-        out.append(g)
+        out.append(_Lines("distributed jobs", [("id", "function", "shape", "state", "workers", "why"), *(
+            (job["id"][:12], job["name"] or "-", f"{job['nodes']} x {job['procs_per_node']}",
+             job["state"] + (f" (#{job['in_line']} in line)" if job.get("in_line") else ""),
+             ", ".join(job["workers"]) or "-", job["reason"]) for job in report["gangs"])]))
     return out
 
 
-_WORKER_COLUMNS = ("worker", "address", "zone", "region", "cuda", "slots used/total", "heartbeat")
+_WORKER_COLUMNS = ("worker", "address", "zone", "region", "cuda", "used/slots", "heartbeat")
 
 
 def _worker_cells(w: dict) -> tuple[str, ...]:
-    cuda = f"{w['gpus']} x {w['gpu_names'][0]}" if w["gpus"] else "-"
+    cuda = f"{w['gpus']} x {w['gpu_names'][0].removeprefix('NVIDIA ')}" if w["gpus"] else "-"
     return (w["id"], w["address"], w["zone"] or "-", w["region"] or "-", cuda,
             f"{w['busy'] + w['held']}/{w['slots']}" + (f" ({w['held']} gang)" if w["held"] else ""),
             f"{w['heartbeat_age']:.1f}s ago")
 
 
-def _worker_table(rows: list[dict], title: str):
-    """A rich table of workers; above ``SUMMARY_ABOVE`` rows, aligned plain lines (rich takes ~3 ms a row)."""
-    if len(rows) > SUMMARY_ABOVE:
-        return _Lines(title, [_WORKER_COLUMNS, *map(_worker_cells, rows)])
-    from rich.table import Table
-
-    t = Table(title=title)
-    for col in _WORKER_COLUMNS:
-        t.add_column(col)
-    for w in rows:
-        t.add_row(*_worker_cells(w))
-    return t
-
-
 class _Lines:
     """A title and rows of cells as aligned text, one segment per line: 10,000 rows in a tenth of a second."""
 
-    def __init__(self, title: str, rows: list[tuple[str, ...]] = (), caption: str | None = None):
+    def __init__(self, title: str, rows: list[tuple[str, ...]] = (), caption: str | None = None,
+                 right: tuple[int, ...] = ()):
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))] if rows else []
-        self.lines = [title] + ["  ".join(v.ljust(n) for v, n in zip(r, widths)).rstrip() for r in rows]
+        self.lines = [title] + ["  ".join(v.rjust(n) if i in right else v.ljust(n)
+                                          for i, (v, n) in enumerate(zip(r, widths))).rstrip() for r in rows]
         if caption:
             self.lines.append(caption)
 
@@ -323,15 +299,7 @@ def _summary_tables(report: dict) -> list:
 
 
 def render(report: dict, full: bool | None = None) -> None:
-    items = renderables(report, full)
-    if all(isinstance(item, _Lines) for item in items):  # a summary: no rich to import
-        sys.stdout.write("\n".join(item.text() for item in items))
-        return
-    from rich.console import Console
-
-    console = Console()
-    for item in items:
-        console.print(item)
+    sys.stdout.write("\n".join(item.text() for item in renderables(report, full)))
 
 
 def watch(every: float = 2.0, as_json: bool = False, full: bool | None = None) -> int:

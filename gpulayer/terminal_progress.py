@@ -90,7 +90,8 @@ def batch_progress(total: int, enabled: bool | None = None,
 
 
 class GangProgress:
-    """A distributed job's state and ranks (waiting -> running -> done), redrawn from a polling thread."""
+    """A distributed job's state and ranks (waiting, with the reason -> running -> done), redrawn from a
+    polling thread."""
 
     def __init__(self, handle, file: IO | None = None, enabled: bool | None = None):
         self.handle = handle
@@ -158,6 +159,10 @@ class GangProgress:
         where = (record.get("placement") or {}).get("workers") or []
         if state == "running" and where:
             label += " on " + ", ".join(where)
+        elif state == "waiting":  # why, as `gpulayer status` says it
+            why = self.handle.waiting_for()
+            if why:
+                label += f": {why}"
         self._progress.update(self._task, description=f"gang {gid[:8]} {label}", completed=done, running=running,
                               failed=failed)
         self._progress.refresh()

@@ -7,16 +7,11 @@ other test's jobs.
 
 from __future__ import annotations
 
-import fcntl
 import os
-import pty
 import re
-import signal
 import subprocess
 import sys
-import termios
 import textwrap
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -31,6 +26,8 @@ from gpulayer.cancel import held_by_workers, unfinished
 from gpulayer.lab.fleet import wait_until
 from gpulayer.store.gangs import GangStore
 from gpulayer.store.sent import sent_by
+
+from .terminal import Terminal
 
 
 def cli(fleet, *args: str, client_id: str | None = None) -> subprocess.CompletedProcess:
@@ -220,50 +217,6 @@ RANK_SCRIPT = textwrap.dedent("""
     while True:
         time.sleep(0.1)
 """)
-
-
-class Terminal:
-    """A command in a pseudo-terminal of its own, as a user's shell runs it: ^C signals its process group."""
-
-    def __init__(self, argv: list[str], cwd: Path, env: dict):
-        master, slave = pty.openpty()
-        self.master = master
-        self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=slave, stdout=slave, stderr=slave,
-                                     start_new_session=True, preexec_fn=self._take_terminal)
-        os.close(slave)
-        self.output = bytearray()
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    @staticmethod
-    def _take_terminal():
-        fcntl.ioctl(0, termios.TIOCSCTTY, 0)  # stdin (the pty) becomes its controlling terminal
-        signal.signal(signal.SIGINT, signal.SIG_DFL)  # as a shell starts it, even if pytest ignores SIGINT
-
-    def _read(self):
-        while True:
-            try:
-                data = os.read(self.master, 4096)
-            except OSError:  # the command exited: the pty is closed
-                return
-            if not data:
-                return
-            self.output += data
-
-    def text(self) -> str:
-        """What the command wrote, its lines joined where the terminal wrapped them (rich wraps a dumb
-        terminal at 80 columns): words separated by single spaces."""
-        return " ".join(self.output.decode(errors="replace").split())
-
-    def ctrl_c(self) -> None:
-        os.write(self.master, b"\x03")
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self._reader.join(5)
-        os.close(self.master)
 
 
 @pytest.mark.parametrize("presses", [1, 2])

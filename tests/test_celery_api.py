@@ -183,3 +183,25 @@ def test_celery_events_dump_shows_job_summaries(fleet, tmp_path):
         proc.terminate()
         proc.wait(30)
         proc.stdout.close()
+
+
+def test_celery_call_of_submit_says_in_one_line_what_to_run_and_runs_a_reference_with_it(fleet, tmp_path):
+    """`celery call` sends JSON, which no worker runs: refused in one line naming the flag that works."""
+    env = dict(os.environ, GPULAYER_BROKER_URL=fleet.url, GPULAYER_SECRET=fleet.secret)
+
+    def celery_call(*args):
+        return subprocess.run([sys.executable, "-m", "celery", "-A", "gpulayer.app", "call", "gpulayer.submit", *args],
+                              env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+    plain = celery_call("--args", '["operator:add", 2, 3]')
+    assert plain.returncode != 0
+    assert plain.stderr.strip().splitlines() == [
+        "Error: gpulayer.submit runs only messages signed by gpulayer, and `celery call` sends json: add "
+        "--serializer gpulayer, with a 'pkg.mod:fn' reference as the first of --args, e.g. celery -A gpulayer.app "
+        "call gpulayer.submit --serializer gpulayer --args '[\"os:getcwd\"]'"], plain.stderr
+    bad = celery_call("--serializer", "gpulayer", "--args", '["add", 2, 3]')
+    assert bad.stderr.strip().splitlines() == [
+        "Error: function reference 'add' is not of the form 'package.module:function'"], bad.stderr
+    sent = celery_call("--serializer", "gpulayer", "--args", '["operator:add", 2, 3]')
+    assert sent.returncode == 0, sent.stderr
+    assert submit.AsyncResult(sent.stdout.strip()).get(timeout=60) == 5

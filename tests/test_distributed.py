@@ -373,3 +373,45 @@ def test_on_output_gets_every_line_even_of_ranks_that_print_at_once(gangs):
     for rank in range(4):
         assert (rank, "stdout", f"hello from rank {rank}") in lines
         assert (rank, "stderr", f"warning from rank {rank}") in lines
+
+
+# --- waiting for slots, said (issue 31) --------------------------------------------------------------
+
+def held_until(key):
+    assert redis_client().blpop([key], 120), f"never released: {key}"
+
+
+def test_wait_placement_gives_up_with_the_reason_and_placement_logs_it(fleet, caplog):
+    import logging
+    import threading
+    import uuid
+
+    from gpulayer import JobTimeout
+
+    release = f"test:placement:{uuid.uuid4().hex}"
+    hold = distributed(held_until, release, nodes=2, procs_per_node=2)  # w-a and w-b, the only 2-slot workers
+    hold.placement  # noqa: B018
+    job = distributed(held_until, release, nodes=2, procs_per_node=2, timeout=300)
+    try:
+        wait_until(job.waiting_for, 30, "the coordinator's reason")
+        with pytest.raises(JobTimeout) as caught:
+            job.wait_placement(timeout=0.3)
+        text = str(caught.value)
+        assert text.startswith(f"distributed job {job.id} was not placed within 0.3 s: waiting for 2 workers with 2 "
+                               "free slots"), text
+        assert "(#1 in line); it waits on in the cluster's line" in text and caught.value.job_id == job.id
+        with caplog.at_level(logging.WARNING, logger="gpulayer.distributed_job"):
+            placed = []
+            waiter = threading.Thread(target=lambda: placed.append(job.placement), daemon=True)
+            waiter.start()
+            wait_until(lambda: caplog.records, 30, "the reason logged")
+            assert caplog.records[0].getMessage().startswith(f"distributed job {job.id} is not placed yet: waiting "
+                                                              "for 2 workers with 2 free slots")
+            redis_client().rpush(release, *["go"] * 4)
+            waiter.join(60)
+        assert placed and len(placed[0].workers) == 2
+    finally:
+        redis_client().rpush(release, *["go"] * 8)
+    hold.get(timeout=60)
+    job.get(timeout=60)
+    redis_client().delete(release)

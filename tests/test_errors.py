@@ -114,3 +114,49 @@ def test_the_backend_methods_overridden_keep_celerys_signatures():
     assert list(inspect.signature(Backend._get_result_meta).parameters) == [
         "self", "result", "state", "traceback", "request", "format_date", "encode"]
     assert list(inspect.signature(AsyncBackendMixin.remove_pending_result).parameters) == ["self", "result"]
+
+
+def test_a_traceback_names_the_users_files_and_lines_for_functions_sent_by_value(fleet, tmp_path):
+    """A function from ``__main__`` (calling another one there) and one from the user's own module travel by
+    value: the traceback in ``JobFailed`` and in the worker's log names their files and lines, not
+    ``<dynamic-code>``."""
+    (tmp_path / "shards.py").write_text(textwrap.dedent("""
+        def parse(n):
+            size = n * 2
+            raise ValueError(f"shard {size} is corrupt")
+    """))
+    script = tmp_path / "prep.py"
+    script.write_text(textwrap.dedent(f"""
+        import gpulayer
+        from gpulayer import JobFailed, Resources, submit
+        from shards import parse
+
+
+        def check(n):
+            raise KeyError(n)
+
+
+        def bad(n):
+            return check(n + 1)
+
+
+        gpulayer.init({fleet.url!r}, secret={fleet.secret!r})
+        for fn in (bad, parse):
+            try:
+                submit.delay(fn, 3, resources=Resources(worker_ids=["w-b"])).get(timeout=60)
+            except JobFailed as err:
+                print(err.job_id)
+                print(err.traceback.replace(chr(10), " | "))
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    first, shown_first, second, shown_second = out.stdout.splitlines()
+    log = (fleet.workdir / "w-b.log").read_text()
+    for job_id, shown, frames in (
+            (first, shown_first, [f'File "{script}", line 12, in bad', f'File "{script}", line 8, in check']),
+            (second, shown_second, [f'File "{tmp_path / "shards.py"}", line 4, in parse'])):
+        logged = log[log.index(job_id):]
+        for frame in frames:
+            assert frame in shown, shown
+            assert frame in logged, logged[:3000]
+        assert "<dynamic-code>" not in shown

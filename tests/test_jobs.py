@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -293,3 +294,90 @@ def test_a_success_left_for_later_is_stored_first_when_a_failure_follows_it(flee
     assert failed and value == "einfo" and not isinstance(value, StoreLater)
     meta = backend.get_task_meta(job)
     assert meta["status"] == states.SUCCESS and meta["result"] == 42
+
+
+# --- timeouts and results that cannot go back (issue 31, job API) ------------------------------------
+
+def nap(seconds):
+    import time as _t
+
+    _t.sleep(seconds)
+    return seconds
+
+
+def a_lock():
+    import threading
+
+    return threading.Lock()
+
+
+def test_get_keeps_to_its_timeout_and_says_what_the_job_is_doing(fleet):
+    import time
+
+    from celery.exceptions import TimeoutError as CeleryTimeoutError
+
+    from gpulayer import JobTimeout
+    from gpulayer.cancel import held_by_workers
+
+    on_c = Resources(worker_ids=["w-c"])  # one slot: the first job runs, the second waits in w-c's queue
+    first = submit.delay(nap, 60, resources=on_c)
+    wait_until(lambda: held_by_workers([first.id]), 30, "w-c to take the first job")
+    second = submit.delay(nap, 60, resources=on_c)
+    try:
+        for handle, doing in ((first, "taken by worker w-c "), (second, "queued on gl.q.w.w-c (1 job waiting there), "
+                                                                         "not taken by a worker yet")):
+            started = time.perf_counter()
+            with pytest.raises(JobTimeout) as caught:
+                handle.get(timeout=0.5)
+            print(f"get(timeout=0.5) gave up after {time.perf_counter() - started:.2f} s")
+            err = caught.value
+            assert isinstance(err, TimeoutError) and isinstance(err, CeleryTimeoutError)  # what callers catch
+            assert str(err).startswith(f"job {handle.id} did not finish within 0.5 s: {doing}"), str(err)
+            assert "cancel()" in str(err) and err.job_id == handle.id and err.waited == 0.5
+    finally:
+        first.cancel()
+        second.cancel()
+
+
+def test_a_batch_that_times_out_says_how_many_finished_and_what_the_others_do(fleet):
+    from gpulayer import JobTimeout
+    from gpulayer.cancel import held_by_workers
+
+    batch = submit_batch([submit.s(nap, 60) for _ in range(3)], resources=Resources(worker_ids=["w-c"]))
+    try:
+        wait_until(lambda: held_by_workers(batch.ids), 30, "w-c to take one job of the batch")
+        with pytest.raises(JobTimeout) as caught:
+            batch.get(timeout=0.3)
+        text = str(caught.value)
+        # w-c takes one job, or several at once ahead of its free slot (several jobs per exchange): taken or queued
+        said = re.match(r"0 of 3 jobs finished within 0\.3 s; of the others, (\d) taken by workers \((\d) on w-c; "
+                        r"the first [\d.]+ s ago\)(?: and (\d) queued on gl\.q\.w\.w-c \((\d) jobs? waiting there\))?; "
+                        r"they run on: call get\(\) again to wait longer, or cancel\(\) to stop them$", text)
+        assert said, text
+        taken, on_c, queued, there = (int(n or 0) for n in said.groups())
+        assert taken == on_c >= 1 and taken + queued == 3 and there == queued, text
+    finally:
+        batch.cancel()
+
+
+def test_a_result_that_cannot_be_pickled_is_named_as_the_result(fleet):
+    with pytest.raises(JobFailed) as caught:
+        submit.delay(a_lock).get(timeout=30)
+    message = caught.value.message
+    assert message.startswith("the job's result could not be pickled: the function returned a _thread.lock, and "
+                              "pickling it failed (TypeError: cannot pickle '_thread.lock' object); return plain "
+                              "data instead"), message
+    assert "arguments" not in message and "pass plain data" not in message
+
+
+def test_a_group_that_times_out_says_how_many_finished(fleet):
+    from gpulayer import JobTimeout
+
+    result = group(submit.s(nap, 60, resources=Resources(worker_ids=["w-c"])) for _ in range(2)).apply_async()
+    try:
+        with pytest.raises(JobTimeout) as caught:
+            result.get(timeout=0.3)
+        assert str(caught.value).startswith("0 of 2 jobs finished within 0.3 s; of the others, "), str(caught.value)
+        assert "w-c" in str(caught.value) or "queued" in str(caught.value), str(caught.value)
+    finally:
+        result.revoke()

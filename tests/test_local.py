@@ -174,3 +174,44 @@ def test_a_script_with_an_embedded_cluster_leaves_nothing_running_once_it_has_ex
     assert result["my_pgid"] not in result["pgids"]
     assert result["places"] == {"local-1": ["europe-west1-b", "europe-west1"],
                                 "local-2": ["europe-west1-c", "europe-west1"]}
+
+
+def test_up_on_a_running_cluster_refuses_flags_it_does_not_have_and_says_how(gpulayer_home):
+    env = dict(os.environ)
+    refused = run_cli("up", "--slots", "0", env=env)  # before anything starts
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr == ("gpulayer up: error: --slots 0: a worker needs at least 1 job slot (default: cores / "
+                              "workers, at least 2)\n"), refused.stderr
+    assert not (gpulayer_home / "cluster.json").exists()
+    assert run_cli("up", "--workers", "-1", env=env).stderr.startswith("gpulayer up: error: --workers -1: ")
+    assert run_cli("up", "--flower", "70000", env=env).stderr.startswith("gpulayer up: error: --flower 70000: ")
+    out = run_cli("up", "--workers", "1", "--slots", "1", env=env)
+    try:
+        assert out.returncode == 0, out.stderr
+        running = "1 worker x 1 slot (local-1 in europe-west1-b), without Flower"
+        other = run_cli("up", "--workers", "2", "--slots", "3", env=env)
+        assert other.returncode == 2 and other.stdout == "", other.stdout
+        assert other.stderr == (
+            f"gpulayer up: error: a local cluster is already running in {gpulayer_home}: {running}; it was left as "
+            "it is, not changed to --workers 2 (it has 1); --slots 3 (its workers have 1 each). For that: "
+            "`gpulayer down`, then `gpulayer up --workers 2 --slots 3`, or add a worker beside it: `gpulayer worker "
+            "--slots 3` (`gpulayer down` does not stop that one)\n"), other.stderr
+        flower = run_cli("up", "--flower", env=env)
+        assert flower.returncode == 2 and "not running with this cluster" not in flower.stderr
+        assert flower.stderr.endswith("not changed to --flower (it was started without Flower). For that: "
+                                      "`gpulayer down`, then `gpulayer up --flower`, or run Flower beside it: "
+                                      "`gpulayer flower`\n"), flower.stderr
+        zone = run_cli("up", "--zone", "us-east1-b", env=env)
+        assert zone.returncode == 2 and "--zone us-east1-b (its zones: europe-west1-b)" in zone.stderr
+        same = run_cli("up", "--workers", "1", "--slots", "1", env=env)  # what runs: nothing to say but that
+        assert same.returncode == 0 and same.stdout.startswith("already running: broker "), same.stderr
+        read, write = os.pipe()
+        os.close(read)  # `gpulayer up | head -1`, its reader gone
+        try:
+            gone = subprocess.run([sys.executable, "-m", "gpulayer", "up"], env=env, stdout=write,
+                                  stderr=subprocess.PIPE, text=True, timeout=60)
+        finally:
+            os.close(write)
+        assert gone.stderr == "", gone.stderr
+    finally:
+        assert run_cli("down", env=env).returncode == 0

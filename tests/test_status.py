@@ -109,3 +109,39 @@ def test_summary_counts_busy_and_gang_held_slots_by_zone_and_region():
     z1 = next(z for z in s["zones"] if z["zone"] == "z1")
     assert (z1["workers"], z1["busy"], z1["held"]) == (3, 1 + 0 + 2, 3)
     assert s["busiest"] == ["w1", "w2"] and s["dead"] == [{"id": "gone", "heartbeat_age": 12.5}]
+
+
+# --- 80 columns, and a reader that leaves (issue 31) ---------------------------------------------------
+
+def test_status_fits_80_columns_without_cutting_a_name(fleet):
+    env = {**os.environ, "GPULAYER_BROKER_URL": fleet.url, "GPULAYER_SECRET": fleet.secret, "COLUMNS": "80"}
+    shown = subprocess.run([sys.executable, "-m", "gpulayer", "status"], env=env, capture_output=True, text=True,
+                           timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("worker "))
+    assert lines[head].split() == ["worker", "address", "zone", "region", "cuda", "used/slots", "heartbeat"]
+    workers = lines[head + 1:]
+    for name, zone in (("w-a", "europe-west1-b"), ("w-b", "europe-west1-c")):
+        row = next(line for line in workers if line.startswith(name + " "))
+        assert f"  {zone}  europe-west1  " in row, row
+    assert "…" not in shown.stdout
+    worker_rows = workers[:workers.index("")]
+    assert all(len(line) <= 80 for line in worker_rows), worker_rows
+    queues = lines[lines.index("queues") + 1]
+    assert queues.split() == ["queue", "waiting"], queues  # no empty column: a note column only for a note
+
+
+def test_every_command_stops_quietly_when_its_reader_leaves(fleet):
+    """`gpulayer status --json | head -1`: the reader is gone before the output is written."""
+    env = {**os.environ, "GPULAYER_BROKER_URL": fleet.url, "GPULAYER_SECRET": fleet.secret}
+    for args in (["status", "--json"], ["status"], ["--help"]):
+        read, write = os.pipe()
+        os.close(read)  # as `| head -1` once it has its line
+        try:
+            proc = subprocess.run([sys.executable, "-m", "gpulayer", *args], env=env, stdout=write,
+                                  stderr=subprocess.PIPE, text=True, timeout=60)
+        finally:
+            os.close(write)
+        assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, (args, proc.stderr)
+        assert proc.stderr == "", (args, proc.stderr)

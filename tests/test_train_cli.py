@@ -313,3 +313,124 @@ def test_a_script_written_for_lightning_runs_unchanged_on_two_machines_of_two(fl
                 f"(RANK {rank} GROUP_RANK {node})") in out.stdout, out.stdout
     # limit_train_batches=4 of each rank's shard (16 of the 64 rows): 4 optimizer steps, in step on every rank.
     assert "[rank 0] weights identical on 4 ranks: True; steps 4" in out.stdout, out.stdout
+
+
+# --- flags, and why a job waits (issue 31, command line) ---------------------------------------------
+
+def test_train_refuses_a_bad_flag_in_one_line_naming_it(fleet, project):
+    for args, said in ((["--nodes", "0", "--procs-per-node", "1"], "--nodes 0: must be greater than or equal to 1"),
+                       (["--nodes", "1", "--procs-per-node", "513"], "--procs-per-node 513: must be less than or "
+                                                                      "equal to 512"),
+                       (["--nodes", "1", "--procs-per-node", "1", "--max-restarts", "-1"], "--max-restarts -1"),
+                       (["--nodes", "1", "--procs-per-node", "1", "--timeout", "0"], "--timeout 0.0: must be "
+                                                                                      "greater than 0")):
+        out = run_train(fleet, project, *args, "train.py")
+        assert out.returncode == 2, out.stderr
+        assert out.stderr.splitlines() == [f"gpulayer train: error: {said}"
+                                           + out.stderr.split(said, 1)[1].rstrip("\n")], out.stderr
+        assert "Traceback" not in out.stderr and "pydantic" not in out.stderr
+
+
+def test_train_help_documents_every_flag(fleet, project):
+    from gpulayer.cli import build_parser
+
+    out = run_train(fleet, project, "--help")
+    assert out.returncode == 0, out.stderr
+    text = " ".join(out.stdout.split())
+    for flag, words in (("--nodes N", "workers (machines) the job runs on"),
+                        ("--procs-per-node M", "processes (ranks) on each node"),
+                        ("--launcher {direct,torchrun}", "direct: each worker starts its ranks itself"),
+                        ("--zone ZONE", "run only on workers in this zone"),
+                        ("--max-restarts K", "start the whole job again"),
+                        ("--timeout SECONDS", "give up when the job has waited this long")):
+        assert f"{flag} {words}" in text, (flag, text)
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    undocumented = [a.option_strings or a.dest for a in train._actions if not a.help]
+    assert not undocumented, undocumented
+
+
+HOLD = "test:train-waits:release"
+
+
+def hold_until_released(key):
+    import gpulayer as _gl
+
+    assert _gl.app.redis_client().blpop([key], 120), f"never released: {key}"
+
+
+def _whole_fleet_held(fleet):
+    """A 2 x 2 job on w-a and w-b (the only workers with 2 slots), holding them until the test pushes to ``HOLD``."""
+    from gpulayer import distributed
+
+    fleet.client().delete(HOLD)
+    job = distributed(hold_until_released, HOLD, nodes=2, procs_per_node=2)
+    job.placement  # noqa: B018
+    return job
+
+
+def test_train_on_a_pipe_says_why_its_job_waits(fleet, project):
+    (project / "quick.py").write_text("print('ran', flush=True)\n")
+    hold = _whole_fleet_held(fleet)
+    env = dict(os.environ, GPULAYER_BROKER_URL=fleet.url, GPULAYER_SECRET=fleet.secret)
+    proc = subprocess.Popen([sys.executable, "-m", "gpulayer", "train", "--nodes", "2", "--procs-per-node", "2",
+                             "quick.py"], cwd=project, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        line = proc.stderr.readline()  # the first thing it says: it waits, and why
+        assert " 2 x 2 waits: waiting for 2 workers with 2 free slots" in line and "(#1 in line)" in line, line
+        fleet.client().rpush(HOLD, *["go"] * 4)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        assert "placed on 2 workers" in err and "[rank 0] ran" in out
+        hold.get(timeout=60)
+    finally:
+        fleet.client().rpush(HOLD, *["go"] * 4)
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        fleet.client().delete(HOLD)
+
+
+def test_train_at_a_terminal_shows_why_its_job_waits_in_its_bar(fleet, project):
+    from .terminal import Terminal
+
+    (project / "quick.py").write_text("print('ran', flush=True)\n")
+    hold = _whole_fleet_held(fleet)
+    env = dict(os.environ, GPULAYER_BROKER_URL=fleet.url, GPULAYER_SECRET=fleet.secret, TERM="xterm")
+    term = Terminal([sys.executable, "-m", "gpulayer", "train", "--nodes", "2", "--procs-per-node", "2", "quick.py"],
+                    project, env, columns=200)
+    try:
+        wait_until(lambda: "waiting: waiting for 2 workers with 2 free slots" in term.plain(), 60,
+                   f"the bar to say why the job waits ({term.plain()[-1500:]!r})")
+        assert "(#1 in line)" in term.plain()
+        fleet.client().rpush(HOLD, *["go"] * 4)
+        assert term.proc.wait(120) == 0, term.plain()
+        term._reader.join(5)
+        assert "[rank 0] ran" in term.plain() and "waits:" not in term.plain()  # the bar, not a line, at a terminal
+        hold.get(timeout=60)
+    finally:
+        fleet.client().rpush(HOLD, *["go"] * 4)
+        term.close()
+        fleet.client().delete(HOLD)
+
+
+def test_train_whose_reader_goes_away_stops_quietly_and_cancels_its_job(fleet, project):
+    """`gpulayer train ... | head -1`: the command ends as Ctrl-C ends it, without a traceback."""
+    from gpulayer.app import redis_client
+    from gpulayer.store.gangs import GangStore
+
+    (project / "chatty.py").write_text("import time\nprint('hello', flush=True)\ntime.sleep(120)\n")
+    env = dict(os.environ, GPULAYER_BROKER_URL=fleet.url, GPULAYER_SECRET=fleet.secret)
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        out = subprocess.run([sys.executable, "-m", "gpulayer", "train", "--nodes", "1", "--procs-per-node", "1",
+                              "chatty.py"], cwd=project, env=env, stdout=write, stderr=subprocess.PIPE, text=True,
+                             timeout=120)
+    finally:
+        os.close(write)
+    assert out.returncode == 141, out.stderr
+    assert "Traceback" not in out.stderr and "BrokenPipeError" not in out.stderr, out.stderr
+    assert "the reader of its output went away; stopping as Ctrl-C would" in out.stderr, out.stderr
+    job_id = out.stderr.split("gpulayer train: ", 1)[1].split()[0]
+    assert GangStore(redis_client()).record(job_id)["state"] == "cancelled"

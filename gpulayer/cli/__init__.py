@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 
 from ..errors import GpulayerError
@@ -33,12 +35,14 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("worker", help="run a worker on this machine")
     w.add_argument("--broker", default=None, help="redis://[:password@]host:port/db (default: GPULAYER_BROKER_URL)")
     w.add_argument("--slots", type=int, default=None, help="concurrent jobs (default: GPUs, else cores)")
-    w.add_argument("--zone", default=None)
-    w.add_argument("--region", default=None)
+    w.add_argument("--zone", default=None, help="the zone this machine is in, e.g. europe-west1-b (jobs and "
+                                                "distributed jobs may ask for it)")
+    w.add_argument("--region", default=None, help="its region, e.g. europe-west1 (default: none)")
     w.add_argument("--name", default=None, help="worker id (default: <cuda|cpu>-<zone>-<host>)")
-    w.add_argument("--cuda", choices=("auto", "on", "off"), default="auto")
+    w.add_argument("--cuda", choices=("auto", "on", "off"), default="auto",
+                   help="auto: serve the GPUs this machine shows (default); on: refuse to start without one; off: CPU only")
     w.add_argument("--advertise-addr", default=None, help="address other machines reach this one at")
-    w.add_argument("--loglevel", default="INFO")
+    w.add_argument("--loglevel", default="INFO", help="DEBUG, INFO (default), WARNING or ERROR")
     w.add_argument("--log-jobs", action="store_true", default=None,
                    help="log every job received and every success (default: GPULAYER_LOG_JOBS, off: only "
                         "failures, retries and lost jobs; --loglevel DEBUG logs them too)")
@@ -51,26 +55,35 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--all", action="store_true",
                     help="a row for every worker (default: a summary by zone and region above 50 workers)")
 
-    tr = sub.add_parser("train", help="run a training script on N workers x M processes")
-    tr.add_argument("--nodes", type=int, required=True)
-    tr.add_argument("--procs-per-node", type=int, required=True)
-    tr.add_argument("--launcher", choices=("direct", "torchrun"), default="direct")
+    tr = sub.add_parser("train", help="run a training script on N workers x M processes",
+                        description="Run a training script as one distributed job: N workers x M processes, each "
+                                    "rank with torchrun's environment, the working directory shipped to every "
+                                    "worker, every rank's output streamed back.")
+    tr.add_argument("--nodes", type=int, required=True, metavar="N",
+                    help="workers (machines) the job runs on, each one node of the job (1 to 4096)")
+    tr.add_argument("--procs-per-node", type=int, required=True, metavar="M",
+                    help="processes (ranks) on each node, one job slot each (1 to 512); with --cuda, one GPU each")
+    tr.add_argument("--launcher", choices=("direct", "torchrun"), default="direct",
+                    help="direct: each worker starts its ranks itself, with the environment torchrun would set "
+                         "(default, fast); torchrun: each worker runs torchrun with a static rendezvous")
     tr.add_argument("--cuda", action="store_true", help="run on GPU workers (NCCL)")
-    tr.add_argument("--zone", default=None)
+    tr.add_argument("--zone", default=None, help="run only on workers in this zone (e.g. europe-west1-b)")
     tr.add_argument("--workdir", default=None, help="directory to package and send (default: current)")
-    tr.add_argument("--max-restarts", type=int, default=0)
+    tr.add_argument("--max-restarts", type=int, default=0, metavar="K",
+                    help="start the whole job again up to K times after a rank fails or a worker dies (default 0)")
     tr.add_argument("--restart-from", choices=("node0", "own", "fresh"), default="node0",
                     help="where each node of a restarted attempt starts: node 0's files at the end of the failed "
                          "attempt, as on a shared file system (default); its own directory; the shipped copy")
-    tr.add_argument("--timeout", type=float, default=None, help="seconds to wait for free slots")
+    tr.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                    help="give up when the job has waited this long for free slots (default: wait)")
     tr.add_argument("--keep-workdir", action="store_true",
                     help="leave each node's working directory on its worker at the end (its path is printed)")
     tr.add_argument("--no-pull", action="store_true",
                     help="do not copy the files node 0's ranks created or changed back into --workdir")
     tr.add_argument("--detach", action="store_true",
                     help="Ctrl-C stops watching and leaves the job running (default: Ctrl-C cancels it)")
-    tr.add_argument("script")
-    tr.add_argument("args", nargs=argparse.REMAINDER)
+    tr.add_argument("script", help="the training script, a path inside --workdir; every rank runs it as __main__")
+    tr.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
 
     ca = sub.add_parser("cancel", help="stop jobs, distributed jobs or batches by id, or all this client sent")
     ca.add_argument("ids", nargs="*", metavar="ID", help="a job's, distributed job's, batch's or group's id")
@@ -94,14 +107,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
-        return _COMMANDS[args.command](args) or 0
-    except GpulayerError as err:
-        print(f"gpulayer {args.command}: error: {err}", file=sys.stderr)
-        return 2
+        args = build_parser().parse_args(argv)
+        try:
+            code = _COMMANDS[args.command](args) or 0
+            if sys.stdout is not None:  # (None: started with its stdout closed)
+                sys.stdout.flush()  # a reader gone shows here, not in a traceback at the interpreter's exit
+            return code
+        except GpulayerError as err:
+            print(f"gpulayer {args.command}: error: {err}", file=sys.stderr)
+            return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """The reader of our output left (`gpulayer status --json | head`): stop quietly, as Unix tools do, with
+    the status a shell reports for them (128 + SIGPIPE)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # what is still buffered goes nowhere at exit, not into a traceback
+        os.dup2(devnull, sys.stderr.fileno())
+    except (OSError, ValueError):
+        pass
+    return 128 + signal.SIGPIPE
 
 
 def _up(args) -> int:
@@ -109,9 +140,13 @@ def _up(args) -> int:
     from ..local import up
     from ..local.supervisor import stopped_note
     from ..masking import mask_url
+    from .up_flags import check_up_flags, refuse_changes
 
+    check_up_flags(args)  # before anything starts
     previous = stopped_note(home_dir(), fix=False)  # the last cluster's account of why it stopped on its own
     cluster, started = up(args.workers, args.slots, flower=args.flower, zones=args.zone, regions=args.region)
+    if not started:
+        refuse_changes(args, cluster.home)  # flags it does not have: what runs, and how to get them
     url = cluster.broker_url if args.show_secrets else mask_url(cluster.broker_url)
     print(("started" if started else "already running") + f": broker {url}")
     if started and previous:

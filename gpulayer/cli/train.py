@@ -8,17 +8,20 @@ at the end of the failed attempt (``--restart-from``, ``gpulayer/gang/workdir.py
 and is announced in one line. Every rank's output streams back live, prefixed
 with its rank; at the end the files node 0's ranks created or changed come back
 into the client's directory (``--no-pull`` turns it off), and the command exits
-with the job's status. Ctrl-C cancels the job (exit status 130) unless ``--detach`` was given.
+with the job's status. Ctrl-C cancels the job (exit status 130) unless ``--detach`` was given; so does the
+reader of its output going away (`gpulayer train ... | head`; exit status 141, as a Unix tool's).
 """
 
 from __future__ import annotations
 
+import _thread
 import io
 import os
 import runpy
 import signal
 import sys
 import tarfile
+import threading
 from pathlib import Path
 
 from ..errors import ConfigError, JobFailed
@@ -74,6 +77,26 @@ def run_script(script: str, argv: list[str]) -> int:
     return 0
 
 
+_FLAGS = {"nodes": "--nodes", "procs_per_node": "--procs-per-node", "max_restarts": "--max-restarts",
+          "timeout": "--timeout"}
+
+
+def check_flags(**values) -> None:
+    """Refuse a value no distributed job can have, naming its flag (the limits are ``GangSpec``'s)."""
+    from pydantic import ValidationError
+
+    from ..models import GangSpec
+
+    try:
+        GangSpec(gang_id="-", **values)
+    except ValidationError as e:
+        first = e.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else ""
+        flag = _FLAGS.get(field, field)
+        rule = first["msg"].replace("Input should be", "must be")
+        raise ConfigError(f"{flag} {values.get(field)}: {rule} (see `gpulayer train --help`)") from None
+
+
 def train(script: str, args: list[str], *, nodes: int, procs_per_node: int, launcher: str = "direct",
           cuda: bool = False, zone: str | None = None, workdir: str | None = None, max_restarts: int = 0,
           timeout: float | None = None, keep_workdir: bool = False, pull: bool = True, detach: bool = False,
@@ -86,6 +109,7 @@ def train(script: str, args: list[str], *, nodes: int, procs_per_node: int, laun
     import gpulayer
     from gpulayer import Resources, distributed
 
+    check_flags(nodes=nodes, procs_per_node=procs_per_node, max_restarts=max_restarts, timeout=timeout)
     out, err = out or sys.stdout, err or sys.stderr
     wd = Path(workdir or ".").resolve()
     if not wd.is_dir():
@@ -103,8 +127,16 @@ def train(script: str, args: list[str], *, nodes: int, procs_per_node: int, laun
     gpulayer.init(workers=max(nodes, 2), slots=max(procs_per_node, 2))
     sink = {"stdout": out, "stderr": err}  # the bar's wrapped streams once it is up
 
+    reader_gone = threading.Event()
+
     def show(rank: int, stream: str, line: str) -> None:
-        print(f"[rank {rank}] {line}", file=sink[stream], flush=True)
+        if reader_gone.is_set():
+            return
+        try:
+            print(f"[rank {rank}] {line}", file=sink[stream], flush=True)
+        except BrokenPipeError:  # `gpulayer train ... | head`: the command ends, as a Unix tool does, like a Ctrl-C
+            reader_gone.set()
+            _thread.interrupt_main()
 
     # on_output subscribes before the gang can start: warm ranks print their first lines within milliseconds.
     job = distributed(run_script, str(rel), list(args), nodes=nodes, procs_per_node=procs_per_node,
@@ -120,11 +152,18 @@ def train(script: str, args: list[str], *, nodes: int, procs_per_node: int, laun
     sink.update(stdout=out, stderr=err)
     with bar:
         try:
-            print(f"gpulayer train: {job.id} {nodes} x {procs_per_node} ({launcher}): {job.placement}", file=err)
+            # Why it waits for slots, each time that changes: in the bar at a terminal, else a line.
+            waiting = None if bar.enabled else (lambda why: print(f"gpulayer train: {job.id} {nodes} x "
+                                                                  f"{procs_per_node} waits: {why}", file=err, flush=True))
+            placement = job.wait_placement(on_waiting=waiting)
+            print(f"gpulayer train: {job.id} {nodes} x {procs_per_node} ({launcher}): {placement}", file=err)
             job.get()
             return 0
         except KeyboardInterrupt:
-            return _interrupted(job, detach, err)
+            if reader_gone.is_set():
+                print("gpulayer train: the reader of its output went away; stopping as Ctrl-C would", file=err)
+            code = _interrupted(job, detach, err)
+            return 128 + signal.SIGPIPE if reader_gone.is_set() else code
         except JobFailed as failure:
             print(f"gpulayer train: {failure.message}", file=err)
             code = getattr(failure, "exit_code", None)

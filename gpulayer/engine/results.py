@@ -42,8 +42,11 @@ from celery import states
 from celery.backends.redis import RedisBackend
 from celery.backends.redis import ResultConsumer as RedisResultConsumer
 from celery.exceptions import BackendStoreError
+from kombu.exceptions import EncodeError
 from kombu.utils.encoding import bytes_to_str
 
+from ..deadline import Deadline
+from ..payload import unsendable_result
 from ..store import keys
 from .redis_tls import TLSConnection
 from ..store.registry import load_script
@@ -99,6 +102,16 @@ class ResultConsumer(RedisResultConsumer):
         except self._connection_errors:
             self._reconnect()  # still away: the broker's own error goes up, for the waiter to ride out
 
+    def drain_events_until(self, p, timeout=None, on_interval=None):
+        """Celery's, each wait cut to what is left of ``timeout``: its drainer waits a second at a time and
+        looks at the clock only between waits, so ``get(timeout=0.5)`` gave up after 1.0 s."""
+        deadline = Deadline(timeout)
+
+        def wait(timeout=None):
+            return self.drain_events(timeout=deadline.left(1.0 if timeout is None else timeout))
+
+        return self.drainer.drain_events_until(p, timeout=timeout, on_interval=on_interval, wait=wait)
+
     def _reconnect(self):
         """One try: reconnect and subscribe again to every channel; a broker still away raises its error.
 
@@ -147,7 +160,12 @@ class ResultBackend(RedisBackend):
         already refuses to write over a final state."""
         meta = self._get_result_meta(result=result, state=state, traceback=traceback, request=request)
         meta["task_id"] = bytes_to_str(task_id)
-        value = self.encode(meta)
+        try:
+            value = self.encode(meta)
+        except EncodeError as err:  # the job's return value, not its arguments: say so (Celery stores this)
+            if state != states.SUCCESS:
+                raise
+            raise EncodeError(unsendable_result(result, err)) from err
         if self._store_later(task_id, value, state, request):
             return result
         later = getattr(_tracing, "later", None)

@@ -123,6 +123,10 @@ BORROWED: tuple[Borrowed, ...] = (
     Borrowed("celery.backends.asynchronous:BaseResultConsumer.reconnect_on_error", "275347b412de818d", _R,
              "overrides"),
     Borrowed("celery.backends.redis:ResultConsumer._reconnect", "4120a7560dada207", _R, "overrides"),
+    Borrowed("celery.backends.asynchronous:BaseResultConsumer.drain_events_until", "53bdea246c3f71a5", _R,
+             "overrides"),
+    Borrowed("celery.backends.asynchronous:Drainer.drain_events_until", "c25e91ad76606e2b", _R, "relies on"),
+    Borrowed("celery.backends.asynchronous:Drainer.wait_for", "30a5538ba7395629", _R, "relies on"),
     Borrowed("celery.backends.redis:ResultConsumer._reconnect_pubsub", "e641622641700878", _R, "relies on"),
     Borrowed("celery.backends.redis:ResultConsumer.consume_from", "78d150a7d8fca094", _R, "relies on"),
     # the worker's request: bounded redelivery, summaries instead of pickles

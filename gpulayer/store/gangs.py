@@ -13,6 +13,7 @@ from .registry import load_script
 
 KEEP_SECONDS = 86400
 PULLED_KEEP_SECONDS = 3600  # what came back from a gang's working directory waits this long for its client
+FIRST_REASON = "waiting for the coordinator"  # a new gang's, until the coordinator places it or says why it waits
 
 
 class GangStore:
@@ -34,7 +35,7 @@ class GangStore:
             pipe.set(keys.gang_workdir(spec.gang_id), workdir)
         pipe.hset(keys.gang(spec.gang_id), mapping={
             "spec": spec.model_dump_json(), "state": GangState.WAITING.value, "attempt": 0,
-            "reason": "waiting for the coordinator", "created": now, "arrival": arrival})
+            "reason": FIRST_REASON, "created": now, "arrival": arrival})
         pipe.set(keys.gang_payload(spec.gang_id), payload)
         pipe.zadd(keys.GANGS, {spec.gang_id: now})
         pipe.zadd(keys.GANGS_WAITING, {spec.gang_id: arrival})
@@ -109,6 +110,11 @@ class GangStore:
         pipe.zadd(keys.GANGS_WAITING, {gang_id: arrival})
         pipe.publish(keys.gang_events(gang_id), f"waiting:{attempt}")
         pipe.execute()
+
+    def place_in_line(self, gang_id: str) -> int | None:
+        """The gang's place among those waiting for slots (1: the next to be placed), or None."""
+        rank = self.r.zrank(keys.GANGS_WAITING, gang_id)
+        return None if rank is None else rank + 1
 
     def waiting(self) -> list[str]:
         """Gangs waiting for slots, in order of arrival."""
