@@ -14,6 +14,7 @@ import os
 import time
 
 from .errors import ConfigError
+from .sentinel_url import is_sentinel_url
 from .masking import MASK, mask_text, secrets_of  # noqa: F401  (MASK, mask_text: the tests' import)
 
 
@@ -99,7 +100,9 @@ def run_flower(*, broker: str | None = None, port: int = 5555, address: str = "1
     settings = init(broker)
     # Flower names the broker by its URL's scheme to list queues; it takes no jobs, so kombu's own
     # Redis transport serves it (gpulayer/engine/transport.py only changes how workers take messages).
-    app_mod.app.conf.broker_transport = None
+    # A Sentinel group's URL stays on gpulayer's transport: kombu's own would look for a host named after the group.
+    if not is_sentinel_url(settings.broker_url):
+        app_mod.app.conf.broker_transport = None
     secrets = _secrets_of(settings)
     transform_first(lambda static_prefix: _masking_transform(secrets, static_prefix))  # before gzip
     argv = ["flower", f"--port={port}", f"--address={address}"]

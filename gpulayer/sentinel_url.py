@@ -94,6 +94,15 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
                           tls_options=tls_options)
 
 
+def broker_hosts(url: str) -> list[str]:
+    """The hosts a broker URL names: the sentinels' for a Sentinel group, else the one Redis host."""
+    if is_sentinel_url(url):
+        return [host for host, _ in parse_sentinel_url(url).sentinels]
+    from urllib.parse import urlsplit
+
+    return [urlsplit(url).hostname or "localhost"]
+
+
 def _address(text: str) -> tuple[str, int]:
     host, colon, port = text.strip().rpartition(":") if ":" in text else (text.strip(), "", "")
     host = host.strip("[]")  # [::1]:26379

@@ -1,0 +1,144 @@
+"""A Sentinel group as the broker, on real processes: a primary, a replica and three sentinels on free loopback
+ports, two workers, and this process as the client. The group is killed into a failover here, so the tests of
+this module share one fleet and run in order: jobs through the sentinels, a READONLY write sent again to the
+primary, a manual failover, then the primary SIGKILLed mid-batch."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import redis
+
+from gpulayer import submit, submit_batch
+from gpulayer.lab.fleet import wait_until
+from gpulayer.lab.sentinel_fleet import SentinelFleet
+from gpulayer.store.connection import connect_redis
+
+from .fleets import need_redis
+
+
+def square(x):
+    return x * x
+
+
+def counted_square(x, marks):
+    """``x * x`` after 20 ms, leaving a file per run in ``marks`` (a job run twice leaves two)."""
+    time.sleep(0.02)
+    Path(marks, f"{x}.{os.getpid()}.{os.urandom(4).hex()}").touch()
+    return x * x
+
+
+def runs(marks: Path) -> Counter:
+    return Counter(int(p.name.split(".", 1)[0]) for p in marks.iterdir())
+
+
+@pytest.fixture(scope="module")
+def group_fleet(tmp_path_factory):
+    need_redis()
+    fleet = SentinelFleet(tmp_path_factory.mktemp("sentinel"), secret="sentinel-secret", password="group-pw",
+                          torch=False)
+    fleet.start_redis()
+    try:
+        fleet.add_workers({"s1": dict(slots=2), "s2": dict(slots=2)})
+        yield fleet
+    finally:
+        fleet.stop()
+
+
+@pytest.fixture
+def group(group_fleet):
+    group_fleet.connect()
+    return group_fleet
+
+
+def test_jobs_run_through_the_sentinels(group):
+    assert group.url.startswith("sentinel://:group-pw@127.0.0.1:")
+    assert submit.delay(square, 7).get(timeout=60) == 49
+    assert submit_batch([submit.s(square, i) for i in range(100)]).get(timeout=60) == [i * i for i in range(100)]
+    # Everything went to the server the sentinels name as primary; the replica has it too.
+    primary = redis.Redis.from_url(group.group.server_url(group.group.primary_port()))
+    assert primary.info("replication")["role"] == "master" and primary.dbsize() > 0
+    primary.close()
+
+
+def test_a_write_refused_by_a_replica_goes_to_the_primary(group):
+    """A connection that reached a replica (a demoted primary) has its write refused with READONLY: the
+    client asks the sentinels again and sends the write to the primary, instead of failing."""
+    client = connect_redis(group.url, single_connection_client=True)
+    try:
+        client.ping()
+        primary = group.group.primary_port()
+        replica = next(p for p in group.group.server_ports if p != primary)
+        client.connection.disconnect()
+        client.connection.connect_to(("127.0.0.1", replica))  # as if the primary had been demoted under it
+        assert client.connection.port == replica
+        client.set("sentinel-test:readonly", "sent again")
+        assert client.connection.port == primary
+        with client.pipeline() as pipe:  # a pipeline too: refused whole, sent again whole
+            client.connection.disconnect()
+            client.connection.connect_to(("127.0.0.1", replica))
+            pipe.incr("sentinel-test:pipe").incr("sentinel-test:pipe")
+            assert pipe.execute() == [1, 2]
+        direct = redis.Redis.from_url(group.group.server_url(primary))
+        assert direct.get("sentinel-test:readonly") == b"sent again" and direct.get("sentinel-test:pipe") == b"2"
+        direct.close()
+    finally:
+        client.close()
+
+
+def role(group, port: int) -> str:
+    client = redis.Redis.from_url(group.group.server_url(port))
+    try:
+        return client.info("replication")["role"]
+    except redis.ConnectionError:  # cut off by the sentinels as they reconfigure it: ask again
+        return "?"
+    finally:
+        client.close()
+
+
+def test_a_manual_failover_is_followed_by_workers_and_clients(group):
+    """SENTINEL FAILOVER: the replica becomes the primary and, once the sentinels demote it, the old primary a
+    replica (its clients cut off); the workers follow without a restart."""
+    before = group.group.primary_port()
+    with group.group.sentinel_client() as s:
+        s.execute_command("SENTINEL", "FAILOVER", group.group.service)
+    after = wait_until(lambda: group.group.primary_port() != before and group.group.primary_port(), 30,
+                       "the sentinels to name a new primary")
+    # Until then the old primary still takes writes (Sentinel's split-brain window; README, "Sentinel").
+    wait_until(lambda: role(group, before) == "slave", 60, "the sentinels to demote the old primary")
+    assert role(group, after) == "master"
+    # The workers' heartbeats of the split-brain window went to the old primary and were lost with its data:
+    # they show again on the new one once the workers reconnect (a client's registry lags meanwhile: issue 30).
+    group.wait_workers(["s1", "s2"], timeout=30)
+    assert submit.delay(square, 12).get(timeout=60) == 144
+    assert submit_batch([submit.s(square, i) for i in range(50)]).get(timeout=60) == [i * i for i in range(50)]
+
+
+def test_the_primary_killed_mid_batch_the_batch_completes(group, tmp_path):
+    """SIGKILL of the primary while a batch runs: after the failover every job has its right result. A job
+    whose ack was lost with the old primary may run again (at-least-once): counted, not hidden."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    n = 400
+    group.group.wait_synced()  # a replica still catching up after the last test's failover could not take over
+    handle = submit_batch([submit.s(counted_square, i, str(marks)) for i in range(n)])
+    wait_until(lambda: len(list(marks.iterdir())) >= 40, 60, "the batch to be under way")
+    # The batch's publish reached the replica too: without WAIT an acknowledged write can be lost in a failover
+    # (README, "Sentinel"), and what is tested here is that every connection finds the new primary.
+    group.group.wait_synced()
+    killed = group.kill_primary()
+    done_before = len(list(marks.iterdir()))
+    results = handle.get(timeout=120)
+    assert results == [i * i for i in range(n)]
+    ran = runs(marks)
+    assert set(ran) == set(range(n))
+    reruns = sum(c - 1 for c in ran.values())
+    print(f"killed the primary on port {killed} after {done_before} of {n} jobs ran; all {n} right, {reruns} run "
+          "again after a lost ack")
+    assert done_before < n
+    wait_until(lambda: group.group.primary_port() != killed, 30, "every sentinel to name the new primary")
+    assert submit.delay(square, 3).get(timeout=60) == 9  # and the fleet goes on
