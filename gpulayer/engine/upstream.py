@@ -191,6 +191,7 @@ BORROWED: tuple[Borrowed, ...] = (
     Borrowed("redis.sentinel:SentinelConnectionPoolProxy.get_master_address", "0ca46368ea0e9cfe", _S, "relies on"),
     # ... and a connection dropped mid-retry reconnects through the sentinels, not to its old address
     Borrowed("redis.connection:Connection.send_packed_command", "d1db59721749c830", _S, "overrides"),
+    Borrowed("redis.connection:AbstractConnection.send_packed_command", "d1db59721749c830", _S, "overrides"),
 )
 
 _BY_TARGET = {b.target: b for b in BORROWED}
