@@ -5,7 +5,11 @@ primary, a manual failover, then the primary SIGKILLed mid-batch."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -15,7 +19,9 @@ import redis
 
 from gpulayer import submit, submit_batch
 from gpulayer.lab.fleet import wait_until
+from gpulayer.errors import ConfigError
 from gpulayer.lab.sentinel_fleet import SentinelFleet
+from gpulayer.local.cluster import check_group_shape
 from gpulayer.store.connection import connect_redis
 
 from .fleets import need_redis
@@ -142,3 +148,42 @@ def test_the_primary_killed_mid_batch_the_batch_completes(group, tmp_path):
     assert done_before < n
     wait_until(lambda: group.group.primary_port() != killed, 30, "every sentinel to name the new primary")
     assert submit.delay(square, 3).get(timeout=60) == 9  # and the fleet goes on
+
+
+def gpulayer_cli(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "gpulayer", *args], capture_output=True, text=True,
+                          timeout=timeout, env=dict(os.environ))
+
+
+def test_up_runs_a_sentinel_group_and_status_follows_its_failover(gpulayer_home):
+    """`gpulayer up --replicas 1 --sentinels 3`: the embedded cluster on a Sentinel group; `gpulayer status`
+    names the primary and its replica, and after the primary is killed, the new primary."""
+    need_redis()
+    out = gpulayer_cli("up", "--workers", "1", "--slots", "1", "--replicas", "1", "--sentinels", "3")
+    try:
+        assert out.returncode == 0, out.stderr
+        assert "started: broker sentinel://:***@127.0.0.1:" in out.stdout and "Sentinel group: redis-" in out.stdout
+        state = json.loads((gpulayer_home / "cluster.json").read_text())
+        pids = state["sentinel_group"]["pids"]
+        assert len([n for n in pids if n.startswith("redis-")]) == 2 and len(pids) == 5
+        status = gpulayer_cli("status")
+        assert status.returncode == 0, status.stderr
+        primary = status.stdout.split("Sentinel group 'gpulayer': primary ", 1)[1].split()[0]
+        assert "  replica 127.0.0.1:" in status.stdout and "local-1" in status.stdout
+        os.kill(pids[f"redis-{primary.rsplit(':', 1)[1]}"], signal.SIGKILL)
+
+        def new_primary():
+            s = gpulayer_cli("status")
+            return s.returncode == 0 and f"primary {primary}" not in s.stdout and "Sentinel group" in s.stdout
+
+        wait_until(new_primary, 60, "`gpulayer status` to name a new primary")
+    finally:
+        down = gpulayer_cli("down")
+        assert down.returncode == 0, down.stderr
+
+
+@pytest.mark.parametrize("replicas, sentinels, says", [(1, 0, "add --sentinels 3"), (0, 3, "add --replicas 1"),
+                                                       (-1, 3, "cannot be negative")])
+def test_half_a_sentinel_group_is_refused(replicas, sentinels, says):
+    with pytest.raises(ConfigError, match=says):
+        check_group_shape(replicas, sentinels)

@@ -24,6 +24,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--region", action="append", default=None, metavar="REGION",
                     help="region of the next local worker, likewise (default: the zone's, europe-west1-b -> "
                          "europe-west1)")
+    up.add_argument("--replicas", type=int, default=0, metavar="N",
+                    help="run Redis as a Sentinel group: a primary and N replicas (with --sentinels)")
+    up.add_argument("--sentinels", type=int, default=0, metavar="N",
+                    help="N sentinels watching the group, failing over 2 s after the primary stops answering "
+                         "(with --replicas; e.g. --replicas 1 --sentinels 3)")
     up.add_argument("--show-secrets", action="store_true",
                     help="print the broker URL with its password (default: masked; the state file has it)")
 
@@ -110,16 +115,23 @@ def _up(args) -> int:
     from ..masking import mask_url
 
     previous = stopped_note(home_dir(), fix=False)  # the last cluster's account of why it stopped on its own
-    cluster, started = up(args.workers, args.slots, flower=args.flower, zones=args.zone, regions=args.region)
+    cluster, started = up(args.workers, args.slots, flower=args.flower, zones=args.zone, regions=args.region,
+                          replicas=args.replicas, sentinels=args.sentinels)
     url = cluster.broker_url if args.show_secrets else mask_url(cluster.broker_url)
     print(("started" if started else "already running") + f": broker {url}")
     if started and previous:
         print(f"(the previous one: {previous})")
     from ..config import STATE_FILE_NAME, read_state
 
-    places = (read_state(cluster.home / STATE_FILE_NAME) or {}).get("places") or {}
+    state = read_state(cluster.home / STATE_FILE_NAME) or {}
+    places = state.get("places") or {}
     if places:
         print("workers: " + ", ".join(f"{n} ({p['zone']}, {p['region']})" for n, p in places.items()))
+    if state.get("sentinel_group"):
+        group = state["sentinel_group"]
+        print("Sentinel group: " + ", ".join(f"{name} (pid {pid})" for name, pid in group["pids"].items())
+              + f"; failover {group['down_after_ms'] / 1000:g} s after the primary stops answering "
+              "(`gpulayer status` names it: kill -9 its pid to watch one)")
     if cluster.flower_url:
         print(f"Flower: {cluster.flower_url}")
     elif args.flower is not None:
