@@ -5,12 +5,14 @@ primary, a manual failover, then the primary SIGKILLed mid-batch."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections import Counter
 from pathlib import Path
 
@@ -21,7 +23,10 @@ from gpulayer import submit, submit_batch
 from gpulayer.lab.fleet import wait_until
 from gpulayer.errors import ConfigError
 from gpulayer.lab.sentinel_fleet import SentinelFleet
+from gpulayer.local import wait_for_port
 from gpulayer.local.cluster import check_group_shape
+from gpulayer.procs.env import free_port
+from gpulayer.procs.stop import stop_process
 from gpulayer.store.connection import connect_redis
 
 from .fleets import need_redis
@@ -69,6 +74,28 @@ def test_jobs_run_through_the_sentinels(group):
     primary = redis.Redis.from_url(group.group.server_url(group.group.primary_port()))
     assert primary.info("replication")["role"] == "master" and primary.dbsize() > 0
     primary.close()
+
+
+def test_flower_shows_the_workers_and_the_primarys_queues(group, tmp_path):
+    """`gpulayer flower` on a Sentinel group: its events come through the sentinels, and its broker page and
+    queue-length API read the primary; the group's password shows nowhere."""
+    port = free_port()
+    env = dict(os.environ, GPULAYER_BROKER_URL=group.url, GPULAYER_SECRET=group.secret, FLOWER_BASIC_AUTH=AUTH)
+    with open(tmp_path / "flower.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "gpulayer", "flower", "--port", str(port)], env=env,
+                                stdout=log, stderr=subprocess.STDOUT)
+    try:
+        assert wait_for_port(port, proc), (tmp_path / "flower.log").read_text()
+        url = f"http://127.0.0.1:{port}/"
+        workers = wait_until(lambda: {w.split("@")[0] for w in json.loads(get(url + "api/workers", AUTH))} >=
+                             {"s1", "s2"}, 60, "Flower to list both workers")
+        assert workers
+        lengths = json.loads(get(url + "api/queues/length", AUTH))["active_queues"]
+        assert "gl.q.cpu" in {q["name"] for q in lengths}
+        for page in ("", "workers", "broker"):
+            assert "group-pw" not in get(url + page, AUTH), page
+    finally:
+        stop_process(proc, grace=5)
 
 
 def test_a_write_refused_by_a_replica_goes_to_the_primary(group):
@@ -148,6 +175,15 @@ def test_the_primary_killed_mid_batch_the_batch_completes(group, tmp_path):
     assert done_before < n
     wait_until(lambda: group.group.primary_port() != killed, 30, "every sentinel to name the new primary")
     assert submit.delay(square, 3).get(timeout=60) == 9  # and the fleet goes on
+
+
+AUTH = "ops:flower-login-pw"
+
+
+def get(url: str, auth: str, timeout: float = 30) -> str:
+    headers = {"Authorization": "Basic " + base64.b64encode(auth.encode()).decode()}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as r:
+        return r.read().decode()
 
 
 def gpulayer_cli(*args, timeout=120):
