@@ -86,3 +86,21 @@ def test_plain_redis_urls_are_untouched():
     assert with_tls("redis://:pw@h:6379/0") == "redis://:pw@h:6379/0"
     with pytest.raises(ConfigError, match="sentinel://"):
         with_tls("unix:///tmp/redis.sock")
+
+
+def test_kombu_and_celery_get_a_url_they_read_with_the_group_in_the_transport_options():
+    from gpulayer.engine.sentinel import SENTINEL_OPTION, engine_url
+
+    url = "sentinel://:p%40ss@h1:26379,h2:26380/my-group/2"
+    engine, options = engine_url(url)
+    assert engine == "redis://:p%40ss@my-group/2" and options == {SENTINEL_OPTION: url}
+    assert engine_url("redis://:pw@h:6379/0") == ("redis://:pw@h:6379/0", {})
+    assert engine_url("sentinels://h:26379/g?ssl_cert_reqs=none")[0] == "rediss://g/0"
+
+
+def test_a_worker_calls_a_group_loopback_only_when_every_sentinel_is():
+    from gpulayer.worker.main import is_loopback
+
+    assert is_loopback("sentinel://127.0.0.1:26379,localhost:26380/g")
+    assert not is_loopback("sentinel://127.0.0.1:26379,10.0.0.2:26379/g")
+    assert is_loopback("redis://127.0.0.1:6379/0") and not is_loopback("redis://10.0.0.2:6379/0")

@@ -161,16 +161,17 @@ def _alive(pid: int | None, start: str | None) -> bool:
 
 
 def start_for_process(workers: int | None = None, slots: int | None = None, zones: list[str] | None = None,
-                      regions: list[str] | None = None) -> LocalCluster:
+                      regions: list[str] | None = None, replicas: int = 0, sentinels: int = 0) -> LocalCluster:
     """An embedded cluster that lives as long as the calling process (``gpulayer.init()``).
 
     At the process's exit it is stopped at once (``kill_now``: the supervisor and everything below it),
     not gracefully: nothing in it is kept.
     """
     workers, slots = default_shape(workers, slots)
+    check_group_shape(replicas, sentinels)
     home = Path(tempfile.mkdtemp(prefix="gpulayer-"))
     cluster = _spawn_supervisor(home, workers, slots, parent=os.getpid(), timeout=60.0, zones=zones,
-                                regions=regions)
+                                regions=regions, replicas=replicas, sentinels=sentinels)
 
     def _stop():
         # The supervisor would do the same on SIGTERM, but only after waking up; killing its whole tree
