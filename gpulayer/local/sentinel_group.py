@@ -23,7 +23,7 @@ from ..deadline import Deadline
 from ..errors import ClusterUnavailable
 from ..procs.env import free_port
 from ..procs.stop import kill_now, stop
-from .redis_server import TERM_WITH_PARENT, find_redis_server, start_redis, wait_for_redis, write_redis_conf
+from .redis_server import find_redis_server, launch, start_redis, wait_for_redis, write_redis_conf
 
 SERVICE = "gpulayer"  # the group's name (Sentinel's "master name")
 DOWN_AFTER_MS = 2000
@@ -45,14 +45,8 @@ def start_sentinel(data_dir: Path, *, port: int, service: str, primary_port: int
             ("sentinel", "parallel-syncs", service, "1")]
     if password:
         conf.append(("sentinel", "auth-pass", service, password))
-    args = [find_redis_server(), str(write_redis_conf(data_dir / "sentinel.conf", conf)), "--sentinel"]
-    out = open(log_file, "ab") if log_file else subprocess.DEVNULL
-    try:
-        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                preexec_fn=TERM_WITH_PARENT if tie_to_parent else None)
-    finally:
-        if log_file:
-            out.close()
+    return launch([find_redis_server(), str(write_redis_conf(data_dir / "sentinel.conf", conf)), "--sentinel"],
+                  log_file, tie_to_parent)
 
 
 @dataclass
