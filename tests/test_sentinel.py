@@ -177,6 +177,31 @@ def test_the_primary_killed_mid_batch_the_batch_completes(group, tmp_path):
     assert submit.delay(square, 3).get(timeout=60) == 9  # and the fleet goes on
 
 
+
+def test_a_frozen_primary_is_left_for_the_new_one_mid_batch(group, tmp_path):
+    """SIGSTOP of the primary (a machine that hangs): its connections neither fail nor answer; once the
+    sentinels promote the replica, every process cuts them and goes on with the new primary."""
+    group.group.restart_after = 0  # the server the last test killed comes back, as a replica
+    assert group.group.tend()
+    group.group.wait_synced()
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    n = 300
+    handle = submit_batch([submit.s(counted_square, i, str(marks)) for i in range(n)])
+    wait_until(lambda: len(list(marks.iterdir())) >= 30, 60, "the batch to be under way")
+    group.group.wait_synced()
+    frozen = group.kill_primary(signal.SIGSTOP)
+    try:
+        assert handle.get(timeout=120) == [i * i for i in range(n)]
+        assert set(runs(marks)) == set(range(n))
+        assert submit.delay(square, 5).get(timeout=60) == 25
+    finally:
+        os.kill(group.group.procs[frozen].pid, signal.SIGCONT)
+    wait_until(lambda: role(group, frozen) == "slave", 60, "the sentinels to demote the thawed primary")
+    logs = "".join((group.workdir / f"{w}.log").read_text(errors="replace") for w in ("s1", "s2"))
+    assert f"connection(s) to the old primary 127.0.0.1:{frozen}" in logs
+
+
 AUTH = "ops:flower-login-pw"
 
 

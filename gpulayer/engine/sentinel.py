@@ -14,7 +14,12 @@ kombu's and Celery's own reconnects, to the new primary.
 
 from __future__ import annotations
 
+import logging
+import os
+import socket
+import threading
 import time
+import weakref
 from urllib.parse import quote
 
 import redis
@@ -22,9 +27,10 @@ from redis.sentinel import SentinelManagedConnection
 
 from ..deadline import Deadline
 from ..sentinel_url import SentinelTarget, is_sentinel_url, parse_sentinel_url
-from ..store.sentinel import PrimaryMoved, managed_connection_class, sentinel_pool, use_for_sentinel
+from ..store.sentinel import PrimaryMoved, managed_connection_class, sentinel_pool, use_for_sentinel, watch_pools
 from .redis_tls import TLSConnection
 
+log = logging.getLogger(__name__)
 SENTINEL_OPTION = "gpulayer_sentinel"  # broker_transport_options key: the Sentinel URL the pools connect through
 # Seconds a new connection waits for the group to have a primary again: the sentinels' down-after-milliseconds
 # plus their election, with room (gpulayer up's group: 2 s + about 1 s; Sentinel's default: 30 s + about 1 s).
@@ -79,6 +85,87 @@ class FailoverConnection(SentinelManagedConnection):
 
 
 use_for_sentinel(FailoverConnection)
+
+
+class SwitchWatch(threading.Thread):
+    """Listens to the group's sentinels for ``+switch-master`` and cuts this process's connections to the old
+    primary at once (one thread per group and process, started with the first pool).
+
+    A killed primary's connections fail by themselves; a frozen one's (SIGSTOP, a machine that hangs, a cut
+    network) would wait out their socket timeout (30 s) while a new primary already serves. Cutting the
+    socket (``shutdown``, from this thread) makes the thread that uses it see a closed connection, which it
+    handles as any lost one: it connects again, to the new primary. Reads redis-py 8.1's pools'
+    ``_get_free_connections`` and ``_get_in_use_connections`` (pinned in engine/upstream.py).
+    """
+
+    def __init__(self, target: SentinelTarget):
+        super().__init__(name=f"gpulayer-sentinel-watch-{target.service}", daemon=True)
+        self.target = target
+        self.pools: weakref.WeakSet = weakref.WeakSet()
+        self._lock = threading.Lock()
+
+    def add(self, pool) -> None:
+        with self._lock:
+            self.pools.add(pool)
+
+    def run(self) -> None:
+        tls = {"ssl": True, **self.target.tls_options} if self.target.tls else {}
+        turn = 0
+        while True:
+            host, port = self.target.sentinels[turn % len(self.target.sentinels)]
+            turn += 1
+            try:
+                with redis.Redis(host, port, password=self.target.sentinel_password, socket_connect_timeout=2,
+                                 socket_keepalive=True, **tls) as sentinel:
+                    pubsub = sentinel.pubsub(ignore_subscribe_messages=True)
+                    pubsub.subscribe("+switch-master")
+                    for message in pubsub.listen():
+                        self.switched(message.get("data"))
+            except (redis.RedisError, OSError) as err:  # that sentinel went away: the next one
+                log.debug("gpulayer: sentinel %s:%s for switches: %s", host, port, err)
+                time.sleep(RETRY_EVERY)
+
+    def switched(self, data) -> int:
+        """``<name> <old ip> <old port> <new ip> <new port>``: cut every connection to the old primary; how many."""
+        parts = (data.decode() if isinstance(data, bytes) else str(data or "")).split()
+        if len(parts) != 5 or parts[0] != self.target.service:
+            return 0
+        old = (parts[1], int(parts[2]))
+        with self._lock:
+            pools = list(self.pools)
+        cut = 0
+        for pool in pools:
+            with pool._get_pool_lock():
+                connections = [*pool._get_free_connections(), *pool._get_in_use_connections()]
+            for connection in connections:
+                sock = getattr(connection, "_sock", None)
+                if sock is not None and (connection.host, int(connection.port)) == old:
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)
+                        cut += 1
+                    except OSError:
+                        pass
+        if cut:
+            log.warning("gpulayer: the Sentinel group %r switched to %s:%s; cut %d connection(s) to the old "
+                        "primary %s:%s", self.target.service, parts[3], parts[4], cut, *old)
+        return cut
+
+
+_watches: dict[tuple, SwitchWatch] = {}
+_watches_lock = threading.Lock()
+
+
+def _watch(target: SentinelTarget, pool) -> None:
+    key = (target.key(), target.service, os.getpid())  # a forked child starts its own
+    with _watches_lock:
+        watch = _watches.get(key)
+        if watch is None:
+            watch = _watches[key] = SwitchWatch(target)
+            watch.start()
+    watch.add(pool)
+
+
+watch_pools(_watch)
 
 
 def engine_url(url: str) -> tuple[str, dict]:

@@ -194,6 +194,13 @@ BORROWED: tuple[Borrowed, ...] = (
     # ... and a connection dropped mid-retry reconnects through the sentinels, not to its old address
     Borrowed("redis.connection:Connection.send_packed_command", "d1db59721749c830", _S, "overrides"),
     Borrowed("redis.connection:AbstractConnection.send_packed_command", "d1db59721749c830", _S, "overrides"),
+    # ... and a frozen primary's connections are cut when the sentinels announce the switch (SwitchWatch)
+    Borrowed("redis.connection:ConnectionPool._get_free_connections", "db71b26c25276313", _S, "relies on"),
+    Borrowed("redis.connection:ConnectionPool._get_in_use_connections", "cde4d312756fffb4", _S, "relies on"),
+    Borrowed("redis.connection:ConnectionPool._get_pool_lock", "fe2b67aa72838995", _S, "relies on"),
+    Borrowed("redis.connection:BlockingConnectionPool._get_free_connections", "33d11665f51e35df", _S, "relies on"),
+    Borrowed("redis.connection:BlockingConnectionPool._get_in_use_connections", "d1c4f6e79bc6cc37", _S,
+             "relies on"),
 )
 
 _BY_TARGET = {b.target: b for b in BORROWED}

@@ -49,6 +49,16 @@ def start_sentinel(data_dir: Path, *, port: int, service: str, primary_port: int
                   log_file, tie_to_parent)
 
 
+def distinct_free_ports(n: int) -> list[int]:
+    """``n`` free loopback ports, all different (``free_port`` may hand the same one out twice in a row)."""
+    ports: list[int] = []
+    while len(ports) < n:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
 @dataclass
 class SentinelGroup:
     """A primary, ``replicas`` replicas and ``sentinels`` sentinels under ``root``, on free loopback ports."""
@@ -81,8 +91,9 @@ class SentinelGroup:
         if self.replicas < 1 or self.sentinels < 1:
             raise ClusterUnavailable(f"a Sentinel group needs at least 1 replica and 1 sentinel (asked: "
                                      f"--replicas {self.replicas} --sentinels {self.sentinels})")
-        self.server_ports = self.server_ports or [free_port() for _ in range(1 + self.replicas)]
-        self.sentinel_ports = self.sentinel_ports or [free_port() for _ in range(self.sentinels)]
+        if not self.server_ports or not self.sentinel_ports:
+            ports = distinct_free_ports(1 + self.replicas + self.sentinels)
+            self.server_ports, self.sentinel_ports = ports[:1 + self.replicas], ports[1 + self.replicas:]
         for port in self.server_ports:
             self.procs[port] = self._start_server(port, replica_of=None if port == self.server_ports[0]
                                                   else self.server_ports[0])

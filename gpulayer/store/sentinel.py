@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Callable
 
 import redis
 from redis.backoff import NoBackoff
@@ -44,6 +45,16 @@ _tls_classes: dict[type, type] = {}
 # The connection class of Sentinel clients: redis-py's, until engine/sentinel.py (imported with the Celery app)
 # installs its own, whose connect waits out a failover (store/ never imports engine/).
 _managed: type[redis.Connection] = SentinelManagedConnection
+
+
+# Called with (target, pool) for each pool built: engine/sentinel.py watches the group's switches with it.
+_on_pool: Callable[[SentinelTarget, SentinelConnectionPool], None] | None = None
+
+
+def watch_pools(on_pool: Callable[[SentinelTarget, SentinelConnectionPool], None]) -> None:
+    """Call ``on_pool(target, pool)`` for every Sentinel pool built from now on."""
+    global _on_pool
+    _on_pool = on_pool
 
 
 def use_for_sentinel(connection_class: type[redis.Connection]) -> None:
@@ -101,7 +112,10 @@ def sentinel_pool(url: str | SentinelTarget, *, tls_connection: type[redis.Conne
     if blocking:
         kwargs.setdefault("max_connections", 1)
     pool_class = BlockingSentinelPool if blocking else SentinelConnectionPool
-    return pool_class(target.service, manager(target), **kwargs)
+    pool = pool_class(target.service, manager(target), **kwargs)
+    if _on_pool is not None:
+        _on_pool(target, pool)
+    return pool
 
 
 def primary_address(url: str | SentinelTarget) -> tuple[str, int]:
