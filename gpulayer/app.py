@@ -17,13 +17,14 @@ from celery import signals
 from . import placement, queues, signing
 from .engine import transport
 from .engine.pools import drop_connections
-from .engine.sentinel import SENTINEL_OPTION, engine_url
+from .engine.sentinel import FAILOVER_WAIT, SENTINEL_OPTION, engine_url
 from .engine.celery_app import GpulayerCelery
 from .engine.broadcast import Control
 from .engine.senders import CLIENT_HEADER  # noqa: F401 (for tasks/submit.py)
 from .config import Settings, tls_options
 from .errors import ClusterUnavailable, JobRejected, PayloadError, UnsupportedOption
 from .models import Resources
+from .sentinel_url import is_sentinel_url
 from .store.connection import connect_redis
 from .store.registry import CachedSnapshot, Registry
 
@@ -137,6 +138,15 @@ def redis_client(s: Settings | None = None, **kwargs) -> redis.Redis:
     if s is None or not s.broker_url:
         raise ClusterUnavailable("gpulayer is not connected; call gpulayer.init() first")
     return connect_redis(s.broker_url, socket_connect_timeout=s.connect_timeout, socket_timeout=30.0, **kwargs)
+
+
+def publish_patience() -> float:
+    """Seconds a ``submit`` keeps trying to publish through a lost broker: ``connect_timeout``, or on a Sentinel
+    group the time a failover may take (``engine.sentinel.FAILOVER_WAIT``)."""
+    s = _settings
+    if s is None:
+        raise ClusterUnavailable("gpulayer is not connected; call gpulayer.init() first")
+    return FAILOVER_WAIT if is_sentinel_url(s.broker_url) else s.connect_timeout
 
 
 def registry() -> Registry:
