@@ -89,7 +89,7 @@ def run_flower(*, broker: str | None = None, port: int = 5555, address: str = "1
                basic_auth: str | None = None) -> int:
     from . import app as app_mod
     from .session import init
-    from .engine.flower import broker_page_on_sentinel, transform_first
+    from .engine.flower import transform_first
 
     basic_auth = basic_auth or os.environ.get("FLOWER_BASIC_AUTH")
     if not _loopback(address) and not basic_auth:
@@ -104,6 +104,8 @@ def run_flower(*, broker: str | None = None, port: int = 5555, address: str = "1
     if not is_sentinel_url(settings.broker_url):
         app_mod.app.conf.broker_transport = None
     else:
+        from .engine.flower_sentinel import broker_page_on_sentinel
+
         broker_page_on_sentinel(settings.broker_url)
     secrets = _secrets_of(settings)
     transform_first(lambda static_prefix: _masking_transform(secrets, static_prefix))  # before gzip

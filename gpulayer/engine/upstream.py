@@ -177,8 +177,6 @@ BORROWED: tuple[Borrowed, ...] = (
     Borrowed("celery.app.amqp:AMQP.producer_pool", "56ab6c3b9fc55f33", "gpulayer/engine/pools.py", "relies on"),
     # Flower's pages, masked
     Borrowed("flower.app:Flower.__init__", "baa7ff74d616ec05", "gpulayer/engine/flower.py", "patches"),
-    # ... and its broker page on a Sentinel group: the queues of the primary of the moment
-    Borrowed("flower.views:BaseHandler.get_broker", "279d42ab972f9d52", "gpulayer/engine/flower.py", "patches"),
     # redis-py's TLS connection, one SSLContext per process (installed into store/connection.py's connect_redis)
     Borrowed("redis.connection:SSLConnection._wrap_socket_with_ssl", "21d551d80815de5f",
              "gpulayer/engine/redis_tls.py", "copies"),
@@ -201,6 +199,9 @@ BORROWED: tuple[Borrowed, ...] = (
     Borrowed("redis.connection:BlockingConnectionPool._get_free_connections", "33d11665f51e35df", _S, "relies on"),
     Borrowed("redis.connection:BlockingConnectionPool._get_in_use_connections", "d1c4f6e79bc6cc37", _S,
              "relies on"),
+    # ... and Flower's broker page on a Sentinel group: the queues of the primary of the moment
+    Borrowed("flower.views:BaseHandler.get_broker", "279d42ab972f9d52", "gpulayer/engine/flower_sentinel.py",
+             "patches"),
 )
 
 _BY_TARGET = {b.target: b for b in BORROWED}

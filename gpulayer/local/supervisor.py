@@ -35,7 +35,6 @@ from ..store import keys
 from ..store.connection import connect_redis
 from .places import worker_places
 from .redis_server import start_redis, wait_for_redis
-from .sentinel_group import SentinelGroup
 from .workers import start_flower, start_worker, wait_for_port
 
 
@@ -138,6 +137,8 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
     url = f"redis://:{password}@127.0.0.1:{port}/0"
     group = None
     if sentinels:  # a dead server waits a few down-afters before it is started again, so a failover can be seen
+        from .sentinel_group import SentinelGroup
+
         group = SentinelGroup(home / "group", password, replicas=replicas, sentinels=sentinels, tie_to_parent=True)
         group.restart_after = 5 * group.down_after_ms / 1000
     stopping = False
