@@ -110,6 +110,13 @@ def stopped_note(home: Path, fix: bool = True) -> str | None:
                    "process)" if fix else "")
 
 
+def record_group(state_file: Path, state: dict, group) -> None:
+    """The Sentinel group's processes in the state file (``gpulayer up`` prints them: kill one to watch)."""
+    state["sentinel_group"] = {"pids": group.pids(), "down_after_ms": group.down_after_ms,
+                               "failover_timeout_ms": group.failover_timeout_ms}
+    write_state(state_file, state)
+
+
 def _publish_restarts(url: str, deaths: RedisDeaths) -> None:
     """Tell the cluster's Redis how often it was restarted (``gpulayer status`` reads it); best effort."""
     client = connect_redis(url, socket_connect_timeout=2, socket_timeout=2)
@@ -190,18 +197,16 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
                  "places": {n: {"zone": z, "region": r} for n, (z, r) in places.items()},
                  "started_at": time.time(), "flower_url": flower_url,
                  "flower_pid": flower.pid if flower_url else None, "redis": deaths.record()}
-        if group is not None:
-            state["sentinel_group"] = {"pids": group.pids(), "down_after_ms": group.down_after_ms,
-                                       "failover_timeout_ms": group.failover_timeout_ms}
         write_state(state_file, state)
+        if group is not None:
+            record_group(state_file, state, group)
         while not stopping:
             if parent is not None and os.getppid() != parent:
                 break  # the process this cluster belongs to is gone
             if group is not None:
                 for line in group.tend():
                     print(line, file=sys.stderr)
-                    state["sentinel_group"]["pids"] = group.pids()
-                    write_state(state_file, state)
+                    record_group(state_file, state, group)
             elif redis_proc.poll() is not None and not stopping:
                 code = redis_proc.returncode
                 if not deaths.died(code):
