@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,6 +31,7 @@ from gpulayer.procs.stop import stop_process
 from gpulayer.store.connection import connect_redis
 
 from .fleets import need_redis
+from .test_tls import make_tls_files
 
 
 def square(x):
@@ -248,3 +250,25 @@ def test_up_runs_a_sentinel_group_and_status_follows_its_failover(gpulayer_home)
 def test_half_a_sentinel_group_is_refused(replicas, sentinels, says):
     with pytest.raises(ConfigError, match=says):
         check_group_shape(replicas, sentinels)
+
+
+def test_a_tls_group_with_client_certificates_fails_over_too(tmp_path):
+    """sentinels://: the sentinels and the servers speak TLS only (with client certificates); jobs run, and
+    run again after the primary is killed."""
+    need_redis()
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl command line to make a throwaway CA")
+    tls = make_tls_files(tmp_path / "tls")
+    fleet = SentinelFleet(tmp_path / "fleet", secret="tls-secret", password="tls-pw", torch=False)
+    fleet.start_redis(tls=tls)
+    try:
+        assert fleet.url.startswith("sentinels://:tls-pw@127.0.0.1:") and "ssl_certfile=" in fleet.url
+        fleet.add_workers({"t1": dict(slots=2)})
+        fleet.connect()
+        assert submit.delay(square, 8).get(timeout=60) == 64
+        fleet.group.wait_synced()
+        killed = fleet.kill_primary()
+        assert submit_batch([submit.s(square, i) for i in range(40)]).get(timeout=90) == [i * i for i in range(40)]
+        wait_until(lambda: fleet.group.primary_port() != killed, 30, "the sentinels to name the new primary")
+    finally:
+        fleet.stop()

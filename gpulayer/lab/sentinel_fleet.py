@@ -29,8 +29,11 @@ class SentinelFleet(Fleet):
         return {p.pid for p in procs if p is not None and p.poll() is None}
 
     def start_redis(self, tls=None) -> None:
+        """``tls`` (a ``TlsFiles``): every server and sentinel speaks TLS only; ``url`` is ``sentinels://``."""
         if tls is not None:
-            raise NotImplementedError("a TLS Sentinel fleet is not built yet")
+            self.tls = tls
+            self.group.tls = tls.redis_directives()
+            self.group.client_tls = {k: v for k, v in tls.client_options().items() if v}
         self.group.server_ports = []
         self.group.start()
         self.port = self.group.server_ports[0]

@@ -32,17 +32,20 @@ FAILOVER_TIMEOUT_MS = 10000
 
 def start_sentinel(data_dir: Path, *, port: int, service: str, primary_port: int, password: str | None,
                    quorum: int, down_after_ms: int, failover_timeout_ms: int, log_file: Path | None = None,
-                   tie_to_parent: bool = False) -> subprocess.Popen:
+                   tie_to_parent: bool = False, tls: dict[str, str] | None = None) -> subprocess.Popen:
     """``redis-server sentinel.conf --sentinel`` watching the primary on ``primary_port`` (loopback).
 
     The password (``auth-pass``) is in the 0600 sentinel.conf, never on the command line; the sentinel
-    rewrites that file as it learns the group (its replicas, its peers, a new primary)."""
+    rewrites that file as it learns the group (its replicas, its peers, a new primary). ``tls``: redis-server's
+    TLS directives: the sentinel then speaks TLS only, to its clients and to the servers."""
     data_dir.mkdir(parents=True, exist_ok=True)
     conf = [("bind", "127.0.0.1"), ("port", str(port)), ("dir", str(data_dir)), ("daemonize", "no"),
             ("sentinel", "monitor", service, "127.0.0.1", str(primary_port), str(quorum)),
             ("sentinel", "down-after-milliseconds", service, str(down_after_ms)),
             ("sentinel", "failover-timeout", service, str(failover_timeout_ms)),
             ("sentinel", "parallel-syncs", service, "1")]
+    if tls:
+        conf += [("port", "0"), ("tls-port", str(port)), ("tls-replication", "yes"), *tls.items()]
     if password:
         conf.append(("sentinel", "auth-pass", service, password))
     return launch([find_redis_server(), str(write_redis_conf(data_dir / "sentinel.conf", conf)), "--sentinel"],
@@ -72,6 +75,8 @@ class SentinelGroup:
     failover_timeout_ms: int = FAILOVER_TIMEOUT_MS
     tie_to_parent: bool = False
     restart_after: float | None = None  # seconds a dead process waits before tend() starts it again
+    tls: dict[str, str] | None = None  # redis-server's TLS directives: every process speaks TLS only
+    client_tls: dict[str, str] = field(default_factory=dict)  # ssl_* options of its clients (ssl_ca_certs, ...)
     server_ports: list[int] = field(default_factory=list)  # [first primary, replicas...]
     sentinel_ports: list[int] = field(default_factory=list)
     procs: dict[int, subprocess.Popen] = field(default_factory=dict)  # port -> its process
@@ -80,12 +85,17 @@ class SentinelGroup:
     @property
     def url(self) -> str:
         auth = f":{self.password}@" if self.password else ""
-        return f"sentinel://{auth}{','.join(f'127.0.0.1:{p}' for p in self.sentinel_ports)}/{self.service}/0"
+        hosts = ",".join(f"127.0.0.1:{p}" for p in self.sentinel_ports)
+        return f"sentinel{'s' if self.tls else ''}://{auth}{hosts}/{self.service}/0{self._query()}"
+
+    def _query(self) -> str:
+        given = {k: v for k, v in self.client_tls.items() if v}
+        return "?" + "&".join(f"{k}={v}" for k, v in given.items()) if given else ""
 
     def server_url(self, port: int) -> str:
         """A plain ``redis://`` URL of one server of the group (a test's way to reach a replica itself)."""
         auth = f":{self.password}@" if self.password else ""
-        return f"redis://{auth}127.0.0.1:{port}/0"
+        return f"redis{'s' if self.tls else ''}://{auth}127.0.0.1:{port}/0{self._query()}"
 
     def start(self, timeout: float = 30.0) -> "SentinelGroup":
         if self.replicas < 1 or self.sentinels < 1:
@@ -108,19 +118,23 @@ class SentinelGroup:
         directives: list[tuple[str, ...]] = [("masterauth", self.password)] if self.password else []
         if replica_of is not None:
             directives.append(("replicaof", "127.0.0.1", str(replica_of)))
+        if self.tls:
+            directives.append(("tls-replication", "yes"))
         return start_redis(self.root / f"redis-{port}", port=port, password=self.password, directives=directives,
-                           log_file=self.root / f"redis-{port}.log", tie_to_parent=self.tie_to_parent)
+                           log_file=self.root / f"redis-{port}.log", tie_to_parent=self.tie_to_parent, tls=self.tls)
 
     def _start_sentinel(self, port: int) -> subprocess.Popen:
         return start_sentinel(self.root / f"sentinel-{port}", port=port, service=self.service,
                               primary_port=self.server_ports[0], password=self.password,
                               quorum=self.sentinels // 2 + 1, down_after_ms=self.down_after_ms,
                               failover_timeout_ms=self.failover_timeout_ms,
-                              log_file=self.root / f"sentinel-{port}.log", tie_to_parent=self.tie_to_parent)
+                              log_file=self.root / f"sentinel-{port}.log", tie_to_parent=self.tie_to_parent,
+                              tls=self.tls)
 
     def sentinel_client(self, port: int | None = None) -> redis.Redis:
+        tls = {"ssl": True, **{k: v for k, v in self.client_tls.items() if v}} if self.tls else {}
         return redis.Redis("127.0.0.1", port or self.sentinel_ports[0], socket_timeout=2, socket_connect_timeout=2,
-                           decode_responses=True)
+                           decode_responses=True, **tls)
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         """Until every sentinel sees the primary, every replica and every other sentinel (a failover needs
@@ -159,7 +173,7 @@ class SentinelGroup:
                          for s in map(self.sentinel_client, self.sentinel_ports)}
                 if len(named) == 1:
                     primary = named.pop()
-                    with redis.Redis.from_url(self.server_url(primary), socket_timeout=2) as c:
+                    with redis.Redis.from_url(self.server_url(primary), socket_timeout=2) as c:  # (TLS: its query)
                         info = c.info("replication")
                     target = target or (primary, info["master_repl_offset"])
                     replicas = [v for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)]
