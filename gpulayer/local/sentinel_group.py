@@ -3,7 +3,8 @@
 
 ``gpulayer up --replicas 1 --sentinels 3`` runs one, and the tests and benchmarks start theirs with it. The
 sentinels mark a primary down after ``down_after_ms`` (2 s here, 30 s in Sentinel's own default), so a laptop
-can watch a failover: kill the primary (``gpulayer status`` shows its pid) and a replica takes over.
+can watch a failover: kill the primary (``gpulayer status`` names it, ``gpulayer up`` prints the pids) and a
+replica takes over.
 
 A server that dies is started again (same port, same data) only after ``restart_after`` seconds: at once, a
 killed primary would be back before the sentinels noticed, and no failover would ever be seen. It comes back
