@@ -35,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("down", help="stop what `gpulayer up` started")
 
     w = sub.add_parser("worker", help="run a worker on this machine")
-    w.add_argument("--broker", default=None, help="redis://[:password@]host:port/db (default: GPULAYER_BROKER_URL)")
+    w.add_argument("--broker", default=None, help="redis://[:password@]host:port/db, or a Sentinel group: "
+                        "sentinel://[:password@]host:port[,host:port...]/<master name> (default: GPULAYER_BROKER_URL)")
     w.add_argument("--slots", type=int, default=None, help="concurrent jobs (default: GPUs, else cores)")
     w.add_argument("--zone", default=None)
     w.add_argument("--region", default=None)
