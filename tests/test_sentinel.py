@@ -176,6 +176,7 @@ def test_the_primary_killed_mid_batch_the_batch_completes(group, tmp_path):
           "again after a lost ack")
     assert done_before < n
     wait_until(lambda: group.group.primary_port() != killed, 30, "every sentinel to name the new primary")
+    group.wait_workers(["s1", "s2"], timeout=30)  # their beats of the switch's seconds show (README, "Sentinel")
     assert submit.delay(square, 3).get(timeout=60) == 9  # and the fleet goes on
 
 
@@ -196,6 +197,9 @@ def test_a_frozen_primary_is_left_for_the_new_one_mid_batch(group, tmp_path):
     try:
         assert handle.get(timeout=120) == [i * i for i in range(n)]
         assert set(runs(marks)) == set(range(n))
+        # The heartbeats the frozen primary took are not on the new one: the workers show again on their next
+        # beat (until then a client is told no worker is live: README, "Sentinel"; reconciliation is issue 30's).
+        group.wait_workers(["s1", "s2"], timeout=30)
         assert submit.delay(square, 5).get(timeout=60) == 25
     finally:
         os.kill(group.group.procs[frozen].pid, signal.SIGCONT)
@@ -268,7 +272,8 @@ def test_a_tls_group_with_client_certificates_fails_over_too(tmp_path):
         assert submit.delay(square, 8).get(timeout=60) == 64
         fleet.group.wait_synced()
         killed = fleet.kill_primary()
-        assert submit_batch([submit.s(square, i) for i in range(40)]).get(timeout=90) == [i * i for i in range(40)]
         wait_until(lambda: fleet.group.primary_port() != killed, 30, "the sentinels to name the new primary")
+        fleet.wait_workers(["t1"], timeout=30)
+        assert submit_batch([submit.s(square, i) for i in range(40)]).get(timeout=90) == [i * i for i in range(40)]
     finally:
         fleet.stop()
