@@ -18,12 +18,14 @@ from celery import signals
 from . import placement, queues, signing
 from .engine import transport
 from .engine.pools import drop_connections
+from .engine.sentinel import FAILOVER_WAIT, SENTINEL_OPTION, engine_url
 from .engine.celery_app import GpulayerCelery
 from .engine.broadcast import Control
 from .engine.senders import CLIENT_HEADER  # noqa: F401 (for tasks/submit.py)
 from .config import Settings, tls_options
 from .errors import ClusterUnavailable, JobRejected, PayloadError, UnsupportedOption
 from .models import Resources
+from .sentinel_url import is_sentinel_url
 from .store.connection import connect_redis
 from .store.registry import CachedSnapshot, Registry
 
@@ -84,19 +86,23 @@ def configure(settings: Settings) -> None:
     # No retry_on_timeout: kombu pipelines publishes (submit_batch) only when
     # Redis will not replay a pipeline twice.
     timeouts = {"socket_connect_timeout": settings.connect_timeout, "socket_timeout": 30.0}
+    # A Sentinel group's URL reaches kombu and Celery as one they read, with the group in the transport options.
+    engine, sentinel = engine_url(url)
+    options = {k: v for k, v in app.conf.broker_transport_options.items() if k != SENTINEL_OPTION}
     with _lock:
         if _settings is not None and _settings.broker_url != url:
             drop_connections(app)
         app.conf.update(
-            broker_url=url,
+            broker_url=engine,
             # kombu's Redis transport, with takes a SIGKILL cannot lose (engine/transport.py), for
-            # redis:// and rediss:// alike; the URL's TLS options, as kombu and Celery's backend take them.
-            broker_transport=transport.transport_for(url),
+            # redis://, rediss:// and Sentinel groups alike; the URL's TLS options, as kombu and Celery's backend
+            # take them.
+            broker_transport=transport.transport_for(engine),
             broker_use_ssl=tls_options(url) or False,
             redis_backend_use_ssl=tls_options(url) or None,
-            result_backend=f"gpulayer.engine.results:ResultBackend+{url}",
+            result_backend=f"gpulayer.engine.results:ResultBackend+{engine}",
             result_expires=settings.result_expires,
-            broker_transport_options={**app.conf.broker_transport_options, **timeouts},
+            broker_transport_options={**options, **timeouts, **sentinel},
             redis_socket_connect_timeout=settings.connect_timeout,
             redis_socket_timeout=30.0,
             worker_send_task_events=settings.events,
@@ -133,6 +139,15 @@ def redis_client(s: Settings | None = None, **kwargs) -> redis.Redis:
     if s is None or not s.broker_url:
         raise ClusterUnavailable("gpulayer is not connected; call gpulayer.init() first")
     return connect_redis(s.broker_url, socket_connect_timeout=s.connect_timeout, socket_timeout=30.0, **kwargs)
+
+
+def publish_patience() -> float:
+    """Seconds a ``submit`` keeps trying to publish through a lost broker: ``connect_timeout``, or on a Sentinel
+    group the time a failover may take (``engine.sentinel.FAILOVER_WAIT``)."""
+    s = _settings
+    if s is None:
+        raise ClusterUnavailable("gpulayer is not connected; call gpulayer.init() first")
+    return FAILOVER_WAIT if is_sentinel_url(s.broker_url) else s.connect_timeout
 
 
 def registry() -> Registry:

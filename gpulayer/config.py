@@ -28,6 +28,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from .errors import ConfigError
 from .masking import mask_url
+from .sentinel_url import SENTINEL_PASSWORD, is_sentinel_url, parse_sentinel_url
 
 STATE_FILE_NAME = "cluster.json"
 # TLS options of a rediss:// broker, named as redis-py, kombu and Celery name them (URL query or GPULAYER_SSL_*).
@@ -66,7 +67,11 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="GPULAYER_", frozen=True, extra="forbid")
 
     broker_url: str | None = Field(default=None, description="redis://[:password@]host:port/db of the cluster's Redis "
-                                                            "(rediss://... for TLS)")
+                                                            "(rediss://... for TLS), or sentinel://[:password@]"
+                                                            "host:port[,host:port...]/<master name>[/<db>] of a "
+                                                            "Sentinel group (sentinels://... for TLS)")
+    sentinel_password: SecretStr | None = Field(default=None, description="sentinel:// only: the sentinels' own "
+                                                                          "password (requirepass in sentinel.conf)")
     secret: SecretStr | None = Field(default=None, description="cluster secret that signs every message")
     heartbeat_interval: float = Field(default=1.0, gt=0, description="seconds between worker heartbeats")
     worker_dead_after: float = Field(default=5.0, gt=0, description="seconds of silence before a worker is dead")
@@ -107,7 +112,8 @@ class Settings(BaseSettings):
     def _tls_in_url(cls, data: Any) -> Any:
         """The broker URL carries its TLS options, so every process and client that gets the URL gets them."""
         if isinstance(data, dict) and data.get("broker_url"):
-            data = {**data, "broker_url": with_tls(data["broker_url"], **{k: data.get(k) for k in TLS_OPTIONS})}
+            url = with_tls(data["broker_url"], **{k: data.get(k) for k in TLS_OPTIONS})
+            data = {**data, "broker_url": with_sentinel_password(url, data.get("sentinel_password"))}
         return data
 
     @classmethod
@@ -168,6 +174,8 @@ def load_settings(**overrides: Any) -> Settings:
             # The state file names a whole cluster: its URL and its secret go together.
             secret = settings.secret or (SecretStr(state["secret"]) if state.get("secret") else None)
             url = with_tls(state["broker_url"], **{k: getattr(settings, k) for k in TLS_OPTIONS})
+            password = settings.sentinel_password.get_secret_value() if settings.sentinel_password else None
+            url = with_sentinel_password(url, password)
             settings = settings.model_copy(update={"broker_url": url, "secret": secret, "broker_from_state": True})
     return settings
 
@@ -175,7 +183,7 @@ def load_settings(**overrides: Any) -> Settings:
 def with_tls(url: str, **options: str | None) -> str:
     """``url`` with the TLS ``options`` (``ssl_ca_certs=...``) folded into its query, checked and normalised.
 
-    ``redis://`` takes none; ``rediss://`` checks Redis's certificate unless told otherwise
+    ``redis://`` and ``sentinel://`` take none; ``rediss://`` and ``sentinels://`` check Redis's certificate unless told otherwise
     (``ssl_cert_reqs=required``, where kombu alone would default to not checking it). Other schemes are
     refused: gpulayer's transport, with the take a SIGKILL cannot lose, speaks Redis over TCP or TLS only.
 
@@ -183,19 +191,22 @@ def with_tls(url: str, **options: str | None) -> str:
     'rediss://:pw@redis:6380/0?ssl_cert_reqs=required'
     """
     parts = urlsplit(url)
-    if parts.scheme not in ("redis", "rediss"):
+    if parts.scheme not in ("redis", "rediss", "sentinel", "sentinels"):
         raise ConfigError(f"the broker URL ({parts.scheme or 'no scheme'}://...) is not a Redis URL gpulayer can use: "
-                          "its transport takes messages from Redis over TCP or TLS only (no unix sockets, no "
-                          "sentinel); use redis://[:password@]host:port/db, or rediss://... for TLS")
+                          "its transport takes messages from Redis over TCP or TLS only (no unix sockets); use "
+                          "redis://[:password@]host:port/db, rediss://... for TLS, or sentinel://[:password@]"
+                          "host:port[,host:port...]/<master name>[/<db>] for a Sentinel group")
+    if is_sentinel_url(url):
+        parse_sentinel_url(url)  # a clear error for a malformed one, before anything connects
     query = dict(parse_qsl(parts.query, keep_blank_values=True))
     given = {k: v for k, v in options.items() if v}  # empty: not set (the example config's way to say so)
     if unknown := set(given) - set(TLS_OPTIONS):
         raise ConfigError(f"unknown TLS options {sorted(unknown)}; gpulayer takes {', '.join(TLS_OPTIONS)}")
-    if parts.scheme == "redis":
+    if parts.scheme in ("redis", "sentinel"):
         tls = sorted({k for k in (*query, *given) if k in TLS_OPTIONS})
         if tls:
-            raise ConfigError(f"TLS options ({', '.join(tls)}) are set but the broker URL is redis:// (no TLS); "
-                              "use rediss://host:port/db to connect with TLS, or drop them")
+            raise ConfigError(f"TLS options ({', '.join(tls)}) are set but the broker URL is {parts.scheme}:// (no "
+                              f"TLS); use {parts.scheme}s://... to connect with TLS, or drop them")
         return url
     for key, value in given.items():
         if query.get(key, value) != value:
@@ -212,11 +223,31 @@ def with_tls(url: str, **options: str | None) -> str:
     return urlunsplit(parts._replace(query=urlencode(query)))
 
 
+def with_sentinel_password(url: str, password: str | SecretStr | None) -> str:
+    """``url`` with the sentinels' own password (``GPULAYER_SENTINEL_PASSWORD``) in its query, so every process
+    that gets the URL reaches the sentinels; a clear error when the URL is not a Sentinel group's."""
+    if isinstance(password, SecretStr):
+        password = password.get_secret_value()
+    if not password:
+        return url
+    if not is_sentinel_url(url):
+        raise ConfigError("GPULAYER_SENTINEL_PASSWORD (sentinel_password) is set but the broker URL is not a "
+                          "Sentinel group's; unset it, or point GPULAYER_BROKER_URL at the group as "
+                          "sentinel://host:port[,host:port...]/<master name>")
+    parts = urlsplit(url)
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    if query.get(SENTINEL_PASSWORD, password) != password:
+        raise ConfigError("the sentinels' password is in the broker URL and in GPULAYER_SENTINEL_PASSWORD, "
+                          "and they differ; set it in one place")
+    query[SENTINEL_PASSWORD] = password
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
 def tls_options(url: str) -> dict[str, Any]:
     """The TLS options of a URL ``with_tls`` made, as kombu's ``broker_use_ssl`` and Celery's
     ``redis_backend_use_ssl`` take them; empty for ``redis://``."""
     parts = urlsplit(url)
-    if parts.scheme != "rediss":
+    if parts.scheme not in ("rediss", "sentinels"):
         return {}
     options: dict[str, Any] = {k: v for k, v in parse_qsl(parts.query) if k in TLS_OPTIONS}
     options["ssl_cert_reqs"] = _CERT_REQS[options.get("ssl_cert_reqs", "required")]

@@ -9,6 +9,8 @@ URL as it was given.
 'redis://:***@10.0.0.1:6379/0'
 >>> mask_text("cannot reach rediss://u:pw@h:6380/0 (refused); key s3cr3t", ["s3cr3t"])
 'cannot reach rediss://u:***@h:6380/0 (refused); key ***'
+>>> mask_url("sentinel://:pw@10.0.0.1:26379,10.0.0.2:26379/gpulayer?sentinel_password=spw")
+'sentinel://:***@10.0.0.1:26379,10.0.0.2:26379/gpulayer?sentinel_password=***'
 """
 
 from __future__ import annotations
@@ -16,16 +18,24 @@ from __future__ import annotations
 import logging
 import re
 from typing import Iterable
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 MASK = "***"
 # scheme://user:PASSWORD@ -- the password ends at the @ (a literal @ or / in it is percent-encoded in a URL).
 URL_PASSWORD = re.compile(r"(?P<head>\b[a-z][a-z0-9+.\-]*://[^:/@\s\"'<>]*:)[^@/\s\"'<>]+@", re.IGNORECASE)
+# A Sentinel URL's query carries the sentinels' own password (sentinel_url.py): ?sentinel_password=PASSWORD&...
+QUERY_PASSWORD = re.compile(r"(?P<head>[?&]sentinel_password=)[^&#\s\"'<>]+", re.IGNORECASE)
+
+
+def _mask_urls(text: str) -> str:
+    text = URL_PASSWORD.sub(lambda m: m.group("head") + MASK + "@", text)
+    return QUERY_PASSWORD.sub(lambda m: m.group("head") + MASK, text)
 
 
 def mask_url(url: str | None) -> str | None:
-    """``url`` with the password in it (``scheme://user:PASSWORD@host``) replaced by ``***``; None stays None."""
-    return None if url is None else URL_PASSWORD.sub(lambda m: m.group("head") + MASK + "@", url)
+    """``url`` with the passwords in it (``scheme://user:PASSWORD@host``, and a Sentinel URL's
+    ``?sentinel_password=PASSWORD``) replaced by ``***``; None stays None."""
+    return None if url is None else _mask_urls(url)
 
 
 def mask_text(text: str, secrets: Iterable[str] = ()) -> str:
@@ -35,20 +45,23 @@ def mask_text(text: str, secrets: Iterable[str] = ()) -> str:
     """
     for s in secrets:
         text = text.replace(s, MASK)
-    return URL_PASSWORD.sub(lambda m: m.group("head") + MASK + "@", text)
+    return _mask_urls(text)
 
 
 def secrets_of(broker_url: str | None, secret: str | None) -> list[str]:
-    """The cluster's secrets to mask wherever they turn up: the broker password and the cluster secret.
+    """The cluster's secrets to mask wherever they turn up: the broker's passwords (a Sentinel group's sentinels
+    have their own) and the cluster secret.
 
     Longest first, so a secret that contains another is masked whole; short ones (under 4 characters)
     would mask too much and are left to the URL pattern.
     """
     try:
-        password = urlsplit(broker_url or "").password
+        parts = urlsplit(broker_url or "")
+        password = parts.password
+        sentinels = dict(parse_qsl(parts.query)).get("sentinel_password")
     except ValueError:
-        password = None
-    return sorted({s for s in (password, secret) if s and len(s) >= 4}, key=len, reverse=True)
+        password = sentinels = None
+    return sorted({s for s in (password, sentinels, secret) if s and len(s) >= 4}, key=len, reverse=True)
 
 
 class MaskingFilter(logging.Filter):

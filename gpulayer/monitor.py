@@ -14,6 +14,7 @@ import os
 import time
 
 from .errors import ConfigError
+from .sentinel_url import is_sentinel_url
 from .masking import MASK, mask_text, secrets_of  # noqa: F401  (MASK, mask_text: the tests' import)
 
 
@@ -105,7 +106,13 @@ def run_flower(*, broker: str | None = None, port: int = 5555, address: str = "1
     settings = init(broker)
     # Flower names the broker by its URL's scheme to list queues; it takes no jobs, so kombu's own
     # Redis transport serves it (gpulayer/engine/transport.py only changes how workers take messages).
-    app_mod.app.conf.broker_transport = None
+    # A Sentinel group's URL stays on gpulayer's transport: kombu's own would look for a host named after the group.
+    if not is_sentinel_url(settings.broker_url):
+        app_mod.app.conf.broker_transport = None
+    else:
+        from .engine.flower_sentinel import broker_page_on_sentinel
+
+        broker_page_on_sentinel(settings.broker_url)
     secrets = _secrets_of(settings)
     if basic_auth:  # Flower's own login, wherever a page might show it
         secrets = sorted({*secrets, *(p for p in _passwords(basic_auth) if len(p) >= 4)}, key=len, reverse=True)

@@ -40,12 +40,13 @@ def connect(settings: Settings) -> Settings:
 
 
 def init(broker_url: str | None = None, *, secret: str | None = None, workers: int | None = None,
-         slots: int | None = None) -> Settings:
+         slots: int | None = None, replicas: int = 0, sentinels: int = 0) -> Settings:
     """Connect to a cluster, starting an embedded one if none is configured.
 
     In order: ``broker_url`` / ``GPULAYER_BROKER_URL`` / the config file; else a
     running ``gpulayer up`` cluster; else a new embedded cluster (Redis and
-    ``workers`` local workers) that lives as long as this process.
+    ``workers`` local workers) that lives as long as this process. ``replicas`` and ``sentinels``: that
+    embedded cluster's Redis is a Sentinel group (``gpulayer.init(replicas=1, sentinels=3)``).
     """
     global _local
     with _init_lock:
@@ -60,7 +61,7 @@ def init(broker_url: str | None = None, *, secret: str | None = None, workers: i
         if _local is None:
             from .local import start_for_process
 
-            _local = start_for_process(workers=workers, slots=slots)
+            _local = start_for_process(workers=workers, slots=slots, replicas=replicas, sentinels=sentinels)
         return connect(load_settings(broker_url=_local.broker_url, secret=_local.secret))
 
 

@@ -9,6 +9,8 @@ from . import queues
 from .config import Settings, home_dir, load_settings
 from .errors import ClusterUnavailable, ConfigError
 from .masking import mask_url
+from .sentinel_url import is_sentinel_url, parse_sentinel_url
+from .store.replication import describe as describe_replication, replication
 from .store import keys
 from .store.broker_loss import LOST, unavailable
 from .store.connection import reachable
@@ -66,6 +68,13 @@ def _broker_restarts(client) -> dict | None:
     return record if record.get("restarts") else None
 
 
+def _replication(settings: Settings, client) -> dict | None:
+    """A Sentinel group's primary and replicas, with their lag; None for a redis:// broker."""
+    if not is_sentinel_url(settings.broker_url):
+        return None
+    return replication(client, parse_sentinel_url(settings.broker_url).service)
+
+
 SUMMARY_ABOVE = 50  # a fleet of more live workers is shown as a summary unless --all is asked
 TOP = 10  # busiest workers the summary lists
 
@@ -107,6 +116,7 @@ def _collect(settings: Settings, registry: Registry, full: bool | None, top: int
     return {
         "broker": mask_url(settings.broker_url),
         "broker_restarts": _broker_restarts(client),
+        "replication": _replication(settings, client),
         "workers": [_row(w, held, ages) for w in shown],
         "summary": summarize(workers, held, registry.dead(), busiest),
         "queues": lengths,
@@ -221,6 +231,8 @@ def renderables(report: dict, full: bool | None = None) -> list:
         from .local.supervisor import describe_restarts
 
         out.append(_Lines(f"redis: {describe_restarts(report['broker_restarts'])}"))
+    if report.get("replication"):
+        out.extend(_Lines(line) for line in describe_replication(report["replication"]))
     if full:
         out.append(_Lines(f"{len(report['workers'])} live workers",
                           [_WORKER_COLUMNS, *map(_worker_cells, report["workers"])]))

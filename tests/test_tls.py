@@ -106,7 +106,7 @@ def test_rediss_checks_the_certificate_unless_told_otherwise(tls_files, gpulayer
 @pytest.mark.parametrize("url, env, message", [
     ("unix:///run/redis.sock", {}, "not a Redis URL gpulayer can use"),
     ("redis+socket:///run/redis.sock", {}, "not a Redis URL gpulayer can use"),
-    ("sentinel://:pw@h:26379", {}, "not a Redis URL gpulayer can use"),
+    ("sentinel://:pw@h:26379", {}, "names no group: append the master name"),  # tests/test_sentinel_url.py: the rest
     ("redis://h:6379/0?ssl_cert_reqs=required", {}, "the broker URL is redis:// \\(no TLS\\)"),
     ("redis://h:6379/0", {"GPULAYER_SSL_CA_CERTS": "/etc/hostname"}, "use rediss://"),
     ("rediss://:pw@h:6380/0?ssl_cert_reqs=maybe", {}, "not one of required, optional, none"),

@@ -26,6 +26,11 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--region", action="append", default=None, metavar="REGION",
                     help="region of the next local worker, likewise (default: the zone's, europe-west1-b -> "
                          "europe-west1)")
+    up.add_argument("--replicas", type=int, default=0, metavar="N",
+                    help="run Redis as a Sentinel group: a primary and N replicas (with --sentinels)")
+    up.add_argument("--sentinels", type=int, default=0, metavar="N",
+                    help="N sentinels watching the group, failing over 2 s after the primary stops answering "
+                         "(with --replicas; e.g. --replicas 1 --sentinels 3)")
     up.add_argument("--show-secrets", action="store_true",
                     help="print the broker URL and Flower's login with their passwords (default: masked; the state "
                          "file has them)")
@@ -33,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("down", help="stop what `gpulayer up` started")
 
     w = sub.add_parser("worker", help="run a worker on this machine")
-    w.add_argument("--broker", default=None, help="redis://[:password@]host:port/db (default: GPULAYER_BROKER_URL)")
+    w.add_argument("--broker", default=None, help="redis://[:password@]host:port/db, or a Sentinel group: "
+                        "sentinel://[:password@]host:port[,host:port...]/<master name> (default: GPULAYER_BROKER_URL)")
     w.add_argument("--slots", type=int, default=None, help="concurrent jobs (default: GPUs, else cores)")
     w.add_argument("--zone", default=None, help="the zone this machine is in, e.g. europe-west1-b (jobs and "
                                                 "distributed jobs may ask for it)")
@@ -144,7 +150,8 @@ def _up(args) -> int:
 
     check_up_flags(args)  # before anything starts
     previous = stopped_note(home_dir(), fix=False)  # the last cluster's account of why it stopped on its own
-    cluster, started = up(args.workers, args.slots, flower=args.flower, zones=args.zone, regions=args.region)
+    cluster, started = up(args.workers, args.slots, flower=args.flower, zones=args.zone, regions=args.region,
+                          replicas=args.replicas, sentinels=args.sentinels)
     if not started:
         refuse_changes(args, cluster.home)  # flags it does not have: what runs, and how to get them
     url = cluster.broker_url if args.show_secrets else mask_url(cluster.broker_url)
@@ -153,9 +160,15 @@ def _up(args) -> int:
         print(f"(the previous one: {previous})")
     from ..config import STATE_FILE_NAME, read_state
 
-    places = (read_state(cluster.home / STATE_FILE_NAME) or {}).get("places") or {}
+    state = read_state(cluster.home / STATE_FILE_NAME) or {}
+    places = state.get("places") or {}
     if places:
         print("workers: " + ", ".join(f"{n} ({p['zone']}, {p['region']})" for n, p in places.items()))
+    if state.get("sentinel_group"):
+        group = state["sentinel_group"]
+        print("Sentinel group: " + ", ".join(f"{name} (pid {pid})" for name, pid in group["pids"].items())
+              + f"; failover {group['down_after_ms'] / 1000:g} s after the primary stops answering "
+              "(`gpulayer status` names it: kill -9 its pid to watch one)")
     if cluster.flower_url:
         login = cluster.flower_login_url if args.show_secrets else mask_url(cluster.flower_login_url)
         print(f"Flower: {login}" + ("" if args.show_secrets or not cluster.flower_auth else

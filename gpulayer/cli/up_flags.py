@@ -42,6 +42,8 @@ def up_command(args) -> str:
             words += [flag, name]
     if args.flower is not None:
         words += ["--flower"] + ([str(args.flower)] if args.flower else [])
+    if getattr(args, "replicas", 0) or getattr(args, "sentinels", 0):
+        words += ["--replicas", str(args.replicas), "--sentinels", str(args.sentinels)]
     return shlex.join(words)
 
 
@@ -76,6 +78,14 @@ def differences(args, state: dict) -> list[str]:
         if args.region and [r for _, r in asked] != [p["region"] for p in places]:
             out.append(f"--region {' --region '.join(args.region)} "
                        f"(its regions: {', '.join(p['region'] for p in places)})")
+    asked_group = (getattr(args, "replicas", 0), getattr(args, "sentinels", 0))
+    if any(asked_group):
+        pids = (state.get("sentinel_group") or {}).get("pids") or {}
+        has = (sum(1 for n in pids if n.startswith("redis-")) - 1 if pids else 0,
+               sum(1 for n in pids if n.startswith("sentinel-")))
+        if has != asked_group:
+            out.append(f"--replicas {asked_group[0]} --sentinels {asked_group[1]} "
+                       + (f"(it has {has[0]} and {has[1]})" if pids else "(it runs one Redis, no Sentinel group)"))
     url = state.get("flower_url")
     if args.flower is not None and not url and not _flower_asked(state):
         out.append("--flower (it was started without Flower)")

@@ -27,6 +27,7 @@ from ..app import settings as app_settings
 from ..store.jobs import JobRecords
 from ..store.results import STOPPED_WHILE_RUNNING, process_died
 from ..store.connection import connect_redis
+from .sentinel import broker_url
 from ..errors import JobStopped
 from ..worker import reaper, runtime
 from .results import StoreLater, trace_storing_later
@@ -42,7 +43,7 @@ _records: JobRecords | None = None
 def records(app) -> JobRecords:
     global _records
     if _records is None:
-        _records = JobRecords(connect_redis(app.conf.broker_url, socket_timeout=10))
+        _records = JobRecords(connect_redis(broker_url(app), socket_timeout=10))
     return _records
 
 

@@ -49,6 +49,7 @@ from ..deadline import Deadline
 from ..payload import unsendable_result
 from ..store import keys
 from .redis_tls import TLSConnection
+from .sentinel import backend_pool
 from ..store.registry import load_script
 from ..store.results import as_job_failed
 
@@ -139,6 +140,10 @@ class ResultBackend(RedisBackend):
         # For a rediss:// URL Celery picks redis-py's SSLConnection itself; use the one every gpulayer client uses.
         if self.connparams.get("connection_class") is redis.SSLConnection:
             self.connparams["connection_class"] = TLSConnection
+
+    def _get_pool(self, **params):
+        """Celery's pool, or on a Sentinel group one whose connections ask the sentinels for the primary."""
+        return backend_pool(self.app, params) or super()._get_pool(**params)
 
     def _set_with_state(self, key, value, state):
         key = key.decode() if isinstance(key, bytes) else key

@@ -53,6 +53,7 @@ from .loop import add_readers_only_when_missing, remove_writers_only_if_added
 from .prefetch import BURST_DRAIN, BURST_MAX, Prefetch  # noqa: F401 (BURST_*: the take's sizes, read by tests)
 from .qos import QoS
 from .redis_tls import TLSConnection
+from .sentinel import SentinelPools
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +69,9 @@ def consume_as(worker_id: str | None, pid: int | None = None) -> None:
     _consumer = keys.life(worker_id, pid or os.getpid()) if worker_id else None
 
 
-class Channel(Prefetch, kredis.Channel):
+class Channel(Prefetch, SentinelPools, kredis.Channel):
     """kombu's Redis channel, taking with take.lua; its prefetched messages are engine/prefetch.py's, the acks
-    and results its scripts carry engine/carry.py's."""
+    and results its scripts carry engine/carry.py's, its pools on a Sentinel group engine/sentinel.py's."""
 
     QoS = QoS  # engine/qos.py: acks that ride on the next take, and the worker's slot gate
     connection_class_ssl = TLSConnection  # rediss://: one TLS context per process (engine/redis_tls.py)
@@ -78,6 +79,7 @@ class Channel(Prefetch, kredis.Channel):
     def __init__(self, *args, **kwargs):
         self._pool_client = None  # before kombu's __init__, which may already talk to Redis
         self._poll_command: str | None = None
+        self._use_sentinel(args[0] if args else kwargs["connection"])
         super().__init__(*args, **kwargs)
         self._recorded: dict[str, bool] = {}
         self._poll_keys: list[str] = []
@@ -289,7 +291,9 @@ class Transport(kredis.Transport):
             remove_writers_only_if_added(loop)
 
 
-SCHEMES = ("redis", "rediss")  # TCP and TLS: kombu's Redis channel, and so these takes, serve both
+# TCP and TLS: kombu's Redis channel, and so these takes, serve both; a Sentinel group's URL reaches kombu as a
+# redis:// or rediss:// one (engine/sentinel.py's engine_url).
+SCHEMES = ("redis", "rediss")
 
 
 def transport_for(url: str) -> str:

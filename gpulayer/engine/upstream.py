@@ -62,6 +62,7 @@ _L, _QOS, _P, _C = ("gpulayer/engine/loop.py", "gpulayer/engine/qos.py", "gpulay
                     "gpulayer/engine/carry.py")
 _ENV, _D, _TO = "gpulayer/engine/envelope.py", "gpulayer/engine/delivery.py", "gpulayer/engine/takeover.py"
 _RS, _RV = "gpulayer/engine/respawn.py", "gpulayer/engine/revoke.py"
+_S = "gpulayer/engine/sentinel.py"
 
 BORROWED: tuple[Borrowed, ...] = (
     # kombu's Redis transport: takes a SIGKILL cannot lose, bells, one client per pool
@@ -190,6 +191,28 @@ BORROWED: tuple[Borrowed, ...] = (
     # redis-py's TLS connection, one SSLContext per process (installed into store/connection.py's connect_redis)
     Borrowed("redis.connection:SSLConnection._wrap_socket_with_ssl", "21d551d80815de5f",
              "gpulayer/engine/redis_tls.py", "copies"),
+    # a Sentinel group as the broker: kombu's and Celery's pools ask the sentinels for the primary, and a
+    # connection waits out a failover (installed into store/sentinel.py's pools)
+    Borrowed("kombu.transport.redis:Channel._get_pool", "53a48983897d686c", _S, "overrides", also=(_T,)),
+    Borrowed("kombu.transport.redis:Channel._connparams", "ec0dc65b9428e4ee", _S, "relies on"),
+    Borrowed("celery.backends.redis:RedisBackend._get_pool", "602753b613faacb2", _R, "overrides", also=(_S,)),
+    Borrowed("redis.sentinel:SentinelManagedConnection.connect", "acc4327a00305abc", _S, "overrides"),
+    # ... a READONLY reply (a demoted primary) drops the connection, so the next connect asks the sentinels
+    Borrowed("redis.sentinel:SentinelManagedConnection.read_response", "27091757efcb87c9", _S, "overrides"),
+    Borrowed("redis.sentinel:SentinelConnectionPoolProxy.get_master_address", "0ca46368ea0e9cfe", _S, "relies on"),
+    # ... and a connection dropped mid-retry reconnects through the sentinels, not to its old address
+    Borrowed("redis.connection:Connection.send_packed_command", "d1db59721749c830", _S, "overrides"),
+    Borrowed("redis.connection:AbstractConnection.send_packed_command", "d1db59721749c830", _S, "overrides"),
+    # ... and a frozen primary's connections are cut when the sentinels announce the switch (SwitchWatch)
+    Borrowed("redis.connection:ConnectionPool._get_free_connections", "db71b26c25276313", _S, "relies on"),
+    Borrowed("redis.connection:ConnectionPool._get_in_use_connections", "cde4d312756fffb4", _S, "relies on"),
+    Borrowed("redis.connection:ConnectionPool._get_pool_lock", "fe2b67aa72838995", _S, "relies on"),
+    Borrowed("redis.connection:BlockingConnectionPool._get_free_connections", "33d11665f51e35df", _S, "relies on"),
+    Borrowed("redis.connection:BlockingConnectionPool._get_in_use_connections", "d1c4f6e79bc6cc37", _S,
+             "relies on"),
+    # ... and Flower's broker page on a Sentinel group: the queues of the primary of the moment
+    Borrowed("flower.views:BaseHandler.get_broker", "279d42ab972f9d52", "gpulayer/engine/flower_sentinel.py",
+             "patches"),
 )
 
 _BY_TARGET = {b.target: b for b in BORROWED}

@@ -34,6 +34,7 @@ from ..models import GangSpec, GangState
 from ..store import keys
 from ..store.cluster import cluster_id
 from ..store.connection import client_name, connect_redis
+from ..engine.sentinel import broker_url
 from ..store.gangs import GangStore
 from ..store.registry import Registry
 from ..worker import runtime
@@ -96,7 +97,7 @@ class GangAgent(LoopStep):
     def __init__(self, worker, **kwargs):
         super().__init__(worker, **kwargs)
         self.worker_info = runtime.current_worker()
-        self.url = worker.app.conf.broker_url
+        self.url = broker_url(worker.app)
         self.runs: dict[str, GangRun] = {}
         self.cluster_id = ""  # the cluster's id (store/cluster.py), read at start
         self.root = None  # this cluster's root on this machine (workdir.py), where gang directories live

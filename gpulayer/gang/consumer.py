@@ -22,6 +22,7 @@ from .. import queues, signing
 from ..engine import envelope
 from ..store import keys
 from ..store.connection import client_name, connect_redis
+from ..engine.sentinel import broker_url
 from ..worker import runtime
 from ..worker.loopstep import LoopStep
 from .coordinator import COORDINATE, try_waiting
@@ -92,4 +93,4 @@ class ControlStep(LoopStep):
 
     def loop(self) -> None:
         name = client_name(runtime.current_worker().id, "control")
-        ControlConsumer(self.app.conf.broker_url, name).serve(self.stopping)
+        ControlConsumer(broker_url(self.app), name).serve(self.stopping)

@@ -60,13 +60,14 @@ class LocalCluster:
 
 def _spawn_supervisor(home: Path, workers: int, slots: int, parent: int | None, timeout: float,
                       flower: int | None = None, zones: list[str] | None = None,
-                      regions: list[str] | None = None) -> LocalCluster:
+                      regions: list[str] | None = None, replicas: int = 0, sentinels: int = 0) -> LocalCluster:
     home.mkdir(parents=True, exist_ok=True)
     log = open(home / "supervisor.log", "ab")
     args = [sys.executable, "-m", "gpulayer.local", "--home", str(home), "--workers", str(workers),
             "--slots", str(slots)] + (["--parent", str(parent)] if parent else []) \
         + (["--flower", str(flower)] if flower is not None else []) \
-        + [a for z in zones or [] for a in ("--zone", z)] + [a for r in regions or [] for a in ("--region", r)]
+        + [a for z in zones or [] for a in ("--zone", z)] + [a for r in regions or [] for a in ("--region", r)] \
+        + (["--replicas", str(replicas), "--sentinels", str(sentinels)] if sentinels else [])
     try:
         # Its own session, even for a process-scoped cluster: a Ctrl-C in the terminal is for the script
         # (which may still want to cancel its jobs), not for Redis and the workers; the supervisor
@@ -115,8 +116,11 @@ def default_shape(workers: int | None, slots: int | None) -> tuple[int, int]:
 
 def up(workers: int | None = None, slots: int | None = None, home: Path | None = None,
        timeout: float = 60.0, flower: int | None = None, zones: list[str] | None = None,
-       regions: list[str] | None = None) -> tuple[LocalCluster, bool]:
+       regions: list[str] | None = None, replicas: int = 0, sentinels: int = 0) -> tuple[LocalCluster, bool]:
     """Start the background cluster, or find the running one. Returns (cluster, started_now).
+
+    ``replicas`` / ``sentinels``: a Sentinel group instead of one Redis (``sentinel_group.py``): a primary,
+    ``replicas`` replicas and ``sentinels`` sentinels on loopback; the broker URL is its ``sentinel://`` URL.
 
     ``flower``: also run Flower on that port (0: a free one); its URL is in the state file.
     ``zones`` / ``regions``: of the workers, in turn (``worker_places``).
@@ -127,8 +131,21 @@ def up(workers: int | None = None, slots: int | None = None, home: Path | None =
         return LocalCluster(state["broker_url"], state["secret"], home, flower_url=state.get("flower_url"),
                             flower_auth=state.get("flower_auth")), False
     workers, slots = default_shape(workers, slots)
+    check_group_shape(replicas, sentinels)
     return _spawn_supervisor(home, workers, slots, parent=None, timeout=timeout, flower=flower, zones=zones,
-                             regions=regions), True
+                             regions=regions, replicas=replicas, sentinels=sentinels), True
+
+
+def check_group_shape(replicas: int, sentinels: int) -> None:
+    """A Sentinel group needs both replicas and sentinels; refuse half of one, saying what to add."""
+    if replicas < 0 or sentinels < 0:
+        raise ConfigError(f"--replicas and --sentinels cannot be negative (got {replicas} and {sentinels})")
+    if replicas and not sentinels:
+        raise ConfigError(f"--replicas {replicas} without sentinels: nothing would promote a replica when the primary "
+                          "dies; add --sentinels 3")
+    if sentinels and not replicas:
+        raise ConfigError(f"--sentinels {sentinels} without replicas: there would be no server to promote; add "
+                          "--replicas 1")
 
 
 def down(home: Path | None = None, timeout: float = 30.0) -> bool:
@@ -157,16 +174,17 @@ def _alive(pid: int | None, start: str | None) -> bool:
 
 
 def start_for_process(workers: int | None = None, slots: int | None = None, zones: list[str] | None = None,
-                      regions: list[str] | None = None) -> LocalCluster:
+                      regions: list[str] | None = None, replicas: int = 0, sentinels: int = 0) -> LocalCluster:
     """An embedded cluster that lives as long as the calling process (``gpulayer.init()``).
 
     At the process's exit it is stopped at once (``kill_now``: the supervisor and everything below it),
     not gracefully: nothing in it is kept.
     """
     workers, slots = default_shape(workers, slots)
+    check_group_shape(replicas, sentinels)
     home = Path(tempfile.mkdtemp(prefix="gpulayer-"))
     cluster = _spawn_supervisor(home, workers, slots, parent=os.getpid(), timeout=60.0, zones=zones,
-                                regions=regions)
+                                regions=regions, replicas=replicas, sentinels=sentinels)
 
     def _stop():
         # The supervisor would do the same on SIGTERM, but only after waking up; killing its whole tree

@@ -83,7 +83,13 @@ def start_redis(data_dir: Path, *, port: int, password: str | None, appendonly: 
     if password:
         conf.append(("requirepass", password))
     conf += directives or []
-    args = [find_redis_server(), str(write_redis_conf(data_dir / "redis.conf", conf))]
+    return launch([find_redis_server(), str(write_redis_conf(data_dir / "redis.conf", conf))], log_file,
+                  tie_to_parent)
+
+
+def launch(args: list[str], log_file: Path | None, tie_to_parent: bool) -> subprocess.Popen:
+    """``redis-server`` with ``args`` as our child, its output appended to ``log_file``; ``tie_to_parent``: it
+    gets SIGTERM when the process that started it dies."""
     out = open(log_file, "ab") if log_file else subprocess.DEVNULL
     try:
         return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

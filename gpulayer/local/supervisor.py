@@ -110,6 +110,13 @@ def stopped_note(home: Path, fix: bool = True) -> str | None:
                    "process)" if fix else "")
 
 
+def record_group(state_file: Path, state: dict, group) -> None:
+    """The Sentinel group's processes in the state file (``gpulayer up`` prints them: kill one to watch)."""
+    state["sentinel_group"] = {"pids": group.pids(), "down_after_ms": group.down_after_ms,
+                               "failover_timeout_ms": group.failover_timeout_ms}
+    write_state(state_file, state)
+
+
 def _publish_restarts(url: str, deaths: RedisDeaths) -> None:
     """Tell the cluster's Redis how often it was restarted (``gpulayer status`` reads it); best effort."""
     client = connect_redis(url, socket_connect_timeout=2, socket_timeout=2)
@@ -133,7 +140,10 @@ def _login_name() -> str:
 
 
 def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_port: int | None = None,
-              zones: list[str] | None = None, regions: list[str] | None = None) -> int:
+              zones: list[str] | None = None, regions: list[str] | None = None, replicas: int = 0,
+              sentinels: int = 0) -> int:
+    """Run the embedded cluster until told to stop. ``replicas`` and ``sentinels``: a Sentinel group
+    (``sentinel_group.py``) instead of one Redis; the broker URL is then the group's ``sentinel://`` URL."""
     home.mkdir(parents=True, exist_ok=True)
     os.chmod(home, 0o700)
     logs = home / "logs"
@@ -143,6 +153,12 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
     secret = secrets.token_urlsafe(32)
     port = free_port()
     url = f"redis://:{password}@127.0.0.1:{port}/0"
+    group = None
+    if sentinels:  # a dead server waits a few down-afters before it is started again, so a failover can be seen
+        from .sentinel_group import SentinelGroup
+
+        group = SentinelGroup(home / "group", password, replicas=replicas, sentinels=sentinels, tie_to_parent=True)
+        group.restart_after = 5 * group.down_after_ms / 1000
     stopping = False
 
     def on_term(signum, frame):
@@ -157,7 +173,11 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
         return start_redis(home / "redis", port=port, password=password, log_file=logs / "redis.log",
                            tie_to_parent=True)
 
-    redis_proc = start_redis_here()
+    if group is not None:
+        group.start()
+        url, redis_proc = group.url, group.procs[group.server_ports[0]]
+    else:
+        redis_proc = start_redis_here()
     deaths = RedisDeaths()
     gave_up = False
     procs: dict[str, subprocess.Popen] = {}
@@ -175,7 +195,8 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
                             log_file=logs / f"{name}.log", tie_to_parent=True, env=worker_env)
 
     try:
-        wait_for_redis(url, redis_proc)
+        if group is None:
+            wait_for_redis(url, redis_proc)
         for name in places:
             procs[name] = start(name)
         flower_url = None
@@ -199,10 +220,16 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
                  "flower_pid": flower.pid if flower_url else None, "flower_auth": flower_auth if flower_url else None,
                  "redis": deaths.record()}
         write_state(state_file, state)
+        if group is not None:
+            record_group(state_file, state, group)
         while not stopping:
             if parent is not None and os.getppid() != parent:
                 break  # the process this cluster belongs to is gone
-            if redis_proc.poll() is not None and not stopping:
+            if group is not None:
+                for line in group.tend():
+                    print(line, file=sys.stderr)
+                    record_group(state_file, state, group)
+            elif redis_proc.poll() is not None and not stopping:
                 code = redis_proc.returncode
                 if not deaths.died(code):
                     reason = (f"its Redis died {deaths.limit} times within {deaths.window:.0f} s (last: exited "
@@ -232,13 +259,18 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
     finally:
         if parent is not None:
             # A process-scoped cluster: everything at once, nothing to keep (the script has ended).
-            kill_now([flower, *procs.values(), redis_proc])
+            kill_now([flower, *procs.values(), *([] if group else [redis_proc])])
+            if group is not None:
+                group.stop(graceful=False)
         else:
             # `gpulayer up`: workers finish and hand back what they hold, then Redis writes its file.
             if flower is not None:
                 stop_process(flower, grace=5)
             stop(list(procs.values()), grace=10)
-            stop_process(redis_proc, grace=10)
+            if group is not None:
+                group.stop()
+            else:
+                stop_process(redis_proc, grace=10)
         state = read_state(state_file)
         if state and state.get("supervisor_pid") == os.getpid():
             state_file.unlink(missing_ok=True)
@@ -258,5 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--flower", type=int, default=None, help="run Flower on this port (0: a free one)")
     p.add_argument("--zone", action="append", default=None, help="zone of the next worker (repeatable)")
     p.add_argument("--region", action="append", default=None, help="region of the next worker (repeatable)")
+    p.add_argument("--replicas", type=int, default=0, help="replicas of a Sentinel group (with --sentinels)")
+    p.add_argument("--sentinels", type=int, default=0, help="sentinels of a Sentinel group (with --replicas)")
     a = p.parse_args(argv)
-    return supervise(a.home, a.workers, a.slots, a.parent, a.flower, a.zone, a.region)
+    return supervise(a.home, a.workers, a.slots, a.parent, a.flower, a.zone, a.region, a.replicas, a.sentinels)

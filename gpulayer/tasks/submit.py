@@ -164,8 +164,9 @@ class SubmitTask(Task):
         if not options and producer is None and link is None and link_error is None and shadow is None \
                 and direct_publish_applies(self.app):
             job_id = task_id or uuid()
-            # A broker restarting (the embedded Redis after a crash) is back within connect_timeout.
-            lost = outage(Deadline(app_mod.settings().connect_timeout), f"job {job_id} was not sent")
+            # A broker restarting (the embedded Redis after a crash) is back within connect_timeout; a Sentinel
+            # group within a failover (sent again with the same id: a job published twice runs once).
+            lost = outage(Deadline(app_mod.publish_patience()), f"job {job_id} was not sent")
             while True:
                 try:
                     queue = app_mod.route_for(resources).queue

@@ -144,13 +144,22 @@ class Janitor(LoopStep):
         client = runtime.registry.client  # the worker's one client for short commands, shared with the heartbeat
         orphan_age = max(30.0, 3 * settings.worker_dead_after)
         rounds = 0
+        lagging = False
         while not self.stopping.wait(INTERVAL):
             rounds += 1
             try:
                 if not client.set(keys.JANITOR_LOCK, me, nx=True, px=int(INTERVAL * 3000)):
                     continue
                 try:
-                    for worker_id in dead_workers(client, settings.worker_dead_after):
+                    dead = dead_workers(client, settings.worker_dead_after)
+                    if me in dead:  # our own beats are missing: the registry lags (a broker failover), not them
+                        if not lagging:
+                            log.warning("gpulayer janitor: this worker's own heartbeats are missing from the "
+                                        "registry (the broker failed over?); judging no worker dead until they show")
+                        lagging = True
+                        continue
+                    lagging = False
+                    for worker_id in dead:
                         life = life_in_registry(client, worker_id)  # before the re-check: see bury()
                         if worker_id not in dead_workers(client, settings.worker_dead_after):
                             continue  # it came back (restarted) while we looked at the others

@@ -20,7 +20,8 @@ from ..engine import request as job_request
 from ..engine import respawn, revoke
 from ..engine.transport import consume_as
 from ..errors import ClusterUnavailable, ConfigError
-from ..masking import mask_logs, secrets_of
+from ..masking import mask_logs, mask_url, secrets_of
+from ..sentinel_url import broker_hosts
 from ..procs.stop import die_with_parent
 from ..models import WorkerInfo
 from ..store import keys
@@ -42,7 +43,11 @@ def default_worker_id(gpus: int, zone: str | None, host: str) -> str:
 
 
 def is_loopback(url: str) -> bool:
-    host = urlparse(url).hostname or "localhost"
+    """Every host the broker URL names (each sentinel of a Sentinel group) is this machine."""
+    return all(_is_loopback_host(host) for host in broker_hosts(url))
+
+
+def _is_loopback_host(host: str) -> bool:
     if host == "localhost":
         return True
     try:
@@ -106,7 +111,7 @@ def run_worker(*, broker: str | None = None, slots: int | None = None, zone: str
         raise ConfigError("no cluster secret: set GPULAYER_SECRET to the same value on every machine "
                           "(`gpulayer up` writes one to its state file)")
     if not insecure and not is_loopback(settings.broker_url) and not urlparse(settings.broker_url).password:
-        raise ConfigError(f"the broker {urlparse(settings.broker_url).hostname} is beyond loopback and has no "
+        raise ConfigError(f"the broker {', '.join(broker_hosts(settings.broker_url))} is beyond loopback and has no "
                           "password: anyone who can reach it could queue work; set requirepass on Redis and put "
                           "the password in the URL, or pass --insecure if the network is yours alone")
     if slots is not None and slots < 1:
@@ -132,7 +137,8 @@ def run_worker(*, broker: str | None = None, slots: int | None = None, zone: str
     try:
         client.ping()
     except Exception as err:
-        raise ClusterUnavailable(f"cannot reach the broker at {urlparse(settings.broker_url).hostname}: {err}; "
+        raise ClusterUnavailable(f"cannot reach the broker at {', '.join(broker_hosts(settings.broker_url))}: "
+                                 f"{mask_url(str(err))}; "
                                  "check --broker / GPULAYER_BROKER_URL and that Redis is running") from err
     registry = Registry(client, settings.worker_dead_after)
     _check_name_free(registry, worker_id, host)

@@ -18,6 +18,7 @@ from ..engine.qos import running
 from ..store import keys
 from ..store.results import STOPPED_WHILE_RUNNING
 from ..store.connection import client_name, connect_redis
+from ..engine.sentinel import broker_url
 from ..procs.stop import kill_tree
 from . import runtime
 from .loopstep import LoopStep
@@ -34,7 +35,7 @@ class Reaper(LoopStep):
     thread_name = "gpulayer-reaper"
 
     def loop(self) -> None:
-        client = connect_redis(self.app.conf.broker_url, socket_timeout=10,
+        client = connect_redis(broker_url(self.app), socket_timeout=10,
                                name=client_name(runtime.current_worker().id, "reaper"))
         sub = None
         cancelled: dict[str, float] = {}  # job id -> when the cancel arrived
