@@ -201,6 +201,9 @@ def test_up_on_a_running_cluster_refuses_flags_it_does_not_have_and_says_how(gpu
         assert flower.stderr.endswith("not changed to --flower (it was started without Flower). For that: "
                                       "`gpulayer down`, then `gpulayer up --flower`, or run Flower beside it: "
                                       "`gpulayer flower`\n"), flower.stderr
+        group = run_cli("up", "--replicas", "1", "--sentinels", "3", env=env)
+        assert group.returncode == 2 and "not changed to --replicas 1 --sentinels 3 (it runs one Redis, no Sentinel " \
+            "group). For that: `gpulayer down`, then `gpulayer up --replicas 1 --sentinels 3`" in group.stderr, group.stderr
         zone = run_cli("up", "--zone", "us-east1-b", env=env)
         assert zone.returncode == 2 and "--zone us-east1-b (its zones: europe-west1-b)" in zone.stderr
         same = run_cli("up", "--workers", "1", "--slots", "1", env=env)  # what runs: nothing to say but that
