@@ -10,8 +10,8 @@ rounds, in microseconds per job. A process's system time is its system calls: fo
 mostly the pipes between the main process and its pool processes (the IPC) and their sockets to Redis.
 
 ``--profile-client``: one more round of each way under cProfile; the functions with the most own time.
-``--spy S``: one more round of each way, ``py-spy record`` (on PATH, or ``PY_SPY``) sampling every
-worker process for up to S seconds; the functions with the most samples, by role.
+``--spy S``: one more round of each way, ``py-spy record --gil`` (on PATH, or ``PY_SPY``) sampling every
+worker process for up to S seconds while it runs Python; the functions with the most samples, by role.
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def spy(fleet: Fleet, way: str, n: int, seconds: float, out) -> None:
                 raw = folder / f"{role.replace(' ', '_')}-{p.pid}.txt"
                 spies.append((role, raw, subprocess.Popen(
                     [exe, "record", "--pid", str(p.pid), "--rate", "500", "--duration", str(int(seconds)),
-                     "--format", "raw", "--output", str(raw), "--nonblocking"],
+                     "--format", "raw", "--output", str(raw), "--nonblocking", "--gil"],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
         time.sleep(1.0)  # py-spy attaches
         run_way(way, n)
@@ -138,12 +138,10 @@ def spy(fleet: Fleet, way: str, n: int, seconds: float, out) -> None:
                 stack, _, count = line.rpartition(" ")
                 if not stack or not count.isdigit():
                     continue
-                frames = stack.split(";")
-                if any("select" in f or "poll" in f or "epoll" in f for f in frames[-1:]):
-                    continue  # waiting, not working
-                own[frames[-1]] += int(count)
+                own[stack.split(";")[-1]] += int(count)
                 total += int(count)
-        out(f"# py-spy, {role}, {way}: {total} busy samples at 500/s; own samples, top 15:")
+        out(f"# py-spy --gil, {role}, {way}: {total} samples holding the GIL at 500/s (a system call that releases "
+            f"it, such as a pipe's or a socket's write, is not among them); own samples, top 15:")
         for frame, count in own.most_common(15):
             out(f"    {100 * count / max(total, 1):5.1f}%  {frame[:140]}")
     shutil.rmtree(folder, ignore_errors=True)

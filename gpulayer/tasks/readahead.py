@@ -9,6 +9,12 @@ own handle asks for it, which then needs no round trip.
 Only final results are kept (success or failure: stored once, never overwritten, ``store_once.lua``), each
 decoded as its handle would decode it, and only small ones (``KEEP_BYTES``), at most ``KEEP`` of them: a
 process that drops its handles unread keeps a bounded number of results, the oldest dropped first.
+
+A job not finished yet is waited for on its result channel (Celery's subscription): three round trips of its
+own. While other jobs this process sent are unread (a loop over many handles, running behind the workers),
+its ``get`` first polls for ``SPIN`` seconds (:func:`wait_briefly`), each poll reading ahead too: a loop
+that overtakes the workers then costs one round trip per poll, not three per job; a long job costs
+``SPIN / SPIN_EVERY`` polls more before the usual wait.
 """
 
 from __future__ import annotations
@@ -19,7 +25,10 @@ from collections import OrderedDict
 
 from celery import states
 
+from ..deadline import Deadline, poll
+
 WINDOW = 256  # other unread jobs read along with one handle's own result
+SPIN, SPIN_EVERY = 0.05, 0.002  # seconds an unfinished job's get polls, and between polls, while others are unread
 KEEP = 10_000  # results kept for handles that have not asked yet; also the unread jobs remembered
 KEEP_BYTES = 16 * 1024  # a bigger result is left in Redis for its own handle
 
@@ -82,3 +91,20 @@ def meta(backend, job_id: str) -> dict:
             while len(_kept) > KEEP:
                 _kept.popitem(last=False)
     return own
+
+
+def others_unread() -> bool:
+    """Are there jobs this process sent whose results no handle has read yet?"""
+    return bool(_unread)
+
+
+def wait_briefly(backend, job_id: str, deadline: Deadline) -> dict:
+    """``job_id``'s meta after polling up to ``SPIN`` seconds (never past ``deadline``) for it to be final."""
+    last = [{"status": states.PENDING, "result": None}]
+
+    def final() -> bool:
+        last[0] = meta(backend, job_id)
+        return last[0].get("status") in states.READY_STATES
+
+    poll(final, deadline.left(SPIN), SPIN_EVERY)
+    return last[0]

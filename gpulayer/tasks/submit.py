@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-from celery import Task, signature
+from celery import Task, signature, states
 from celery.result import AsyncResult
 from celery.exceptions import Ignore
 from celery.exceptions import TimeoutError as CeleryTimeoutError
@@ -46,7 +46,8 @@ class JobHandle(AsyncResult):
 
         A finished job's result is read with one MGET, which also reads the results of the next jobs this
         process sent and has not read yet (``tasks/readahead.py``: a loop of ``get`` over many handles costs a
-        round trip per ``WINDOW`` finished jobs, not one per job). Celery's ``get`` subscribes to the job's channel,
+        round trip per ``WINDOW`` finished jobs, not one per job; an unfinished job among them is polled for a
+        moment first). Celery's ``get`` subscribes to the job's channel,
         reads the stored result and unsubscribes, three round trips and as much of a client's CPU as the
         ``delay`` that sent the job; it still waits for the jobs that have not finished, a second at a
         time, reading the stored result again between waits: its subscription goes on one connection and
@@ -64,7 +65,10 @@ class JobHandle(AsyncResult):
             while True:
                 try:
                     if not primed:  # with the results of other jobs this process sent (tasks/readahead.py)
-                        prime_result(self, readahead.meta(self.backend, self.id))
+                        meta = readahead.meta(self.backend, self.id)
+                        if meta["status"] not in states.READY_STATES and readahead.others_unread():
+                            meta = readahead.wait_briefly(self.backend, self.id, deadline)
+                        prime_result(self, meta)
                         primed = True
                     return super().get(max(deadline.left(WAIT_SLICE), 0.001), *args, **kwargs)
                 except CeleryTimeoutError:
