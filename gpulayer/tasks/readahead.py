@@ -12,8 +12,8 @@ process that drops its handles unread keeps a bounded number of results, the old
 
 A job not finished yet is waited for on its result channel (Celery's subscription): three round trips of its
 own. While other jobs this process sent are unread (a loop over many handles, running behind the workers),
-its ``get`` first polls for ``SPIN`` seconds (:func:`wait_briefly`), each poll reading ahead too: a loop
-that overtakes the workers then costs one round trip per poll, not three per job; a long job costs
+its ``get`` first polls its own result for ``SPIN`` seconds (:func:`wait_briefly`): a loop that overtakes the
+workers then costs a round trip per poll (a GET's worth), not three per job; a long job costs
 ``SPIN / SPIN_EVERY`` polls more before the usual wait.
 """
 
@@ -64,15 +64,16 @@ def forget(job_id: str) -> None:
         _kept.pop(job_id, None)
 
 
-def meta(backend, job_id: str) -> dict:
-    """``job_id``'s stored meta, as ``backend.get_task_meta`` gives it; reads others' results along with it."""
+def meta(backend, job_id: str, window: int = WINDOW) -> dict:
+    """``job_id``'s stored meta, as ``backend.get_task_meta`` gives it; reads up to ``window`` others' results
+    along with it."""
     with _lock:
         _mine(backend)
         found = _kept.pop(job_id, None)
         if found is not None:
             return found
         _unread.pop(job_id, None)  # its handle waits for it now
-        others = [i for i, _ in zip(_unread, range(WINDOW))]
+        others = [i for i, _ in zip(_unread, range(window))]
     ids = [job_id, *others]
     raws = backend.client.mget([backend.get_key_for_task(i) for i in ids])
     own = backend.decode_result(raws[0]) if raws[0] is not None else {"status": states.PENDING, "result": None}
@@ -102,8 +103,8 @@ def wait_briefly(backend, job_id: str, deadline: Deadline) -> dict:
     """``job_id``'s meta after polling up to ``SPIN`` seconds (never past ``deadline``) for it to be final."""
     last = [{"status": states.PENDING, "result": None}]
 
-    def final() -> bool:
-        last[0] = meta(backend, job_id)
+    def final() -> bool:  # its own result only: the others' are read by the next get, once this one is in
+        last[0] = meta(backend, job_id, 0)
         return last[0].get("status") in states.READY_STATES
 
     poll(final, deadline.left(SPIN), SPIN_EVERY)
