@@ -9,6 +9,7 @@ import uuid
 
 import pytest
 from celery import signals
+from kombu.utils.json import dumps
 
 from gpulayer import JobFailed, submit, submit_batch
 from gpulayer import app as app_mod
@@ -49,6 +50,7 @@ def test_the_direct_message_is_the_one_celery_publishes(fleet):
             channel = publish.direct(app, producer, queue, headers)
             assert channel is not None  # declared by the publish above
             raw = publish.build(app, channel, submit.name, job_id, args, {"k": 1}, queue, headers, "square(3)", "")
+            assert raw == dumps(json.loads(raw))  # the text kombu's JSON gives, not only the same object
             publish.publish_one(channel, queue, raw, job_id, me)
         by_celery, direct = client.rpop(queue), client.rpop(queue)
         assert _without_tag(direct) == _without_tag(by_celery)
