@@ -9,7 +9,6 @@ from typing import Any
 
 from celery import states
 from celery.canvas import Signature
-from kombu.exceptions import EncodeError
 from kombu.utils.uuid import uuid
 
 from . import app as app_mod
@@ -22,7 +21,7 @@ from .session import connect, ensure_connected, init  # noqa: F401  (connect, in
 from .models import Resources
 from .payload import PickledFunction, pack_function, summarize
 from .store.sent import record_batch
-from .tasks.submit import as_resources, payload_error, send_job, submit
+from .tasks.submit import as_resources, build_job, send_job, submit
 
 
 class BatchHandle:
@@ -183,11 +182,7 @@ def _send_batch(signatures, celery_app, chunk, packed, route, headers, summary, 
         sent = len(ids)  # ids[:sent] were flushed (or may have been: a flush whose reply was lost)
         try:
             for job_id, ref, args, kwargs, text in _jobs(signatures, packed):
-                try:
-                    raws.append(publish.build(celery_app, channel, submit.name, job_id, (ref, *args), kwargs, queue,
-                                              headers, text, summary))
-                except EncodeError as err:
-                    raise payload_error(err) from err
+                raws.append(build_job(channel, job_id, ref, args, kwargs, queue, headers, text, summary))
                 ids.append(job_id)
                 if len(raws) >= chunk:
                     chunk_ids, sent = ids[sent:], len(ids)

@@ -46,10 +46,12 @@ def test_the_direct_message_is_the_one_celery_publishes(fleet):
     client = fleet.client()
     try:
         with app.producer_or_acquire() as producer:
-            publish.publish_task(app, producer, submit.name, job_id, args, {"k": 1}, queue, headers, "square(3)", "")
+            publish.publish_task(app, producer, submit.name, job_id, args, {"k": 1}, queue, headers, "square(3)", "",
+                                 shadow="square")
             channel = publish.direct(app, producer, queue, headers)
             assert channel is not None  # declared by the publish above
-            raw = publish.build(app, channel, submit.name, job_id, args, {"k": 1}, queue, headers, "square(3)", "")
+            raw = publish.build(app, channel, submit.name, job_id, args, {"k": 1}, queue, headers, "square(3)", "",
+                                shadow="square")
             assert raw == dumps(json.loads(raw))  # the text kombu's JSON gives, not only the same object
             publish.publish_one(channel, queue, raw, job_id, me)
         by_celery, direct = client.rpop(queue), client.rpop(queue)

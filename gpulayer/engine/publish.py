@@ -55,12 +55,15 @@ def _declared_here() -> set[str]:
 
 
 def publish_task(celery_app, producer, name: str, task_id: str, args: tuple, kwargs: dict, queue: str,
-                 headers: dict, argsrepr: str, kwargsrepr: str) -> None:
-    """Publish task ``name`` with ``task_id`` to ``queue`` through Celery; kombu's ``EncodeError`` passes through."""
+                 headers: dict, argsrepr: str, kwargsrepr: str, shadow: str | None = None) -> None:
+    """Publish task ``name`` with ``task_id`` to ``queue`` through Celery; kombu's ``EncodeError`` passes through.
+
+    ``shadow``: the name the job goes by in the worker's logs and events (Celery's own option; the worker
+    still runs task ``name``)."""
     amqp = celery_app.amqp
     declared = _declared_here()
     message = amqp.create_task_message(task_id, name, args, kwargs, reply_to=celery_app.thread_oid,
-                                       argsrepr=argsrepr, kwargsrepr=kwargsrepr)
+                                       argsrepr=argsrepr, kwargsrepr=kwargsrepr, shadow=shadow)
     amqp.send_task_message(producer, name, message, queue=amqp.router.expand_destination({"queue": queue})["queue"],
                            headers=dict(headers), declare=[] if queue in declared else None)
     declared.add(queue)
@@ -80,12 +83,13 @@ def direct(celery_app, producer, queue: str, headers: dict) -> kredis.Channel | 
 
 
 def build(celery_app, channel, name: str, task_id: str, args: tuple, kwargs: dict, queue: str, headers: dict,
-          argsrepr: str, kwargsrepr: str) -> str:
-    """kombu's JSON of the message Celery would publish to ``queue`` (its delivery tag aside, a new uuid each)."""
+          argsrepr: str, kwargsrepr: str, shadow: str | None = None) -> str:
+    """kombu's JSON of the message :func:`publish_task` would publish to ``queue`` with the same arguments (its
+    delivery tag aside, a new uuid each)."""
     amqp = celery_app.amqp
     headers2, properties, body, _ = amqp.create_task_message(task_id, name, args, kwargs,
                                                              reply_to=celery_app.thread_oid, argsrepr=argsrepr,
-                                                             kwargsrepr=kwargsrepr)
+                                                             kwargsrepr=kwargsrepr, shadow=shadow)
     headers2.update(headers)
     content_type, content_encoding, data = serialization.dumps(body, serializer=celery_app.conf.task_serializer)
     mode = _modes.get(queue)

@@ -215,17 +215,28 @@ def send_job(producer, job_id: str, ref, args: tuple, kwargs: dict, queue: str, 
              kwargsrepr: str) -> None:
     """Publish one ``submit`` job routed to ``queue`` already (``engine/publish.py``: the message Celery's
     ``send_task`` would build, in one script call where it may)."""
-    try:
-        sender = headers.get(CLIENT_HEADER)
-        channel = publish.direct(app, producer, queue, headers) if sender else None
-        if channel is None:
+    sender = headers.get(CLIENT_HEADER)
+    channel = publish.direct(app, producer, queue, headers) if sender else None
+    if channel is None:
+        try:
             publish.publish_task(app, producer, SUBMIT, job_id, (ref, *args), kwargs, queue, headers, argsrepr,
                                  kwargsrepr)
-            return
-        raw = publish.build(app, channel, SUBMIT, job_id, (ref, *args), kwargs, queue, headers, argsrepr, kwargsrepr)
+        except EncodeError as err:
+            raise payload_error(err) from err
+        return
+    raw = build_job(channel, job_id, ref, args, kwargs, queue, headers, argsrepr, kwargsrepr)
+    publish.publish_one(channel, queue, raw, job_id, sender)
+
+
+def build_job(channel, job_id: str, ref, args: tuple, kwargs: dict, queue: str, headers: dict, argsrepr: str,
+              kwargsrepr: str) -> str:
+    """The message of one ``submit`` job, as ``send_job`` would send it, for ``publish.publish_one`` or
+    ``publish.publish_chunk`` on ``channel`` (``publish.direct``)."""
+    try:
+        return publish.build(app, channel, SUBMIT, job_id, (ref, *args), kwargs, queue, headers, argsrepr,
+                             kwargsrepr)
     except EncodeError as err:
         raise payload_error(err) from err
-    publish.publish_one(channel, queue, raw, job_id, sender)
 
 
 def payload_error(err: EncodeError) -> PayloadError:
