@@ -33,13 +33,13 @@ from typing import Sequence
 from celery import signals
 from kombu import serialization
 from kombu.entity import maybe_delivery_mode
-from kombu.transport import redis as kredis
 from kombu.utils.json import dumps
 
 from ..store import keys
 from ..store.registry import load_script
 from . import senders
 from .bells import BELL_TOKENS
+from .transport import Channel
 
 _declared: tuple[int, set[str]] = (0, set())  # (pid, queues this process declared): kombu declares per message
 _modes: dict[str, int] = {}  # queue -> the delivery mode send_task_message gives its messages
@@ -69,7 +69,7 @@ def publish_task(celery_app, producer, name: str, task_id: str, args: tuple, kwa
     declared.add(queue)
 
 
-def direct(celery_app, producer, queue: str, headers: dict) -> kredis.Channel | None:
+def direct(celery_app, producer, queue: str, headers: dict) -> Channel | None:
     """The channel to publish ``queue``'s messages with :func:`publish_one` / :func:`publish_chunk`, or None where
     only Celery's own publish sends the message it would (see the module's docstring)."""
     conf = celery_app.conf
@@ -77,8 +77,8 @@ def direct(celery_app, producer, queue: str, headers: dict) -> kredis.Channel | 
             or any(s.receivers for s in _SIGNALS)):
         return None
     channel = producer.channel
-    if not isinstance(channel, kredis.Channel) or (channel._expires and queue in channel._expires):
-        return None
+    if not isinstance(channel, Channel) or (channel._expires and queue in channel._expires):
+        return None  # (another transport's channel: its own publish, bells or none)
     return channel
 
 
