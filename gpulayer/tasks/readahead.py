@@ -30,7 +30,7 @@ from ..deadline import Deadline, poll
 WINDOW = 256  # other unread jobs read along with one handle's own result
 SPIN, SPIN_EVERY = 0.05, 0.002  # seconds an unfinished job's get polls, and between polls, while others are unread
 KEEP = 10_000  # results kept for handles that have not asked yet; also the unread jobs remembered
-KEEP_BYTES = 16 * 1024  # a bigger result is left in Redis for its own handle
+KEEP_BYTES = 4096  # a bigger result is left in Redis for its own handle (at most KEEP x this, 40 MB, kept)
 
 _lock = threading.Lock()
 _owner: tuple[int, int] = (0, 0)  # (pid, id of the result backend) the records below belong to
