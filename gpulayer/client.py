@@ -15,12 +15,13 @@ from . import app as app_mod
 from .cancel import cancel_jobs, interrupted
 from .canvas import function_and_args
 from .deadline import Deadline
+from .engine import publish
 from .session import BROKER_ERRORS, broker_lost, outage
 from .session import connect, ensure_connected, init  # noqa: F401  (connect, init: public here too)
 from .models import Resources
 from .payload import PickledFunction, pack_function, summarize
 from .store.sent import record_batch
-from .tasks.submit import as_resources, send_job, submit
+from .tasks.submit import as_resources, build_job, send_job, submit
 
 
 class BatchHandle:
@@ -135,11 +136,7 @@ def submit_batch(signatures: Iterable[Signature], resources: Resources | dict | 
     ids: list[str] = []
     batch_id = uuid()
     try:
-        try:
-            _send_batch(signatures, celery_app, chunk, packed, route, headers, summary, ids)
-        finally:  # also for the ids sent before an error or a Ctrl-C: `gpulayer cancel <batch id>` finds them
-            if ids:
-                record_batch(app_mod.app.backend.client, app_mod.client_identity(), batch_id, ids)
+        _send_batch(signatures, celery_app, chunk, packed, route, headers, summary, ids, batch_id)
     except BROKER_ERRORS as err:
         # Published in chunks: those before the last chunk reached the broker, that one may have, the rest did not.
         cut = (f"the batch was cut off after {len(ids)} jobs (up to {chunk} of them may not have reached the broker, "
@@ -148,23 +145,57 @@ def submit_batch(signatures: Iterable[Signature], resources: Resources | dict | 
     return BatchHandle(ids, batch_id, route.queue)
 
 
-def _send_batch(signatures, celery_app, chunk, packed, route, headers, summary, ids: list[str]) -> None:
+def _jobs(signatures, packed):
+    """``(job id, packed function, args, kwargs, summary)`` for each signature of a batch."""
+    for sig in signatures:
+        if getattr(sig, "task", None) != submit.name:
+            raise TypeError(f"submit_batch takes submit.s(...) signatures, got {sig!r}")
+        fn, args = function_and_args(sig)
+        args, kwargs = tuple(args), dict(sig.kwargs)
+        if "resources" in kwargs:
+            raise ValueError("give resources= to submit_batch, not to each signature: a batch routes once")
+        if id(fn) not in packed:  # pickle each distinct function once per batch
+            packed[id(fn)] = (fn, pack_function(fn))
+        yield uuid(), packed[id(fn)][1], args, kwargs, summarize(fn, args, kwargs)
+
+
+def _send_batch(signatures, celery_app, chunk, packed, route, headers, summary, ids: list[str], batch_id: str
+                ) -> None:
+    """Publish the batch, appending each job's id to ``ids`` as it is sent; each job is recorded as sent by this
+    client in batch ``batch_id`` (`gpulayer cancel <batch id>` finds them, also after an error or a Ctrl-C)."""
     # Celery's apply_async subscribes to each result's channel and routes each message; a batch needs
-    # neither (results are gathered by MGET, and it routes once), and kombu pipelines the publishes.
-    with celery_app.producer_or_acquire() as producer, producer.batch(max_size=chunk):
-        for sig in signatures:
-            if getattr(sig, "task", None) != submit.name:
-                raise TypeError(f"submit_batch takes submit.s(...) signatures, got {sig!r}")
-            fn, args = function_and_args(sig)
-            args, kwargs = tuple(args), dict(sig.kwargs)
-            if "resources" in kwargs:
-                raise ValueError("give resources= to submit_batch, not to each signature: a batch routes once")
-            if id(fn) not in packed:  # pickle each distinct function once per batch
-                packed[id(fn)] = (fn, pack_function(fn))
-            job_id = uuid()
-            send_job(producer, job_id, packed[id(fn)][1], args, kwargs, route.queue, headers,
-                     summarize(fn, args, kwargs), summary)
-            ids.append(job_id)
+    # neither (results are gathered by MGET, and it routes once). The messages of a chunk and their records
+    # go in one pipeline (engine/publish.py), or through kombu's publish batch where only Celery's publish
+    # may send them (the records then follow in one pipeline).
+    queue = route.queue
+    with celery_app.producer_or_acquire() as producer:
+        publish.declare(celery_app, producer, queue)
+        channel = publish.direct(celery_app, producer, queue, headers)
+        if channel is None:
+            try:
+                with producer.batch(max_size=chunk):
+                    for job_id, ref, args, kwargs, text in _jobs(signatures, packed):
+                        send_job(producer, job_id, ref, args, kwargs, queue, headers, text, summary)
+                        ids.append(job_id)
+            finally:
+                if ids:
+                    record_batch(celery_app.backend.client, app_mod.client_identity(), batch_id, ids)
+            return
+        sender = app_mod.client_identity()
+        raws: list[str] = []
+        sent = len(ids)  # ids[:sent] were flushed (or may have been: a flush whose reply was lost)
+        try:
+            for job_id, ref, args, kwargs, text in _jobs(signatures, packed):
+                raws.append(build_job(channel, job_id, ref, args, kwargs, queue, headers, text, summary))
+                ids.append(job_id)
+                if len(raws) >= chunk:
+                    chunk_ids, sent = ids[sent:], len(ids)
+                    publish.publish_chunk(channel, queue, raws, chunk_ids, sender, batch_id)
+                    raws = []
+            chunk_ids, sent = ids[sent:], len(ids)
+            publish.publish_chunk(channel, queue, raws, chunk_ids, sender, batch_id)
+        finally:
+            del ids[sent:]  # as kombu's publish batch does: what was not flushed was not sent
 
 
 def wait_for_workers(count: int, timeout: float = 30.0) -> None:

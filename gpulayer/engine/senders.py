@@ -4,19 +4,37 @@ A client puts its identity (``CLIENT_HEADER``, config ``client_id``, default ``u
 headers; a Celery group's members carry Celery's own ``group`` header too. As the transport publishes a
 message it adds, to the same pipeline (or publish batch), the job id to its sender's set and to its group's
 (key schema in ``store/keys.py``): no round trip more per job, and the records exist as soon as the job does.
-Messages without the header (a worker's retries and chain steps, ``submit_batch``'s jobs, which the batch
-records at once: ``store/sent.py``) are not recorded here.
+A sender's record expires a day after its last job (``keys.SENT_KEEP_SECONDS``); that expiry and the set of
+senders are refreshed once every ``REFRESH_EVERY`` seconds per process and sender, not with every job: one
+command per job (the ``ZADD``), not three. Messages without the header (a worker's retries and chain steps)
+are not recorded here; ``engine/publish.py`` records the jobs it sends itself (``submit.delay``'s, and
+``submit_batch``'s one command per chunk) with the same keys.
 """
 
 from __future__ import annotations
 
-from time import time
+import os
+
+from time import monotonic, time
 
 from kombu.transport import redis as kredis
 
 from ..store import keys
 
 CLIENT_HEADER = "gl_client"
+REFRESH_EVERY = 10.0  # seconds between refreshes of a sender's expiry and of the senders' set, per process
+
+_refreshed: dict[tuple[int, str], float] = {}  # (pid, sender) -> when this process last refreshed them
+
+
+def refresh_due(sender: str) -> bool:
+    """Should this job's records also refresh ``sender``'s expiry and the senders' set?"""
+    return monotonic() - _refreshed.get((os.getpid(), sender), -REFRESH_EVERY) >= REFRESH_EVERY
+
+
+def refreshed(sender: str) -> None:
+    """The refresh :func:`refresh_due` asked for reached Redis."""
+    _refreshed[os.getpid(), sender] = monotonic()
 
 
 def record(pipe, message: dict) -> None:
@@ -29,10 +47,11 @@ def record(pipe, message: dict) -> None:
     once = pipe.__dict__.setdefault("_gpulayer_sent", set()) if isinstance(pipe, kredis.PublishBatch) else set()
     sent = keys.client_jobs(client)
     add("zadd", sent, {job_id: time()})
-    if sent not in once:  # a batch of 1,000 messages sets each expiry once
+    if sent not in once and refresh_due(client):  # a batch of 1,000 messages sets each expiry once at most
         once.add(sent)
         add("expire", sent, keys.SENT_KEEP_SECONDS)
         add("sadd", keys.CLIENTS, client)
+        refreshed(client)  # (sent with the message: a pipeline that fails loses the message too)
     group = headers.get("group")
     if group:
         members = keys.batch(group)

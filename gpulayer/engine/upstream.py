@@ -63,6 +63,7 @@ _L, _QOS, _P, _C = ("gpulayer/engine/loop.py", "gpulayer/engine/qos.py", "gpulay
 _ENV, _D, _TO = "gpulayer/engine/envelope.py", "gpulayer/engine/delivery.py", "gpulayer/engine/takeover.py"
 _RS, _RV = "gpulayer/engine/respawn.py", "gpulayer/engine/revoke.py"
 _S = "gpulayer/engine/sentinel.py"
+_PUB = "gpulayer/engine/publish.py"
 
 BORROWED: tuple[Borrowed, ...] = (
     # kombu's Redis transport: takes a SIGKILL cannot lose, bells, one client per pool
@@ -74,7 +75,7 @@ BORROWED: tuple[Borrowed, ...] = (
     Borrowed("kombu.transport.virtual.base:QoS.append", "f66e99e79deefec4", _QOS, "relies on"),
     Borrowed("kombu.transport.redis:Channel.__init__", "c85cbfeb45bd4cb4", _T, "overrides"),
     Borrowed("kombu.transport.redis:Channel.conn_or_acquire", "73c0765b5280564e", _T, "overrides"),
-    Borrowed("kombu.transport.redis:Channel._put", "b341c110d926fbb3", _T, "overrides"),
+    Borrowed("kombu.transport.redis:Channel._put", "b341c110d926fbb3", _T, "overrides", also=(_PUB,)),
     Borrowed("kombu.transport.redis:Channel._do_restore_message", "a3c0ee19848b62a2", _T, "overrides"),
     Borrowed("kombu.transport.redis:Channel._brpop_start", "225ed3a7dba80b8d", _T, "overrides"),
     Borrowed("kombu.transport.redis:Channel._brpop_read", "8dffdd33e02e92cf", _T, "overrides"),
@@ -100,8 +101,10 @@ BORROWED: tuple[Borrowed, ...] = (
     Borrowed("celery.worker.state:task_ready", "c828c23270b019e9", _QOS, "relies on"),
     # a message's layout in a queue and in kombu's unacked records (read by the control consumer, the janitor, the
     # emulator through engine/envelope.py and engine/delivery.py)
-    Borrowed("kombu.transport.virtual.base:Channel.prepare_message", "2beb8edc7692d609", _ENV, "relies on"),
-    Borrowed("kombu.transport.virtual.base:Channel._inplace_augment_message", "1556dfbeca73f122", _ENV, "relies on"),
+    Borrowed("kombu.transport.virtual.base:Channel.prepare_message", "2beb8edc7692d609", _ENV, "relies on",
+             also=(_PUB,)),
+    Borrowed("kombu.transport.virtual.base:Channel._inplace_augment_message", "1556dfbeca73f122", _ENV, "relies on",
+             also=(_PUB,)),
     Borrowed("kombu.transport.redis:Channel.unacked_key", "d74ac3dfa7ca8407", _D, "relies on"),
     Borrowed("kombu.transport.redis:Channel.unacked_index_key", "9d26d870ab19d81d", _D, "relies on"),
     # Celery's Redis result backend: stored once, failures as JobFailed
@@ -112,8 +115,12 @@ BORROWED: tuple[Borrowed, ...] = (
     Borrowed("celery.result:AsyncResult.get", "03853d62e5dc75e1", _R, "relies on"),
     Borrowed("celery.result:AsyncResult._maybe_set_cache", "8880e55f95b14579", _R, "relies on"),
     # submit's own publish (send_job): the message Celery's send_task would build for it
-    Borrowed("celery.app.base:Celery.send_task", "0f94519120b9a7f9", "gpulayer/engine/publish.py", "relies on"),
-    Borrowed("celery.app.amqp:AMQP._create_task_sender", "477b5497539d6acd", "gpulayer/engine/publish.py", "relies on"),
+    # (and its direct publish: the same message, built with kombu's own steps; tests/test_publish.py compares them)
+    Borrowed("celery.app.base:Celery.send_task", "0f94519120b9a7f9", _PUB, "relies on"),
+    Borrowed("celery.app.amqp:AMQP._create_task_sender", "477b5497539d6acd", _PUB, "relies on"),
+    Borrowed("celery.app.amqp:AMQP.as_task_v2", "e94ea35a5b32847b", _PUB, "relies on"),
+    Borrowed("kombu.messaging:Producer.publish", "b727bf7c4ba1d22e", _PUB, "relies on"),
+    Borrowed("kombu.messaging:Producer._publish", "1f5819aa0bd4fe7c", _PUB, "relies on"),
     Borrowed("celery.backends.base:BaseKeyValueStoreBackend._store_result", "53e3e1e9911e32c0", _R, "overrides"),
     Borrowed("celery.backends.base:Backend._get_result_meta", "eedbd98d0f7b1b25", _R, "overrides"),
     Borrowed("celery.backends.base:Backend.meta_from_decoded", "4d526017ca11ce6d", _R, "overrides"),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-from celery import Task, signature
+from celery import Task, signature, states
 from celery.result import AsyncResult
 from celery.exceptions import Ignore
 from celery.exceptions import TimeoutError as CeleryTimeoutError
@@ -15,8 +15,9 @@ from .. import canvas
 from ..app import CLIENT_HEADER, RESOURCES_HEADER, SUBMIT, app
 from ..session import BROKER_ERRORS, broker_lost, ensure_connected, outage
 from ..deadline import Deadline
-from ..engine.publish import publish_task
+from ..engine import publish
 from ..engine.results import prime_result
+from . import readahead
 from ..errors import PayloadError
 from ..models import Resources
 from ..payload import job_name, pack_function, resolve_function, summarize
@@ -43,7 +44,10 @@ class JobHandle(AsyncResult):
     def get(self, timeout=None, *args, **kwargs):
         """The job's value, or ``JobFailed``; Ctrl-C says the job still runs and how to stop it.
 
-        A finished job's result is read with one GET. Celery's ``get`` subscribes to the job's channel,
+        A finished job's result is read with one MGET, which also reads the results of the next jobs this
+        process sent and has not read yet (``tasks/readahead.py``: a loop of ``get`` over many handles costs a
+        round trip per ``WINDOW`` finished jobs, not one per job; an unfinished job among them is polled for a
+        moment first). Celery's ``get`` subscribes to the job's channel,
         reads the stored result and unsubscribes, three round trips and as much of a client's CPU as the
         ``delay`` that sent the job; it still waits for the jobs that have not finished, a second at a
         time, reading the stored result again between waits: its subscription goes on one connection and
@@ -64,8 +68,11 @@ class JobHandle(AsyncResult):
         try:
             while True:
                 try:
-                    if not primed:
-                        prime_result(self, self.backend.get_task_meta(self.id))
+                    if not primed:  # with the results of other jobs this process sent (tasks/readahead.py)
+                        meta = readahead.meta(self.backend, self.id)
+                        if meta["status"] not in states.READY_STATES and readahead.others_unread():
+                            meta = readahead.wait_briefly(self.backend, self.id, deadline)
+                        prime_result(self, meta)
                         primed = True
                     return super().get(max(deadline.left(WAIT_SLICE), 0.001), *args, **kwargs)
                 except CeleryTimeoutError:
@@ -80,6 +87,10 @@ class JobHandle(AsyncResult):
             from ..cancel import interrupted
 
             raise interrupted([self.id], "handle.cancel()") from None  # not redis-py's frames: the job runs on
+
+    def forget(self) -> None:
+        readahead.forget(self.id)
+        super().forget()
 
     def cancel(self) -> None:
         """Drop the job if it is still queued, or kill its whole process tree if it runs."""
@@ -173,6 +184,7 @@ class SubmitTask(Task):
                     with self.app.producer_or_acquire() as producer:
                         send_job(producer, job_id, ref, args, kwargs, queue, headers, summarize(fn, args, kwargs),
                                  resources.describe())
+                    readahead.sent(self.backend, job_id)
                     handle = self.AsyncResult(job_id)
                     handle.sent_to = queue  # the queue it waits in: a timeout's message counts the jobs there
                     return handle
@@ -188,7 +200,7 @@ class SubmitTask(Task):
                                        link_error=link_error, shadow=shadow or _shown_name(ref, kwargs),
                                        headers=headers, **options)
         except EncodeError as err:
-            raise _payload_error(err) from err
+            raise payload_error(err) from err
         except BROKER_ERRORS as err:
             raise broker_lost(err, "the job was not sent") from err
 
@@ -219,15 +231,32 @@ def direct_publish_applies(celery_app) -> bool:
 def send_job(producer, job_id: str, ref, args: tuple, kwargs: dict, queue: str, headers: dict, argsrepr: str,
              kwargsrepr: str) -> None:
     """Publish one ``submit`` job routed to ``queue`` already (``engine/publish.py``: the message Celery's
-    ``send_task`` would build, a third of a ``delay``'s CPU cheaper in the client)."""
+    ``send_task`` would build, in one script call where it may)."""
+    sender = headers.get(CLIENT_HEADER)
+    channel = publish.direct(app, producer, queue, headers) if sender else None
+    if channel is None:
+        try:
+            publish.publish_task(app, producer, SUBMIT, job_id, (ref, *args), kwargs, queue, headers, argsrepr,
+                                 kwargsrepr, shadow=_shown_name(ref, kwargs))
+        except EncodeError as err:
+            raise payload_error(err) from err
+        return
+    raw = build_job(channel, job_id, ref, args, kwargs, queue, headers, argsrepr, kwargsrepr)
+    publish.publish_one(channel, queue, raw, job_id, sender)
+
+
+def build_job(channel, job_id: str, ref, args: tuple, kwargs: dict, queue: str, headers: dict, argsrepr: str,
+              kwargsrepr: str) -> str:
+    """The message of one ``submit`` job, as ``send_job`` would send it, for ``publish.publish_one`` or
+    ``publish.publish_chunk`` on ``channel`` (``publish.direct``)."""
     try:
-        publish_task(app, producer, SUBMIT, job_id, (ref, *args), kwargs, queue, headers, argsrepr, kwargsrepr,
-                     shadow=_shown_name(ref, kwargs))
+        return publish.build(app, channel, SUBMIT, job_id, (ref, *args), kwargs, queue, headers, argsrepr,
+                             kwargsrepr, shadow=_shown_name(ref, kwargs))
     except EncodeError as err:
-        raise _payload_error(err) from err
+        raise payload_error(err) from err
 
 
-def _payload_error(err: EncodeError) -> PayloadError:
+def payload_error(err: EncodeError) -> PayloadError:
     """kombu's ``EncodeError`` as the ``PayloadError`` the signed serializer raised inside it (or one saying it)."""
     cause = err.__cause__ or err.__context__ or err
     return cause if isinstance(cause, PayloadError) else PayloadError(str(err))

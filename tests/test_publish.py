@@ -1,0 +1,132 @@
+"""The client's own publish and result reads (engine/publish.py, tasks/readahead.py), against a real Redis and
+real workers: the message it sends is the one Celery's publish sends, who sent what is recorded as before, a
+publish signal still sees every job, and a loop of get() reads each result once, failures included."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from celery import signals
+from kombu.utils.json import dumps
+
+from gpulayer import JobFailed, submit, submit_batch
+from gpulayer import app as app_mod
+from gpulayer.engine import publish, senders
+from gpulayer.lab.fleet import wait_until
+from gpulayer.payload import pack_function
+from gpulayer.store import keys
+from gpulayer.store.sent import batch_members, sent_by
+from gpulayer.tasks import readahead
+
+
+def square(x):
+    return x * x
+
+
+def fails_on(bad, x):
+    if x == bad:
+        raise ValueError(f"shard {x} is bad")
+    return x
+
+
+def _without_tag(raw: bytes) -> dict:
+    message = json.loads(raw)
+    assert message["properties"].pop("delivery_tag")
+    return message
+
+
+def test_the_direct_message_is_the_one_celery_publishes(fleet):
+    app = app_mod.app
+    queue = f"test-publish-{uuid.uuid4().hex[:8]}"  # no worker takes from it
+    job_id, me = str(uuid.uuid4()), app_mod.client_identity()
+    headers = {app_mod.RESOURCES_HEADER: {}, senders.CLIENT_HEADER: me}
+    args = (pack_function(square), 3)
+    client = fleet.client()
+    try:
+        with app.producer_or_acquire() as producer:
+            publish.publish_task(app, producer, submit.name, job_id, args, {"k": 1}, queue, headers, "square(3)", "",
+                                 shadow="square")
+            channel = publish.direct(app, producer, queue, headers)
+            assert channel is not None  # declared by the publish above
+            raw = publish.build(app, channel, submit.name, job_id, args, {"k": 1}, queue, headers, "square(3)", "",
+                                shadow="square")
+            assert raw == dumps(json.loads(raw))  # the text kombu's JSON gives, not only the same object
+            publish.publish_one(channel, queue, raw, job_id, me)
+        by_celery, direct = client.rpop(queue), client.rpop(queue)
+        assert _without_tag(direct) == _without_tag(by_celery)
+        assert client.llen(keys.bell(queue)) >= 2  # both rang the queue's bell
+        assert client.zscore(keys.client_jobs(me), job_id) is not None
+    finally:
+        client.delete(queue, keys.bell(queue))
+
+
+def test_delay_and_batch_record_who_sent_them_for_cancel(fleet):
+    me = app_mod.client_identity()
+    h = submit.delay(square, 2)
+    batch = submit_batch([submit.s(square, i) for i in range(7)], chunk_size=3)  # three chunks
+    client = fleet.client()
+    assert sorted(batch_members(client, batch.id)) == sorted(batch.ids)
+    assert set(batch.ids) | {h.id} <= set(sent_by(client, me))
+    assert client.sismember(keys.CLIENTS, me)
+    assert 0 < client.ttl(keys.client_jobs(me)) <= keys.SENT_KEEP_SECONDS
+    assert 0 < client.ttl(keys.batch(batch.id)) <= keys.SENT_KEEP_SECONDS
+    assert batch.get(timeout=60) == [i * i for i in range(7)] and h.get(timeout=60) == 4
+
+
+def test_a_publish_signal_sees_every_job(fleet):
+    seen = []
+
+    def before(sender=None, headers=None, **_):
+        seen.append(headers["id"])
+
+    signals.before_task_publish.connect(before, weak=False)
+    try:
+        h = submit.delay(square, 5)
+        batch = submit_batch([submit.s(square, i) for i in range(4)])
+    finally:
+        signals.before_task_publish.disconnect(before)
+    assert seen == [h.id, *batch.ids]
+    assert h.get(timeout=60) == 25 and batch.get(timeout=60) == [0, 1, 4, 9]
+
+
+def test_a_loop_of_get_reads_each_result_once_with_its_failure(fleet):
+    handles = [submit.delay(fails_on, 13, i) for i in range(40)]
+    assert handles[0].get(timeout=60) == 0
+    handles[-1].get(timeout=60, propagate=False)  # all have finished now: the next gets read ahead
+    out = []
+    for h in handles[1:-1]:
+        try:
+            out.append(h.get(timeout=60))
+        except JobFailed as err:
+            out.append(err.type_name)
+    assert out == [*range(1, 13), "ValueError", *range(14, 39)]
+    assert not any(h.id in readahead._kept for h in handles)  # each handed to its own handle
+
+
+def _stored(fleet, *handles) -> None:
+    """Wait until every one of ``handles`` has its result stored (without reading it through the handle)."""
+    client = fleet.client()
+    wait_until(lambda: client.exists(*(h.backend.get_key_for_task(h.id) for h in handles)) == len(handles), 60,
+               "the jobs' results to be stored")
+
+
+def test_a_result_read_ahead_goes_to_its_handle_unless_forgotten(fleet):
+    first, second, third = submit.delay(square, 1), submit.delay(square, 2), submit.delay(square, 3)
+    _stored(fleet, first, second, third)
+    assert first.get(timeout=60) == 1
+    assert second.id in readahead._kept and third.id in readahead._kept  # read with the first's result
+    third.forget()
+    assert third.id not in readahead._kept
+    assert second.get(timeout=60) == 4 and second.id not in readahead._kept
+
+
+@pytest.mark.parametrize("n", [1, 300])
+def test_results_read_ahead_are_bounded(fleet, monkeypatch, n):
+    monkeypatch.setattr(readahead, "KEEP", 5)
+    handles = [submit.delay(square, i) for i in range(n + 10)]
+    handles[-1].get(timeout=60)
+    handles[0].get(timeout=60)
+    assert len(readahead._kept) <= 5
+    assert [h.get(timeout=60) for h in handles] == [i * i for i in range(n + 10)]
