@@ -25,7 +25,7 @@ from celery.result import GroupResult
 
 from . import app as app_mod
 from .deadline import Deadline
-from .session import BROKER_ERRORS, outage
+from .session import BROKER_ERRORS, broker_lost, outage
 from .store import keys
 from .tasks.whereabouts import batch_timeout, holders, unfinished  # noqa: F401 (unfinished: also cancel's API)
 
@@ -45,16 +45,20 @@ def cancel_jobs(ids: Sequence[str], only_unfinished: bool = True) -> int:
 
     ``only_unfinished``: first leave out the jobs whose results are stored (one MGET per chunk).
     """
-    targets = unfinished(ids) if only_unfinished else list(ids)
-    if not targets:
-        return 0
-    client = app_mod.app.backend.client  # pooled: no new connection per cancel
-    pipe = client.pipeline(transaction=False)
-    for start in range(0, len(targets), _CHUNK):
-        chunk = targets[start:start + _CHUNK]
-        app_mod.app.control.revoke(chunk)  # queued: every worker drops them on sight
-        pipe.publish(keys.CANCEL_CHANNEL, "\n".join(chunk))  # running: their workers' reapers kill them
-    pipe.execute()
+    try:
+        targets = unfinished(ids) if only_unfinished else list(ids)
+        if not targets:
+            return 0
+        client = app_mod.app.backend.client  # pooled: no new connection per cancel
+        pipe = client.pipeline(transaction=False)
+        for start in range(0, len(targets), _CHUNK):
+            chunk = targets[start:start + _CHUNK]
+            app_mod.app.control.revoke(chunk)  # queued: every worker drops them on sight
+            pipe.publish(keys.CANCEL_CHANNEL, "\n".join(chunk))  # running: their workers' reapers kill them
+        pipe.execute()
+    except BROKER_ERRORS as err:
+        raise broker_lost(err, f"nothing was cancelled ({len(ids)} job(s) asked for): cancel again once it is back"
+                          ) from err
     return len(targets)
 
 

@@ -167,6 +167,12 @@ def test_with_the_broker_gone_every_client_call_says_cluster_unavailable(tmp_pat
         assert "batch" in message and masked in message
         message = raises_unavailable(lambda: distributed(sleeper, 1, nodes=1, procs_per_node=1), 0)
         assert "was not started" in message and masked in message
+        message = raises_unavailable(running.cancel, app_settings().connect_timeout)
+        assert "nothing was cancelled" in message and masked in message
+        message = raises_unavailable(batch.cancel, app_settings().connect_timeout)
+        assert "nothing was cancelled" in message and masked in message
+        message = raises_unavailable(running.history, app_settings().connect_timeout)
+        assert f"the history of job {running.id}" in message and masked in message
         from gpulayer.status import collect
 
         message = raises_unavailable(collect, 0)

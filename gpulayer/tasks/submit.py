@@ -106,6 +106,8 @@ class JobHandle(AsyncResult):
         client = app_mod.redis_client()
         try:
             return JobRecords(client).history(self.id)
+        except BROKER_ERRORS as err:
+            raise broker_lost(err, f"the history of job {self.id} was not read") from err
         finally:
             client.close()
 
