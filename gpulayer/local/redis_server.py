@@ -14,12 +14,9 @@ import subprocess
 import time
 from pathlib import Path
 
-import redis
-
 from ..deadline import Deadline
 from ..errors import ClusterUnavailable, ConfigError
 from ..procs.stop import die_with_parent
-from ..store.connection import connect_redis
 
 # For a child tied to its parent: SIGTERM (a clean stop) when the process that started it dies.
 TERM_WITH_PARENT = functools.partial(die_with_parent, signal.SIGTERM)
@@ -94,6 +91,12 @@ def start_redis(data_dir: Path, *, port: int, password: str | None, appendonly: 
 
 
 def wait_for_redis(url: str, proc: subprocess.Popen | None = None, timeout: float = 15.0) -> None:
+    """Until Redis at ``url`` answers a PING; ``ClusterUnavailable`` if ``proc`` exits or time runs out."""
+    # Imported here: the supervisor starts redis-server first, and loads Redis's client while it boots.
+    import redis
+
+    from ..store.connection import connect_redis
+
     client = connect_redis(url, socket_connect_timeout=1, socket_timeout=1)
     deadline = Deadline(timeout)
     while True:
