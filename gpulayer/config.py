@@ -29,36 +29,15 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from .errors import ConfigError
 from .masking import mask_url
 from .sentinel_url import SENTINEL_PASSWORD, is_sentinel_url, parse_sentinel_url
+from .state_file import STATE_FILE_NAME, home_dir, read_state, state_path  # noqa: F401  (re-exported)
 
-STATE_FILE_NAME = "cluster.json"
 # TLS options of a rediss:// broker, named as redis-py, kombu and Celery name them (URL query or GPULAYER_SSL_*).
 TLS_OPTIONS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
 _CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
 
 
-def home_dir() -> Path:
-    """``$GPULAYER_HOME`` or ``~/.gpulayer``: the embedded cluster's data and state."""
-    return Path(os.environ.get("GPULAYER_HOME") or "~/.gpulayer").expanduser()
-
-
 def config_path() -> Path:
     return Path(os.environ.get("GPULAYER_CONFIG") or home_dir() / "config.toml").expanduser()
-
-
-def state_path() -> Path:
-    return home_dir() / STATE_FILE_NAME
-
-
-def read_state(path: Path | None = None) -> dict[str, Any] | None:
-    """The state file ``gpulayer up`` wrote, or None when there is none."""
-    path = path or state_path()
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as err:
-        raise ConfigError(f"cannot read the local cluster's state file {path}: {err}; "
-                          "run `gpulayer down` then `gpulayer up` to write it again") from err
 
 
 class Settings(BaseSettings):

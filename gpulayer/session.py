@@ -7,6 +7,8 @@ on first use: neither imports the other for it.
 
 from __future__ import annotations
 
+import atexit
+import gc
 import importlib
 import threading
 from typing import Callable
@@ -25,6 +27,15 @@ BROKER_ERRORS: tuple[type[BaseException], ...] = (*LOST, OperationalError)
 
 _init_lock = threading.RLock()
 _local = None  # the process-scoped embedded cluster init() started, if any
+_exit_hooked = False
+
+
+def _no_last_collection() -> None:
+    """At exit, move the heap to the collector's permanent generation (``gc.freeze``): the interpreter's last
+    collection then walks nothing. A script that imported Celery, kombu, redis-py and pydantic spent 0.1 s
+    (0.5 s on a busy 2-core machine) after its last line in that walk, which frees nothing a process about to
+    exit needs freed (Python never promised ``__del__`` at exit); 0.01 s without it."""
+    gc.freeze()
 
 
 def connect(settings: Settings) -> Settings:
@@ -36,6 +47,10 @@ def connect(settings: Settings) -> Settings:
     app_mod.configure(settings)
     for module in app_mod.app.conf.imports:  # gpulayer's tasks, registered for senders by name, as a worker has them
         importlib.import_module(module)
+    global _exit_hooked
+    if not _exit_hooked:
+        atexit.register(_no_last_collection)
+        _exit_hooked = True
     return settings
 
 

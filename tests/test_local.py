@@ -218,3 +218,45 @@ def test_up_on_a_running_cluster_refuses_flags_it_does_not_have_and_says_how(gpu
         assert gone.stderr == "", gone.stderr
     finally:
         assert run_cli("down", env=env).returncode == 0
+
+
+def test_a_job_and_a_distributed_job_sent_the_moment_up_returns_both_run(gpulayer_home, tmp_path):
+    # `up` returns once the workers are registered, before they have imported torch and started consuming:
+    # what is sent at once waits in their queues (the job) and order lists (the gang's nodes), and runs.
+    script = tmp_path / "at_once.py"
+    script.write_text(textwrap.dedent("""
+        import os
+        import gpulayer
+        from gpulayer import distributed, submit
+
+        def rank():
+            return int(os.environ["RANK"])
+
+        gpulayer.init()
+        job = submit.delay(abs, -3)
+        gang = distributed(rank, nodes=2, procs_per_node=1)
+        print(job.get(timeout=120), gang.get(timeout=120))
+    """))
+    env = dict(os.environ)
+    up = run_cli("up", env=env)
+    try:
+        assert up.returncode == 0, up.stderr
+        out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, env=env)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split("\n")[-2] == "3 [0, 1]"
+    finally:
+        down = run_cli("down", env=env)
+    assert down.returncode == 0 and "stopped" in down.stdout
+
+
+def test_up_fails_naming_the_log_of_a_worker_that_cannot_start_and_leaves_nothing(gpulayer_home):
+    env = dict(os.environ, GPULAYER_HEARTBEAT_INTERVAL="not-a-number")  # the workers refuse their settings
+    out = run_cli("up", env=env)
+    assert out.returncode == 2, out.stdout
+    assert "did not register" in out.stderr and str(gpulayer_home / "logs" / "local-1.log") in out.stderr
+    assert not (gpulayer_home / "cluster.json").exists()
+    left = []
+    for p in psutil.process_iter(["cmdline"]):
+        if any(str(gpulayer_home) in part for part in p.info["cmdline"] or []):
+            left.append(p.pid)
+    wait_gone(left)  # the supervisor and its Redis are stopping, or gone

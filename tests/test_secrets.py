@@ -20,6 +20,7 @@ import pytest
 
 import gpulayer
 from gpulayer import distributed
+from gpulayer.deadline import wait_until
 
 from .test_local import run_cli, wait_gone
 
@@ -71,10 +72,14 @@ def test_up_with_flower_shows_no_secret_on_any_command_line(gpulayer_home):
         assert stat.S_IMODE(state_file.stat().st_mode) == 0o600
         assert stat.S_IMODE((gpulayer_home / "redis" / "redis.conf").stat().st_mode) == 0o600
 
-        # Every process the cluster runs: supervisor, Redis, workers and their pool processes, Flower.
-        lines = tree(state["supervisor_pid"], state["redis_pid"])
+        # Every process the cluster runs: supervisor, Redis, workers and their pool processes, Flower. (`up`
+        # returns once the workers registered; they fork their pools a moment later, once torch is imported.)
+        def whole_tree():  # supervisor, redis, flower, 2 workers, their pool processes
+            lines = tree(state["supervisor_pid"], state["redis_pid"])
+            return lines if len(lines) >= 6 else None
+
+        lines = wait_until(whole_tree, 120, "the workers' pool processes")
         assert {state["redis_pid"], state["flower_pid"], *state["worker_pids"].values()} <= set(lines)
-        assert len(lines) >= 6, lines  # supervisor, redis, flower, 2 workers, their pool processes
         assert_hidden(lines, password, secret)
         # And no process at all on this machine (the password and secret are this cluster's own).
         assert_hidden({int(d.name): cmdline(int(d.name)) for d in Path("/proc").iterdir() if d.name.isdigit()},

@@ -142,8 +142,8 @@ def _reader_gone() -> int:
 
 
 def _up(args) -> int:
-    from ..config import home_dir
     from ..local import up
+    from ..state_file import home_dir  # not config.py: no pydantic for a command run dozens of times a day
     from ..local.supervisor import stopped_note
     from ..masking import mask_url
     from .up_flags import check_up_flags, refuse_changes
@@ -158,7 +158,7 @@ def _up(args) -> int:
     print(("started" if started else "already running") + f": broker {url}")
     if started and previous:
         print(f"(the previous one: {previous})")
-    from ..config import STATE_FILE_NAME, read_state
+    from ..state_file import STATE_FILE_NAME, read_state
 
     state = read_state(cluster.home / STATE_FILE_NAME) or {}
     places = state.get("places") or {}

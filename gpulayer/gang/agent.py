@@ -106,9 +106,7 @@ class GangAgent(LoopStep):
         client = connect_redis(self.url)
         self.cluster_id = cluster_id(client)
         self.root = workdir.root(self.cluster_id)
-        # A previous life's nodes died with it: they fail (their gangs restart or end), then the slate is clean.
-        worker_lost(client, self.worker_info.id, "its worker restarted")
-        GangStore(client).forget_worker(self.worker_info.id)
+        # (A previous life's nodes were failed before this worker registered: forget_previous_life.)
         self._sweep(client)  # a previous life's directories of gangs that ended meanwhile
         client.close()
         warm.shared_template()  # imports torch in the background; the first gang forks from it
@@ -123,6 +121,7 @@ class GangAgent(LoopStep):
     def loop(self) -> None:
         client = connect_redis(self.url, socket_timeout=10, name=client_name(self.worker_info.id, "gang-agent"))
         next_sweep = time.monotonic() + SWEEP_EVERY
+        connected = False
         while not self.stopping.is_set():
             if time.monotonic() > next_sweep:
                 next_sweep = time.monotonic() + SWEEP_EVERY
@@ -131,9 +130,14 @@ class GangAgent(LoopStep):
                 except (redis.RedisError, OSError) as err:
                     log.warning("gpulayer agent: cannot sweep gang directories (%s); retrying", err)
             try:
+                if not connected:
+                    self.blocks_on(client)  # stop() ends the read at once
+                    connected = True
                 item = client.brpop([keys.agent_orders(self.worker_info.id)], timeout=1)
             except redis.RedisError as err:
-                log.warning("gpulayer agent: cannot read orders (%s); retrying", err)
+                connected = False
+                if not self.stopping.is_set():
+                    log.warning("gpulayer agent: cannot read orders (%s); retrying", err)
                 self.stopping.wait(1)
                 continue
             if item:

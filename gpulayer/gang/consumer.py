@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Callable
 
 import redis
 from kombu import serialization
@@ -55,11 +56,16 @@ class ControlConsumer:
         self.url = url
         self.name = name  # the connection's name in CLIENT LIST
 
-    def serve(self, stopping: threading.Event) -> None:
+    def serve(self, stopping: threading.Event, blocks_on: Callable[[redis.Redis], None] | None = None) -> None:
+        """``blocks_on``: told the client of the blocking read, after each (re)connect (``LoopStep.blocks_on``)."""
         client = connect_redis(self.url, socket_timeout=BLOCK + 10, name=self.name)
+        connected = False
         try:
             while not stopping.is_set():
                 try:
+                    if blocks_on is not None and not connected:
+                        blocks_on(client)
+                        connected = True
                     item = client.brpop([queues.CONTROL], timeout=BLOCK)
                     if item:
                         self.handle(client, item[1])
@@ -67,7 +73,9 @@ class ControlConsumer:
                                                                          px=SWEEP_MS):
                         try_waiting(client)  # new workers, timeouts, a message lost with its worker
                 except redis.RedisError as err:
-                    log.warning("gpulayer control: cannot read the control queue (%s); retrying", err)
+                    connected = False
+                    if not stopping.is_set():
+                        log.warning("gpulayer control: cannot read the control queue (%s); retrying", err)
                     stopping.wait(1)
                 except Exception:
                     log.exception("gpulayer control: a coordinator pass failed")
@@ -93,4 +101,4 @@ class ControlStep(LoopStep):
 
     def loop(self) -> None:
         name = client_name(runtime.current_worker().id, "control")
-        ControlConsumer(broker_url(self.app), name).serve(self.stopping)
+        ControlConsumer(broker_url(self.app), name).serve(self.stopping, self.blocks_on)

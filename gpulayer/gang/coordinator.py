@@ -181,6 +181,15 @@ def conclude(store: GangStore, spec: GangSpec, attempt: int) -> None:
         store.announce(gang_id, f"stopped:{attempt}")
 
 
+def forget_previous_life(client, worker_id: str) -> None:
+    """A previous life's gang nodes died with it: they fail (their gangs restart or end), then the slate is clean.
+
+    Run by a worker before it registers: a gang placed on this life afterwards is this life's.
+    """
+    worker_lost(client, worker_id, "its worker restarted")
+    GangStore(client).forget_worker(worker_id)
+
+
 def worker_lost(client, worker_id: str, why: str) -> None:
     """A worker is dead (or restarted): its nodes of running gangs fail and stop, and their slots go back.
 

@@ -18,15 +18,36 @@ broker URL and the cluster secret from their environment.
 - ``places.py``        the zones and regions local workers say they are in.
 - ``supervisor.py``    the supervisor process (``python -m gpulayer.local``) and its state file.
 - ``cluster.py``       ``up`` / ``down``, ``start_for_process`` and ``LocalCluster``, for its users.
+- ``events.py``        what the supervisor sleeps on: signals and its children's exits (pidfds).
+
+Names load on first use (PEP 562): ``gpulayer down`` imports ``cluster.py`` alone, not Redis's client,
+the supervisor or the settings.
 """
 
-from ..procs.stop import stop_process
-from .cluster import LocalCluster, default_shape, down, start_for_process, up
-from .places import DEFAULT_ZONES, region_of, worker_places
-from .redis_server import find_redis_server, start_redis, wait_for_redis, write_redis_conf
-from .supervisor import main, supervise
-from .workers import start_flower, start_worker, wait_for_port
+from __future__ import annotations
 
-__all__ = ["DEFAULT_ZONES", "LocalCluster", "default_shape", "down", "find_redis_server", "main", "region_of",
-           "start_flower", "start_for_process", "start_redis", "start_worker", "stop_process", "supervise", "up",
-           "wait_for_port", "wait_for_redis", "worker_places", "write_redis_conf"]
+import importlib
+
+_WHERE = {
+    "stop_process": "..procs.stop",
+    **dict.fromkeys(("LocalCluster", "default_shape", "down", "start_for_process", "up"), ".cluster"),
+    **dict.fromkeys(("DEFAULT_ZONES", "region_of", "worker_places"), ".places"),
+    **dict.fromkeys(("find_redis_server", "start_redis", "wait_for_redis", "write_redis_conf"), ".redis_server"),
+    **dict.fromkeys(("main", "supervise"), ".supervisor"),
+    **dict.fromkeys(("start_flower", "start_worker", "wait_for_port"), ".workers"),
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'gpulayer.local' has no attribute {name!r}")
+    value = getattr(importlib.import_module(where, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -9,24 +9,23 @@ from __future__ import annotations
 
 import atexit
 import os
+import select
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
 import psutil
 
-from ..config import STATE_FILE_NAME, home_dir, read_state
 from ..deadline import Deadline
 from ..errors import ClusterUnavailable, ConfigError
 from ..masking import mask_url
 from ..procs.stop import kill_now, stop_process
-from ..store.connection import connect_redis
-from .supervisor import proc_start_time
+from ..procs.ready import READY
+from ..state_file import STATE_FILE_NAME, home_dir, proc_start_time, read_state
 
 
 @dataclass
@@ -63,8 +62,9 @@ def _spawn_supervisor(home: Path, workers: int, slots: int, parent: int | None, 
                       regions: list[str] | None = None, replicas: int = 0, sentinels: int = 0) -> LocalCluster:
     home.mkdir(parents=True, exist_ok=True)
     log = open(home / "supervisor.log", "ab")
+    ready_r, ready_w = os.pipe()  # the supervisor writes `ready` once its workers registered (supervisor.py)
     args = [sys.executable, "-m", "gpulayer.local", "--home", str(home), "--workers", str(workers),
-            "--slots", str(slots)] + (["--parent", str(parent)] if parent else []) \
+            "--slots", str(slots), "--ready-fd", str(ready_w)] + (["--parent", str(parent)] if parent else []) \
         + (["--flower", str(flower)] if flower is not None else []) \
         + [a for z in zones or [] for a in ("--zone", z)] + [a for r in regions or [] for a in ("--region", r)] \
         + (["--replicas", str(replicas), "--sentinels", str(sentinels)] if sentinels else [])
@@ -73,37 +73,36 @@ def _spawn_supervisor(home: Path, workers: int, slots: int, parent: int | None, 
         # (which may still want to cancel its jobs), not for Redis and the workers; the supervisor
         # follows its parent by itself.
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True, pass_fds=(ready_w,))
     finally:
         log.close()
-    deadline = Deadline(timeout)
-    state_file = home / STATE_FILE_NAME
-    while True:
-        state = read_state(state_file)
-        if state and state.get("supervisor_pid") == proc.pid:
-            cluster = LocalCluster(state["broker_url"], state["secret"], home, proc, state.get("flower_url"),
-                                   state.get("flower_auth"))
-            _wait_workers(cluster, workers, deadline)
-            return cluster
-        if proc.poll() is not None or deadline.expired():
-            stop_process(proc)
-            tail = (home / "supervisor.log").read_text(errors="replace")[-2000:]
-            raise ClusterUnavailable(f"the embedded cluster did not start (log {home / 'supervisor.log'}):\n{tail}")
-        time.sleep(0.05)
-
-
-def _wait_workers(cluster: LocalCluster, count: int, deadline: Deadline) -> None:
-    from ..store.registry import Registry
-
-    client = connect_redis(cluster.broker_url)
+        os.close(ready_w)
     try:
-        registry = Registry(client)
-        while len(registry.snapshot()) < count:
-            if deadline.expired():
-                raise ClusterUnavailable(f"local workers did not register in time; see {cluster.home / 'logs'}")
-            time.sleep(0.1)
+        said = _read_line(ready_r, Deadline(timeout))
     finally:
-        client.close()
+        os.close(ready_r)
+    state = read_state(home / STATE_FILE_NAME) if said == READY else None
+    if not state or state.get("supervisor_pid") != proc.pid:
+        stop_process(proc)
+        tail = (home / "supervisor.log").read_text(errors="replace")[-2000:]
+        why = "" if said is not None else f" within {timeout:.0f} s"
+        raise ClusterUnavailable(f"the embedded cluster did not start{why} (log {home / 'supervisor.log'}):\n{tail}")
+    return LocalCluster(state["broker_url"], state["secret"], home, proc, state.get("flower_url"),
+                        state.get("flower_auth"))
+
+
+def _read_line(fd: int, deadline: Deadline) -> str | None:
+    """The first line written to the pipe ``fd`` ("" if its writer exited first), or None once time is up."""
+    got = b""
+    while b"\n" not in got:
+        readable, _, _ = select.select([fd], [], [], deadline.remaining())
+        if not readable:
+            return None
+        chunk = os.read(fd, 512)
+        if not chunk:
+            return ""
+        got += chunk
+    return got.split(b"\n", 1)[0].decode()
 
 
 def default_shape(workers: int | None, slots: int | None) -> tuple[int, int]:

@@ -14,12 +14,9 @@ import subprocess
 import time
 from pathlib import Path
 
-import redis
-
 from ..deadline import Deadline
 from ..errors import ClusterUnavailable, ConfigError
 from ..procs.stop import die_with_parent
-from ..store.connection import connect_redis
 
 # For a child tied to its parent: SIGTERM (a clean stop) when the process that started it dies.
 TERM_WITH_PARENT = functools.partial(die_with_parent, signal.SIGTERM)
@@ -100,6 +97,12 @@ def launch(args: list[str], log_file: Path | None, tie_to_parent: bool) -> subpr
 
 
 def wait_for_redis(url: str, proc: subprocess.Popen | None = None, timeout: float = 15.0) -> None:
+    """Until Redis at ``url`` answers a PING; ``ClusterUnavailable`` if ``proc`` exits or time runs out."""
+    # Imported here: the supervisor starts redis-server first, and loads Redis's client while it boots.
+    import redis
+
+    from ..store.connection import connect_redis
+
     client = connect_redis(url, socket_connect_timeout=1, socket_timeout=1)
     deadline = Deadline(timeout)
     while True:

@@ -27,32 +27,16 @@ import sys
 import time
 from pathlib import Path
 
-from ..config import STATE_FILE_NAME, read_state
 from ..errors import ClusterUnavailable
 from ..procs.env import free_port
 from ..procs.stop import kill_now, stop, stop_process
 from ..store import keys
-from ..store.connection import connect_redis
+from ..procs.ready import READY, REGISTERED
+from ..state_file import STATE_FILE_NAME, proc_start_time, read_state, write_state  # noqa: F401
+from .events import Events
 from .places import worker_places
 from .redis_server import start_redis, wait_for_redis
-from .workers import flower_hears, start_flower, start_worker, wait_for_port
-
-
-def write_state(path: Path, state: dict) -> None:
-    """The state file, readable only by us (it holds the broker URL and the secret)."""
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(state, f, indent=2)
-    os.replace(tmp, path)
-
-
-def proc_start_time(pid: int) -> str | None:
-    """The kernel's start time of ``pid``: tells our process from a recycled pid."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
+from .workers import flower_hears, start_flower, start_worker, wait_for_port, wait_ready
 
 
 STOPPED_FILE_NAME = "stopped.json"  # in the cluster's home: why the supervisor stopped on its own, for its users
@@ -119,6 +103,8 @@ def record_group(state_file: Path, state: dict, group) -> None:
 
 def _publish_restarts(url: str, deaths: RedisDeaths) -> None:
     """Tell the cluster's Redis how often it was restarted (``gpulayer status`` reads it); best effort."""
+    from ..store.connection import connect_redis  # (the supervisor's imports stay light: `gpulayer up` waits on them)
+
     client = connect_redis(url, socket_connect_timeout=2, socket_timeout=2)
     try:
         client.hset(keys.LOCAL_REDIS, mapping={k: json.dumps(v) for k, v in deaths.record().items()})
@@ -139,11 +125,19 @@ def _login_name() -> str:
     return name if name and ":" not in name and "," not in name else "gpulayer"
 
 
+GROUP_TURN = 0.5  # seconds between a Sentinel group's turns of tending (restarting a dead server)
+
+
 def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_port: int | None = None,
               zones: list[str] | None = None, regions: list[str] | None = None, replicas: int = 0,
-              sentinels: int = 0) -> int:
-    """Run the embedded cluster until told to stop. ``replicas`` and ``sentinels``: a Sentinel group
-    (``sentinel_group.py``) instead of one Redis; the broker URL is then the group's ``sentinel://`` URL."""
+              sentinels: int = 0, ready_fd: int | None = None) -> int:
+    """Run the cluster until told to stop (or, with ``parent``, until that process exits).
+
+    ``replicas`` and ``sentinels``: a Sentinel group (``sentinel_group.py``) instead of one Redis; the broker
+    URL is then the group's ``sentinel://`` URL. ``ready_fd``: a pipe to whoever started this supervisor; it
+    gets the line ``ready`` once the state file is written and every worker is in the registry (``cluster.py``
+    waits on it), then is closed.
+    """
     home.mkdir(parents=True, exist_ok=True)
     os.chmod(home, 0o700)
     logs = home / "logs"
@@ -189,16 +183,26 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
     # lists every job from the first one.
     worker_env = dict(os.environ, GPULAYER_EVENTS="1") if flower_port is not None else None
 
-    def start(name: str) -> subprocess.Popen:
+    def start(name: str, ready: int | None = None) -> subprocess.Popen:
         zone, region = places[name]
-        return start_worker(url, secret, name=name, slots=slots, zone=zone, region=region,
-                            log_file=logs / f"{name}.log", tie_to_parent=True, env=worker_env)
+        proc = start_worker(url, secret, name=name, slots=slots, zone=zone, region=region,
+                            log_file=logs / f"{name}.log", tie_to_parent=True, ready=ready, env=worker_env)
+        events.watch(proc.pid)
+        return proc
 
+    events = Events()  # wakes the loop below on a signal or a child's exit
     try:
+        if parent is not None and not events.watch(parent):
+            return 0  # the process this cluster is for is gone already
         if group is None:
             wait_for_redis(url, redis_proc)
+            events.watch(redis_proc.pid)
+        pipes = {}
         for name in places:
-            procs[name] = start(name)
+            read, write = os.pipe()
+            procs[name] = start(name, ready=write)
+            os.close(write)
+            pipes[name] = read
         flower_url = None
         if flower_port is not None:
             flower_port = flower_port or free_port()
@@ -206,12 +210,21 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
                                   basic_auth=flower_auth)
             if wait_for_port(flower_port, flower):
                 flower_url = f"http://127.0.0.1:{flower_port}/"
-                # `up` returns once Flower listens to the workers' events: a job sent then is listed.
-                if not flower_hears(flower_url, flower_auth, list(places), flower):
-                    print(f"Flower did not hear every worker within 30 s; jobs sent now may be missing from it; "
-                          f"see {logs / 'flower.log'}", file=sys.stderr)
             else:
                 print(f"Flower did not start on port {flower_port}; see {logs / 'flower.log'}", file=sys.stderr)
+        # Each worker says when it is in the registry (before it imports torch): jobs sent from then on wait in
+        # its queues, so the cluster is ready. One that exits first is restarted by the loop below.
+        missing = wait_ready(pipes, REGISTERED, READY_TIMEOUT)
+        if missing:  # the cluster does not start half-way: everything stops, and the starter quotes this log
+            print(f"worker{'s' if len(missing) > 1 else ''} {', '.join(missing)} did not register within "
+                  f"{READY_TIMEOUT:.0f} s or exited; see {', '.join(str(logs / f'{n}.log') for n in missing)}",
+                  file=sys.stderr)
+            return 1
+        # `up` returns once Flower listens to the workers' events: a job sent then is listed. (The workers send
+        # them once they consume, after torch: `up --flower` waits for that, `up` alone does not.)
+        if flower_url and not flower_hears(flower_url, flower_auth, list(places), flower):
+            print(f"Flower did not hear every worker within 30 s; jobs sent now may be missing from it; "
+                  f"see {logs / 'flower.log'}", file=sys.stderr)
         state = {"broker_url": url, "secret": secret, "home": str(home), "supervisor_pid": os.getpid(),
                  "supervisor_start": proc_start_time(os.getpid()), "redis_pid": redis_proc.pid,
                  "worker_pids": {n: p.pid for n, p in procs.items()}, "workers": workers, "slots": slots,
@@ -222,7 +235,12 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
         write_state(state_file, state)
         if group is not None:
             record_group(state_file, state, group)
+        if ready_fd is not None:
+            _tell_ready(ready_fd)
         while not stopping:
+            events.wait(GROUP_TURN if group is not None else None)  # a group's servers: tended every turn
+            if stopping:
+                break
             if parent is not None and os.getppid() != parent:
                 break  # the process this cluster belongs to is gone
             if group is not None:
@@ -241,7 +259,9 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
                     break
                 print(f"redis-server exited with {code}; starting it again from its append-only file "
                       f"(restart {deaths.count})", file=sys.stderr)
+                events.forget(redis_proc.pid)
                 redis_proc = start_redis_here()
+                events.watch(redis_proc.pid)
                 state.update(redis_pid=redis_proc.pid, redis=deaths.record())
                 write_state(state_file, state)
                 try:
@@ -254,19 +274,21 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
                 if proc.poll() is not None and not stopping:
                     # Keep the fleet whole: a local worker that dies is started again.
                     print(f"worker {name} exited with {proc.returncode}; restarting", file=sys.stderr)
+                    events.forget(proc.pid)
                     procs[name] = start(name)
-            time.sleep(0.05)
     finally:
+        events.close()
+        if ready_fd is not None:
+            _close(ready_fd)  # a supervisor that failed before it was ready: its starter reads the end of file
         if parent is not None:
             # A process-scoped cluster: everything at once, nothing to keep (the script has ended).
             kill_now([flower, *procs.values(), *([] if group else [redis_proc])])
             if group is not None:
                 group.stop(graceful=False)
         else:
-            # `gpulayer up`: workers finish and hand back what they hold, then Redis writes its file.
-            if flower is not None:
-                stop_process(flower, grace=5)
-            stop(list(procs.values()), grace=10)
+            # `gpulayer up`: Flower and the workers at once (the workers finish and hand back what they hold),
+            # then Redis, which writes its file.
+            stop([p for p in (flower, *procs.values()) if p is not None], grace=10)
             if group is not None:
                 group.stop()
             else:
@@ -281,6 +303,23 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
     return 0
 
 
+READY_TIMEOUT = 120.0  # seconds the workers may take to register (a loaded machine importing Celery)
+
+
+def _tell_ready(fd: int) -> None:
+    try:
+        os.write(fd, f"{READY}\n".encode())
+    except OSError:  # whoever started us stopped waiting
+        pass
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gpulayer.local", description="embedded cluster supervisor")
     p.add_argument("--home", type=Path, required=True)
@@ -292,5 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--region", action="append", default=None, help="region of the next worker (repeatable)")
     p.add_argument("--replicas", type=int, default=0, help="replicas of a Sentinel group (with --sentinels)")
     p.add_argument("--sentinels", type=int, default=0, help="sentinels of a Sentinel group (with --replicas)")
+    p.add_argument("--ready-fd", type=int, default=None, help="a pipe to tell `ready` once the workers registered")
     a = p.parse_args(argv)
-    return supervise(a.home, a.workers, a.slots, a.parent, a.flower, a.zone, a.region, a.replicas, a.sentinels)
+    return supervise(a.home, a.workers, a.slots, a.parent, a.flower, a.zone, a.region, a.replicas, a.sentinels,
+                     a.ready_fd)

@@ -7,12 +7,14 @@ user would read the password in ``ps``.
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from ..deadline import Deadline
+from ..procs.ready import READY_FD_ENV
 from .redis_server import TERM_WITH_PARENT
 
 
@@ -20,8 +22,11 @@ def start_worker(broker_url: str, secret: str, *, name: str, slots: int = 1, zon
                  region: str | None = None, cuda: str = "off", advertise_addr: str | None = None,
                  log_file: Path | None = None, env: dict[str, str] | None = None,
                  tie_to_parent: bool = False, extra_args: list[str] | None = None,
-                 prefix: list[str] | None = None) -> subprocess.Popen:
+                 prefix: list[str] | None = None, ready: int | None = None) -> subprocess.Popen:
     """Start ``gpulayer worker`` as our child process (``prefix``: e.g. ``ip netns exec ns1``).
+
+    ``ready``: the write end of a pipe the worker tells how far it got (``procs/ready.py``; read it with
+    :func:`wait_ready`); the caller closes its own copy after this call.
 
     The broker URL and the secret go by environment, never on the command line,
     where any local user would read the password in ``ps``.
@@ -36,10 +41,13 @@ def start_worker(broker_url: str, secret: str, *, name: str, slots: int = 1, zon
     child_env["GPULAYER_BROKER_URL"] = broker_url
     child_env["GPULAYER_SECRET"] = secret
     child_env["PYTHONUNBUFFERED"] = "1"  # logs reach the file as they happen
+    if ready is not None:
+        child_env[READY_FD_ENV] = str(ready)
     out = open(log_file, "ab") if log_file else subprocess.DEVNULL
     try:
         return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=child_env, preexec_fn=TERM_WITH_PARENT if tie_to_parent else None)
+                                env=child_env, preexec_fn=TERM_WITH_PARENT if tie_to_parent else None,
+                                pass_fds=() if ready is None else (ready,))
     finally:
         if log_file:
             out.close()
@@ -74,6 +82,34 @@ def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 30.0, host
         except OSError:
             time.sleep(0.1)
     return False
+
+
+def wait_ready(pipes: dict[str, int], stage: str, timeout: float | None) -> list[str]:
+    """Read the workers' pipes (name -> read end, see ``start_worker``) until each said ``stage``, and close them.
+
+    Returns the names of those that did not: their pipe ended first (the worker exited) or time ran out.
+    No polling: the wait blocks on the pipes themselves.
+    """
+    deadline = Deadline(timeout)
+    pending = {fd: name for name, fd in pipes.items()}
+    heard = {fd: b"" for fd in pending}
+    failed = []
+    try:
+        while pending:
+            readable, _, _ = select.select(list(pending), [], [], deadline.remaining())
+            if not readable:
+                break  # time is up
+            for fd in readable:
+                chunk = os.read(fd, 512)
+                heard[fd] += chunk
+                if stage.encode() in heard[fd].split(b"\n"):
+                    del pending[fd]
+                elif not chunk:  # the worker exited before it got there
+                    failed.append(pending.pop(fd))
+    finally:
+        for fd in pipes.values():
+            os.close(fd)
+    return failed + list(pending.values())
 
 
 def flower_hears(url: str, basic_auth: str, workers: list[str], proc: subprocess.Popen,

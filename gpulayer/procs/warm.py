@@ -177,7 +177,10 @@ class WarmTemplate:
         if proc is not None:
             from .stop import stop
 
-            stop([proc], timeout, term=None)  # SIGKILL if it did not exit within ``timeout``
+            # SIGKILL if it did not exit within ``timeout``; at once while it is still importing torch: it has
+            # forked no rank yet, and would read the end of file only once the import is done (seconds, on a
+            # `gpulayer down` right after `gpulayer up`).
+            stop([proc], timeout if self._ready.is_set() else 0, term=None)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
@@ -535,8 +538,10 @@ def main(argv: list[str]) -> int:
     template_pid = os.getpid()
     sock.send(json.dumps({"ready": True}).encode())
     request = _serve(sock)
-    if request is None:
-        return 0
+    if request is None:  # its worker closed it: nothing to finish, and tearing torch down takes a while
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return _become_rank(request, fresh_signals, base_path, template_pid)
 
 

@@ -10,10 +10,10 @@ from ..models import WorkerInfo
 from ..store.registry import Registry
 from . import runtime
 from ..gang.agent import ordinary_active, slots
+from .early import stop_early
 from .loopstep import LoopStep
 
 log = logging.getLogger(__name__)
-
 
 class Heartbeat(LoopStep):
     """Runs in the worker's main process, beside the consumer."""
@@ -53,6 +53,7 @@ class Heartbeat(LoopStep):
             self.stopping.wait(self.interval)
 
     def start(self, worker) -> None:
+        stop_early()
         self.beat()  # registered before the consumer takes its first message
         super().start(worker)
 

@@ -7,33 +7,30 @@ import ipaddress
 import logging
 import os
 import socket
+import sys
 import time
 from urllib.parse import urlparse
 
-from celery.signals import worker_process_init
+from celery.signals import worker_process_init, worker_ready
 
-from .. import queues
+# What registering takes (the app, the registry, the previous life's records); the bootsteps, the engine's
+# overrides and Celery's worker load in _start, after the worker is in the registry.
 from ..app import app, configure, redis_client
 from ..config import load_settings
-from ..engine.events import EventPacer
-from ..engine import request as job_request
-from ..engine import respawn, revoke
-from ..engine.transport import consume_as
 from ..errors import ClusterUnavailable, ConfigError
+from ..gang.coordinator import forget_previous_life
 from ..masking import mask_logs, mask_url, secrets_of
 from ..sentinel_url import broker_hosts
-from ..procs.stop import die_with_parent
 from ..models import WorkerInfo
+from ..procs import ready
+from ..procs.stop import die_with_parent
 from ..store import keys
 from ..store.connection import client_name
 from ..store.registry import Registry
 from . import runtime
 from .detect import default_address, detect_gpus
-from ..gang.agent import GangAgent, SlotGate
-from ..gang.consumer import ControlStep
-from .heartbeat import Heartbeat
-from .janitor import Janitor, hand_back_lives
-from .reaper import Reaper
+from .early import beat_early, stop_early
+from .janitor import hand_back_lives
 
 
 def default_worker_id(gpus: int, zone: str | None, host: str) -> str:
@@ -69,7 +66,16 @@ def _check_name_free(registry: Registry, worker_id: str, host: str) -> None:
 @worker_process_init.connect
 def _die_with_worker(**_) -> None:
     """A pool process dies with its worker: an orphan would finish a job the janitor already requeued."""
+    from .wake import forget_in_child
+
     die_with_parent()
+    ready.close()  # the worker's, not ours
+    forget_in_child()
+
+
+@worker_ready.connect
+def _tell_consuming(**_) -> None:
+    ready.tell(ready.CONSUMING, last=True)
 
 
 def _preload() -> None:
@@ -104,6 +110,7 @@ def run_worker(*, broker: str | None = None, slots: int | None = None, zone: str
                region: str | None = None, name: str | None = None, cuda: str = "auto",
                advertise_addr: str | None = None, loglevel: str = "INFO", insecure: bool = False,
                log_jobs: bool | None = None) -> int:
+    ready.adopt()  # the pipe of whoever started this worker, if it handed one down
     settings = load_settings(broker_url=broker)
     if not settings.broker_url:
         raise ConfigError("no broker: pass --broker redis://:PASSWORD@HOST:6379/0 or set GPULAYER_BROKER_URL")
@@ -145,12 +152,44 @@ def run_worker(*, broker: str | None = None, slots: int | None = None, zone: str
     # Messages a previous life of this worker still held go back to their queues now.
     hand_back_lives(app, client, worker_id, "the worker restarted", settings.max_deliveries,
                     keep=keys.life(worker_id, os.getpid()))
-    _preload()  # after the hand-back: a restarted worker's cut-off jobs are not kept waiting for torch
+    forget_previous_life(client, worker_id)  # its gang nodes fail; gangs placed from now on are this life's
 
     info = WorkerInfo(id=worker_id, hostname=host, address=address, zone=zone, region=region,
                       gpus=len(gpu_ids), gpu_names=tuple(gpu_names), slots=slots, pid=os.getpid(),
                       started_at=time.time())
     runtime.install(info, gpu_ids)
+    # Registered before torch is imported: jobs routed here wait in its queues for the seconds that takes, and
+    # whoever started the worker (`gpulayer up`) hears it is in the fleet now.
+    beat_early(registry, info, settings.heartbeat_interval)
+    ready.tell(ready.REGISTERED)
+    try:
+        return _start(settings, registry, worker_id, host, gpu_ids, zone, region, slots, loglevel, log_jobs)
+    finally:
+        if stop_early():  # the Heartbeat step never took over: the worker did not start
+            try:
+                registry.remove(worker_id)
+            except Exception:  # noqa: BLE001  (Redis gone: the record ages out as a dead worker's)
+                pass
+
+
+def _start(settings, registry: Registry, worker_id: str, host: str, gpu_ids: list[int], zone: str | None,
+           region: str | None, slots: int, loglevel: str, log_jobs: bool | None) -> int:
+    """Import torch, add gpulayer's steps and run Celery's worker (the worker is registered); once it has stopped,
+    the process ends (``exit_at_once``)."""
+    from .. import queues
+    from ..engine import request as job_request
+    from ..engine import respawn, revoke
+    from ..engine.events import EventPacer
+    from ..engine.transport import consume_as
+    from ..gang.agent import GangAgent, SlotGate
+    from ..gang.consumer import ControlStep
+    from ..masking import mask_logs, secrets_of
+    from .heartbeat import Heartbeat
+    from .janitor import Janitor
+    from .reaper import Reaper
+    from .wake import WakeOnSignal
+
+    _preload()  # after the hand-back: a restarted worker's cut-off jobs are not kept waiting for torch
     consume_as(worker_id)  # take messages atomically, recorded under this life of the worker
     runtime.registry = registry
     app.steps["worker"].add(Heartbeat)
@@ -158,6 +197,7 @@ def run_worker(*, broker: str | None = None, slots: int | None = None, zone: str
     app.steps["worker"].add(ControlStep)  # the coordinator's queue, served outside the job slots
     app.steps["worker"].add(Janitor)
     app.steps["worker"].add(Reaper)
+    app.steps["worker"].add(WakeOnSignal)  # SIGTERM starts the warm shutdown at once
     app.steps["consumer"].add(SlotGate)
     app.steps["consumer"].add(EventPacer)
     job_request.install()  # jobs logged by their summary; successes stored with their acks
@@ -181,4 +221,22 @@ def run_worker(*, broker: str | None = None, slots: int | None = None, zone: str
     respawn.install()  # last before the pool forks: a killed job's process is replaced in milliseconds
     revoke.install()  # a revoke(terminate=True) is told by the worker that holds the job
     worker.start()
-    return worker.exitcode or 0
+    exit_at_once(worker.exitcode or 0)
+
+
+def exit_at_once(code: int) -> None:
+    """End the worker's process as soon as Celery's worker has stopped.
+
+    By then its jobs have finished, its messages are acknowledged or handed back, its steps have stopped (the
+    gang agent its ranks and warm template) and it has left the registry. What the interpreter would do next
+    keeps nothing and took 1-2 s on a 2-core machine, which `gpulayer down` waited for: billiard's exit hook
+    joining the idle pool processes, then the collection of a heap with torch in it. The logs are flushed
+    first; the pool processes die with the worker (``die_with_parent``).
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
