@@ -219,6 +219,12 @@ RANK_SCRIPT = textwrap.dedent("""
 """)
 
 
+def train_line(term: Terminal, shape: str) -> str | None:
+    """The job id in `gpulayer train`'s first line (``gpulayer train: <id> 2 x 2 ...``), once it is out."""
+    found = re.search(rf"gpulayer train: ([0-9a-f]{{32}}) {shape}", term.text())
+    return found[1] if found else None
+
+
 @pytest.mark.parametrize("presses", [1, 2])
 def test_ctrl_c_in_train_cancels_the_job(fleet, tmp_path, presses):
     project, pids = tmp_path / "proj", tmp_path / "pids"
@@ -229,11 +235,12 @@ def test_ctrl_c_in_train_cancels_the_job(fleet, tmp_path, presses):
     term = Terminal([sys.executable, "-m", "gpulayer", "train", "--nodes", "2", "--procs-per-node", "2",
                      "train.py", str(pids)], project, env)
     try:
-        wait_until(lambda: len(list(pids.iterdir())) == 4, 120,
+        # The ranks may run before the terminal's reader has the line that names the job: wait for both.
+        wait_until(lambda: len(list(pids.iterdir())) == 4 and train_line(term, "2 x 2"), 120,
                    f"every rank to run (output so far: {term.text()[-2000:]!r})")
         ranks = [int(p.read_text()) for p in pids.iterdir()]
         assert all(alive(p) for p in ranks)
-        job_id = re.search(r"gpulayer train: ([0-9a-f]{32}) 2 x 2", term.text())[1]
+        job_id = train_line(term, "2 x 2")
         started = time.perf_counter()
         term.ctrl_c()
         if presses == 2:  # a second Ctrl-C while the first one's cancel is under way
@@ -270,8 +277,9 @@ def test_ctrl_c_in_train_with_detach_leaves_the_job_running(fleet, tmp_path):
                      "train.py", str(pids)], project, env)
     job_id = None
     try:
-        wait_until(lambda: len(list(pids.iterdir())) == 2, 120, f"every rank to run ({term.text()[-2000:]!r})")
-        job_id = re.search(r"gpulayer train: ([0-9a-f]{32}) 1 x 2", term.text())[1]
+        wait_until(lambda: len(list(pids.iterdir())) == 2 and train_line(term, "1 x 2"), 120,
+                   f"every rank to run ({term.text()[-2000:]!r})")
+        job_id = train_line(term, "1 x 2")
         term.ctrl_c()
         assert term.proc.wait(60) == 130
         term._reader.join(5)
@@ -285,6 +293,7 @@ def test_ctrl_c_in_train_with_detach_leaves_the_job_running(fleet, tmp_path):
         assert not [p for p in ranks if alive(p)]
         job_id = None
     finally:
+        job_id = job_id or train_line(term, "1 x 2")  # a failed wait: still cancel what runs (its slots)
         term.close()
         if job_id:
             cli(fleet, "cancel", job_id)
