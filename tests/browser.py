@@ -207,3 +207,17 @@ class Chromium:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# The rows of Flower's Tasks table, as text (DataTables fills it from /tasks/datatable after the page loads).
+TASKS_ROWS = "Array.from(document.querySelectorAll('#tasks-table tbody tr')).map(r => r.textContent).join('\\n')"
+
+
+def done_task_row(browser: Chromium, url: str, job_id: str) -> str | None:
+    """Load Flower's Tasks page at ``url`` and return the row of ``job_id`` once it says SUCCESS, else None (task
+    events reach Flower asynchronously: call again, e.g. under ``wait_until``)."""
+    browser.load(url + "tasks")
+    rows = browser.wait_for(f"(() => {{ const t = {TASKS_ROWS}; return t.includes('No tasks') || "
+                            f"t.includes({json.dumps(job_id)}) ? t : ''; }})()", timeout=30,
+                            what="the Tasks table filled in")
+    return next((r for r in rows.splitlines() if job_id in r and "SUCCESS" in r), None)

@@ -22,8 +22,8 @@ from gpulayer.lab.fleet import wait_until
 from gpulayer.local import stop_process
 from tests.fleets import need
 
-from .browser import Chromium, chromium_executable
-from .test_monitor import TASKS_ROWS, wait_gone
+from .browser import Chromium, chromium_executable, done_task_row
+from .test_monitor import wait_gone
 
 SHOTS = Path(os.environ.get("GPULAYER_SHOTS") or Path(__file__).resolve().parents[1] / "test-output")
 
@@ -203,13 +203,7 @@ def test_flower_shows_the_fleet_the_gangs_and_every_job_by_name(up_flower):
             browser.authorize(up_flower["auth"])
 
             # The Tasks page: the first job, by its function's name, with its call as args.
-            def first_row():
-                browser.load(url + "tasks")
-                rows = browser.wait_for(f"(() => {{ const t = {TASKS_ROWS}; return t.includes('No tasks') || "
-                                        f"t.includes({json.dumps(first['id'])}) ? t : ''; }})()", timeout=30,
-                                        what="the Tasks table filled in")
-                return next((r for r in rows.splitlines() if first["id"] in r and "SUCCESS" in r), None)
-            wait_until(first_row, 30, f"the Tasks table never listed the first job {first['id']}")
+            wait_until(lambda: done_task_row(browser, url, first["id"]), 30, f"the Tasks table never listed the first job {first['id']}")
             name = browser.evaluate(f"Array.from(document.querySelectorAll('#tasks-table tbody tr')).find(r => "
                                     f"r.textContent.includes({json.dumps(first['id'])})).cells[0].innerText")
             assert name.strip() == "square"

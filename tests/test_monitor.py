@@ -32,7 +32,7 @@ from gpulayer.monitor import mask_text, run_flower
 from gpulayer.lab.fleet import wait_until
 from tests.fleets import need
 
-from .browser import Chromium, chromium_executable
+from .browser import Chromium, chromium_executable, done_task_row
 
 REPO = Path(__file__).resolve().parents[1]
 AUTH = "ops:flower-login-pw"
@@ -117,7 +117,6 @@ JOB_SCRIPT = textwrap.dedent("""
     print(json.dumps({"id": h.id, "value": h.get(timeout=60)}))
 """)
 
-TASKS_ROWS = "Array.from(document.querySelectorAll('#tasks-table tbody tr')).map(r => r.textContent).join('\\n')"
 
 
 def test_up_flower_works_in_a_browser(gpulayer_home, tmp_path):
@@ -165,13 +164,7 @@ def test_up_flower_works_in_a_browser(gpulayer_home, tmp_path):
 
             # The Tasks page: an empty table in its HTML, filled by DataTables from /tasks/datatable
             # (task events reach Flower asynchronously: reload until the job's row says SUCCESS).
-            def job_row():
-                browser.load(url + "tasks")
-                rows = browser.wait_for(f"(() => {{ const t = {TASKS_ROWS}; return t.includes('No tasks') || "
-                                        f"t.includes({json.dumps(job['id'])}) ? t : ''; }})()", timeout=30,
-                                        what="the Tasks table filled in")
-                return next((r for r in rows.splitlines() if job["id"] in r and "SUCCESS" in r), None)
-            row = wait_until(job_row, 30, f"the Tasks table never listed {job['id']} as done")
+            row = wait_until(lambda: done_task_row(browser, url, job["id"]), 30, f"the Tasks table never listed {job['id']} as done")
             assert "square(7)" in row and "local-" in row and "cpu" in row, row  # summary, worker, resources
             assert "PickledFunction" not in row and "\\x80" not in row
             browser.screenshot(out / "flower-tasks.png")
