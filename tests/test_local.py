@@ -260,3 +260,54 @@ def test_up_fails_naming_the_log_of_a_worker_that_cannot_start_and_leaves_nothin
         if any(str(gpulayer_home) in part for part in p.info["cmdline"] or []):
             left.append(p.pid)
     wait_gone(left)  # the supervisor and its Redis are stopping, or gone
+
+
+def test_a_job_running_at_down_finishes_first_and_the_next_up_does_not_run_it_again(gpulayer_home, tmp_path):
+    """`gpulayer down` ends the workers' pools at once, but only once their jobs are done (engine/pool_stop.py):
+    a job running then finishes, its result is kept and its message acknowledged, so the next `up` (on the same
+    Redis files) has nothing to hand back and the job ran once."""
+    from gpulayer.store import keys
+    from gpulayer.store.jobs import JobRecords
+
+    script = tmp_path / "slow.py"
+    script.write_text(textwrap.dedent("""
+        import time
+        import gpulayer
+        from gpulayer import submit
+        from gpulayer.app import redis_client
+
+        def slow(key):
+            redis_client().incr(key)
+            time.sleep(2)
+            return "finished"
+
+        gpulayer.init()
+        print(submit.delay(slow, "down-test:runs").id)
+    """))
+    env = dict(os.environ)
+    assert run_cli("up", "--workers", "1", "--slots", "1", env=env).returncode == 0
+    try:
+        sent = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                              env=env)
+        assert sent.returncode == 0, sent.stderr
+        job_id = sent.stdout.split()[-1]
+        client = redis.Redis.from_url(json.loads((gpulayer_home / "cluster.json").read_text())["broker_url"])
+        deadline = time.monotonic() + 120
+        while client.get("down-test:runs") != b"1":  # the job runs
+            assert time.monotonic() < deadline, "the job never started"
+            time.sleep(0.05)
+        client.close()
+    finally:
+        down = run_cli("down", env=env)
+    assert down.returncode == 0 and "stopped" in down.stdout, down.stderr
+    assert run_cli("up", "--workers", "1", "--slots", "1", env=env).returncode == 0
+    try:
+        # The restarted worker handed back what its previous life held before it registered (before `up` returned).
+        state = json.loads((gpulayer_home / "cluster.json").read_text())
+        client = redis.Redis.from_url(state["broker_url"])
+        assert JobRecords(client).history(job_id) == []  # never lost, never handed back
+        assert client.exists(keys.job_done(job_id))  # its result was stored (signed with the old cluster's secret)
+        assert client.get("down-test:runs") == b"1"
+        client.close()
+    finally:
+        assert run_cli("down", env=env).returncode == 0

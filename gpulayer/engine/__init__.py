@@ -14,6 +14,7 @@
 - ``events.py``: Celery's monitoring events, off until a monitor asks (``enable_events``), then paced.
 - ``control.py``: remote control (``celery inspect``) that waits for as many replies as live workers.
 - ``loop.py``: a cheaper turn of the worker's event loop.
+- ``pool_stop.py``: a stopping worker's prefork pool ended once its jobs are done (no exit sleeps).
 - ``connections.py``: forgetting a Celery app's pooled connections.
 - ``flower.py``: a transform of ours ahead of Flower's own.
 - ``upstream.py``: each upstream method or attribute the above depend on, with the hash of its source for the

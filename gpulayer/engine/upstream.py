@@ -1,4 +1,4 @@
-"""What gpulayer borrows from Celery, kombu, Flower and redis-py, pinned to the source it was written against.
+"""What gpulayer borrows from Celery, kombu, billiard, Flower and redis-py, pinned to the source it was written against.
 
 Each entry names one upstream method (or attribute) that gpulayer overrides, copies, patches, or whose
 inside it relies on, where gpulayer's code for it lives, and a hash of the upstream source in the versions
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 # The versions whose source the hashes below were taken from; pyproject.toml pins each to its minor version.
-WRITTEN_FOR = {"celery": "5.7.0", "kombu": "5.7.0", "flower": "2.2.0", "redis": "8.1.0"}
+WRITTEN_FOR = {"celery": "5.7.0", "kombu": "5.7.0", "flower": "2.2.0", "redis": "8.1.0", "billiard": "4.3.2"}
 
 HOW = {"overrides": "our override", "copies": "our copy", "patches": "our patch", "relies on": "the code that relies on it"}
 
@@ -64,6 +64,7 @@ _ENV, _D, _TO = "gpulayer/engine/envelope.py", "gpulayer/engine/delivery.py", "g
 _RS, _RV = "gpulayer/engine/respawn.py", "gpulayer/engine/revoke.py"
 _S = "gpulayer/engine/sentinel.py"
 _PUB = "gpulayer/engine/publish.py"
+_PS = "gpulayer/engine/pool_stop.py"
 
 BORROWED: tuple[Borrowed, ...] = (
     # kombu's Redis transport: takes a SIGKILL cannot lose, bells, one client per pool
@@ -160,6 +161,15 @@ BORROWED: tuple[Borrowed, ...] = (
     Borrowed("celery.concurrency.asynpool:AsynPool._event_process_exit", "a8405bca6bf91b93", _RS, "patches"),
     Borrowed("celery.concurrency.asynpool:AsynPool._create_worker_process", "28598922829a7af9", _RS, "relies on"),
     Borrowed("celery.concurrency.asynpool:AsynPool.timers", "b83744b6be358e50", _RS, "relies on"),
+    # a stopping worker's pool ends once its jobs are done: billiard's join in its order, the processes killed
+    # instead of waited out (their 1-s exit sleep), the timer thread woken instead of slept out
+    Borrowed("celery.concurrency.prefork:TaskPool.on_stop", "8afc20f93c14cc7f", _PS, "patches"),
+    Borrowed("celery.concurrency.prefork:_run_ready_callbacks", "e86c2cf7108eccb4", _PS, "relies on"),
+    Borrowed("billiard.pool:Pool.join", "1a4fc3dd96804e0a", _PS, "relies on"),
+    Borrowed("billiard.pool:Pool.close", "d0062d83971ede21", _PS, "relies on"),
+    Borrowed("billiard.pool:Worker._do_exit", "47d158821a7a0566", _PS, "relies on"),
+    Borrowed("celery.concurrency.asynpool:AsynPool._stop_task_handler", "b1d17db19c811d11", _PS, "relies on"),
+    Borrowed("celery.concurrency.asynpool:ResultHandler.on_stop_not_started", "338c8c08d977fa90", _PS, "relies on"),
     # task events, paced
     Borrowed("celery.bootsteps:Step.__init__", "1f7b8cd57cb9aee6", _E, "overrides"),
     Borrowed("celery.bootsteps:StartStopStep.start", "90fe302ae41c3143", _E, "overrides"),

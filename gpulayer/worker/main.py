@@ -178,7 +178,7 @@ def _start(settings, registry: Registry, worker_id: str, host: str, gpu_ids: lis
     the process ends (``exit_at_once``)."""
     from .. import queues
     from ..engine import request as job_request
-    from ..engine import respawn, revoke
+    from ..engine import pool_stop, respawn, revoke
     from ..engine.events import EventPacer
     from ..engine.transport import consume_as
     from ..gang.agent import GangAgent, SlotGate
@@ -220,6 +220,7 @@ def _start(settings, registry: Registry, worker_id: str, host: str, gpu_ids: lis
     mask_logs(secrets_of(settings.broker_url, settings.secret.get_secret_value()))
     respawn.install()  # last before the pool forks: a killed job's process is replaced in milliseconds
     revoke.install()  # a revoke(terminate=True) is told by the worker that holds the job
+    pool_stop.install()  # a stopping worker's pool ends once its jobs are done, without billiard's exit sleeps
     worker.start()
     exit_at_once(worker.exitcode or 0)
 
