@@ -91,11 +91,19 @@ def _passwords(basic_auth: str) -> list[str]:
 
 
 def run_flower(*, broker: str | None = None, port: int = 5555, address: str = "127.0.0.1",
-               basic_auth: str | None = None) -> int:
+               basic_auth: str | None = None, show_secrets: bool = False) -> int:
+    """``gpulayer flower``: Flower behind a login, its pages and its API alike.
+
+    The login is ``basic_auth`` (``--basic-auth``), else ``FLOWER_BASIC_AUTH``, else one made up here as
+    ``gpulayer up --flower`` makes its own (the local user's name and a random password); its URL with the
+    login in it is printed first, the password masked unless ``show_secrets``. Beyond loopback, a login must
+    be given.
+    """
     from . import app as app_mod
     from .session import init
     from .engine.flower import extend
     from .flower_pages import pages, script_transform
+    from .local.workers import flower_line, new_flower_login
 
     basic_auth = basic_auth or os.environ.get("FLOWER_BASIC_AUTH")
     if not _loopback(address) and not basic_auth:
@@ -103,6 +111,9 @@ def run_flower(*, broker: str | None = None, port: int = 5555, address: str = "1
                           "(or set FLOWER_BASIC_AUTH), or bind to 127.0.0.1")
     if basic_auth and ":" not in basic_auth:
         raise ConfigError("--basic-auth must be user:password")
+    # Flower's API answers only behind a login (without one it refuses everyone: FLOWER_UNAUTHENTICATED_API); the
+    # local user gets one printed, as `gpulayer up --flower` prints its own.
+    basic_auth = basic_auth or new_flower_login()
     settings = init(broker)
     # Flower names the broker by its URL's scheme to list queues; it takes no jobs, so kombu's own
     # Redis transport serves it (gpulayer/engine/transport.py only changes how workers take messages).
@@ -114,16 +125,17 @@ def run_flower(*, broker: str | None = None, port: int = 5555, address: str = "1
 
         broker_page_on_sentinel(settings.broker_url)
     secrets = _secrets_of(settings)
-    if basic_auth:  # Flower's own login, wherever a page might show it
-        secrets = sorted({*secrets, *(p for p in _passwords(basic_auth) if len(p) >= 4)}, key=len, reverse=True)
+    # Flower's own login, wherever a page might show it
+    secrets = sorted({*secrets, *(p for p in _passwords(basic_auth) if len(p) >= 4)}, key=len, reverse=True)
     # Masking last of ours (it sees what the script tag added), both before gzip; then gpulayer's pages.
     extend(lambda url_prefix, static_prefix: [script_transform(url_prefix, static_prefix),
                                               _masking_transform(secrets, static_prefix)], pages())
     argv = ["flower", f"--port={port}", f"--address={address}"]
     if "FLOWER_TASKS_COLUMNS" not in os.environ:  # an operator's choice wins (argv would override it)
         argv.append(f"--tasks_columns={TASKS_COLUMNS}")
-    if basic_auth:
-        os.environ["FLOWER_BASIC_AUTH"] = basic_auth  # not in argv, where `ps` would show it
+    os.environ["FLOWER_BASIC_AUTH"] = basic_auth  # not in argv, where `ps` would show it
+    host = f"[{address}]" if ":" in address else address
+    print(flower_line(f"http://{host}:{port}/", basic_auth.split(",")[0], show_secrets), flush=True)
     # Workers send events only once a monitor asks; Flower asks every 5 s from 5 s on: ask now, so the
     # jobs of its first seconds show too (engine/events.py).
     app_mod.app.control.enable_events()

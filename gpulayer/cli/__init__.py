@@ -101,7 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     fl.add_argument("--broker", default=None, help="redis://... (default: GPULAYER_BROKER_URL, else `gpulayer up`)")
     fl.add_argument("--port", type=int, default=5555)
     fl.add_argument("--address", default="127.0.0.1", help="bind address (beyond loopback needs --basic-auth)")
-    fl.add_argument("--basic-auth", default=None, help="user:password, required when bound beyond loopback")
+    fl.add_argument("--basic-auth", default=None,
+                    help="its login, user:password (default: FLOWER_BASIC_AUTH, else one made up and printed; "
+                         "required when bound beyond loopback)")
+    fl.add_argument("--show-secrets", action="store_true",
+                    help="print Flower's URL with its login's password (default: masked)")
 
     me = sub.add_parser("metrics", help="serve queue lengths and slot use as Prometheus metrics")
     me.add_argument("--broker", default=None, help="redis://... (default: GPULAYER_BROKER_URL, else `gpulayer up`)")
@@ -170,9 +174,9 @@ def _up(args) -> int:
               + f"; failover {group['down_after_ms'] / 1000:g} s after the primary stops answering "
               "(`gpulayer status` names it: kill -9 its pid to watch one)")
     if cluster.flower_url:
-        login = cluster.flower_login_url if args.show_secrets else mask_url(cluster.flower_login_url)
-        print(f"Flower: {login}" + ("" if args.show_secrets or not cluster.flower_auth else
-                                    " (its login; --show-secrets prints the password, the state file has it)"))
+        from ..local.workers import flower_line
+
+        print(flower_line(cluster.flower_url, cluster.flower_auth, args.show_secrets, ", the state file has it"))
     elif args.flower is not None:
         print("Flower: not running with this cluster (see its logs, or run `gpulayer flower`)")
     print(f"state file: {cluster.home / 'cluster.json'} (broker URL and cluster secret; mode 0600)")
@@ -229,7 +233,8 @@ def _cancel(args) -> int:
 def _flower(args) -> int:
     from ..monitor import run_flower
 
-    return run_flower(broker=args.broker, port=args.port, address=args.address, basic_auth=args.basic_auth)
+    return run_flower(broker=args.broker, port=args.port, address=args.address, basic_auth=args.basic_auth,
+                      show_secrets=args.show_secrets)
 
 
 def _metrics(args) -> int:

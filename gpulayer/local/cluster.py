@@ -16,7 +16,6 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote
 
 import psutil
 
@@ -43,10 +42,11 @@ class LocalCluster:
     def flower_login_url(self) -> str | None:
         """Flower's URL with its login in it (``http://user:password@127.0.0.1:port/``): what curl and a
         browser take as is. Shown masked unless asked (``gpulayer up --show-secrets``)."""
-        if not self.flower_url or not self.flower_auth:
-            return self.flower_url
-        user, _, password = self.flower_auth.partition(":")
-        return self.flower_url.replace("://", f"://{quote(user, safe='')}:{quote(password, safe='')}@", 1)
+        if not self.flower_url:
+            return None
+        from .workers import login_url
+
+        return login_url(self.flower_url, self.flower_auth)
 
     def stop(self, timeout: float = 30.0) -> None:
         if self.supervisor is not None:

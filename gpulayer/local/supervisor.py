@@ -36,7 +36,7 @@ from ..state_file import STATE_FILE_NAME, proc_start_time, read_state, write_sta
 from .events import Events
 from .places import worker_places
 from .redis_server import start_redis, wait_for_redis
-from .workers import flower_hears, start_flower, start_worker, wait_for_port, wait_ready
+from .workers import flower_hears, new_flower_login, start_flower, start_worker, wait_for_port, wait_ready
 
 
 STOPPED_FILE_NAME = "stopped.json"  # in the cluster's home: why the supervisor stopped on its own, for its users
@@ -114,17 +114,6 @@ def _publish_restarts(url: str, deaths: RedisDeaths) -> None:
         client.close()
 
 
-def _login_name() -> str:
-    """Flower's login name: the local user's (a name Flower's ``user:password`` can hold)."""
-    import getpass
-
-    try:
-        name = getpass.getuser()
-    except (KeyError, OSError):
-        name = ""
-    return name if name and ":" not in name and "," not in name else "gpulayer"
-
-
 GROUP_TURN = 0.5  # seconds between a Sentinel group's turns of tending (restarting a dead server)
 
 
@@ -178,7 +167,7 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
     flower: subprocess.Popen | None = None
     places = dict(zip([f"local-{i + 1}" for i in range(workers)], worker_places(workers, zones, regions)))
 
-    flower_auth = f"{_login_name()}:{secrets.token_urlsafe(18)}" if flower_port is not None else None
+    flower_auth = new_flower_login() if flower_port is not None else None
     # With a Flower, workers send events from their start (Flower would turn them on seconds later), so it
     # lists every job from the first one.
     worker_env = dict(os.environ, GPULAYER_EVENTS="1") if flower_port is not None else None

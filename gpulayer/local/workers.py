@@ -70,6 +70,42 @@ def start_flower(broker_url: str, secret: str, *, port: int, log_file: Path | No
             out.close()
 
 
+def new_flower_login() -> str:
+    """A login for Flower, ``user:password``: the local user's name (one Flower's ``user:password`` list can
+    hold) and a random password. ``gpulayer up --flower`` and ``gpulayer flower`` make theirs here."""
+    import getpass
+    import secrets
+
+    try:
+        name = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a bare container)
+        name = ""
+    name = name if name and ":" not in name and "," not in name else "gpulayer"
+    return f"{name}:{secrets.token_urlsafe(18)}"
+
+
+def login_url(url: str, login: str | None) -> str:
+    """Flower's ``url`` with ``login`` (``user:password``) in it, ``http://user:password@127.0.0.1:5555/``: what
+    curl and a browser take as is."""
+    from urllib.parse import quote
+
+    if not login:
+        return url
+    user, _, password = login.partition(":")
+    return url.replace("://", f"://{quote(user, safe='')}:{quote(password, safe='')}@", 1)
+
+
+def flower_line(url: str, login: str | None, show_secrets: bool, kept: str = "") -> str:
+    """What ``gpulayer up --flower`` and ``gpulayer flower`` print: ``Flower: http://alice:***@127.0.0.1:PORT/``,
+    the password masked unless ``show_secrets``; ``kept``: where else the login is to be found."""
+    from ..masking import mask_url
+
+    shown = login_url(url, login)
+    if show_secrets or not login:
+        return f"Flower: {shown}"
+    return f"Flower: {mask_url(shown)} (its login; --show-secrets prints the password{kept})"
+
+
 def wait_for_port(port: int, proc: subprocess.Popen, timeout: float = 30.0, host: str = "127.0.0.1") -> bool:
     """True once ``host:port`` accepts connections; False if ``proc`` exits or time runs out."""
     import socket
