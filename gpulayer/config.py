@@ -23,8 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from pydantic import Field, SecretStr, ValidationError, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from .errors import ConfigError
 from .masking import mask_url
@@ -40,10 +39,15 @@ def config_path() -> Path:
     return Path(os.environ.get("GPULAYER_CONFIG") or home_dir() / "config.toml").expanduser()
 
 
-class Settings(BaseSettings):
-    """Everything gpulayer reads from its environment. See module docstring for precedence."""
+ENV_PREFIX = "GPULAYER_"
 
-    model_config = SettingsConfigDict(env_prefix="GPULAYER_", frozen=True, extra="forbid")
+
+class Settings(BaseModel):
+    """Everything gpulayer reads from its environment. See module docstring for precedence; ``load_settings``
+    gathers the values (a plain model, not pydantic-settings': that library's import alone was a tenth of a
+    one-job script's run)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     broker_url: str | None = Field(default=None, description="redis://[:password@]host:port/db of the cluster's Redis "
                                                             "(rediss://... for TLS), or sentinel://[:password@]"
@@ -95,11 +99,6 @@ class Settings(BaseSettings):
             data = {**data, "broker_url": with_sentinel_password(url, data.get("sentinel_password"))}
         return data
 
-    @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
-                                   file_secret_settings) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (init_settings, env_settings, _FileSource(settings_cls))
-
     def client_identity(self) -> str:
         """``client_id``, else ``user@host``: what `gpulayer cancel --all-mine` means by "mine"."""
         if self.client_id:
@@ -120,27 +119,29 @@ class Settings(BaseSettings):
             yield name, (mask_url(value) if name == "broker_url" else value)
 
 
-class _FileSource(PydanticBaseSettingsSource):
+def _from_file() -> dict[str, Any]:
     """The config file's ``[gpulayer]`` table."""
+    path = config_path()
+    if not path.exists():
+        return {}
+    try:
+        return dict(tomllib.loads(path.read_text()).get("gpulayer", {}))
+    except (OSError, tomllib.TOMLDecodeError) as err:
+        raise ConfigError(f"cannot read config file {path}: {err}") from err
 
-    def get_field_value(self, field, field_name):  # pragma: no cover - unused; __call__ does the work
-        return None, field_name, False
 
-    def __call__(self) -> dict[str, Any]:
-        path = config_path()
-        if not path.exists():
-            return {}
-        try:
-            return dict(tomllib.loads(path.read_text()).get("gpulayer", {}))
-        except (OSError, tomllib.TOMLDecodeError) as err:
-            raise ConfigError(f"cannot read config file {path}: {err}") from err
+def _from_env() -> dict[str, str]:
+    """``GPULAYER_<KEY>`` for each key of ``Settings`` (the name in any case); other variables are left alone."""
+    env = {name.lower(): value for name, value in os.environ.items()}
+    prefix = ENV_PREFIX.lower()
+    return {key: env[prefix + key] for key in Settings.model_fields if prefix + key in env}
 
 
 def load_settings(**overrides: Any) -> Settings:
     """Build the frozen settings; a clear ``ConfigError`` names any bad key."""
     overrides = {k: v for k, v in overrides.items() if v is not None}
     try:
-        settings = Settings(**overrides)
+        settings = Settings(**{**_from_file(), **_from_env(), **overrides})  # later ones win
     except ValidationError as err:
         for e in err.errors():  # a ConfigError from a validator already says it all
             if isinstance((e.get("ctx") or {}).get("error"), ConfigError):

@@ -12,7 +12,7 @@ from kombu.utils.uuid import uuid
 
 from .. import app as app_mod
 from .. import canvas
-from ..app import CLIENT_HEADER, RESOURCES_HEADER, SUBMIT, app
+from ..app import CLIENT_HEADER, RESOURCES_HEADER, SUBMIT, TIMEOUT_HEADER, app
 from ..session import BROKER_ERRORS, broker_lost, ensure_connected, outage
 from ..deadline import Deadline
 from ..engine import publish
@@ -22,7 +22,6 @@ from ..errors import PayloadError
 from ..models import Resources
 from ..payload import job_name, pack_function, resolve_function, summarize
 from ..worker import runtime
-from ..worker.reaper import TIMEOUT_HEADER
 
 
 def as_resources(value) -> Resources:

@@ -14,6 +14,7 @@ import time
 
 import redis
 
+from ..app import TIMEOUT_HEADER
 from ..engine.qos import running
 from ..store import keys
 from ..store.results import STOPPED_WHILE_RUNNING
@@ -24,7 +25,6 @@ from . import runtime
 from .loopstep import LoopStep
 
 log = logging.getLogger(__name__)
-TIMEOUT_HEADER = "gl_timeout"
 POLL = 0.1
 
 # job id -> reason, for the request's on_failure (same process).
