@@ -17,6 +17,7 @@ clients' ``ClusterUnavailable`` quote it).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import secrets
@@ -289,6 +290,9 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
         # its script to quote (the script's own exit removes the home).
         if parent is not None and not gave_up:
             shutil.rmtree(home, ignore_errors=True)
+        # Nothing is left to free: the interpreter's last collection (over Redis's client) would only delay the
+        # exit that `gpulayer down` waits for (as session.py does for a client).
+        gc.freeze()
     return 0
 
 

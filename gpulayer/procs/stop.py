@@ -15,6 +15,7 @@ are parameters, and the usual ones have names:
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 
@@ -137,12 +138,30 @@ def _send(procs: list, others: dict, sig: int, groups: bool) -> None:
 def _wait(p, timeout: float | None) -> None:
     """Until ``p`` has exited (reaped if it is our child), or ``timeout`` s."""
     if _ours(p):
+        if timeout is not None:
+            _exited(p, timeout)
         try:
             p.wait(timeout)
         except subprocess.TimeoutExpired:
             pass
     else:  # maybe not our child: gone, or a zombie its parent has yet to reap
         poll(lambda: not _running(p), timeout, every=0.01)
+
+
+def _exited(p, timeout: float) -> None:
+    """Sleep until ``p`` exits or ``timeout`` s pass, woken by its pidfd (Linux 5.3+) the moment it exits:
+    ``Popen.wait`` with a timeout polls, at up to 50 ms, which a stop of several stages (``gpulayer down``:
+    the workers, then Redis) waited out at each. Elsewhere, or once it is reaped, nothing (``wait`` polls)."""
+    if p.poll() is not None or not hasattr(os, "pidfd_open"):
+        return
+    try:
+        fd = os.pidfd_open(p.pid)
+    except OSError:  # gone, or no pidfds here
+        return
+    try:
+        select.select([fd], [], [], max(0.0, timeout))
+    finally:
+        os.close(fd)
 
 
 def _ours(p) -> bool:
