@@ -17,11 +17,17 @@ and last line -> exit. Last, one run of each command with ``-X importtime`` (``P
 the supervisor and the workers, whose stderr is their log) gives the seconds each process spends importing,
 and its biggest imports.
 
-    python benchmarks/cli_time.py [--runs 5] [--tree PATH] [--before PATH] [--name cli_time.txt] [--note TEXT]
+    python benchmarks/cli_time.py [--runs 5] [--tree PATH] [--before PATH] [--source] [--name cli_time.txt] [--note TEXT]
 
 ``--tree``: the gpulayer checkout to measure (``PYTHONPATH`` of every process; default this one);
 ``--before``: another (a ``git archive`` of main), measured in turn with it, run by run, so that both see the
 same load on a shared machine, and their ratio printed. Goal: ``up`` and ``down`` under 2 s, the script under 0.5 s (medians).
+
+Each tree's ``gpulayer`` is byte-compiled first (``compileall``), as ``pip install`` compiles an installed
+package: a checkout run with ``PYTHONDONTWRITEBYTECODE=1`` (this VM's environment sets it) compiles its ~100
+modules from source in every process, ~0.05-0.1 s each that no installed copy spends. ``--source`` measures
+that instead: the trees' ``__pycache__`` folders removed, and every process run with
+``PYTHONDONTWRITEBYTECODE=1`` (the condition of the logs before 2026-12-05 13:00).
 """
 
 from __future__ import annotations
@@ -67,12 +73,28 @@ SCRIPT = textwrap.dedent("""
 SCRIPT_PHASES = ("interpreter start", "import gpulayer", "init()", "submit.delay", ".get()", "last line -> exit")
 
 
+SOURCE_ONLY = False  # --source: every process compiles gpulayer from source (main() sets it)
+
+
 def _env(tree: Path, home: Path, **extra: str) -> dict:
     """The environment of every process measured. (They run in ``home``'s parent, a temporary folder: ``python -m``
     puts its working directory first on ``sys.path``, before ``PYTHONPATH``, and a checkout there would win.)"""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPULAYER_") and k != "PYTHONPROFILEIMPORTTIME"}
     env.update(GPULAYER_HOME=str(home), PYTHONPATH=str(tree), **extra)
+    if SOURCE_ONLY:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
     return env
+
+
+def prepare_bytecode(tree: Path, source_only: bool) -> str:
+    """Byte-compile ``tree``'s gpulayer as an install would, or (``source_only``) remove its compiled files."""
+    package = tree / "gpulayer"
+    if source_only:
+        for cache in package.rglob("__pycache__"):
+            shutil.rmtree(cache, ignore_errors=True)
+        return "from source (no __pycache__, PYTHONDONTWRITEBYTECODE=1)"
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(package)], check=True)
+    return "byte-compiled (compileall, as pip install does)"
 
 
 def _cli(tree: Path, home: Path, *args: str, **extra: str) -> subprocess.CompletedProcess:
@@ -310,7 +332,11 @@ def main() -> int:
                         "so both see the same load")
     p.add_argument("--name", default="cli_time.txt", help="the results file's name")
     p.add_argument("--note", default="", help="a line for the results file's header (what the trees are, the load)")
+    p.add_argument("--source", action="store_true",
+                   help="run every process on gpulayer's source, not byte-compiled (see the module docstring)")
     args = p.parse_args()
+    global SOURCE_ONLY
+    SOURCE_ONLY = args.source
     trees = {"after": args.tree.resolve()}
     if args.before is not None:
         trees = {"before": args.before.resolve(), **trees}
@@ -325,7 +351,8 @@ def main() -> int:
         where = _cli(tree, tmp / "probe", "-c", "import gpulayer; print(gpulayer.__file__)").stdout.strip()
         if not where.startswith(str(tree)):
             raise SystemExit(f"{tree}: its processes would import gpulayer from {where}")
-        report(f"# {label}: {tree} ({commit}); gpulayer imported from {where}")
+        report(f"# {label}: {tree} ({commit}); gpulayer imported from {where}; "
+               f"{prepare_bytecode(tree, args.source)}")
     report(f"# python {platform.python_version()}" + (f"; {args.note}" if args.note else ""))
     homes: list[tuple[Path, Path]] = []
     try:
