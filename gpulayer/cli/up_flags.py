@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
-from ..config import STATE_FILE_NAME, read_state
+from ..state_file import STATE_FILE_NAME, read_state  # not config.py: `up` imports no pydantic
 from ..errors import ConfigError
 from ..local.places import worker_places
 
