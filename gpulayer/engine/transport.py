@@ -261,11 +261,18 @@ class Channel(Prefetch, SentinelPools, kredis.Channel):
 
     def close(self):
         """Before kombu closes the channel: read a take still in flight, give back what was never started, and
-        send the acks that wait."""
+        send the acks that wait.
+
+        A wait on the bells still in flight is dropped with its connection, not waited out (up to
+        ``brpop_timeout``, which a stopping worker spent in most runs of `gpulayer down`): it takes no message, and a
+        token it may have popped only wakes another idle worker up to that timeout later (``bells.py``)."""
         if self._taking() and not self.closed:
             self._closing = True  # nothing more is handed to Celery
             try:
-                if self._in_poll:
+                if self._in_poll and self._poll_command == "BRPOP":
+                    self._in_poll = self._poll_command = None
+                    self.client.connection.disconnect()
+                elif self._in_poll:
                     try:
                         self._brpop_read()
                     except Empty:
