@@ -128,7 +128,8 @@ def test_a_client_write_no_replica_confirmed_raises_naming_its_jobs():
     with pytest.raises(NotReplicated) as err:
         durability.confirm(0, waits, "submit_batch", ["a", "b"])
     assert err.value.job_ids == ("a", "b")
-    assert "2 jobs (first a)" in str(err.value) and "0.5 s" in str(err.value) and "same job id is safe" in str(err.value)
+    said = str(err.value)
+    assert "2 jobs (first a)" in said and "0.5 s" in said and "same job id is safe" in said
 
 
 def test_a_worker_write_no_replica_confirmed_is_logged_and_pauses_its_waits(caplog, monkeypatch):
