@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name load
 
     from .client import BatchHandle, connect, init, submit_batch, wait_for_workers
     from .errors import (ClusterUnavailable, ConfigError, GangFailed, GpulayerError, JobFailed, JobRejected,
-                         JobStopped, JobTimeout, PayloadError, PayloadRejected, UnsupportedOption)
+                         JobStopped, JobTimeout, NotReplicated, PayloadError, PayloadRejected, UnsupportedOption)
     from .distributed_job import GangHandle, distributed, init_process_group
     from .models import Resources, WorkerInfo
     from .tasks.submit import submit
@@ -31,7 +31,8 @@ _WHERE = {
     "group": "celery",
     **dict.fromkeys(("BatchHandle", "connect", "init", "submit_batch", "wait_for_workers"), "gpulayer.client"),
     **dict.fromkeys(("ClusterUnavailable", "ConfigError", "GangFailed", "GpulayerError", "JobFailed", "JobRejected",
-                     "JobStopped", "JobTimeout", "PayloadError", "PayloadRejected", "UnsupportedOption"), "gpulayer.errors"),
+                     "JobStopped", "JobTimeout", "NotReplicated", "PayloadError", "PayloadRejected",
+                     "UnsupportedOption"), "gpulayer.errors"),
     **dict.fromkeys(("GangHandle", "distributed", "init_process_group"), "gpulayer.distributed_job"),
     **dict.fromkeys(("Resources", "WorkerInfo"), "gpulayer.models"),
     "submit": "gpulayer.tasks.submit",
@@ -40,7 +41,7 @@ _WHERE = {
 
 __all__ = [
     "BatchHandle", "ClusterUnavailable", "GangHandle", "distributed", "init_process_group", "ConfigError", "GpulayerError", "JobFailed", "JobRejected",
-    "PayloadError", "PayloadRejected", "UnsupportedOption", "GangFailed", "JobStopped", "JobTimeout", "Resources", "WorkerInfo", "connect", "current_job", "current_worker",
+    "NotReplicated", "PayloadError", "PayloadRejected", "UnsupportedOption", "GangFailed", "JobStopped", "JobTimeout", "Resources", "WorkerInfo", "connect", "current_job", "current_worker",
     "group", "init", "submit", "submit_batch", "wait_for_workers",
 ]
 __version__ = "0.1.0"

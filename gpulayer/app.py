@@ -22,10 +22,11 @@ from .engine.sentinel import FAILOVER_WAIT, SENTINEL_OPTION, engine_url
 from .engine.celery_app import GpulayerCelery
 from .engine.broadcast import Control
 from .engine.senders import CLIENT_HEADER  # noqa: F401 (for tasks/submit.py)
-from .config import Settings, tls_options
+from .config import REPLICATED, Settings, tls_options
 from .errors import ClusterUnavailable, JobRejected, PayloadError, UnsupportedOption
 from .models import Resources
 from .sentinel_url import is_sentinel_url
+from .store import durability
 from .store.connection import connect_redis
 from .store.registry import CachedSnapshot, Registry
 
@@ -89,10 +90,14 @@ def configure(settings: Settings) -> None:
     timeouts = {"socket_connect_timeout": settings.connect_timeout, "socket_timeout": 30.0}
     # A Sentinel group's URL reaches kombu and Celery as one they read, with the group in the transport options.
     engine, sentinel = engine_url(url)
-    options = {k: v for k, v in app.conf.broker_transport_options.items() if k != SENTINEL_OPTION}
+    options = {k: v for k, v in app.conf.broker_transport_options.items() if k not in (SENTINEL_OPTION,
+                                                                                      durability.OPTION)}
+    # What an acknowledged write means, for the transport, the result backend and the coordinator alike.
+    waits = durability.to_options(settings.durability_mode() == REPLICATED, settings.durability_timeout)
     with _lock:
-        if _settings is not None and _settings.broker_url != url:
-            drop_connections(app)
+        if _settings is not None and (_settings.broker_url != url or durability.from_options(
+                app.conf.broker_transport_options) != durability.from_options(waits)):
+            drop_connections(app)  # (their channels hold the transport options they were made with)
         app.conf.update(
             broker_url=engine,
             # kombu's Redis transport, with takes a SIGKILL cannot lose (engine/transport.py), for
@@ -103,7 +108,7 @@ def configure(settings: Settings) -> None:
             redis_backend_use_ssl=tls_options(url) or None,
             result_backend=f"gpulayer.engine.results:ResultBackend+{engine}",
             result_expires=settings.result_expires,
-            broker_transport_options={**options, **timeouts, **sentinel},
+            broker_transport_options={**options, **timeouts, **sentinel, **waits},
             redis_socket_connect_timeout=settings.connect_timeout,
             redis_socket_timeout=30.0,
             worker_send_task_events=settings.events,
@@ -121,6 +126,11 @@ def configure(settings: Settings) -> None:
 
 def settings() -> Settings | None:
     return _settings
+
+
+def write_durability() -> durability.Durability:
+    """What this process's acknowledged writes wait for (``durability`` setting; store/durability.py)."""
+    return durability.from_options(app.conf.broker_transport_options)
 
 
 def client_identity() -> str:

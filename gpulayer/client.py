@@ -20,6 +20,7 @@ from .session import BROKER_ERRORS, broker_lost, outage
 from .session import connect, ensure_connected, init  # noqa: F401  (connect, init: public here too)
 from .models import Resources
 from .payload import PickledFunction, pack_function, summarize
+from .store import durability
 from .store.sent import record_batch
 from .tasks.submit import as_resources, build_job, send_job, submit
 
@@ -172,14 +173,17 @@ def _send_batch(signatures, celery_app, chunk, packed, route, headers, summary, 
         publish.declare(celery_app, producer, queue)
         channel = publish.direct(celery_app, producer, queue, headers)
         if channel is None:
+            waits, acked = app_mod.write_durability(), None
             try:
                 with producer.batch(max_size=chunk):
                     for job_id, ref, args, kwargs, text in _jobs(signatures, packed):
                         send_job(producer, job_id, ref, args, kwargs, queue, headers, text, summary)
                         ids.append(job_id)
             finally:
-                if ids:
-                    record_batch(celery_app.backend.client, app_mod.client_identity(), batch_id, ids)
+                if ids:  # its WAIT (durability) covers the messages too: they went before these records
+                    acked = record_batch(celery_app.backend.client, app_mod.client_identity(), batch_id, ids, waits)
+            if acked is not None:
+                durability.confirm(acked, waits, "submit_batch", ids)
             return
         sender = app_mod.client_identity()
         raws: list[str] = []

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from .errors import ConfigError
 from .masking import mask_url
@@ -33,6 +33,8 @@ from .state_file import STATE_FILE_NAME, home_dir, read_state, state_path  # noq
 # TLS options of a rediss:// broker, named as redis-py, kombu and Celery name them (URL query or GPULAYER_SSL_*).
 TLS_OPTIONS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
 _CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
+# What an acknowledged write means (store/durability.py): a replica confirmed it, or the primary has it.
+REPLICATED, LOCAL = "replicated", "local"
 
 
 def config_path() -> Path:
@@ -80,6 +82,13 @@ class Settings(BaseModel):
     client_id: str | None = Field(default=None, description="who sends this process's jobs, recorded with each job "
                                                             "and gang for `gpulayer cancel --all-mine` "
                                                             "(default: user@host)")
+    durability: str | None = Field(default=None, description="what an acknowledged write means: \"replicated\" "
+                                                            "(a replica confirmed it: Redis WAIT; the default for "
+                                                            "a sentinel:// broker) or \"local\" (the primary "
+                                                            "has it; the default for one Redis)")
+    durability_timeout: float = Field(default=2.0, gt=0, description="replicated: seconds a write waits for a "
+                                                                     "replica's confirmation before it counts as "
+                                                                     "unconfirmed (README, Sentinel)")
     ssl_cert_reqs: str | None = Field(default=None, description="rediss:// only: check Redis's certificate: "
                                                                 "required (default), optional or none")
     ssl_ca_certs: str | None = Field(default=None, description="rediss:// only: CA file that signed Redis's "
@@ -98,6 +107,22 @@ class Settings(BaseModel):
             url = with_tls(data["broker_url"], **{k: data.get(k) for k in TLS_OPTIONS})
             data = {**data, "broker_url": with_sentinel_password(url, data.get("sentinel_password"))}
         return data
+
+    @field_validator("durability")
+    @classmethod
+    def _known_durability(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        if value.strip().lower() in (REPLICATED, LOCAL):
+            return value.strip().lower()
+        raise ConfigError(f"durability={value!r} (GPULAYER_DURABILITY or the config file) is not {REPLICATED!r} or "
+                          f"{LOCAL!r}: \"replicated\" waits for a replica to confirm each write (Redis WAIT), "
+                          "\"local\" takes the primary's word; unset it for the broker's default (replicated on a "
+                          "sentinel:// group, local on one Redis)")
+
+    def durability_mode(self) -> str:
+        """``durability``, or the broker's default: "replicated" for a Sentinel group, "local" otherwise."""
+        return self.durability or (REPLICATED if is_sentinel_url(self.broker_url) else LOCAL)
 
     def client_identity(self) -> str:
         """``client_id``, else ``user@host``: what `gpulayer cancel --all-mine` means by "mine"."""

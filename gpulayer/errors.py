@@ -38,6 +38,15 @@ class ClusterUnavailable(GpulayerError, ConnectionError):
     """The broker cannot be reached or refuses our credentials."""
 
 
+class NotReplicated(GpulayerError):
+    """A write reached the primary but no replica confirmed it in time (``durability = "replicated"``): it may not
+    survive a failover. ``job_ids``: the jobs it sent, which are safe to send again with the same ids."""
+
+    def __init__(self, message: str, job_ids: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.job_ids = tuple(job_ids)
+
+
 class JobRejected(GpulayerError):
     """No live worker can run the request; refused at submission, never queued."""
 

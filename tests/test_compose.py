@@ -14,8 +14,20 @@ COMPOSE = Path(__file__).resolve().parent.parent / "docker-compose.yml"
 
 
 @pytest.fixture(scope="module")
-def services():
+def all_services():
     return yaml.safe_load(COMPOSE.read_text())["services"]
+
+
+@pytest.fixture(scope="module")
+def services(all_services):
+    """What `docker compose up` starts: the services of no profile."""
+    return {n: s for n, s in all_services.items() if not s.get("profiles")}
+
+
+@pytest.fixture(scope="module")
+def sentinel_profile(all_services):
+    """What `docker compose --profile sentinel up` adds."""
+    return {n: s for n, s in all_services.items() if "sentinel" in s.get("profiles", ())}
 
 
 def test_every_gpulayer_command_parses_with_the_real_cli(services):
@@ -109,3 +121,44 @@ def test_the_gpu_worker_is_built_with_a_cuda_torch_and_the_cpu_ones_without(serv
     # One image per torch build: a CUDA image never overwrites the CPU one under the same tag.
     assert all(len(indexes) == 1 for indexes in images.values()), images
     assert any(re.search(r"/whl/cu\d{3}$", i) for indexes in images.values() for i in indexes)
+
+
+# -- the `sentinel` profile: a primary, one replica, three sentinels, and workers through a sentinel:// URL ---------
+def test_the_sentinel_profile_is_a_primary_a_replica_and_three_sentinels(sentinel_profile):
+    servers = {n: s for n, s in sentinel_profile.items() if "--sentinel" not in " ".join(s.get("command", []))
+               and s.get("command", [""])[0] == "sh"}
+    sentinels = {n: s for n, s in sentinel_profile.items() if "--sentinel" in " ".join(s.get("command", []))}
+    assert set(servers) == {"redis-primary", "redis-replica"} and len(sentinels) == 3
+    assert "FOLLOW" not in servers["redis-primary"]["environment"]
+    assert servers["redis-replica"]["environment"]["FOLLOW"] == "redis-primary"
+    for name, svc in servers.items():
+        script = svc["command"][2]
+        assert svc["environment"]["SERVER_NAME"] == name  # the name it announces: what the sentinels hand out
+        assert "masterauth" in script and "replicaof" in script and "--appendonly yes" in script
+        assert "${REDIS_PASSWORD" not in script and "$$REDIS_PASSWORD" in script
+    for name, svc in sentinels.items():
+        script = svc["command"][2]
+        assert "sentinel monitor gpulayer redis-primary 6379 2" in script, name  # quorum: 2 of 3
+        assert "sentinel auth-pass gpulayer $$REDIS_PASSWORD" in script and "${REDIS_PASSWORD" not in script
+        assert script.rstrip().endswith("--sentinel")
+
+
+def test_the_sentinel_profiles_workers_reach_the_group_through_a_sentinel_url(sentinel_profile):
+    from gpulayer.config import load_settings
+    from gpulayer.sentinel_url import parse_sentinel_url
+
+    parser = build_parser()
+    sentinels = sorted(n for n, s in sentinel_profile.items() if "--sentinel" in " ".join(s.get("command", [])))
+    workers = {n: s for n, s in sentinel_profile.items() if s.get("command", [""])[:2] == ["gpulayer", "worker"]}
+    assert len(workers) == 2
+    for name, svc in workers.items():
+        parser.parse_args(svc["command"][1:])  # the real CLI takes it
+        env = svc["environment"]
+        assert env["GPULAYER_SECRET"].startswith("${GPULAYER_SECRET")
+        url = re.sub(r"\$\{REDIS_PASSWORD:\?[^}]*\}", "pw", env["GPULAYER_BROKER_URL"])
+        target = parse_sentinel_url(url)
+        assert target.service == "gpulayer" and target.password == "pw"
+        assert [h for h, _ in target.sentinels] == sentinels and {p for _, p in target.sentinels} == {26379}
+        settings = load_settings(broker_url=url, durability=env["GPULAYER_DURABILITY"])
+        assert settings.durability_mode() == "replicated"
+        assert set(svc["depends_on"]) == set(sentinels)

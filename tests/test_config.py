@@ -74,3 +74,73 @@ def test_settings_are_frozen(gpulayer_home):
     s = load_settings()
     with pytest.raises(Exception):
         s.broker_url = "redis://x"
+
+
+# -- durability: what an acknowledged write means (store/durability.py) -----------------------------------------
+def test_durability_defaults_to_replicated_on_a_sentinel_group_and_local_on_one_redis(gpulayer_home):
+    assert load_settings(broker_url="sentinel://h1:26379,h2:26379/gl").durability_mode() == "replicated"
+    assert load_settings(broker_url="sentinels://h1:26379/gl").durability_mode() == "replicated"
+    assert load_settings(broker_url="redis://h:6379/0").durability_mode() == "local"
+    assert load_settings().durability_mode() == "local"
+    # Either way on either broker, when asked; case and spaces aside; "" is unset (the example config's way).
+    assert load_settings(broker_url="sentinel://h:1/gl", durability="local").durability_mode() == "local"
+    assert load_settings(broker_url="redis://h:6379/0", durability=" Replicated").durability_mode() == "replicated"
+    assert load_settings(broker_url="sentinel://h:1/gl", durability="").durability_mode() == "replicated"
+
+
+def test_durability_from_the_environment_and_the_config_file(gpulayer_home, monkeypatch):
+    gpulayer_home.mkdir(parents=True)
+    (gpulayer_home / "config.toml").write_text('[gpulayer]\ndurability = "replicated"\ndurability_timeout = 0.25\n')
+    s = load_settings(broker_url="redis://h:6379/0")
+    assert s.durability_mode() == "replicated" and s.durability_timeout == 0.25
+    monkeypatch.setenv("GPULAYER_DURABILITY", "local")
+    assert load_settings(broker_url="sentinel://h:1/gl").durability_mode() == "local"
+
+
+@pytest.mark.parametrize("value", ["sync", "replicas=1", "1"])
+def test_an_unknown_durability_is_a_config_error_naming_the_choices(gpulayer_home, monkeypatch, value):
+    monkeypatch.setenv("GPULAYER_DURABILITY", value)
+    with pytest.raises(ConfigError) as err:
+        load_settings(broker_url="sentinel://h:1/gl")
+    assert f"durability={value!r}" in str(err.value) and "'replicated' or 'local'" in str(err.value)
+
+
+def test_a_durability_timeout_must_be_positive(gpulayer_home):
+    with pytest.raises(ConfigError, match="durability_timeout"):
+        load_settings(durability_timeout=0)
+
+
+def test_the_setting_reaches_the_transport_options_and_back():
+    from gpulayer.store import durability
+
+    assert durability.to_options(False, 2.0) == {} and not durability.from_options({})
+    waits = durability.from_options(durability.to_options(True, 0.25))
+    assert waits and waits.command() == ("WAIT", 1, 250)
+
+
+def test_a_client_write_no_replica_confirmed_raises_naming_its_jobs():
+    from gpulayer.errors import NotReplicated
+    from gpulayer.store import durability
+
+    waits = durability.Durability(1, 500)
+    durability.confirm(1, waits, "submit", ["a"])  # confirmed: nothing to say
+    durability.confirm(0, durability.NONE, "submit", ["a"])  # local: nothing asked
+    with pytest.raises(NotReplicated) as err:
+        durability.confirm(0, waits, "submit_batch", ["a", "b"])
+    assert err.value.job_ids == ("a", "b")
+    said = str(err.value)
+    assert "2 jobs (first a)" in said and "0.5 s" in said and "same job id is safe" in said
+
+
+def test_a_worker_write_no_replica_confirmed_is_logged_and_pauses_its_waits(caplog, monkeypatch):
+    from gpulayer.store import durability
+
+    monkeypatch.setattr(durability, "_paused_until", {})
+    waits = durability.Durability(1, 500)
+    assert durability.worker_waits(waits) and not durability.worker_waits(durability.NONE)
+    assert durability.worker_confirm(1, waits, "the result x")
+    assert durability.worker_waits(waits)
+    with caplog.at_level("WARNING", logger="gpulayer.store.durability"):
+        assert not durability.worker_confirm(0, waits, "the result y")
+    assert "the result y reached the primary but no replica confirmed it" in caplog.text
+    assert not durability.worker_waits(waits)  # for PAUSE_AFTER_MISS seconds

@@ -19,6 +19,9 @@ Two ways here, for jobs gpulayer routed already:
   each queue declared once per process; a direct queue needs no binding on Redis (kombu publishes it to
   the anonymous exchange).
 
+With ``durability = "replicated"`` (store/durability.py) the script call and the chunk's pipeline end with
+``WAIT`` on the same connection, and the call returns once a replica has the job (or raises ``NotReplicated``).
+
 engine/upstream.py pins what both rely on (``Celery.send_task``, ``AMQP._create_task_sender``, kombu's
 ``Producer.publish``, ``prepare_message``, ``_inplace_augment_message`` and the Redis ``Channel._put``).
 """
@@ -35,7 +38,7 @@ from kombu import serialization
 from kombu.entity import maybe_delivery_mode
 from kombu.utils.json import dumps
 
-from ..store import keys
+from ..store import durability, keys
 from ..store.registry import load_script
 from . import senders
 from .bells import BELL_TOKENS
@@ -132,10 +135,12 @@ def publish_one(channel, queue: str, raw: str, job_id: str, sender: str) -> None
         if script is None:
             script = client.__dict__["_gpulayer_publish"] = load_script(client, "publish")
         refresh = senders.refresh_due(sender)
-        script(keys=[queue, keys.bell(queue), keys.client_jobs(sender), keys.CLIENTS],
-               args=[raw, job_id, time(), BELL_TOKENS, keys.SENT_KEEP_SECONDS if refresh else "", sender])
+        _, acked = durability.call_script(
+            client, script, [queue, keys.bell(queue), keys.client_jobs(sender), keys.CLIENTS],
+            [raw, job_id, time(), BELL_TOKENS, keys.SENT_KEEP_SECONDS if refresh else "", sender], channel.durability)
         if refresh:
             senders.refreshed(sender)
+    durability.confirm(acked, channel.durability, "submit", (job_id,))
 
 
 def publish_chunk(channel, queue: str, raws: Sequence[str], ids: Sequence[str], sender: str, batch_id: str) -> None:
@@ -153,4 +158,7 @@ def publish_chunk(channel, queue: str, raws: Sequence[str], ids: Sequence[str], 
         pipe.expire(sent, keys.SENT_KEEP_SECONDS)
         pipe.expire(members, keys.SENT_KEEP_SECONDS)
         pipe.sadd(keys.CLIENTS, sender)
-        pipe.execute()
+        if channel.durability:  # on the same connection: returns once a replica has the whole chunk
+            pipe.execute_command(*channel.durability.command())
+        acked = pipe.execute()[-1]
+    durability.confirm(acked, channel.durability, "submit_batch", ids)

@@ -47,7 +47,7 @@ from kombu.utils.encoding import bytes_to_str
 
 from ..deadline import Deadline
 from ..payload import unsendable_result
-from ..store import keys
+from ..store import durability, keys
 from .redis_tls import TLSConnection
 from .sentinel import backend_pool
 from ..store.registry import load_script
@@ -207,7 +207,15 @@ class ResultBackend(RedisBackend):
     def _store_once_at(self, key, done, value, expires, final):
         if getattr(self, "_store_script", None) is None:
             self._store_script = load_script(self.client, "store_once")
-        return self._store_script(keys=[key, done], args=[value, expires, final])
+        # durability = "replicated": WAIT on the same connection; a miss is logged, and the job's ack (sent
+        # after this) may still go: a result lost in a failover reruns its job.
+        waits = durability.from_options(self.app.conf.broker_transport_options)
+        if not durability.worker_waits(waits):
+            return self._store_script(keys=[key, done], args=[value, expires, final])
+        reply, acked = durability.call_script(self.client, self._store_script, [key, done], [value, expires, final],
+                                              waits)
+        durability.worker_confirm(acked, waits, f"the result {key}")
+        return reply
 
     def _get_result_meta(self, result, state, traceback, request, format_date=True, encode=False):
         meta = super()._get_result_meta(result, state, traceback, request, format_date=format_date, encode=encode)

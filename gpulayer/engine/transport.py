@@ -23,6 +23,9 @@ A script cannot block, so an idle worker blocks on its queues' bells
 anyway, which covers messages put back by anything that does not ring. While
 takes fill their batch, the worker takes again without waiting.
 
+With ``durability = "replicated"`` (store/durability.py) a publish, and a script that stores results or acks
+jobs, is followed by ``WAIT`` on the same connection (in the same send, for a take).
+
 Clients publish through the same transport (for the bells); only a process that
 called :func:`consume_as` (the worker) takes this way, everything else consumes
 as kombu does.
@@ -38,13 +41,14 @@ from queue import Empty
 from time import monotonic, time
 from urllib.parse import urlsplit
 
+import redis
 from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kredis
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps
 
 from ..errors import ConfigError
-from ..store import keys
+from ..store import durability, keys
 from . import senders, takeover
 from .bells import BELL_TOKENS, ring
 from .carry import Carry
@@ -79,7 +83,11 @@ class Channel(Prefetch, SentinelPools, kredis.Channel):
     def __init__(self, *args, **kwargs):
         self._pool_client = None  # before kombu's __init__, which may already talk to Redis
         self._poll_command: str | None = None
-        self._use_sentinel(args[0] if args else kwargs["connection"])
+        self._waits = False  # the script in flight is followed by a WAIT whose reply is read after its own
+        transport = args[0] if args else kwargs["connection"]
+        self._use_sentinel(transport)
+        # What an acknowledged write means (store/durability.py): publishes, and the scripts that store and ack.
+        self.durability = durability.from_options(transport.client.transport_options)
         super().__init__(*args, **kwargs)
         self._recorded: dict[str, bool] = {}
         self._poll_keys: list[str] = []
@@ -117,7 +125,12 @@ class Channel(Prefetch, SentinelPools, kredis.Channel):
                 for p in self.priority_steps:
                     pipe.pexpire(self._q_for_pri(queue, p), self._expires[queue])
             ring(pipe, key)
-            pipe.execute()
+            job_id = (message.get("headers") or {}).get("id")  # a job's (not a control reply's)
+            waits = self.durability if job_id else durability.NONE
+            if waits:  # on the same connection: returns once a replica has the message
+                pipe.execute_command(*waits.command())
+            acked = pipe.execute()[-1]
+        durability.confirm(acked, waits, "publish", (job_id,))
 
     def _do_restore_message(self, payload, exchange, routing_key, pipe, leftmost=False):
         super()._do_restore_message(payload, exchange, routing_key, pipe, leftmost)
@@ -161,11 +174,15 @@ class Channel(Prefetch, SentinelPools, kredis.Channel):
         else:
             self._poll_command = "BRPOP"
             args = ["BRPOP", *[keys.bell(k) for k in self._poll_keys], timeout or 0]
+        self._waits = args[0] == "EVAL" and self._carry_waits()
         self._in_poll = self.client.connection
         self._brpop_sent_at = monotonic()
         try:
             self.client.connection.send_command(*args)
+            if self._waits:  # on the same connection: its reply follows the script's
+                self.client.connection.send_command(*self.durability.command())
         except self.connection_errors:
+            self._waits = False
             takeover.recheck_later()
             raise
 
@@ -184,14 +201,19 @@ class Channel(Prefetch, SentinelPools, kredis.Channel):
             return super()._brpop_read(**options)
         try:
             try:
-                reply = self.client.parse_response(self.client.connection, command, **options)
+                try:
+                    reply = self.client.parse_response(self.client.connection, command, **options)
+                except redis.ResponseError:  # the script's error: the WAIT's reply follows all the same
+                    self._read_wait()
+                    raise
+                self._read_wait()
                 if command == "BRPOP":  # a bell rang, or the wait timed out: take now either way
                     if not self.qos.may_deliver():  # shut meanwhile (a gang): take once it opens
                         self._taking_again = True
                         raise Empty()
-                    with self.conn_or_acquire() as client:
-                        reply = client.execute_command("EVAL", TAKE, *self._take_args())
+                    reply = self._eval_take(self._take_args())
             except self.connection_errors:
+                self._waits = False
                 takeover.recheck_later()  # the take may have happened, its reply lost: handed back after the reconnect
                 self.client.connection.disconnect()
                 raise
@@ -238,6 +260,39 @@ class Channel(Prefetch, SentinelPools, kredis.Channel):
             self._flush_held()
         return True
 
+    def _carry_waits(self) -> bool:
+        """Does the script about to go (its ``_take_args`` taken) store results or ack jobs, and should a WAIT
+        follow it (``durability = "replicated"``, and no recent miss in this worker)?"""
+        return bool(self._carry.acks_sent or self._carry.results_sent) and durability.worker_waits(self.durability)
+
+    def _read_wait(self) -> None:
+        """Read the reply of the WAIT sent after the script in flight, if one was."""
+        if self._waits:
+            self._waits = False
+            try:
+                acked = self.client.parse_response(self.client.connection, "WAIT")
+            except redis.ResponseError:  # (a server that is a replica now: nothing confirmed)
+                acked = 0
+            self._replicated(acked)
+
+    def _replicated(self, acked) -> None:
+        carried = self._carry
+        durability.worker_confirm(acked, self.durability, f"the script that stored {len(carried.results_sent)} "
+                                                          f"result(s) and acked {len(carried.acks_sent)} job(s)")
+
+    def _eval_take(self, args: list):
+        """take.lua with ``args`` on the pool's client; followed by a WAIT on the same connection where
+        :meth:`_carry_waits` says so. Its reply."""
+        with self.conn_or_acquire() as client:
+            if not self._carry_waits():
+                return client.execute_command("EVAL", TAKE, *args)
+            with client.pipeline(transaction=False) as pipe:
+                pipe.execute_command("EVAL", TAKE, *args)
+                pipe.execute_command(*self.durability.command())
+                reply, acked = pipe.execute()
+        self._replicated(acked)
+        return reply
+
     def _results_due(self) -> bool:
         return self._carry.results_due(busy=bool(self._buffer))
 
@@ -251,8 +306,7 @@ class Channel(Prefetch, SentinelPools, kredis.Channel):
     def _flush_held(self) -> None:
         """Send the results and acks this channel holds now, in a script of their own that takes nothing."""
         try:
-            with self.conn_or_acquire() as client:
-                client.execute_command("EVAL", TAKE, *self._take_args(queue_keys=[]))
+            self._eval_take(self._take_args(queue_keys=[]))
         except self.connection_errors as err:  # again with the next take (an ack twice is once, a result too)
             log.warning("gpulayer: could not ack %d finished job(s) yet (%s)", len(self._carry.acks_sent), err)
             self._carry.unsent()

@@ -75,7 +75,7 @@ def try_waiting(client) -> dict:
 
 def one_pass(client) -> list[str]:
     """Place what fits of the waiting gangs, in order of arrival; record why the others wait. Returns the placed."""
-    store = GangStore(client)
+    store = GangStore(client, app_mod.write_durability())
     waiting = store.waiting()
     if not waiting:
         return []

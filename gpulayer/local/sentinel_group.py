@@ -113,6 +113,7 @@ class SentinelGroup:
         for port in self.sentinel_ports:
             self.procs[port] = self._start_sentinel(port)
         self.wait_ready(timeout)
+        self.wait_synced(timeout)  # replicas online: a "replicated" write sent at once is confirmed (durability)
         return self
 
     def _start_server(self, port: int, replica_of: int | None) -> subprocess.Popen:

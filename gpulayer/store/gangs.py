@@ -8,7 +8,7 @@ import time
 import redis
 
 from ..models import GangPlacement, GangSpec, GangState
-from . import keys
+from . import durability, keys
 from .registry import load_script
 
 KEEP_SECONDS = 86400
@@ -17,8 +17,9 @@ FIRST_REASON = "waiting for the coordinator"  # a new gang's, until the coordina
 
 
 class GangStore:
-    def __init__(self, client: redis.Redis):
+    def __init__(self, client: redis.Redis, waits: durability.Durability = durability.NONE):
         self.r = client
+        self.waits = waits  # reserve() returns once a replica has the reservation (store/durability.py)
         self._reserve = load_script(client, "reserve")
         self._release = load_script(client, "release")
 
@@ -195,9 +196,12 @@ class GangStore:
         reserved this attempt first, ("gone", "", 0) if the gang no longer waits (cancelled,
         timed out), or ("full", worker that lacked room, its free slots).
         """
-        out = self._reserve(keys=[keys.SLOTS_HELD, keys.WORKERS_INFO, keys.gang(gang_id), keys.GANGS_WAITING],
-                            args=[procs, attempt, placement.model_dump_json(), placement.reason, gang_id,
-                                  *placement.workers])
+        waits = self.waits if durability.worker_waits(self.waits) else durability.NONE
+        out, acked = durability.call_script(
+            self.r, self._reserve, [keys.SLOTS_HELD, keys.WORKERS_INFO, keys.gang(gang_id), keys.GANGS_WAITING],
+            [procs, attempt, placement.model_dump_json(), placement.reason, gang_id, *placement.workers], waits)
+        if waits:  # a miss is logged; the coordinator goes on (after a failover the ledger is reconciled)
+            durability.worker_confirm(acked, waits, f"the reservation of gang {gang_id}")
         if int(out[0]) == 1:
             return "ok", "", 0
         if int(out[0]) == 2:

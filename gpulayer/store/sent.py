@@ -11,15 +11,17 @@ from collections.abc import Sequence
 
 import redis
 
-from . import keys
+from . import durability, keys
 
 _CHUNK = 10_000  # ids per ZADD / SADD
 
 
-def record_batch(r: redis.Redis, identity: str, batch_id: str, ids: Sequence[str]) -> None:
-    """``ids`` were sent by ``identity`` as batch ``batch_id``."""
+def record_batch(r: redis.Redis, identity: str, batch_id: str, ids: Sequence[str],
+                 waits: durability.Durability = durability.NONE) -> int | None:
+    """``ids`` were sent by ``identity`` as batch ``batch_id``; with ``waits``, then ``WAIT``: how many replicas
+    confirmed these records, and so (replication keeps the primary's order) every write before them."""
     if not ids:
-        return
+        return None
     now = time.time()
     pipe = r.pipeline(transaction=False)
     for start in range(0, len(ids), _CHUNK):
@@ -29,7 +31,10 @@ def record_batch(r: redis.Redis, identity: str, batch_id: str, ids: Sequence[str
     pipe.expire(keys.client_jobs(identity), keys.SENT_KEEP_SECONDS)
     pipe.expire(keys.batch(batch_id), keys.SENT_KEEP_SECONDS)
     pipe.sadd(keys.CLIENTS, identity)
-    pipe.execute()
+    if waits:
+        pipe.execute_command(*waits.command())
+    replies = pipe.execute()
+    return replies[-1] if waits else None
 
 
 def batch_members(r: redis.Redis, batch_id: str) -> list[str]:
