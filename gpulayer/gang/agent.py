@@ -36,6 +36,7 @@ from ..store.cluster import cluster_id
 from ..store.connection import client_name, connect_redis
 from ..engine.sentinel import broker_url
 from ..store.gangs import GangStore
+from ..store.reconcile import node_id, switched_within
 from ..store.registry import Registry
 from ..worker import runtime
 from ..worker.loopstep import LoopStep
@@ -65,6 +66,36 @@ class Slots:
 
 
 slots = Slots()
+
+
+class Runs:
+    """This worker life's gang nodes: those running (with their slots), and every order it took.
+
+    ``gang/reconcile.py`` reads both under ``lock`` to re-assert the worker's ledger entry after a broker
+    failover; a node that ends gives its slots back under the same lock, so the entry counts it either
+    before its release or not at all. An order taken twice (its pop was lost in a failover, so the new primary
+    hands it out again) runs once.
+    """
+
+    KEEP = 10_000  # orders remembered; a failover hands back at most the last few
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running: dict[str, GangRun] = {}  # node id (store.reconcile.node_id) -> its run
+        self.taken: dict[str, None] = {}  # node ids of the orders taken, oldest first
+
+    def take(self, node: str) -> bool:
+        """False when this life already took the order for ``node``."""
+        with self.lock:
+            if node in self.taken:
+                return False
+            self.taken[node] = None
+            while len(self.taken) > self.KEEP:
+                del self.taken[next(iter(self.taken))]
+            return True
+
+
+runs = Runs()
 
 
 def ordinary_active() -> int:
@@ -142,7 +173,14 @@ class GangAgent(LoopStep):
                 continue
             if item:
                 order = json.loads(item[1])
+                node = node_id(order["gang_id"], order["attempt"], order["node_rank"])
+                if not runs.take(node):
+                    log.warning("gpulayer agent: the order for gang %s attempt %s node %s came again (its first "
+                                "take was lost in a broker failover); it runs once", *node.split())
+                    continue
                 run = GangRun(order, self.worker_info, self.url, self.root)
+                with runs.lock:
+                    runs.running[node] = run
                 self.runs[order["gang_id"]] = run
                 threading.Thread(target=run.run, name=f"gang-{order['gang_id'][:8]}", daemon=True).start()
         client.close()
@@ -169,6 +207,7 @@ class GangRun:
         self.order = order
         self.spec = GangSpec.model_validate(order["spec"])
         self.gang_id, self.attempt, self.node = order["gang_id"], order["attempt"], order["node_rank"]
+        self.node_id = node_id(self.gang_id, self.attempt, self.node)
         self.worker_info = info
         self.url = url
         self.client = connect_redis(url, socket_timeout=10)
@@ -178,6 +217,7 @@ class GangRun:
         self.store_host: StoreHost | None = None  # node 0: the attempt's TCP store, while its ranks run
         self._aborted = threading.Event()
         self.abort_reason = ""
+        self.abort_kind = "agent"
         self.ended = threading.Event()
         # This node's gang directory (``workdir.py``): the shipped working directory (the ranks' cwd)
         # and torchrun's logs live in it, and nothing else of the gang's is left on this worker.
@@ -185,8 +225,9 @@ class GangRun:
                      if self.spec.workdir is not None or self.spec.launcher == "torchrun" else None)
         self.cwd = None
 
-    def abort(self, reason: str) -> None:
-        self.abort_reason = reason
+    def abort(self, reason: str, kind: str = "agent") -> None:
+        """Stop this node's ranks and report ``reason`` as the attempt's failure (``kind``: the report's)."""
+        self.abort_reason, self.abort_kind = reason, kind
         self._aborted.set()
 
     def run(self) -> None:
@@ -210,8 +251,11 @@ class GangRun:
             if self.store_host is not None:  # as when rank 0 hosted it: the store ends with node 0's ranks
                 self.store_host.close()
             kept = self._end_workdir(outcome)
-            # Slots first, then the report: a client that saw every node report finds the slots free.
-            self.store.release(self.gang_id, self.attempt, self.worker_info.id, m)
+            # Slots first, then the report: a client that saw every node report finds the slots free. Under
+            # runs.lock: a re-assertion of the ledger (a failover) counts this node before its release or not at all.
+            with runs.lock:
+                runs.running.pop(self.node_id, None)
+                self.store.release(self.gang_id, self.attempt, self.worker_info.id, m)
             slots.add(-m)
             # The last node to report ends the attempt, and the waiting gangs are tried on the freed slots.
             node_stopped(self.client, self.gang_id, self.attempt, self.node, {
@@ -394,7 +438,7 @@ class GangRun:
             elif data == "cancel":
                 stop = runner.stop(GRACE, reason="cancelled")
             elif self._aborted.is_set():
-                self._report({"rank": self.node * self.spec.procs_per_node, "kind": "agent",
+                self._report({"rank": self.node * self.spec.procs_per_node, "kind": self.abort_kind,
                               "message": self.abort_reason})
                 stop = runner.stop(GRACE, reason="aborted")
                 return "failed", stop.stopped_at, stop.exit_codes
@@ -419,6 +463,8 @@ class GangRun:
 
         One ZSCORE per node of this gang, pipelined: its cost follows the gang, not the fleet.
         """
+        if switched_within(self.client, self.registry.dead_after) is not None:
+            return None  # the broker just failed over: its heartbeats are as old as the switch (store/reconcile.py)
         workers = self.order["workers"]
         ages = self.registry.ages(workers)
         for node, worker_id in enumerate(workers):
