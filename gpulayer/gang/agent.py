@@ -36,6 +36,7 @@ from ..store.cluster import cluster_id
 from ..store.connection import client_name, connect_redis
 from ..engine.sentinel import broker_url
 from ..store.gangs import GangStore
+from ..store.broker_loss import LOST
 from ..store.reconcile import node_id, switched_within
 from ..store.registry import Registry
 from ..worker import runtime
@@ -425,13 +426,24 @@ class GangRun:
         """Until the ranks end, a peer fails (its agent's event), the gang is cancelled or a peer is lost."""
         runner = self.runner
         next_peer_check = time.monotonic() + 1.0
+        missed = False  # the events' connection broke (a broker failover): what was published meanwhile is lost
         while True:
             out = runner.wait(0)
             if out is not None:
                 self._report_final(out)
                 return out.state, out.stopped_at, out.exit_codes
-            msg = events.get_message(timeout=POLL)
-            data = str(msg["data"], "utf-8", "replace") if msg else ""
+            try:
+                msg = events.get_message(timeout=POLL)  # connects (to the new primary) and subscribes again
+                data = str(msg["data"], "utf-8", "replace") if msg else ""
+                if missed and not data:
+                    data = self._missed_event()
+                missed = False
+            except LOST as err:  # the ranks run on: the broker is away, not the gang
+                if not missed:
+                    log.warning("gpulayer agent: gang %s lost its events' connection (%s); listening again",
+                                self.gang_id, err)
+                missed, data = True, ""
+                time.sleep(POLL)
             stop = None
             if data == f"fail:{self.attempt}":
                 stop = runner.stop(FAIL_GRACE, reason="peer failed")
@@ -444,7 +456,10 @@ class GangRun:
                 return "failed", stop.stopped_at, stop.exit_codes
             elif time.monotonic() > next_peer_check:
                 next_peer_check = time.monotonic() + 1.0
-                lost = self._lost_peer()
+                try:
+                    lost = self._lost_peer()
+                except LOST:  # the broker is away: its heartbeats cannot be judged now
+                    lost = None
                 if lost is not None:
                     node, worker_id = lost
                     self._report({"rank": node * self.spec.procs_per_node, "kind": "worker_lost",
@@ -457,6 +472,12 @@ class GangRun:
                     continue
                 self._report_final(stop)
                 return "stopped", stop.stopped_at, stop.exit_codes
+
+    def _missed_event(self) -> str:
+        """The event this node may have missed while its connection was away: a peer's failure, or a cancel."""
+        if self.store.failures(self.gang_id, self.attempt):
+            return f"fail:{self.attempt}"
+        return "cancel" if self.store.state(self.gang_id) == GangState.CANCELLED else ""
 
     def _lost_peer(self) -> tuple[int, str] | None:
         """The first node whose worker is silent past ``worker_dead_after`` (or buried), by Redis's clock.
