@@ -18,7 +18,7 @@ import redis
 
 from gpulayer import distributed, submit, submit_batch
 from gpulayer.app import redis_client
-from gpulayer.gang.reconcile import RECORD_LOST
+from gpulayer.gang.audit import RECORD_LOST
 from gpulayer.lab.fleet import wait_until
 from gpulayer.lab.sentinel_fleet import SentinelFleet
 from gpulayer.models import GangPlacement

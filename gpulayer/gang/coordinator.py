@@ -31,6 +31,7 @@ from ..store import keys
 from ..store import reconcile
 from ..store.gangs import GangStore
 from . import attempts
+from .audit import audit
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +102,6 @@ def reconciled(client, store: GangStore, waiting: list[str], workers, now: float
     """The workers a pass may place on: after a broker failover, none until every live worker re-asserted its
     slots on the new primary (``store/reconcile.py``), up to ``RECONCILE_WAIT`` seconds; then those that did.
     ``None``: wait (each waiting gang says why), the next pass tries again."""
-    from .reconcile import audit_locked  # (gang/reconcile.py builds on this module)
-
     epoch = reconcile.primary_epoch(client)
     late = reconcile.late(client, epoch, [w.id for w in workers])
     if late:
@@ -119,8 +118,20 @@ def reconciled(client, store: GangStore, waiting: list[str], workers, now: float
                     "broker's failover (%s); placing on the others", len(late), reconcile.RECONCILE_WAIT,
                     ", ".join(late[:8]))
         workers = tuple(w for w in workers if w.id not in set(late))
-    audit_locked(client, epoch)  # once per primary: nodes lost with the old one fail before anything is placed
+    audit(client, epoch, node_stopped)  # once per primary: nodes lost with the old one fail before anything is placed
     return workers
+
+
+def audit_after_failover(client, epoch: str) -> int | None:
+    """``gang/audit.py``'s audit under the coordinator's lock, for the janitor (a pass audits before it places);
+    None when a pass holds the lock."""
+    token = uuid.uuid4().hex
+    if not client.set(keys.COORDINATOR_LOCK, token, nx=True, px=LOCK_MS):
+        return None
+    try:
+        return audit(client, epoch, node_stopped)
+    finally:
+        client.eval(_UNLOCK, 1, keys.COORDINATOR_LOCK, token)
 
 
 def _try_one(store: GangStore, gang_id: str, workers, held: dict[str, int], now: float) -> bool:

@@ -1,11 +1,10 @@
-"""After a broker failover: each worker re-asserts its gang nodes and slots, and running gangs are audited.
+"""After a broker failover: a worker re-asserts its gang nodes and slots on the new primary.
 
 The new primary may lack the old one's last writes (``store/reconcile.py``). A gang node running on this
 worker keeps running when its gang's record on the new primary still says so; when the record was lost (gone,
 or back to waiting because the reservation was lost), the record is put back as this attempt's and the node
-fails fast with :data:`RECORD_LOST`, so the attempt ends and the gang restarts under ``max_restarts`` as after
-any failure. Once the live workers have re-asserted, :func:`audit` fails the nodes of running gangs that no
-worker claims (an order or a node's report lost with the old primary), which would otherwise wait forever.
+fails fast with :data:`~gpulayer.gang.audit.RECORD_LOST`, so the attempt ends and the gang restarts under
+``max_restarts`` as after any failure. (``gang/audit.py`` then fails the nodes that no worker claims.)
 """
 
 from __future__ import annotations
@@ -13,20 +12,15 @@ from __future__ import annotations
 import json
 import logging
 import time
-import uuid
 
-from ..models import GangSpec, GangState
+from ..models import GangState
 from ..store import keys
 from ..store import reconcile as rec
 from ..store.gangs import GangStore
 from . import agent
-from .coordinator import LOCK_MS, _UNLOCK, node_stopped
+from .audit import KIND, RECORD_LOST
 
 log = logging.getLogger(__name__)
-
-RECORD_LOST = "broker failed over; gang record lost; restarting"
-KIND = "record_lost"  # the failure report's kind: the attempt fails as after a lost worker
-
 
 def reassert_worker(client, worker_id: str, epoch: str) -> int:
     """Re-assert on the primary ``epoch`` names what this worker runs: its gang nodes' records, its ledger
@@ -73,51 +67,3 @@ def restore(store: GangStore, run) -> None:
     pipe.zadd(keys.GANGS, {run.gang_id: now}, nx=True)
     pipe.zrem(keys.GANGS_WAITING, run.gang_id)
     pipe.execute()
-
-
-def audit(client, epoch: str) -> int | None:
-    """Fail the nodes of running gangs whose worker re-asserted on ``epoch`` without claiming them and which
-    never reported: their order or their report was lost with the old primary. Once per epoch, under the
-    coordinator's lock (no gang is placed meanwhile). Returns how many nodes it failed; None when a coordinator
-    pass holds the lock (it audits itself before it places)."""
-    token = uuid.uuid4().hex
-    if not client.set(keys.COORDINATOR_LOCK, token, nx=True, px=LOCK_MS):
-        return None
-    try:
-        return audit_locked(client, epoch)
-    finally:
-        client.eval(_UNLOCK, 1, keys.COORDINATOR_LOCK, token)
-
-
-def audit_locked(client, epoch: str) -> int:
-    """:func:`audit` for a caller that holds the coordinator's lock (a coordinator pass)."""
-    if (client.get(keys.GANGS_AUDITED) or b"").decode() == epoch:
-        return 0
-    marks, claimed = rec.claims(client)
-    store = GangStore(client)
-    failed = []
-    for gang in store.active():
-        placement = gang.get("placement") or {}
-        if gang["state"] != GangState.RUNNING.value or "spec" not in gang:
-            continue
-        gang_id, attempt = gang["gang_id"], gang["attempt"]
-        reported = store.nodes(gang_id, attempt)
-        for node, worker_id in enumerate(placement.get("workers", [])):
-            if node in reported or marks.get(worker_id) != epoch:
-                continue  # reported, or its worker has not re-asserted here (the janitor judges it if it died)
-            if rec.node_id(gang_id, attempt, node) in claimed.get(worker_id, ()):
-                continue
-            failed.append((gang_id, attempt, node, worker_id, GangSpec.model_validate(gang["spec"])))
-    client.set(keys.GANGS_AUDITED, epoch)
-    for gang_id, attempt, node, worker_id, spec in failed:
-        log.warning("gpulayer reconcile: gang %s attempt %d node %d: %s runs no such node after the broker "
-                    "failover; the attempt fails", gang_id, attempt, node, worker_id)
-        store.push_failure(gang_id, attempt, {
-            "rank": node * spec.procs_per_node, "worker": worker_id, "address": "", "host": "", "kind": KIND,
-            "exit_code": None, "message": f"{RECORD_LOST} (worker {worker_id} runs no node {node} of it)",
-            "stderr_tail": "", "at": time.time()})
-        # Its worker's ledger entry, re-asserted, holds nothing for it: mark it released without giving back.
-        client.hsetnx(keys.gang_attempt(gang_id, attempt, "released"), worker_id, 1)
-        node_stopped(client, gang_id, attempt, node, {"worker": worker_id, "state": "lost", "exit_codes": [],
-                                                      "stopped_at": None, "finished_at": time.time()})
-    return len(failed)

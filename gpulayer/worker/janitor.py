@@ -21,9 +21,8 @@ from billiard.exceptions import WorkerLostError
 from ..app import settings as app_settings
 from ..engine import envelope
 from ..engine.delivery import unacked
-from ..gang.coordinator import worker_lost
+from ..gang.coordinator import audit_after_failover, worker_lost
 from ..store import keys
-from ..gang.reconcile import audit
 from ..store import reconcile
 from ..store.gangs import GangStore
 from ..store.jobs import JobRecords
@@ -172,7 +171,7 @@ class Janitor(LoopStep):
                     switching = False
                     if audited != epoch and (not reconcile.late(client, epoch, reconcile_live(client, settings))
                                              or reconcile.epoch_age(client, epoch) >= reconcile.RECONCILE_WAIT):
-                        if audit(client, epoch) is not None:  # nodes of running gangs lost with the old primary
+                        if audit_after_failover(client, epoch) is not None:  # nodes of running gangs lost with the old primary
                             audited = epoch
                     dead = dead_workers(client, settings.worker_dead_after)
                     if me in dead:  # our own beats are missing: the registry lags (a broker failover), not them
