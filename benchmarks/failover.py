@@ -157,9 +157,9 @@ def run_once(args, fleet: SentinelFleet, run: int, out: Report, back: list[float
     def kill():
         # No wait for the replica first: the primary dies mid-stream, with whatever the replica has not yet
         # received (GPULAYER_DURABILITY=replicated acknowledges a write only once it has).
-        state["at"] = time.time()
         port = fleet.kill_primary(signal.SIGKILL if args.how == "kill" else signal.SIGSTOP)
         state["port"] = port
+        state["at"] = time.time()  # after the signal: a job sent from now on can only reach the new primary
         if args.how == "stop":
             frozen.append(port)
 

@@ -5,6 +5,7 @@ when to when) show at most 2 ranks at a time on a worker, and the ledger is empt
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -122,6 +123,48 @@ def server(group, port: int) -> redis.Redis:
 
 def wait_ranks(marks: Path, gang_id: str, n: int) -> None:
     wait_until(lambda: sum(p.name.startswith(gang_id) for p in marks.iterdir()) >= n, 60, f"{n} ranks of {gang_id}")
+
+
+def test_a_reassertion_counts_the_nodes_it_runs_and_the_orders_it_has_not_taken(group):
+    client = redis_client()
+    epoch = reconcile.primary_epoch(client)
+
+    def order(gang: str, attempt: int, node: int, procs: int) -> str:
+        return json.dumps({"gang_id": gang, "attempt": attempt, "node_rank": node, "spec": {"procs_per_node": procs}})
+
+    client.rpush(keys.agent_orders("ghost"), order("g1", 0, 1, 2), order("g2", 3, 0, 1))
+    try:
+        # 1 slot of a running node, 2 of g1's order; g2's order was taken already (its pop lost in a failover).
+        assert reconcile.reassert(client, "ghost", epoch, 1, ["g0 0 0"], ["g0 0 0", "g2 3 0"]) == 3
+        assert client.hget(keys.SLOTS_HELD, "ghost") == b"3"
+        marks, claimed = reconcile.claims(client)
+        assert marks["ghost"] == epoch and claimed["ghost"] == {"g0 0 0", "g1 0 1"}
+        assert reconcile.late(client, epoch, ["ghost"]) == []
+        assert reconcile.late(client, "a-newer-primary", ["ghost", "nobody"]) == ["ghost"]
+        client.delete(keys.agent_orders("ghost"))
+        assert reconcile.reassert(client, "ghost", epoch, 0, [], []) == 0
+        assert client.hget(keys.SLOTS_HELD, "ghost") is None and reconcile.claims(client)[1]["ghost"] == set()
+    finally:
+        client.delete(keys.agent_orders("ghost"))
+        client.hdel(keys.SLOTS_HELD, "ghost")
+        reconcile.forget(client, "ghost")
+
+
+def test_the_coordinator_waits_for_a_late_worker_says_so_then_places_on_the_others(group, tmp_path):
+    """A live worker that re-asserted on an older primary and not on this one (as right after a switch): a gang
+    waits, saying why, for up to RECONCILE_WAIT seconds, and is then placed on the workers that re-asserted."""
+    client = redis_client()
+    epoch = reconcile.primary_epoch(client)
+    client.hset(keys.RECONCILED, "r1", "an-older-primary")
+    client.hdel(keys.PRIMARY_SEEN, epoch)  # this primary is new as of now
+    try:
+        job = distributed(ranked, str(tmp_path), 0.1, nodes=1, procs_per_node=2, timeout=120)
+        wait_until(lambda: "have not re-asserted their slots on the new primary yet (r1)" in job.status()["reason"],
+                   30, "the waiting reason")
+        assert job.get(timeout=60) == [0, 1]
+        assert job.placement.workers == ("r2",)
+    finally:
+        client.hset(keys.RECONCILED, "r1", epoch)
 
 
 def test_a_gang_and_a_batch_run_through_a_failover(group, tmp_path):

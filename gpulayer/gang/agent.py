@@ -86,14 +86,13 @@ class Runs:
         self.taken: dict[str, None] = {}  # node ids of the orders taken, oldest first
 
     def take(self, node: str) -> bool:
-        """False when this life already took the order for ``node``."""
-        with self.lock:
-            if node in self.taken:
-                return False
-            self.taken[node] = None
-            while len(self.taken) > self.KEEP:
-                del self.taken[next(iter(self.taken))]
-            return True
+        """False when this life already took the order for ``node`` (call it under ``lock``)."""
+        if node in self.taken:
+            return False
+        self.taken[node] = None
+        while len(self.taken) > self.KEEP:
+            del self.taken[next(iter(self.taken))]
+        return True
 
 
 runs = Runs()
@@ -154,6 +153,7 @@ class GangAgent(LoopStep):
         client = connect_redis(self.url, socket_timeout=10, name=client_name(self.worker_info.id, "gang-agent"))
         next_sweep = time.monotonic() + SWEEP_EVERY
         connected = False
+        orders = keys.agent_orders(self.worker_info.id)
         while not self.stopping.is_set():
             if time.monotonic() > next_sweep:
                 next_sweep = time.monotonic() + SWEEP_EVERY
@@ -165,34 +165,44 @@ class GangAgent(LoopStep):
                 if not connected:
                     self.blocks_on(client)  # stop() ends the read at once
                     connected = True
-                item = client.brpop([keys.agent_orders(self.worker_info.id)], timeout=1)
+                # Waits for an order without taking it (the list turns round): it is taken below, under runs.lock,
+                # so a re-assertion of the ledger after a failover finds each order in the list or among the runs.
+                item = client.brpoplpush(orders, orders, timeout=1)
             except redis.RedisError as err:
                 connected = False
                 if not self.stopping.is_set():
                     log.warning("gpulayer agent: cannot read orders (%s); retrying", err)
                 self.stopping.wait(1)
                 continue
-            if item:
-                order = json.loads(item[1])
+            if not item:
+                continue
+            with runs.lock:
+                try:
+                    raw = client.rpop(orders)
+                except redis.RedisError as err:
+                    log.warning("gpulayer agent: cannot take an order (%s); retrying", err)
+                    continue
+                if raw is None:
+                    continue
+                order = json.loads(raw)
                 node = node_id(order["gang_id"], order["attempt"], order["node_rank"])
                 if not runs.take(node):
                     log.warning("gpulayer agent: the order for gang %s attempt %s node %s came again (its first "
                                 "take was lost in a broker failover); it runs once", *node.split())
                     continue
                 run = GangRun(order, self.worker_info, self.url, self.root)
-                with runs.lock:
-                    runs.running[node] = run
+                runs.running[node] = run
                 self.runs[order["gang_id"]] = run
                 threading.Thread(target=run.run, name=f"gang-{order['gang_id'][:8]}", daemon=True).start()
         client.close()
 
     def stop(self, worker) -> None:
-        runs = list(self.runs.values())
-        for run in runs:
+        active = list(self.runs.values())
+        for run in active:
             run.abort("the worker is shutting down")
         super().stop(worker)
         deadline = Deadline(GRACE + 2.0)
-        for run in runs:  # each removes its own directory once its ranks are stopped
+        for run in active:  # each removes its own directory once its ranks are stopped
             run.ended.wait(deadline.remaining())
         # What is left (gangs between attempts, a run that did not end in time): nothing on a
         # stopped worker resumes from it.
@@ -276,7 +286,11 @@ class GangRun:
         while ordinary_active() > self.worker_info.slots - slots.held:
             if self._aborted.is_set() or self.store.failures(self.gang_id, self.attempt):
                 return False
-            msg = events.get_message(timeout=POLL)
+            try:
+                msg = events.get_message(timeout=POLL)
+            except LOST:  # a broker failover: the loop reads the failures and the state again
+                msg = None
+                time.sleep(POLL)
             if msg and msg["data"] == b"cancel":
                 return False
         return True
