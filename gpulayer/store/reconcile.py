@@ -67,9 +67,13 @@ def epoch_age(client: redis.Redis, epoch: str) -> float:
 
 
 def switched_within(client: redis.Redis, seconds: float) -> float | None:
-    """The seconds since this primary was first seen, when under ``seconds`` (a switch just happened); else None."""
-    age = epoch_age(client, primary_epoch(client))
-    return age if age < seconds else None
+    """The seconds since this primary was first seen, when under ``seconds`` and the cluster had another primary
+    before it (a failover, or a restart from its files); else None. A cluster's first primary never switched."""
+    epoch = primary_epoch(client)
+    age = epoch_age(client, epoch)
+    if age >= seconds or client.hlen(keys.PRIMARY_SEEN) < 2:
+        return None
+    return age
 
 
 def late(client: redis.Redis, epoch: str, worker_ids: Iterable[str]) -> list[str]:

@@ -160,7 +160,7 @@ class Janitor(LoopStep):
                     continue
                 try:
                     epoch = reconcile.primary_epoch(client)
-                    if reconcile.epoch_age(client, epoch) < settings.worker_dead_after:
+                    if reconcile.switched_within(client, settings.worker_dead_after) is not None:
                         # The broker just failed over (or restarted): the heartbeats on this primary are as old
                         # as the switch, not the workers' silence. Nobody is dead until they had time to beat.
                         if not switching:
