@@ -10,7 +10,7 @@ heartbeat the old primary acknowledged. The slot ledger must never double-book, 
 - the coordinator places nothing while a live worker's mark names another epoch (:func:`late`), for up to
   ``RECONCILE_WAIT`` seconds after the switch, and then nothing on those workers;
 - the janitor and the gang agents judge no worker dead for ``worker_dead_after`` seconds after a switch
-  (:func:`epoch_age`): the heartbeats on the new primary are as old as the failover, not the workers' silence.
+  (:func:`switched_within`): the heartbeats on the new primary are as old as the failover, not the workers' silence.
 
 A worker that never re-asserted on any primary (an emulated one, an older gpulayer) has no mark and is never late.
 """
