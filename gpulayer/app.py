@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import sys
 import threading
+import time
 
 import redis
 from celery import signals
@@ -23,11 +24,13 @@ from .engine.celery_app import GpulayerCelery
 from .engine.broadcast import Control
 from .engine.senders import CLIENT_HEADER  # noqa: F401 (for tasks/submit.py)
 from .config import REPLICATED, Settings, tls_options
+from .deadline import Deadline
 from .errors import ClusterUnavailable, JobRejected, PayloadError, UnsupportedOption
 from .models import Resources
 from .sentinel_url import is_sentinel_url
 from .store import durability
 from .store.connection import connect_redis
+from .store.reconcile import RECONCILE_WAIT, switched_within
 from .store.registry import CachedSnapshot, Registry
 
 SUBMIT = "gpulayer.submit"
@@ -176,14 +179,30 @@ Control.live_workers = staticmethod(live_worker_count)
 
 
 def route_for(resources: Resources) -> placement.Route:
-    """Route with the cached snapshot; on a refusal, look again at a fresh one before refusing."""
+    """Route with the cached snapshot; on a refusal, look again at a fresh one before refusing, and right after
+    a broker failover that left no worker live on the new primary, wait for their heartbeats (up to 10 s)."""
     if _snapshot is None:
         raise ClusterUnavailable("gpulayer is not connected; call gpulayer.init() first")
     try:
         return placement.route(resources, _snapshot.get())
     except JobRejected:
         _snapshot.invalidate()
-        return placement.route(resources, _snapshot.get())
+        try:
+            return placement.route(resources, _snapshot.get())
+        except JobRejected:
+            if _snapshot.get() or switched_within(_snapshot.registry.client, RECONCILE_WAIT) is None:
+                raise
+    # The broker just failed over and no worker shows live: their heartbeats on the new primary are as old as
+    # the switch (store/reconcile.py). Each worker beats every second: wait for them rather than refuse.
+    deadline = Deadline(RECONCILE_WAIT)
+    while True:
+        time.sleep(0.2)
+        _snapshot.invalidate()
+        try:
+            return placement.route(resources, _snapshot.get())
+        except JobRejected:
+            if deadline.expired():
+                raise
 
 
 # Celery's builtin map forms (celery.canvas.xmap / xstarmap / chunks) and the submit methods that replace them.

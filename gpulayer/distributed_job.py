@@ -34,6 +34,7 @@ from .placement import check_gang_fits_fleet
 from .procs.env import BACKEND_ENV
 from .store import keys
 from .store.gangs import FIRST_REASON, GangStore
+from .store.reconcile import RECONCILE_WAIT, switched_within
 from .gang import attempts
 from .gang.coordinator import ask
 from .gang.workdir import ShippedDir
@@ -364,6 +365,8 @@ class GangHandle:
         if state is not None:
             self._saw_attempt(attempt)
         if state is None:
+            if switched_within(self.store.r, RECONCILE_WAIT) is not None:
+                return False  # the broker just failed over: a worker that runs the gang puts its record back
             self._error = JobFailed("GangLost", f"distributed job {self.id} has no record in Redis (expired, or Redis "
                                     "lost its data); submit it again", job_id=self.id)
             return True

@@ -36,6 +36,8 @@ from ..store.cluster import cluster_id
 from ..store.connection import client_name, connect_redis
 from ..engine.sentinel import broker_url
 from ..store.gangs import GangStore
+from ..store.broker_loss import LOST
+from ..store.reconcile import node_id, switched_within
 from ..store.registry import Registry
 from ..worker import runtime
 from ..worker.loopstep import LoopStep
@@ -65,6 +67,35 @@ class Slots:
 
 
 slots = Slots()
+
+
+class Runs:
+    """This worker life's gang nodes: those running (with their slots), and every order it took.
+
+    ``gang/reconcile.py`` reads both under ``lock`` to re-assert the worker's ledger entry after a broker
+    failover; a node that ends gives its slots back under the same lock, so the entry counts it either
+    before its release or not at all. An order taken twice (its pop was lost in a failover, so the new primary
+    hands it out again) runs once.
+    """
+
+    KEEP = 10_000  # orders remembered; a failover hands back at most the last few
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running: dict[str, GangRun] = {}  # node id (store.reconcile.node_id) -> its run
+        self.taken: dict[str, None] = {}  # node ids of the orders taken, oldest first
+
+    def take(self, node: str) -> bool:
+        """False when this life already took the order for ``node`` (call it under ``lock``)."""
+        if node in self.taken:
+            return False
+        self.taken[node] = None
+        while len(self.taken) > self.KEEP:
+            del self.taken[next(iter(self.taken))]
+        return True
+
+
+runs = Runs()
 
 
 def ordinary_active() -> int:
@@ -122,6 +153,7 @@ class GangAgent(LoopStep):
         client = connect_redis(self.url, socket_timeout=10, name=client_name(self.worker_info.id, "gang-agent"))
         next_sweep = time.monotonic() + SWEEP_EVERY
         connected = False
+        orders = keys.agent_orders(self.worker_info.id)
         while not self.stopping.is_set():
             if time.monotonic() > next_sweep:
                 next_sweep = time.monotonic() + SWEEP_EVERY
@@ -133,27 +165,44 @@ class GangAgent(LoopStep):
                 if not connected:
                     self.blocks_on(client)  # stop() ends the read at once
                     connected = True
-                item = client.brpop([keys.agent_orders(self.worker_info.id)], timeout=1)
+                # Waits for an order without taking it (the list turns round): it is taken below, under runs.lock,
+                # so a re-assertion of the ledger after a failover finds each order in the list or among the runs.
+                item = client.brpoplpush(orders, orders, timeout=1)
             except redis.RedisError as err:
                 connected = False
                 if not self.stopping.is_set():
                     log.warning("gpulayer agent: cannot read orders (%s); retrying", err)
                 self.stopping.wait(1)
                 continue
-            if item:
-                order = json.loads(item[1])
+            if not item:
+                continue
+            with runs.lock:
+                try:
+                    raw = client.rpop(orders)
+                except redis.RedisError as err:
+                    log.warning("gpulayer agent: cannot take an order (%s); retrying", err)
+                    continue
+                if raw is None:
+                    continue
+                order = json.loads(raw)
+                node = node_id(order["gang_id"], order["attempt"], order["node_rank"])
+                if not runs.take(node):
+                    log.warning("gpulayer agent: the order for gang %s attempt %s node %s came again (its first "
+                                "take was lost in a broker failover); it runs once", *node.split())
+                    continue
                 run = GangRun(order, self.worker_info, self.url, self.root)
+                runs.running[node] = run
                 self.runs[order["gang_id"]] = run
                 threading.Thread(target=run.run, name=f"gang-{order['gang_id'][:8]}", daemon=True).start()
         client.close()
 
     def stop(self, worker) -> None:
-        runs = list(self.runs.values())
-        for run in runs:
+        active = list(self.runs.values())
+        for run in active:
             run.abort("the worker is shutting down")
         super().stop(worker)
         deadline = Deadline(GRACE + 2.0)
-        for run in runs:  # each removes its own directory once its ranks are stopped
+        for run in active:  # each removes its own directory once its ranks are stopped
             run.ended.wait(deadline.remaining())
         # What is left (gangs between attempts, a run that did not end in time): nothing on a
         # stopped worker resumes from it.
@@ -169,6 +218,7 @@ class GangRun:
         self.order = order
         self.spec = GangSpec.model_validate(order["spec"])
         self.gang_id, self.attempt, self.node = order["gang_id"], order["attempt"], order["node_rank"]
+        self.node_id = node_id(self.gang_id, self.attempt, self.node)
         self.worker_info = info
         self.url = url
         self.client = connect_redis(url, socket_timeout=10)
@@ -178,6 +228,7 @@ class GangRun:
         self.store_host: StoreHost | None = None  # node 0: the attempt's TCP store, while its ranks run
         self._aborted = threading.Event()
         self.abort_reason = ""
+        self.abort_kind = "agent"
         self.ended = threading.Event()
         # This node's gang directory (``workdir.py``): the shipped working directory (the ranks' cwd)
         # and torchrun's logs live in it, and nothing else of the gang's is left on this worker.
@@ -185,8 +236,9 @@ class GangRun:
                      if self.spec.workdir is not None or self.spec.launcher == "torchrun" else None)
         self.cwd = None
 
-    def abort(self, reason: str) -> None:
-        self.abort_reason = reason
+    def abort(self, reason: str, kind: str = "agent") -> None:
+        """Stop this node's ranks and report ``reason`` as the attempt's failure (``kind``: the report's)."""
+        self.abort_reason, self.abort_kind = reason, kind
         self._aborted.set()
 
     def run(self) -> None:
@@ -210,8 +262,11 @@ class GangRun:
             if self.store_host is not None:  # as when rank 0 hosted it: the store ends with node 0's ranks
                 self.store_host.close()
             kept = self._end_workdir(outcome)
-            # Slots first, then the report: a client that saw every node report finds the slots free.
-            self.store.release(self.gang_id, self.attempt, self.worker_info.id, m)
+            # Slots first, then the report: a client that saw every node report finds the slots free. Under
+            # runs.lock: a re-assertion of the ledger (a failover) counts this node before its release or not at all.
+            with runs.lock:
+                runs.running.pop(self.node_id, None)
+                self.store.release(self.gang_id, self.attempt, self.worker_info.id, m)
             slots.add(-m)
             # The last node to report ends the attempt, and the waiting gangs are tried on the freed slots.
             node_stopped(self.client, self.gang_id, self.attempt, self.node, {
@@ -231,7 +286,11 @@ class GangRun:
         while ordinary_active() > self.worker_info.slots - slots.held:
             if self._aborted.is_set() or self.store.failures(self.gang_id, self.attempt):
                 return False
-            msg = events.get_message(timeout=POLL)
+            try:
+                msg = events.get_message(timeout=POLL)
+            except LOST:  # a broker failover: the loop reads the failures and the state again
+                msg = None
+                time.sleep(POLL)
             if msg and msg["data"] == b"cancel":
                 return False
         return True
@@ -381,26 +440,40 @@ class GangRun:
         """Until the ranks end, a peer fails (its agent's event), the gang is cancelled or a peer is lost."""
         runner = self.runner
         next_peer_check = time.monotonic() + 1.0
+        missed = False  # the events' connection broke (a broker failover): what was published meanwhile is lost
         while True:
             out = runner.wait(0)
             if out is not None:
                 self._report_final(out)
                 return out.state, out.stopped_at, out.exit_codes
-            msg = events.get_message(timeout=POLL)
-            data = str(msg["data"], "utf-8", "replace") if msg else ""
+            try:
+                msg = events.get_message(timeout=POLL)  # connects (to the new primary) and subscribes again
+                data = str(msg["data"], "utf-8", "replace") if msg else ""
+                if missed and not data:
+                    data = self._missed_event()
+                missed = False
+            except LOST as err:  # the ranks run on: the broker is away, not the gang
+                if not missed:
+                    log.warning("gpulayer agent: gang %s lost its events' connection (%s); listening again",
+                                self.gang_id, err)
+                missed, data = True, ""
+                time.sleep(POLL)
             stop = None
             if data == f"fail:{self.attempt}":
                 stop = runner.stop(FAIL_GRACE, reason="peer failed")
             elif data == "cancel":
                 stop = runner.stop(GRACE, reason="cancelled")
             elif self._aborted.is_set():
-                self._report({"rank": self.node * self.spec.procs_per_node, "kind": "agent",
+                self._report({"rank": self.node * self.spec.procs_per_node, "kind": self.abort_kind,
                               "message": self.abort_reason})
                 stop = runner.stop(GRACE, reason="aborted")
                 return "failed", stop.stopped_at, stop.exit_codes
             elif time.monotonic() > next_peer_check:
                 next_peer_check = time.monotonic() + 1.0
-                lost = self._lost_peer()
+                try:
+                    lost = self._lost_peer()
+                except LOST:  # the broker is away: its heartbeats cannot be judged now
+                    lost = None
                 if lost is not None:
                     node, worker_id = lost
                     self._report({"rank": node * self.spec.procs_per_node, "kind": "worker_lost",
@@ -414,11 +487,19 @@ class GangRun:
                 self._report_final(stop)
                 return "stopped", stop.stopped_at, stop.exit_codes
 
+    def _missed_event(self) -> str:
+        """The event this node may have missed while its connection was away: a peer's failure, or a cancel."""
+        if self.store.failures(self.gang_id, self.attempt):
+            return f"fail:{self.attempt}"
+        return "cancel" if self.store.state(self.gang_id) == GangState.CANCELLED else ""
+
     def _lost_peer(self) -> tuple[int, str] | None:
         """The first node whose worker is silent past ``worker_dead_after`` (or buried), by Redis's clock.
 
         One ZSCORE per node of this gang, pipelined: its cost follows the gang, not the fleet.
         """
+        if switched_within(self.client, self.registry.dead_after) is not None:
+            return None  # the broker just failed over: its heartbeats are as old as the switch (store/reconcile.py)
         workers = self.order["workers"]
         ages = self.registry.ages(workers)
         for node, worker_id in enumerate(workers):

@@ -28,8 +28,10 @@ from ..errors import JobRejected
 from ..models import GangPlacement, GangSpec, GangState
 from ..placement import GangWaiting, place_gang
 from ..store import keys
+from ..store import reconcile
 from ..store.gangs import GangStore
 from . import attempts
+from .audit import audit
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +84,9 @@ def one_pass(client) -> list[str]:
     secs, micros = client.time()
     now = secs + micros / 1e6
     workers = app_mod.registry().current()
+    workers = reconciled(client, store, waiting, workers, now)
+    if workers is None:
+        return []
     held = store.held()
     placed = []
     for gang_id in waiting:
@@ -91,6 +96,42 @@ def one_pass(client) -> list[str]:
         except Exception:  # one broken record must not stop the line behind it
             log.exception("gpulayer coordinator: could not try gang %s", gang_id)
     return placed
+
+
+def reconciled(client, store: GangStore, waiting: list[str], workers, now: float):
+    """The workers a pass may place on: after a broker failover, none until every live worker re-asserted its
+    slots on the new primary (``store/reconcile.py``), up to ``RECONCILE_WAIT`` seconds; then those that did.
+    ``None``: wait (each waiting gang says why), the next pass tries again."""
+    epoch = reconcile.primary_epoch(client)
+    late = reconcile.late(client, epoch, [w.id for w in workers])
+    if late:
+        age = reconcile.epoch_age(client, epoch)
+        if age < reconcile.RECONCILE_WAIT:
+            reason = (f"waiting: the broker failed over {age:.1f} s ago and {len(late)} of {len(workers)} live "
+                      f"workers have not re-asserted their slots on the new primary yet ({', '.join(late[:4])}"
+                      f"{', ...' if len(late) > 4 else ''}); placing nothing until they have (at most "
+                      f"{reconcile.RECONCILE_WAIT:.0f} s)")
+            for gang_id in waiting:
+                store.set_waiting(gang_id, reason, since=now)
+            return None
+        log.warning("gpulayer coordinator: %d worker(s) did not re-assert their slots within %.0f s of the "
+                    "broker's failover (%s); placing on the others", len(late), reconcile.RECONCILE_WAIT,
+                    ", ".join(late[:8]))
+        workers = tuple(w for w in workers if w.id not in set(late))
+    audit(client, epoch, node_stopped)  # once per primary: nodes lost with the old one fail before anything is placed
+    return workers
+
+
+def audit_after_failover(client, epoch: str) -> int | None:
+    """``gang/audit.py``'s audit under the coordinator's lock, for the janitor (a pass audits before it places);
+    None when a pass holds the lock."""
+    token = uuid.uuid4().hex
+    if not client.set(keys.COORDINATOR_LOCK, token, nx=True, px=LOCK_MS):
+        return None
+    try:
+        return audit(client, epoch, node_stopped)
+    finally:
+        client.eval(_UNLOCK, 1, keys.COORDINATOR_LOCK, token)
 
 
 def _try_one(store: GangStore, gang_id: str, workers, held: dict[str, int], now: float) -> bool:
@@ -155,7 +196,7 @@ def conclude(store: GangStore, spec: GangSpec, attempt: int) -> None:
         failures = store.failures(gang_id, attempt)
         entry = attempts.record(attempt, GangPlacement.model_validate(rec["placement"]))
         # Every rank returned and none failed: a worker lost after that (its node never reported) changes nothing.
-        if results >= spec.world_size and all(f["kind"] == "worker_lost" for f in failures):
+        if results >= spec.world_size and all(f["kind"] in ("worker_lost", "record_lost") for f in failures):
             attempts.ended(entry, "succeeded")
             store.add_attempt(gang_id, entry)
             store.finish(gang_id, GangState.SUCCEEDED, rec["reason"])

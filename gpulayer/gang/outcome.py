@@ -43,6 +43,8 @@ def gang_failure(gang_id: str, reports: list[dict]) -> GangFailed:
         type_name = exc["type"]
     elif first["kind"] == "worker_lost":
         what, type_name = first["message"], "WorkerLost"
+    elif first["kind"] == "record_lost":  # gang/reconcile.py: its record went with the old primary of the broker
+        what, type_name = first["message"], "BrokerFailedOver"
     else:
         what = first.get("message") or "the process died"
         type_name = "RankExited"

@@ -193,3 +193,17 @@ def client_jobs(identity: str) -> str:
 
 def batch(batch_id: str) -> str:
     return f"{NAMESPACE}:batch:{batch_id}"
+
+
+# Reconciliation after a broker failover (store/reconcile.py). A primary is named by its epoch: its run id and
+# replication id, both new when a replica is promoted or a server restarts. A new primary may lack the old one's
+# last writes, so every worker re-asserts what it runs there before the coordinator places anything:
+#   gl:reconciled              hash   worker id -> the epoch it last re-asserted its registry entry and slots on
+#   gl:reconciled:claims       hash   worker id -> JSON ["<gang id> <attempt> <node>", ...]: the gang nodes it runs
+#                                     or has orders for, as of that re-assertion
+#   gl:broker:seen             hash   epoch -> Redis time a gpulayer process first saw that server as the primary
+#   gl:broker:audited          string the epoch whose running gangs were last audited against the claims
+RECONCILED = f"{NAMESPACE}:reconciled"
+RECONCILED_CLAIMS = f"{RECONCILED}:claims"
+PRIMARY_SEEN = f"{NAMESPACE}:broker:seen"
+GANGS_AUDITED = f"{NAMESPACE}:broker:audited"

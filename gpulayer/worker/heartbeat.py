@@ -7,7 +7,9 @@ import logging
 from ..app import redis_client, settings as app_settings
 from ..store.connection import client_name
 from ..models import WorkerInfo
+from ..store.reconcile import forget, primary_epoch
 from ..store.registry import Registry
+from ..gang.reconcile import reassert_worker
 from . import runtime
 from ..gang.agent import ordinary_active, slots
 from .early import stop_early
@@ -34,8 +36,16 @@ class Heartbeat(LoopStep):
         # gangs failed on workers judged dead that were alive.
         self.client = redis_client(name=client_name(self.worker_info.id, "heartbeat"), one_connection=True)
         self.registry: Registry = Registry(self.client, settings.worker_dead_after)
+        self.epoch: str | None = None  # the primary this worker last re-asserted its slots on (store/reconcile.py)
 
     def beat(self) -> None:
+        epoch = primary_epoch(self.client)
+        if epoch != self.epoch:  # a new primary (a failover, a restart) may lack our last writes: before beating
+            held = reassert_worker(self.client, self.worker_info.id, epoch)
+            if self.epoch is not None:
+                log.warning("gpulayer: the broker's primary changed; re-asserted this worker's registry entry "
+                            "and its %d gang-held slot(s) there", held)
+            self.epoch = epoch
         self.registry.heartbeat(self.worker_info.model_copy(update={"busy": ordinary_active(), "held": slots.held}))
 
     def loop(self) -> None:
@@ -61,6 +71,7 @@ class Heartbeat(LoopStep):
         super().stop(worker)
         try:
             self.registry.remove(self.worker_info.id)
+            forget(self.client, self.worker_info.id)
         except Exception as err:
             log.warning("gpulayer: could not deregister %s: %s", self.worker_info.id, err)
         finally:

@@ -21,8 +21,9 @@ from billiard.exceptions import WorkerLostError
 from ..app import settings as app_settings
 from ..engine import envelope
 from ..engine.delivery import unacked
-from ..gang.coordinator import worker_lost
+from ..gang.coordinator import audit_after_failover, worker_lost
 from ..store import keys
+from ..store import reconcile
 from ..store.gangs import GangStore
 from ..store.jobs import JobRecords
 from ..store.registry import Registry
@@ -128,11 +129,17 @@ def bury(app, client: redis.Redis, worker_id: str, life: str | None, why: str, m
         requeued, failed = hand_back(app, client, life, why, max_deliveries)
     else:
         requeued, failed = hand_back_lives(app, client, worker_id, why, max_deliveries)
+    reconcile.forget(client, worker_id)  # a dead worker has nothing to re-assert after a failover
     Registry(client).remove(worker_id)  # every record of it: liveness, info, static, load, change marks
     worker_lost(client, worker_id, why)  # its gang nodes fail and give their slots back; waiting gangs are tried
     GangStore(client).forget_worker(worker_id)
     log.warning("gpulayer janitor: worker %s is dead (%s); requeued %d message(s), failed %d job(s)",
                 worker_id, why, requeued, failed)
+
+
+def reconcile_live(client: redis.Redis, settings) -> list[str]:
+    """The ids of the live workers (by Redis's clock)."""
+    return list(Registry(client, settings.worker_dead_after).live_ids())
 
 
 class Janitor(LoopStep):
@@ -144,13 +151,28 @@ class Janitor(LoopStep):
         client = runtime.registry.client  # the worker's one client for short commands, shared with the heartbeat
         orphan_age = max(30.0, 3 * settings.worker_dead_after)
         rounds = 0
-        lagging = False
+        lagging = switching = False
+        audited = None
         while not self.stopping.wait(INTERVAL):
             rounds += 1
             try:
                 if not client.set(keys.JANITOR_LOCK, me, nx=True, px=int(INTERVAL * 3000)):
                     continue
                 try:
+                    epoch = reconcile.primary_epoch(client)
+                    if reconcile.switched_within(client, settings.worker_dead_after) is not None:
+                        # The broker just failed over (or restarted): the heartbeats on this primary are as old
+                        # as the switch, not the workers' silence. Nobody is dead until they had time to beat.
+                        if not switching:
+                            log.warning("gpulayer janitor: the broker's primary is new; judging no worker dead "
+                                        "for %.0f s while the workers reconnect", settings.worker_dead_after)
+                        switching = True
+                        continue
+                    switching = False
+                    if audited != epoch and (not reconcile.late(client, epoch, reconcile_live(client, settings))
+                                             or reconcile.epoch_age(client, epoch) >= reconcile.RECONCILE_WAIT):
+                        if audit_after_failover(client, epoch) is not None:  # nodes of running gangs lost with the old primary
+                            audited = epoch
                     dead = dead_workers(client, settings.worker_dead_after)
                     if me in dead:  # our own beats are missing: the registry lags (a broker failover), not them
                         if not lagging:
