@@ -3,7 +3,7 @@
     python benchmarks/failover.py [--how kill|stop] [--jobs 10000] [--rate 400] [--runs 5] [--workers 2]
                                   [--slots 2] [--gang] [--durability local|replicated] [--output NAME]
 
-A Sentinel group on loopback (a primary, 1 replica, 3 sentinels, down-after-milliseconds 2000) and ``--workers``
+A Sentinel group on loopback (a primary, ``--replicas`` replicas (default 1), 3 sentinels, down-after-milliseconds 2000) and ``--workers``
 workers of ``--slots`` slots. Each run sends ``--jobs`` tiny jobs at ``--rate`` a second, in turn one
 ``submit_batch`` of 200 and 20 ``delay`` calls, and a third of the way in sends the primary SIGKILL (``--how kill``)
 or SIGSTOP (``--how stop``; SIGCONT once the sentinels named a new one, and it comes back as a replica). The
@@ -12,7 +12,7 @@ next run fails over the new primary the same way (the killed server is started a
 Counted per run:
 - lost: jobs whose ``delay()`` or batch returned (acknowledged) and that never got a result (waited for 120 s
   after the last one); a batch whose publish was cut by the switch raised ``ClusterUnavailable`` and was not
-  acknowledged: it is sent again whole (new ids) and counted as ``batches resent``;
+  acknowledged: it is sent again with the same ids and counted (as is a call that raised ``NotReplicated``);
 - ran twice: jobs whose function ran to the end more than once (each run appends a line to a side file of its
   pool process): a rerun after its ack was lost with the old primary; its result is stored once (the first);
 - wrong: results that are not ``i * i``;
@@ -106,13 +106,25 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def send_all(args, marks: Path, handles: list, kill_at: int, killed: threading.Event, kill) -> int:
+def send_all(args, marks: Path, handles: list, kill_at: int, killed: threading.Event, kill) -> tuple[int, int]:
     """Sends ``args.jobs`` jobs at ``args.rate``; calls ``kill()`` (in a thread) once ``kill_at`` were sent.
-    ``handles``: (first i, handle) of every acknowledged batch and job. Returns how many batches were sent again."""
-    from gpulayer import submit, submit_batch
-    from gpulayer.errors import ClusterUnavailable
+    ``handles``: (first i, handle) of every acknowledged batch and job. A call that raised (``ClusterUnavailable``:
+    cut by the switch; ``NotReplicated``: no replica confirmed it) is sent again with the same job ids. Returns
+    (calls sent again after ClusterUnavailable, after NotReplicated)."""
+    from celery.utils import uuid
 
-    resent = 0
+    from gpulayer import submit, submit_batch
+    from gpulayer.errors import ClusterUnavailable, NotReplicated
+
+    resent = {ClusterUnavailable: 0, NotReplicated: 0}
+
+    def until_acknowledged(call):
+        while True:
+            try:
+                return call()
+            except (ClusterUnavailable, NotReplicated) as err:  # not acknowledged: the same ids again
+                resent[ClusterUnavailable if isinstance(err, ClusterUnavailable) else NotReplicated] += 1
+
     t0 = time.monotonic()
     i = 0
     while i < args.jobs:
@@ -120,21 +132,17 @@ def send_all(args, marks: Path, handles: list, kill_at: int, killed: threading.E
             killed.set()
             threading.Thread(target=kill, daemon=True).start()
         n = min(BATCH, args.jobs - i)
-        while True:
-            sent = time.time()
-            try:
-                batch = submit_batch([submit.s(job, j, sent, str(marks)) for j in range(i, i + n)])
-                break
-            except ClusterUnavailable:  # cut mid-publish by the switch: not acknowledged, sent again whole
-                resent += 1
-        handles.append((i, batch))
+        sent = time.time()
+        sigs = [submit.s(job, j, sent, str(marks)).set(task_id=uuid()) for j in range(i, i + n)]
+        handles.append((i, until_acknowledged(lambda: submit_batch(sigs))))
         i += n
         for _ in range(min(DELAYS, args.jobs - i)):
-            sent = time.time()
-            handles.append((i, submit.delay(job, i, sent, str(marks))))
+            sent, job_id = time.time(), uuid()
+            handles.append((i, until_acknowledged(
+                lambda: submit.apply_async((job, i, sent, str(marks)), task_id=job_id))))
             i += 1
         time.sleep(max(0.0, t0 + i / args.rate - time.monotonic()))
-    return resent
+    return resent[ClusterUnavailable], resent[NotReplicated]
 
 
 def run_once(args, fleet: SentinelFleet, run: int, out: Report, back: list[float], every: list[float]) -> dict:
@@ -166,7 +174,9 @@ def run_once(args, fleet: SentinelFleet, run: int, out: Report, back: list[float
     handles: list = []
     killed = threading.Event()
     t0 = time.time()
-    resent = send_all(args, marks, handles, args.jobs // 3, killed, kill)
+    tender = threading.Thread(target=bring_back, args=(args, fleet, state, frozen), daemon=True)
+    tender.start()
+    resent, unreplicated = send_all(args, marks, handles, args.jobs // 3, killed, kill)
     wait_until(lambda: "at" in state, 120, "the kill")
     lost, wrong = 0, 0
     for first, h in handles:
@@ -191,7 +201,9 @@ def run_once(args, fleet: SentinelFleet, run: int, out: Report, back: list[float
                 gang_notes.append("succeeded")
             except Exception as err:  # noqa: BLE001
                 gang_notes.append(f"{type(err).__name__}: {str(err)[:120]}")
-    if frozen:
+    state["done"] = True
+    tender.join()
+    if frozen and not state.get("resumed"):
         os.kill(fleet.group.procs[frozen[0]].pid, signal.SIGCONT)
     kill_at = state["at"]
     rows = [line.split() for p in marks.glob("*.jobs") for line in p.read_text().splitlines()]
@@ -212,7 +224,7 @@ def run_once(args, fleet: SentinelFleet, run: int, out: Report, back: list[float
     out(f"run {run}: {len(ids)} jobs acknowledged in {elapsed:.1f} s; primary {state['port']} "
         f"{'killed' if args.how == 'kill' else 'frozen'} after {args.jobs // 3} sent; lost {lost}, wrong {wrong}, "
         f"ran twice {twice} (executions {len(rows)} for {len(ids)} ids, {len(set(runs_per_id) - ids)} of resent "
-        f"batches' ids), batches resent {resent}; back after (s): "
+        f"batches' ids), calls sent again: {resent} cut by the switch, {unreplicated} not replicated; back after (s): "
         + ", ".join(f"{w} {b:.2f}" for w, b in zip(ran, workers_back)))
     audit = gang_audit(fleet, marks, gangs, kill_at, args.slots) if args.gang else {}
     if args.gang:
@@ -220,8 +232,25 @@ def run_once(args, fleet: SentinelFleet, run: int, out: Report, back: list[float
     shutil.rmtree(marks, ignore_errors=True)
     if frozen:
         fleet.group.wait_synced(60)
-    return {"lost": lost, "wrong": wrong, "twice": twice, "resent": resent, "back_every_s": max(workers_back),
+    return {"lost": lost, "wrong": wrong, "twice": twice, "resent": resent + unreplicated, "back_every_s": max(workers_back),
             **({"gangs_ok": gang_notes.count("succeeded"), **audit} if args.gang else {})}
+
+
+def bring_back(args, fleet: SentinelFleet, state: dict, frozen: list) -> None:
+    """``--back-after S``: the old primary returns S seconds after the signal (SIGCONT, or started again from its
+    files), as a replica of the new one, as ``gpulayer up``'s supervisor does (10 s): a group of one replica has
+    none while it is away, so replicated writes wait for it."""
+    if args.back_after is None:
+        return
+    while not state.get("done"):
+        if "at" in state and time.time() - state["at"] >= args.back_after and not state.get("resumed"):
+            if frozen:
+                os.kill(fleet.group.procs[frozen[0]].pid, signal.SIGCONT)
+            else:
+                fleet.group.restart_after = 0
+                fleet.group.tend()
+            state["resumed"] = True
+        time.sleep(0.2)
 
 
 def gang_audit(fleet: SentinelFleet, marks: Path, gangs: list, kill_at: float, slots: int) -> dict:
@@ -256,22 +285,29 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--slots", type=int, default=2)
     p.add_argument("--gang", action="store_true")
+    p.add_argument("--replicas", type=int, default=1, help="replicas of the primary (default 1)")
     p.add_argument("--durability", choices=("local", "replicated"), default=None)
+    p.add_argument("--back-after", type=float, default=None,
+                   help="seconds after the signal the old primary comes back (default: after the run; 10 with "
+                        "--durability replicated, as gpulayer up)")
     p.add_argument("--output", default=None, help="results file under benchmarks/results/<date>-<host>/")
     args = p.parse_args(argv)
     if args.gang and args.workers < 3:
         args.workers = 3  # a 2-node gang fills two workers: the jobs run on the third meanwhile
+    if args.back_after is None and args.durability == "replicated":
+        args.back_after = 10.0
     if args.durability:
         os.environ["GPULAYER_DURABILITY"] = args.durability  # this client's and (inherited) every worker's
     unwind_on_signals()
     out = Report("failover")
     out(f"# failover.py --how {args.how}  {args.jobs} jobs at {args.rate:g}/s x {args.runs} runs, {args.workers} "
-        f"workers x {args.slots} slots, gang {args.gang}, durability {args.durability or 'default'}  "
-        f"(a primary, 1 replica, 3 sentinels, down-after 2000 ms)  load "
+        f"workers x {args.slots} slots, gang {args.gang}, durability {args.durability or 'default'}, old primary back "
+        f"{'after the run' if args.back_after is None else f'{args.back_after:g} s after the signal'}  "
+        f"(a primary, {args.replicas} replica(s), 3 sentinels, down-after 2000 ms)  load "
         + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     workdir = Path(tempfile.mkdtemp(prefix="gl-failover-"))
     fleet = SentinelFleet(workdir, secret="failover-secret", password="failover-pw", torch=False,
-                          down_after_ms=2000)
+                          down_after_ms=2000, replicas=args.replicas)
     totals: list[dict] = []
     back: list[float] = []
     every: list[float] = []

@@ -157,7 +157,10 @@ def _jobs(signatures, packed):
             raise ValueError("give resources= to submit_batch, not to each signature: a batch routes once")
         if id(fn) not in packed:  # pickle each distinct function once per batch
             packed[id(fn)] = (fn, pack_function(fn))
-        yield uuid(), packed[id(fn)][1], args, kwargs, summarize(fn, args, kwargs)
+        # A signature's own id (``submit.s(...).set(task_id=...)``, as Celery's) is kept: a batch that raised
+        # NotReplicated or ClusterUnavailable is sent again with the same ids, and each job's result is stored once.
+        job_id = (sig.options or {}).get("task_id") or uuid()
+        yield job_id, packed[id(fn)][1], args, kwargs, summarize(fn, args, kwargs)
 
 
 def _send_batch(signatures, celery_app, chunk, packed, route, headers, summary, ids: list[str], batch_id: str

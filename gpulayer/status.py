@@ -72,7 +72,9 @@ def _replication(settings: Settings, client) -> dict | None:
     """A Sentinel group's primary and replicas, with their lag; None for a redis:// broker."""
     if not is_sentinel_url(settings.broker_url):
         return None
-    return replication(client, parse_sentinel_url(settings.broker_url).service)
+    report = replication(client, parse_sentinel_url(settings.broker_url).service)
+    report["durability"] = settings.durability_mode()
+    return report
 
 
 SUMMARY_ABOVE = 50  # a fleet of more live workers is shown as a summary unless --all is asked

@@ -130,3 +130,17 @@ def test_results_read_ahead_are_bounded(fleet, monkeypatch, n):
     handles[0].get(timeout=60)
     assert len(readahead._kept) <= 5
     assert [h.get(timeout=60) for h in handles] == [i * i for i in range(n + 10)]
+
+
+def test_a_batch_sent_again_with_its_ids_stores_each_result_once(fleet):
+    """A signature's own id (``.set(task_id=...)``) is the job's: a batch that raised (``NotReplicated``,
+    ``ClusterUnavailable``) is sent again with the same ids, and each job's handle and result are the same."""
+    ids = [str(uuid.uuid4()) for _ in range(5)]
+    first = submit_batch([submit.s(square, i).set(task_id=ids[i]) for i in range(5)])
+    assert list(first.ids) == ids
+    assert first.get(timeout=60) == [i * i for i in range(5)]
+    again = submit_batch([submit.s(square, i).set(task_id=ids[i]) for i in range(5)])
+    assert list(again.ids) == ids
+    assert again.get(timeout=60) == [i * i for i in range(5)]
+    mixed = submit_batch([submit.s(square, 7).set(task_id=ids[0]), submit.s(square, 8)])
+    assert mixed.ids[0] == ids[0] and mixed.ids[1] not in ids

@@ -261,6 +261,7 @@ def test_up_runs_a_sentinel_group_and_status_follows_its_failover(gpulayer_home)
         assert status.returncode == 0, status.stderr
         primary = status.stdout.split("Sentinel group 'gpulayer': primary ", 1)[1].split()[0]
         assert "  replica 127.0.0.1:" in status.stdout and "local-1" in status.stdout
+        assert "durability replicated: a write is acknowledged once a replica has it" in status.stdout
         os.kill(pids[f"redis-{primary.rsplit(':', 1)[1]}"], signal.SIGKILL)
 
         def new_primary():

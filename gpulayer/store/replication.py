@@ -28,12 +28,17 @@ def replication(client: redis.Redis, group: str | None = None) -> dict:
 
 
 def describe(report: dict) -> list[str]:
-    """Lines: ``Sentinel group 'gpulayer': primary 127.0.0.1:6380``, then ``  replica 127.0.0.1:6381 online,
-    lag 0 s, 0 bytes behind`` for each replica."""
+    """Lines: ``Sentinel group 'gpulayer': primary 127.0.0.1:6380``, what an acknowledged write means (its
+    ``durability``), then ``  replica 127.0.0.1:6381 online, lag 0 s, 0 bytes behind`` for each replica."""
     head = f"Sentinel group {report['group']!r}: primary {report['primary']}"
     if report.get("role") != "master":
         head += f" (it says it is a {report.get('role')}: a failover is under way)"
+    lines = [head]
+    if report.get("durability") == "replicated":  # store/durability.py
+        lines.append("  durability replicated: a write is acknowledged once a replica has it")
+    elif report.get("durability"):
+        lines.append("  durability local: a write is acknowledged by the primary alone (a failover may lose the last)")
     if not report["replicas"]:
-        return [head, "  no replica follows it (a failover now would have nothing to promote)"]
-    return [head, *(f"  replica {r['address']} {r['state']}, lag {r['lag_s']} s, {r['behind_bytes']} bytes behind"
-                    for r in report["replicas"])]
+        return [*lines, "  no replica follows it (a failover now would have nothing to promote)"]
+    return [*lines, *(f"  replica {r['address']} {r['state']}, lag {r['lag_s']} s, {r['behind_bytes']} bytes behind"
+                      for r in report["replicas"])]
