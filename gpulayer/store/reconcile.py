@@ -33,8 +33,13 @@ RECONCILE_WAIT = 10.0
 def primary_epoch(client: redis.Redis) -> str:
     """``"<run id>:<replication id>"`` of the server ``client`` reaches: the same until it restarts or is
     promoted (a replica made primary gets a new replication id), whichever server of a group it is."""
-    info = client.info("server", "replication")
-    return f"{info.get('run_id', '')}:{info.get('master_replid', '')}"
+    # Two INFO sections in one round trip; not ``INFO server replication``, which Redis before 7 refuses (the
+    # embedded cluster may run the pip-installed redis-server 6.2).
+    pipe = client.pipeline(transaction=False)
+    pipe.info("server")
+    pipe.info("replication")
+    server, replication = pipe.execute()
+    return f"{server.get('run_id', '')}:{replication.get('master_replid', '')}"
 
 
 def node_id(gang_id: str, attempt: int, node: int) -> str:
