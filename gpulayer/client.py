@@ -186,7 +186,7 @@ def _send_batch(signatures, celery_app, chunk, packed, route, headers, summary, 
                 if ids:  # its WAIT (durability) covers the messages too: they went before these records
                     acked = record_batch(celery_app.backend.client, app_mod.client_identity(), batch_id, ids, waits)
             if acked is not None:
-                durability.confirm(acked, waits, "submit_batch", ids)
+                durability.confirm(acked, waits, "submit_batch", ids, celery_app.backend.client)
             return
         sender = app_mod.client_identity()
         raws: list[str] = []

@@ -212,7 +212,8 @@ RANK_SCRIPT = textwrap.dedent("""
     from pathlib import Path
 
     pids = Path(sys.argv[1])
-    (pids / os.environ["RANK"]).write_text(str(os.getpid()))
+    (pids / (os.environ["RANK"] + ".part")).write_text(str(os.getpid()))
+    (pids / (os.environ["RANK"] + ".part")).rename(pids / os.environ["RANK"])  # whole, or not there
     print("rank", os.environ["RANK"], "running", flush=True)
     while True:
         time.sleep(0.1)
@@ -236,9 +237,9 @@ def test_ctrl_c_in_train_cancels_the_job(fleet, tmp_path, presses):
                      "train.py", str(pids)], project, env)
     try:
         # The ranks may run before the terminal's reader has the line that names the job: wait for both.
-        wait_until(lambda: len(list(pids.iterdir())) == 4 and train_line(term, "2 x 2"), 120,
+        wait_until(lambda: len(list(pids.glob("[0-9]"))) == 4 and train_line(term, "2 x 2"), 120,
                    f"every rank to run (output so far: {term.text()[-2000:]!r})")
-        ranks = [int(p.read_text()) for p in pids.iterdir()]
+        ranks = [int(p.read_text()) for p in pids.glob("[0-9]")]
         assert all(alive(p) for p in ranks)
         job_id = train_line(term, "2 x 2")
         started = time.perf_counter()
@@ -261,7 +262,7 @@ def test_ctrl_c_in_train_cancels_the_job(fleet, tmp_path, presses):
         assert GangStore(redis_client()).record(job_id)["state"] == "cancelled"
     finally:
         term.close()
-        for p in pids.iterdir():
+        for p in pids.glob("[0-9]"):
             pid = int(p.read_text())
             if alive(pid):
                 psutil.Process(pid).kill()
@@ -277,7 +278,7 @@ def test_ctrl_c_in_train_with_detach_leaves_the_job_running(fleet, tmp_path):
                      "train.py", str(pids)], project, env)
     job_id = None
     try:
-        wait_until(lambda: len(list(pids.iterdir())) == 2 and train_line(term, "1 x 2"), 120,
+        wait_until(lambda: len(list(pids.glob("[0-9]"))) == 2 and train_line(term, "1 x 2"), 120,
                    f"every rank to run ({term.text()[-2000:]!r})")
         job_id = train_line(term, "1 x 2")
         term.ctrl_c()
@@ -285,7 +286,7 @@ def test_ctrl_c_in_train_with_detach_leaves_the_job_running(fleet, tmp_path):
         term._reader.join(5)
         assert f"gpulayer train: stopped watching; job {job_id} keeps running on the cluster: cancel it with " \
                f"`gpulayer cancel {job_id}`" in term.text(), term.text()
-        ranks = [int(p.read_text()) for p in pids.iterdir()]
+        ranks = [int(p.read_text()) for p in pids.glob("[0-9]")]
         assert all(alive(p) for p in ranks)
         assert GangStore(redis_client()).record(job_id)["state"] == "running"
         out = cli(fleet, "cancel", job_id)

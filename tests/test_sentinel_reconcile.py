@@ -6,10 +6,12 @@ when to when) show at most 2 ranks at a time on a worker, and the ledger is empt
 from __future__ import annotations
 
 import json
+import operator
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -17,12 +19,15 @@ from pathlib import Path
 import pytest
 import redis
 
+from gpulayer import app as app_mod
 from gpulayer import distributed, submit, submit_batch
 from gpulayer.app import redis_client
+from gpulayer.config import load_settings
 from gpulayer.gang.audit import RECORD_LOST
 from gpulayer.lab.fleet import wait_until
 from gpulayer.lab.sentinel_fleet import SentinelFleet
 from gpulayer.models import GangPlacement
+from gpulayer.session import connect
 from gpulayer.store import keys, reconcile
 from gpulayer.store.connection import connect_redis
 from gpulayer.store.gangs import GangStore
@@ -221,11 +226,24 @@ def test_a_gang_whose_reservation_was_lost_restarts_and_nothing_is_booked_twice(
 
 def test_a_client_that_connects_during_the_switch(group, tmp_path):
     """A script started while the primary is frozen (SIGSTOP) connects, submits and gets its result from the
-    new primary; a job acknowledged before the freeze is not lost."""
+    new primary; a job acknowledged before the freeze is not lost. The old primary thaws once the switch is made
+    and comes back as the new primary's replica: the script's ``delay`` (durability "replicated") waits for it
+    rather than raising ``NotReplicated``."""
     before = submit.delay(counted_square, 6, str(tmp_path))
     assert before.get(timeout=60) == 36
     group.group.wait_synced()
     frozen = group.kill_primary(signal.SIGSTOP)
+    thawed = threading.Event()
+
+    def thaw_after_the_switch():
+        try:
+            wait_until(lambda: group.group.primary_port() != frozen, 60, "the sentinels to name a new primary")
+        finally:
+            os.kill(group.group.procs[frozen].pid, signal.SIGCONT)
+            thawed.set()
+
+    thaw = threading.Thread(target=thaw_after_the_switch, daemon=True)
+    thaw.start()
     try:
         script = ("import operator, gpulayer\n"
                   "gpulayer.init()\n"
@@ -237,9 +255,36 @@ def test_a_client_that_connects_during_the_switch(group, tmp_path):
         assert out.stdout.split()[-1] == "42"
         assert group.group.primary_port() != frozen
     finally:
-        os.kill(group.group.procs[frozen].pid, signal.SIGCONT)
+        thaw.join(timeout=70)
+        if not thawed.is_set():
+            os.kill(group.group.procs[frozen].pid, signal.SIGCONT)
     assert before.get(timeout=30) == 36  # its result is on the new primary too
     wait_until(lambda: role(group, frozen) == "slave", 60, "the sentinels to demote the thawed primary")
+
+
+def test_a_call_right_after_a_switch_waits_for_a_replica_to_come_back(group):
+    """The group's only replica was promoted, so the new primary has none until the old one is back (started
+    again from its files 1.5 s later): a ``delay`` made meanwhile, whose ``WAIT`` gives up after 0.3 s, waits for
+    that replica to catch up (a switch under ``RECONCILE_WAIT`` s ago) instead of raising ``NotReplicated``."""
+    group.group.restart_after = None  # nothing starts the killed primary again until this test does
+    killed = group.kill_primary()
+    wait_until(lambda: group.group.primary_port() != killed, 30, "the sentinels to name a new primary")
+    connect(load_settings(broker_url=group.url, secret=group.secret, durability_timeout=0.3))
+    assert app_mod.settings().durability_mode() == "replicated"
+
+    def restart():
+        group.group.restart_after = 0
+        group.group.tend()
+
+    later = threading.Timer(1.5, restart)
+    later.start()
+    try:
+        handle = submit.delay(operator.mul, 6, 7)  # NotReplicated here without the wait after a switch
+        assert later.finished.is_set()  # it returned after the replica was back, not before
+        assert handle.get(timeout=60) == 42
+    finally:
+        later.join()
+    wait_until(lambda: role(group, killed) == "slave", 60, "the old primary to follow the new one")
 
 
 def wait_reconciled(group) -> None:

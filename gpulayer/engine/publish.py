@@ -140,7 +140,7 @@ def publish_one(channel, queue: str, raw: str, job_id: str, sender: str) -> None
             [raw, job_id, time(), BELL_TOKENS, keys.SENT_KEEP_SECONDS if refresh else "", sender], channel.durability)
         if refresh:
             senders.refreshed(sender)
-    durability.confirm(acked, channel.durability, "submit", (job_id,))
+    durability.confirm(acked, channel.durability, "submit", (job_id,), client)
 
 
 def publish_chunk(channel, queue: str, raws: Sequence[str], ids: Sequence[str], sender: str, batch_id: str) -> None:
@@ -161,4 +161,4 @@ def publish_chunk(channel, queue: str, raws: Sequence[str], ids: Sequence[str], 
         if channel.durability:  # on the same connection: returns once a replica has the whole chunk
             pipe.execute_command(*channel.durability.command())
         acked = pipe.execute()[-1]
-    durability.confirm(acked, channel.durability, "submit_batch", ids)
+    durability.confirm(acked, channel.durability, "submit_batch", ids, client)

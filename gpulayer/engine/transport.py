@@ -130,7 +130,7 @@ class Channel(Prefetch, SentinelPools, kredis.Channel):
             if waits:  # on the same connection: returns once a replica has the message
                 pipe.execute_command(*waits.command())
             acked = pipe.execute()[-1]
-        durability.confirm(acked, waits, "publish", (job_id,))
+        durability.confirm(acked, waits, "publish", (job_id,), client)
 
     def _do_restore_message(self, payload, exchange, routing_key, pipe, leftmost=False):
         super()._do_restore_message(payload, exchange, routing_key, pipe, leftmost)

@@ -8,7 +8,8 @@ replica takes over.
 
 A server that dies is started again (same port, same data) only after ``restart_after`` seconds: at once, a
 killed primary would be back before the sentinels noticed, and no failover would ever be seen. It comes back
-as a replica of whichever server is the primary then (the sentinels reconfigure it).
+as a replica of whichever server is the primary then (the sentinels reconfigure it), and resyncs at once
+(``repl-diskless-sync-delay 0``): until then a one-replica group has no replica, and a "replicated" write waits.
 """
 
 from __future__ import annotations
@@ -117,7 +118,11 @@ class SentinelGroup:
         return self
 
     def _start_server(self, port: int, replica_of: int | None) -> subprocess.Popen:
-        directives: list[tuple[str, ...]] = [("masterauth", self.password)] if self.password else []
+        # A server that comes back (or a replica re-pointed at a new primary that cannot continue its stream)
+        # resyncs in full: at once, not after Redis 7's 5 s wait for more replicas to share one transfer.
+        directives: list[tuple[str, ...]] = [("repl-diskless-sync-delay", "0")]
+        if self.password:
+            directives.append(("masterauth", self.password))
         if replica_of is not None:
             directives.append(("replicaof", "127.0.0.1", str(replica_of)))
         if self.tls:

@@ -10,7 +10,9 @@ When no replica confirms within ``durability_timeout`` seconds:
 
 - a client's call (``delay``, ``apply_async``, ``submit_batch``) raises :class:`~gpulayer.errors.NotReplicated`
   naming the jobs: they are on the primary and will most likely run, but may not survive a failover now;
-  sending them again with the same job ids is safe (a job runs again at most, its result is stored once);
+  sending them again with the same job ids is safe (a job runs again at most, its result is stored once).
+  Within ``RECONCILE_WAIT`` seconds of a failover the call first waits for the new primary's replicas to
+  re-attach and catch up (:func:`caught_up_after_switch`), so a failover makes it slower, not fail;
 - a worker's write (a result, an ack, a reservation) is logged and the worker carries on: delivery at least
   once covers it (a lost ack or result reruns the job). That worker then stops waiting for
   ``PAUSE_AFTER_MISS`` seconds, so a replica that hangs costs each worker one wait, not one per take.
@@ -25,7 +27,7 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
-from time import monotonic
+from time import monotonic, sleep
 
 import redis
 
@@ -66,9 +68,16 @@ def from_options(options: dict | None) -> Durability:
 
 
 # -- after the write: the client's call raises, a worker's logs and carries on ----------------------------------
-def confirm(acked, durability: Durability, what: str, job_ids=()) -> None:
-    """A client's write: raise :class:`NotReplicated` when fewer replicas than asked confirmed it."""
+def confirm(acked, durability: Durability, what: str, job_ids=(), client: redis.Redis | None = None) -> None:
+    """A client's write: raise :class:`NotReplicated` when fewer replicas than asked confirmed it.
+
+    Right after a failover the new primary's replicas are still re-attaching (the sentinels point them at it
+    one after the other): with ``client`` (the primary the write went to), a miss within ``RECONCILE_WAIT``
+    seconds of a switch waits, until that window ends, for a replica to report the primary's offset read after
+    the write, rather than failing the call a failover made slow."""
     if not durability or int(acked) >= durability.replicas:
+        return
+    if client is not None and caught_up_after_switch(client, durability):
         return
     ids = tuple(job_ids)
     named = (f"job {ids[0]}" if len(ids) == 1 else f"{len(ids)} jobs (first {ids[0]})") if ids else "the write"
@@ -77,6 +86,33 @@ def confirm(acked, durability: Durability, what: str, job_ids=()) -> None:
         f"{durability.timeout_ms / 1000:g} s (durability = \"replicated\"), so it may not survive a failover now; "
         "sending it again with the same job id is safe (a job runs again at most, its result is stored once). "
         "`gpulayer status` shows the replicas' state; GPULAYER_DURABILITY=local stops waiting for them", ids)
+
+
+def caught_up_after_switch(client: redis.Redis, durability: Durability, poll: float = 0.1) -> bool:
+    """When the primary ``client`` reaches switched under ``RECONCILE_WAIT`` seconds ago: wait, until then, for
+    ``durability.replicas`` replicas online at or past its replication offset now (which covers a write made
+    before this call on any connection: one stream, in order); whether they got there. False at once otherwise."""
+    from .reconcile import RECONCILE_WAIT, switched_within
+
+    try:
+        age = switched_within(client, RECONCILE_WAIT)
+        if age is None:
+            return False
+        deadline = monotonic() + RECONCILE_WAIT - age
+        target = int(client.info("replication").get("master_repl_offset", 0))
+        while True:
+            info = client.info("replication")
+            caught = sum(1 for name, replica in info.items()
+                         if name.startswith("slave") and isinstance(replica, dict)
+                         and replica.get("state") == "online" and int(replica.get("offset", -1)) >= target)
+            if caught >= durability.replicas:
+                return True
+            if monotonic() >= deadline:
+                return False
+            sleep(poll)
+    except redis.exceptions.RedisError as err:  # the primary went away too: the call's own error says enough
+        log.debug("gpulayer: waiting for replicas after a switch: %s", err)
+        return False
 
 
 _paused_until: dict[int, float] = {}  # pid -> until when this process's worker writes skip WAIT

@@ -41,9 +41,31 @@ _SNAP_KEYS = [keys.WORKERS, keys.WORKERS_INFO, keys.WORKERS_STATIC, keys.WORKERS
               keys.WORKERS_PACKED, keys.WORKERS_PACKED_SYNCED]
 
 
-def load_script(client: redis.Redis, name: str):
+class Script(redis.commands.core.Script):
+    """redis-py's registered script, loaded again each time a server lacks it, not once.
+
+    After a failover a call can meet two servers without it: the old primary, back as a replica, answers
+    ``NOSCRIPT``; once loaded there, it refuses the script's writes with ``READONLY``, and the command goes again
+    to the new primary (``store/sentinel.py``), whose script cache is empty too (caches are not replicated)."""
+
+    TRIES = 3
+
+    def __call__(self, keys=None, args=None, client=None):
+        client = self.registered_client if client is None else client
+        if isinstance(client, redis.client.Pipeline):  # a pipeline loads its scripts before it runs
+            return super().__call__(keys, args, client)
+        for attempt in range(1, self.TRIES + 1):
+            try:
+                return client.evalsha(self.sha, len(keys or ()), *(keys or ()), *(args or ()))
+            except redis.exceptions.NoScriptError:
+                if attempt == self.TRIES:
+                    raise
+                self.sha = client.script_load(self.script)
+
+
+def load_script(client: redis.Redis, name: str) -> Script:
     """A registered Lua script from ``store/lua/<name>.lua``."""
-    return client.register_script(_res.files(__package__).joinpath("lua", f"{name}.lua").read_text())
+    return Script(client, _res.files(__package__).joinpath("lua", f"{name}.lua").read_text())
 
 
 def static_record(info: WorkerInfo) -> str:
