@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 
 import pytest
 
@@ -70,6 +71,9 @@ def test_dead_worker_leaves_the_registry_and_routing(fresh_fleet):
     fresh_fleet.connect()
     assert submit.delay(where, resources=Resources(zone="z1")).get(timeout=30)[0] == "solo"
     fresh_fleet.stop_worker("solo")  # clean stop deregisters at once
+    # A client routes on its view of the fleet, reused for up to registry_cache_seconds (a stop that fast may
+    # fall inside it): past that, the next submit reads the registry again and sees the worker gone.
+    time.sleep(gpulayer.app.settings().registry_cache_seconds)
     with pytest.raises(JobRejected, match="zone 'z1'"):
         submit.delay(where, resources=Resources(zone="z1"))
     assert {w.id for w in gpulayer.app.registry().snapshot()} == {"other"}
