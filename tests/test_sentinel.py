@@ -197,8 +197,9 @@ def test_the_primary_killed_mid_batch_the_batch_completes(group, tmp_path):
     assert done_before < n
     wait_until(lambda: group.group.primary_port() != killed, 30, "every sentinel to name the new primary")
     group.wait_workers(["s1", "s2"], timeout=30)  # their beats of the switch's seconds show (README, "Sentinel")
-    # The group's one replica is its primary now: a submit is not confirmed by any replica, and says so (the
-    # workers' results and acks above were logged as unconfirmed and went on); once a replica follows, it is.
+    # The group's one replica is its primary now and the killed one stays down: a submit is not confirmed by any
+    # replica and, once the wait a switch allows is over (durability.SWITCH_WAIT), says so (the workers' results
+    # and acks above were logged as unconfirmed and went on); once a replica follows, it is.
     with pytest.raises(NotReplicated):
         submit.delay(square, 3)
     replica_back(group)

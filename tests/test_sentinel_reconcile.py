@@ -265,7 +265,7 @@ def test_a_client_that_connects_during_the_switch(group, tmp_path):
 def test_a_call_right_after_a_switch_waits_for_a_replica_to_come_back(group):
     """The group's only replica was promoted, so the new primary has none until the old one is back (started
     again from its files 1.5 s later): a ``delay`` made meanwhile, whose ``WAIT`` gives up after 0.3 s, waits for
-    that replica to catch up (a switch under ``RECONCILE_WAIT`` s ago) instead of raising ``NotReplicated``."""
+    that replica to catch up (a switch under ``durability.SWITCH_WAIT`` s ago) instead of raising ``NotReplicated``."""
     group.group.restart_after = None  # nothing starts the killed primary again until this test does
     killed = group.kill_primary()
     wait_until(lambda: group.group.primary_port() != killed, 30, "the sentinels to name a new primary")

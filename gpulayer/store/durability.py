@@ -11,7 +11,7 @@ When no replica confirms within ``durability_timeout`` seconds:
 - a client's call (``delay``, ``apply_async``, ``submit_batch``) raises :class:`~gpulayer.errors.NotReplicated`
   naming the jobs: they are on the primary and will most likely run, but may not survive a failover now;
   sending them again with the same job ids is safe (a job runs again at most, its result is stored once).
-  Within ``RECONCILE_WAIT`` seconds of a failover the call first waits for the new primary's replicas to
+  Within ``SWITCH_WAIT`` seconds of a failover the call first waits for the new primary's replicas to
   re-attach and catch up (:func:`caught_up_after_switch`), so a failover makes it slower, not fail;
 - a worker's write (a result, an ack, a reservation) is logged and the worker carries on: delivery at least
   once covers it (a lost ack or result reruns the job). That worker then stops waiting for
@@ -37,6 +37,10 @@ log = logging.getLogger(__name__)
 
 OPTION = "gpulayer_durability"  # broker_transport_options key: (replicas, timeout ms); absent for "local"
 PAUSE_AFTER_MISS = 10.0  # seconds a worker writes without WAIT after one went unconfirmed
+# Seconds after a switch during which a client's unconfirmed write waits for the new primary's replicas rather
+# than raising: a returning old primary is demoted by the sentinels only once it has answered as a primary for
+# 8 s (Sentinel's rule against flapping), then resyncs; a group of one replica has none until then.
+SWITCH_WAIT = 20.0
 REPLICAS = 1  # how many replicas must confirm
 
 
@@ -72,7 +76,7 @@ def confirm(acked, durability: Durability, what: str, job_ids=(), client: redis.
     """A client's write: raise :class:`NotReplicated` when fewer replicas than asked confirmed it.
 
     Right after a failover the new primary's replicas are still re-attaching (the sentinels point them at it
-    one after the other): with ``client`` (the primary the write went to), a miss within ``RECONCILE_WAIT``
+    one after the other): with ``client`` (the primary the write went to), a miss within ``SWITCH_WAIT``
     seconds of a switch waits, until that window ends, for a replica to report the primary's offset read after
     the write, rather than failing the call a failover made slow."""
     if not durability or int(acked) >= durability.replicas:
@@ -89,16 +93,16 @@ def confirm(acked, durability: Durability, what: str, job_ids=(), client: redis.
 
 
 def caught_up_after_switch(client: redis.Redis, durability: Durability, poll: float = 0.1) -> bool:
-    """When the primary ``client`` reaches switched under ``RECONCILE_WAIT`` seconds ago: wait, until then, for
+    """When the primary ``client`` reaches switched under ``SWITCH_WAIT`` seconds ago: wait, until then, for
     ``durability.replicas`` replicas online at or past its replication offset now (which covers a write made
     before this call on any connection: one stream, in order); whether they got there. False at once otherwise."""
-    from .reconcile import RECONCILE_WAIT, switched_within
+    from .reconcile import switched_within
 
     try:
-        age = switched_within(client, RECONCILE_WAIT)
+        age = switched_within(client, SWITCH_WAIT)
         if age is None:
             return False
-        deadline = monotonic() + RECONCILE_WAIT - age
+        deadline = monotonic() + SWITCH_WAIT - age
         target = int(client.info("replication").get("master_repl_offset", 0))
         while True:
             info = client.info("replication")
