@@ -104,6 +104,9 @@ def caught_up_after_switch(client: redis.Redis, durability: Durability, poll: fl
             return False
         deadline = monotonic() + SWITCH_WAIT - age
         target = int(client.info("replication").get("master_repl_offset", 0))
+        log.warning("gpulayer: the broker failed over %.1f s ago and no replica of the new primary has confirmed "
+                    "this write yet; waiting up to %.0f s for one to catch up (durability \"replicated\")",
+                    age, SWITCH_WAIT - age)
         while True:
             info = client.info("replication")
             caught = sum(1 for name, replica in info.items()
