@@ -229,7 +229,10 @@ def run_once(args, fleet: SentinelFleet, run: int, out: Report, back: list[float
     audit = gang_audit(fleet, marks, gangs, kill_at, args.slots) if args.gang else {}
     if args.gang:
         out(f"  gangs: {gang_notes}; " + "; ".join(f"{k} {v}" for k, v in audit.items()))
-    shutil.rmtree(marks, ignore_errors=True)
+    if args.keep:
+        out(f"  kept the jobs' and ranks' marks in {marks}")
+    else:
+        shutil.rmtree(marks, ignore_errors=True)
     if frozen:
         fleet.group.wait_synced(60)
     return {"lost": lost, "wrong": wrong, "twice": twice, "resent": resent + unreplicated, "back_every_s": max(workers_back),
@@ -285,6 +288,7 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--slots", type=int, default=2)
     p.add_argument("--gang", action="store_true")
+    p.add_argument("--keep", action="store_true", help="keep the workers' logs and the marks (printed where)")
     p.add_argument("--replicas", type=int, default=1, help="replicas of the primary (default 1)")
     p.add_argument("--durability", choices=("local", "replicated"), default=None)
     p.add_argument("--back-after", type=float, default=None,
@@ -319,7 +323,10 @@ def main(argv=None) -> int:
             totals.append(run_once(args, fleet, run, out, back, every))
     finally:
         fleet.stop()
-        shutil.rmtree(workdir, ignore_errors=True)
+        if args.keep:
+            print(f"kept the fleet's logs in {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
     lost = sum(t["lost"] for t in totals)
     twice = sum(t["twice"] for t in totals)
     wrong = sum(t["wrong"] for t in totals)
