@@ -32,6 +32,7 @@ from time import monotonic, sleep
 import redis
 
 from ..errors import NotReplicated
+from .replication import caught_up
 
 log = logging.getLogger(__name__)
 
@@ -103,20 +104,19 @@ def caught_up_after_switch(client: redis.Redis, durability: Durability, poll: fl
         if age is None:
             return False
         deadline = monotonic() + SWITCH_WAIT - age
-        target = int(client.info("replication").get("master_repl_offset", 0))
+        info = client.info("replication")
+        target = int(info.get("master_repl_offset", 0))
+        if caught_up(info, target) >= durability.replicas:
+            return True
         log.warning("gpulayer: the broker failed over %.1f s ago and no replica of the new primary has confirmed "
                     "this write yet; waiting up to %.0f s for one to catch up (durability \"replicated\")",
                     age, SWITCH_WAIT - age)
-        while True:
-            info = client.info("replication")
-            caught = sum(1 for name, replica in info.items()
-                         if name.startswith("slave") and isinstance(replica, dict)
-                         and replica.get("state") == "online" and int(replica.get("offset", -1)) >= target)
-            if caught >= durability.replicas:
-                return True
+        while caught_up(info, target) < durability.replicas:
             if monotonic() >= deadline:
                 return False
             sleep(poll)
+            info = client.info("replication")
+        return True
     except redis.exceptions.RedisError as err:  # the primary went away too: the call's own error says enough
         log.debug("gpulayer: waiting for replicas after a switch: %s", err)
         return False

@@ -13,6 +13,16 @@ import redis
 _REPLICA = re.compile(r"slave\d+")
 
 
+def replicas_of(info: dict) -> list[dict]:
+    """The replicas in a primary's ``INFO replication`` (its ``slaveN`` entries: ip, port, state, offset, lag)."""
+    return [v for k, v in sorted(info.items()) if _REPLICA.fullmatch(k) and isinstance(v, dict)]
+
+
+def caught_up(info: dict, offset: int) -> int:
+    """How many replicas in ``info`` are online and have the primary's stream up to ``offset``."""
+    return sum(1 for r in replicas_of(info) if r.get("state") == "online" and int(r.get("offset", -1)) >= offset)
+
+
 def replication(client: redis.Redis, group: str | None = None) -> dict:
     """``{"group", "primary", "role", "replicas": [{"address", "state", "lag_s", "behind_bytes"}]}`` from the
     server ``client`` reaches (the primary, for a client of ``store.sentinel.sentinel_pool``)."""
@@ -23,7 +33,7 @@ def replication(client: redis.Redis, group: str | None = None) -> dict:
     offset = int(info.get("master_repl_offset", 0))
     replicas = [{"address": f"{v.get('ip')}:{v.get('port')}", "state": v.get("state"), "lag_s": v.get("lag"),
                  "behind_bytes": max(0, offset - int(v.get("offset", 0)))}
-                for k, v in sorted(info.items()) if _REPLICA.fullmatch(k) and isinstance(v, dict)]
+                for v in replicas_of(info)]
     return {"group": group, "primary": f"{primary[0]}:{primary[1]}", "role": info.get("role"), "replicas": replicas}
 
 
