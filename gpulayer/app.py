@@ -36,7 +36,7 @@ from .store.registry import CachedSnapshot, Registry
 SUBMIT = "gpulayer.submit"
 COORDINATE = "gpulayer.gang.coordinate"  # gang/coordinator.py; always to queues.CONTROL
 RESOURCES_HEADER = "gl_resources"
-TIMEOUT_HEADER = "gl_timeout"  # a job's timeout, which the worker's reaper enforces (worker/reaper.py)
+from .engine.batches import TIMEOUT_HEADER  # noqa: E402  (a job's timeout, which the worker's reaper enforces)
 ROUTES = ("gpulayer.app.route_task",)  # the app's task_routes; while they are these, submit publishes itself
 
 signing.register_serializer()

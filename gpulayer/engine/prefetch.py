@@ -24,6 +24,7 @@ from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 
 from . import envelope
+from .batches import batchable, batches
 from .bells import ring
 from .loop import TURN_DELAY
 
@@ -66,17 +67,33 @@ class Prefetch:
             self._give_back()
         n = 0
         while self._buffer and self.qos.may_deliver():
-            queue_key, _, message = self._buffer.popleft()
-            dest = bytes_to_str(queue_key).rsplit(self.sep, 1)[0]
-            self._queue_cycle.rotate(dest)
-            self.connection._deliver(message, dest)
-            n += 1
+            # Under a backlog, several tiny jobs for one free slot, to one pool process at once (engine/batches.py).
+            gate = self.qos.gate
+            size = batches.group_size(len(self._buffer), gate.free() if gate is not None else 1)
+            if size == 0 or not batchable(self._buffer[0][2]):
+                self._deliver_next()
+                n += 1
+                continue
+            with batches.collecting():
+                self._deliver_next()
+                n += 1
+                for _ in range(size - 1):
+                    if not self._buffer or not batchable(self._buffer[0][2]):
+                        break
+                    self._deliver_next()
+                    n += 1
         self._handed += n
         if n and not self._buffer:
             self._drained()
         if n:  # their acks may come a turn later
             self._turn_soon_if_acks_wait()
         return n
+
+    def _deliver_next(self) -> None:
+        queue_key, _, message = self._buffer.popleft()
+        dest = bytes_to_str(queue_key).rsplit(self.sep, 1)[0]
+        self._queue_cycle.rotate(dest)
+        self.connection._deliver(message, dest)
 
     def _drained(self) -> None:
         """The last buffered message started. A full take whose messages all started within ``BURST_DRAIN`` held
@@ -103,7 +120,7 @@ class Prefetch:
         nothing looks again later, four times less often each time, up to a second.
         """
         gate = self.qos.gate
-        if self._turn_timer_set or virtual.QoS.can_consume(self.qos) or (gate is not None and gate.free() <= 0):
+        if self._turn_timer_set or self.qos.under_prefetch_count() or (gate is not None and gate.free() <= 0):
             return
         hub = get_event_loop()
         if hub is None:

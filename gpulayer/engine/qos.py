@@ -21,6 +21,8 @@ from celery.worker import state as worker_state
 from kombu.transport import redis as kredis
 from kombu.transport import virtual
 
+from .batches import extra_active, extra_reserved
+
 
 @dataclass(frozen=True)
 class Gate:
@@ -66,7 +68,13 @@ class QoS(kredis.QoS):
     def may_deliver(self) -> bool:
         """May the worker start one more message now (its slot gate, then kombu's prefetch count)?"""
         gate = self.gate
-        return (gate is None or gate.free() > 0) and virtual.QoS.can_consume(self)
+        return (gate is None or gate.free() > 0) and self.under_prefetch_count()
+
+    def under_prefetch_count(self) -> bool:
+        """kombu's prefetch count (its ``can_consume``), with a batch's messages counted once
+        (engine/batches.py: several jobs to one pool process)."""
+        count = self.prefetch_count
+        return not count or len(self._delivered) - len(self._dirty) - extra_reserved() < count
 
     def _remove_from_indices(self, delivery_tag, pipe=None):
         pipe = super()._remove_from_indices(delivery_tag, pipe)
@@ -95,13 +103,14 @@ def running() -> list:
 
 
 def running_count() -> int:
-    """How many jobs this worker's pool runs now."""
-    return len(worker_state.active_requests)
+    """How many slots this worker's pool runs jobs in now (a batch of tiny jobs in one process counts once)."""
+    return len(worker_state.active_requests) - extra_active()
 
 
 def reserved_count() -> int:
-    """How many jobs this worker took and has not finished (running ones included)."""
-    return len(worker_state.reserved_requests)
+    """How many slots the jobs this worker took and has not finished hold (running ones included; a batch of
+    tiny jobs for one process counts once)."""
+    return len(worker_state.reserved_requests) - extra_reserved()
 
 
 def held_requests() -> list:

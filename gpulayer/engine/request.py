@@ -109,6 +109,18 @@ class JobRequest(Request):
             reason = f"{STOPPED_WHILE_RUNNING} (after {max(0.0, time.time() - self.time_start):.1f} s)"
         return super()._announce_revoked(reason, terminated, signum, expired)
 
+    def lost_with_batch(self, exc_info) -> None:
+        """This job's pool process died while it ran a batch of tiny jobs (engine/batches.py): unless this job
+        was stopped on purpose, it goes back to its queue without a lost delivery counted (the batch-mate that
+        killed the process is found when, delivered again, it runs alone)."""
+        if self.id in reaper.stopped or self._already_revoked or not self.task.acks_late:
+            return self.on_failure(exc_info)
+        log.info("gpulayer: job %s lost its process with its batch; delivering it again", self.id)
+        from celery.worker.state import task_ready
+
+        task_ready(self)
+        self.reject(requeue=True)
+
     def on_failure(self, exc_info, send_failed_event=True, return_ok=False):
         exc = exc_info.exception
         if isinstance(exc, ExceptionWithTraceback):

@@ -65,6 +65,7 @@ _RS, _RV = "gpulayer/engine/respawn.py", "gpulayer/engine/revoke.py"
 _S = "gpulayer/engine/sentinel.py"
 _PUB = "gpulayer/engine/publish.py"
 _PS = "gpulayer/engine/pool_stop.py"
+_B = "gpulayer/engine/batches.py"
 
 BORROWED: tuple[Borrowed, ...] = (
     # kombu's Redis transport: takes a SIGKILL cannot lose, bells, one client per pool
@@ -170,6 +171,18 @@ BORROWED: tuple[Borrowed, ...] = (
     Borrowed("billiard.pool:Worker._do_exit", "47d158821a7a0566", _PS, "relies on"),
     Borrowed("celery.concurrency.asynpool:AsynPool._stop_task_handler", "b1d17db19c811d11", _PS, "relies on"),
     Borrowed("celery.concurrency.asynpool:ResultHandler.on_stop_not_started", "338c8c08d977fa90", _PS, "relies on"),
+    # several tiny jobs to one pool process: the pool's applies collected, Celery's per-request semaphore left out
+    # (the slot gate admits requests), the batch run as billiard's worker loop runs a job, each request's
+    # callbacks called with its own outcome; a job of a lost batch goes back marked redelivered
+    Borrowed("celery.concurrency.prefork:TaskPool.on_start", "b70a73103b425317", _B, "patches"),
+    Borrowed("celery.worker.worker:WorkController._process_task_sem", "0b67129962976889", _B, "patches"),
+    Borrowed("celery.concurrency.base:BasePool.apply_async", "9bbeebd3f147f6fc", _B, "relies on"),
+    Borrowed("billiard.pool:Pool.apply_async", "f7c11d86271caccc", _B, "relies on"),
+    Borrowed("billiard.pool:ApplyResult._set", "cea757e81f669ba5", _B, "relies on"),
+    Borrowed("billiard.pool:ApplyResult._ack", "259bcebbc5705d92", _B, "relies on"),
+    Borrowed("billiard.pool:Worker.workloop", "4d5b107d2f283a04", _B, "relies on"),
+    Borrowed("celery.worker.request:Request.execute_using_pool", "b57624ea980eda65", _B, "relies on"),
+    Borrowed("celery.worker.consumer.consumer:Consumer.update_strategies", "81a35b4e77738ceb", _B, "relies on"),
     # task events, paced
     Borrowed("celery.bootsteps:Step.__init__", "1f7b8cd57cb9aee6", _E, "overrides"),
     Borrowed("celery.bootsteps:StartStopStep.start", "90fe302ae41c3143", _E, "overrides"),
@@ -359,8 +372,9 @@ def unlisted(modules: Iterable[types.ModuleType]) -> set[str]:
 
 
 # -- patching --------------------------------------------------------------------------------------
-def patch(owner: Any, target: str, value: Any) -> None:
-    """Set ``target``'s attribute on ``owner`` (its class, an instance, or its module) to ``value``.
+def patch(owner: Any, target: str, value: Any, attribute: str | None = None) -> None:
+    """Set ``target``'s attribute on ``owner`` (its class, an instance, or its module) to ``value``; or, for
+    an instance attribute that upstream sets in ``target`` (no source of its own), ``attribute``.
 
     The one way engine/ replaces upstream code: ``target`` must be listed in ``BORROWED`` as patched,
     so the contract test watches what the patch stands in for.
@@ -372,8 +386,8 @@ def patch(owner: Any, target: str, value: Any) -> None:
         raise LookupError(f"gpulayer.engine.upstream.patch: {target!r} is not listed as patched in "
                           "gpulayer/engine/upstream.py BORROWED; add it there (with its source hash) so the contract "
                           "test notices when upstream changes it")
-    name = _split(target)[1][-1]
-    if isinstance(owner, (type, types.ModuleType)):
+    name = attribute or _split(target)[1][-1]
+    if isinstance(owner, (type, types.ModuleType)) and attribute is None:
         _originals.setdefault(target, inspect.getattr_static(owner, name))
     setattr(owner, name, value)
 

@@ -179,6 +179,7 @@ def _start(settings, registry: Registry, worker_id: str, host: str, gpu_ids: lis
     from .. import queues
     from ..engine import request as job_request
     from ..engine import pool_stop, respawn, revoke
+    from ..engine.batches import PoolBatches
     from ..engine.events import EventPacer
     from ..engine.transport import consume_as
     from ..gang.agent import GangAgent, SlotGate
@@ -200,6 +201,7 @@ def _start(settings, registry: Registry, worker_id: str, host: str, gpu_ids: lis
     app.steps["worker"].add(WakeOnSignal)  # SIGTERM starts the warm shutdown at once
     app.steps["consumer"].add(SlotGate)
     app.steps["consumer"].add(EventPacer)
+    app.steps["consumer"].add(PoolBatches)  # several tiny jobs to a pool process at once, under a backlog
     job_request.install()  # jobs logged by their summary; successes stored with their acks
 
     worker = app.Worker(

@@ -1,0 +1,111 @@
+"""Several tiny jobs to a pool process in one exchange (engine/batches.py), with real workers: batches form under a
+backlog, every job's result is its own and stored once, and a job that kills its process or is cancelled costs its
+batch-mates a rerun, never a lost delivery or a result."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import gpulayer
+from gpulayer import JobFailed, Resources, submit, submit_batch
+from gpulayer.app import redis_client
+from gpulayer.store.jobs import JobRecords
+from gpulayer.lab.fleet import wait_until
+
+LIMIT = 3  # max_deliveries' default
+
+
+def where(i: int):
+    """Returns ``i`` and where it ran: ``(index, size)`` in a batch, or None alone."""
+    from gpulayer.engine.batches import position
+
+    return i, position()
+
+
+def poison():
+    import os as _os
+
+    _os._exit(3)
+
+
+def sleeper(run: str):
+    import time as _t
+
+    from gpulayer.engine.batches import position
+
+    gpulayer.app.redis_client().rpush(f"{run}:started", repr(position()))
+    _t.sleep(600)
+
+
+def one_worker(fleet):
+    fleet.add_workers({"b1": dict(slots=1, torch=False)})
+    fleet.connect()
+    return Resources(worker_ids=["b1"])
+
+
+def events(client, job_id: str) -> list[str]:
+    return [e["event"] for e in JobRecords(client).history(job_id)]
+
+
+def test_tiny_jobs_under_a_backlog_share_pool_exchanges_and_each_gets_its_own_result(fresh_fleet):
+    pin = one_worker(fresh_fleet)
+    batch = submit_batch([submit.s(where, i) for i in range(600)], resources=pin)
+    out = batch.get(timeout=120)
+    assert [i for i, _ in out] == list(range(600))
+    sizes = [p[1] for _, p in out if p is not None]
+    assert sizes and max(sizes) > 1, "no batch formed under a backlog of 600 tiny jobs on one slot"
+    # A batch's jobs are a run of consecutive messages, each at its own index.
+    for i, p in ((i, p) for i, p in out if p is not None):
+        assert 0 <= p[0] < p[1]
+    client = redis_client()
+    assert not any(events(client, j) for j in batch.ids[:50])  # nothing lost or run twice
+
+
+def test_a_job_alone_gets_no_batch(fresh_fleet):
+    pin = one_worker(fresh_fleet)
+    assert [submit.delay(where, i, resources=pin).get(timeout=60) for i in range(5)] == [(i, None) for i in range(5)]
+
+
+def test_a_job_that_kills_its_process_in_a_batch_costs_its_batch_mates_no_lost_delivery(fresh_fleet):
+    pin = one_worker(fresh_fleet)
+    batch = submit_batch([submit.s(where, i) for i in range(300)] + [submit.s(poison)]
+                         + [submit.s(where, i) for i in range(300, 600)], resources=pin)
+    out = batch.get(timeout=240, propagate=False)
+    client = redis_client()
+    ids = batch.ids
+    poisoned = ids[300]
+    assert isinstance(out[300], JobFailed)
+    assert f"died on all {LIMIT} deliveries (limit {LIMIT})" in out[300].message
+    assert [i for i, _ in out[:300] + out[301:]] == list(range(600))
+    others = [j for j in ids if j != poisoned]
+    # The poison job's own deaths are counted, and only them; its batch-mates went back uncounted and ran again.
+    assert events(client, poisoned).count("lost") == LIMIT
+    mates = [j for j in others if events(client, j)]
+    assert mates, "the poison job never ran in a batch (no batch-mate was delivered again)"
+    for j in mates:
+        assert "lost" not in events(client, j), (j, events(client, j))
+    assert JobRecords(client).losses(others[0]) == 0
+
+
+def test_cancelling_a_batched_job_fails_only_it_and_its_batch_mates_run_again(fresh_fleet):
+    pin = one_worker(fresh_fleet)
+    run = f"cancel-batch:{time.time()}"
+    batch = submit_batch([submit.s(where, i) for i in range(300)] + [submit.s(sleeper, run)]
+                         + [submit.s(where, i) for i in range(300, 320)], resources=pin)
+    client = redis_client()
+    wait_until(lambda: client.llen(f"{run}:started") >= 1, 120, "the sleeper to start")
+    started = client.lindex(f"{run}:started", 0).decode()
+    slept = submit.AsyncResult(batch.ids[300])
+    slept.cancel()
+    with pytest.raises(JobFailed) as e:
+        slept.get(timeout=60)
+    assert "cancelled" in str(e.value), str(e.value)
+    rest = [submit.AsyncResult(j).get(timeout=120) for j in batch.ids[:300] + batch.ids[301:]]
+    assert [i for i, _ in rest] == list(range(320))
+    assert started != "None", "the sleeper ran alone, not in a batch"
+    index, size = (int(x) for x in started.strip("()").split(","))
+    if index < size - 1:  # the jobs after it in its batch went back (uncounted) and ran again
+        mates = batch.ids[301:301 + size - 1 - index]
+        assert all("redelivered" in events(client, j) and "lost" not in events(client, j) for j in mates), started
