@@ -11,6 +11,8 @@
 - ``redis_tls.py``: redis-py's TLS connection with one SSLContext per process.
 - ``results.py``: Celery's Redis result backend, stored once, failures as ``JobFailed``.
 - ``request.py``: the worker's request (bounded redelivery) and its "received" log line.
+- ``batches.py``: several tiny jobs to one pool process in one exchange, under a backlog (billiard's apply
+  collected, Celery's per-request semaphore left to the slot gate).
 - ``events.py``: Celery's monitoring events, off until a monitor asks (``enable_events``), then paced.
 - ``control.py``: remote control (``celery inspect``) that waits for as many replies as live workers.
 - ``loop.py``: a cheaper turn of the worker's event loop.

@@ -102,7 +102,7 @@ class Batches:
     def __init__(self):
         self.size = 1  # jobs for one slot in the next group (group_size)
         self.apply = None  # billiard's Pool.apply_async, once installed
-        self.targets: tuple = ()  # the trace functions a request applies (engine/request.py)
+        self.targets: tuple = ()  # the trace functions a job's request applies (set by engine/request.py: install)
         self._forming: list | None = None  # applies collected while a group is delivered
         self.extra_reserved = 0  # requests beyond one per batch, from the batch's send to its outcome
         self.extra_active = 0  # the same, from its ACK to its outcome
@@ -258,8 +258,5 @@ class PoolBatches(bootsteps.StartStopStep):
         pool = c.pool
         if not self.enabled or pool is None or getattr(pool, "on_apply", None) is None or batches.apply is not None:
             return
-        from . import request as job_request
-
-        batches.targets = (job_request.fast_trace_task, job_request.trace_task_ret)
         batches.apply = pool.on_apply
         patch(pool, "celery.concurrency.prefork:TaskPool.on_start", batches.on_apply, attribute="on_apply")

@@ -30,6 +30,7 @@ from ..store.connection import connect_redis
 from .sentinel import broker_url
 from ..errors import JobStopped
 from ..worker import reaper, runtime
+from .batches import batches
 from .results import StoreLater, trace_storing_later
 from .upstream import patch
 
@@ -154,3 +155,4 @@ def install() -> None:
     patch(celery_trace, "celery.app.trace:LOG_RECEIVED", LOG_RECEIVED)
     patch(celery_request, "celery.worker.request:fast_trace_task", fast_trace_task)
     patch(celery_request, "celery.worker.request:trace_task_ret", trace_task_ret)
+    batches.targets = (fast_trace_task, trace_task_ret)  # what a job's request applies may share an exchange
