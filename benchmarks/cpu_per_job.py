@@ -130,6 +130,7 @@ def spy(fleet: Fleet, way: str, n: int, seconds: float, out) -> None:
                 proc.wait()
     for role in ("worker main", "pool processes"):
         own: collections.Counter = collections.Counter()
+        inclusive: collections.Counter = collections.Counter()
         total = 0
         for r, raw, _ in spies:
             if r != role or not raw.exists():
@@ -139,10 +140,15 @@ def spy(fleet: Fleet, way: str, n: int, seconds: float, out) -> None:
                 if not stack or not count.isdigit():
                     continue
                 own[stack.split(";")[-1]] += int(count)
+                for frame in set(stack.split(";")):
+                    inclusive[frame] += int(count)
                 total += int(count)
         out(f"# py-spy --gil, {role}, {way}: {total} samples holding the GIL at 500/s (a system call that releases "
             f"it, such as a pipe's or a socket's write, is not among them); own samples, top 15:")
         for frame, count in own.most_common(15):
+            out(f"    {100 * count / max(total, 1):5.1f}%  {frame[:140]}")
+        out(f"# the same samples, inclusive (the function or anything it called), top 30:")
+        for frame, count in inclusive.most_common(30):
             out(f"    {100 * count / max(total, 1):5.1f}%  {frame[:140]}")
     shutil.rmtree(folder, ignore_errors=True)
 

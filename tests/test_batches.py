@@ -109,3 +109,21 @@ def test_cancelling_a_batched_job_fails_only_it_and_its_batch_mates_run_again(fr
     if index < size - 1:  # the jobs after it in its batch went back (uncounted) and ran again
         mates = batch.ids[301:301 + size - 1 - index]
         assert all("redelivered" in events(client, j) and "lost" not in events(client, j) for j in mates), started
+
+
+def test_a_worker_takes_on_after_the_server_forgets_its_take_script(fresh_fleet):
+    """The take goes by digest (EVALSHA): a server that no longer has the script (restarted, failed over,
+    SCRIPT FLUSH) answers NOSCRIPT, and the worker sends the script whole, with the same results and acks."""
+    pin = one_worker(fresh_fleet)
+    client = redis_client()
+    first = submit_batch([submit.s(where, i) for i in range(200)], resources=pin)
+    client.script_flush()
+    second = submit_batch([submit.s(where, i) for i in range(200, 400)], resources=pin)
+    client.script_flush()
+    third = [submit.delay(where, i, resources=pin) for i in range(400, 410)]
+    assert [i for i, _ in first.get(timeout=60) + second.get(timeout=60)] == list(range(400))
+    assert [h.get(timeout=60)[0] for h in third] == list(range(400, 410))
+    assert not any(events(client, j) for j in first.ids + second.ids)  # nothing ran twice
+    stats = client.info("commandstats")
+    assert stats["cmdstat_evalsha"].get("failed_calls", 0) + stats["cmdstat_evalsha"].get("rejected_calls", 0) >= 1
+    assert stats["cmdstat_eval"]["calls"] >= 1, stats.get("cmdstat_eval")  # the take, sent whole after NOSCRIPT

@@ -30,6 +30,7 @@ from ..store.connection import connect_redis
 from .sentinel import broker_url
 from ..errors import JobStopped
 from ..worker import reaper, runtime
+from . import transport
 from .batches import batches
 from .results import StoreLater, trace_storing_later
 from .upstream import patch
@@ -149,9 +150,12 @@ class JobRequest(Request):
         return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
 
 
-def install() -> None:
+def install(app=None) -> None:
     """In the worker, before it starts: Celery's "Task received" log line shows a job's summary ("fn=square(12)
-    resources=cpu"), and the pool runs jobs through :func:`fast_trace_task` / :func:`trace_task_ret`."""
+    resources=cpu"), the pool runs jobs through :func:`fast_trace_task` / :func:`trace_task_ret`, and a job's
+    body is decoded by its pool process only (engine/transport.py ``Message``), unless ``app`` stores a job's
+    arguments with its result (Celery's ``result_extended``)."""
+    transport.args_read_in_main = bool(app is not None and app.conf.result_extended)
     patch(celery_trace, "celery.app.trace:LOG_RECEIVED", LOG_RECEIVED)
     patch(celery_request, "celery.worker.request:fast_trace_task", fast_trace_task)
     patch(celery_request, "celery.worker.request:trace_task_ret", trace_task_ret)

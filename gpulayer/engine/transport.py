@@ -33,6 +33,7 @@ as kombu does.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from contextlib import contextmanager
@@ -44,9 +45,11 @@ from urllib.parse import urlsplit
 import redis
 from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kredis
+from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps
 
+from .. import signing
 from ..errors import ConfigError
 from ..store import durability, keys
 from . import senders, takeover
@@ -63,6 +66,7 @@ log = logging.getLogger(__name__)
 
 NAME = "gpulayer"
 TAKE = resources.files("gpulayer.store").joinpath("lua", "take.lua").read_text()
+TAKE_SHA = hashlib.sha1(TAKE.encode()).hexdigest()  # sent by digest: the script's 3 KB travel once per server
 
 _consumer: str | None = None  # this worker process's life (keys.life), once it consumes
 
@@ -73,17 +77,41 @@ def consume_as(worker_id: str | None, pid: int | None = None) -> None:
     _consumer = keys.life(worker_id, pid or os.getpid()) if worker_id else None
 
 
+SUBMIT_TASK = "gpulayer.submit"
+UNREAD = ((), {}, {})  # a job's (args, kwargs, embed) as the worker's main process sees them: never read there
+args_read_in_main = False  # Celery's result_extended stores a job's args with a failure the main process stores
+
+
+class Message(virtual.Message):
+    """kombu's message, whose body a job's request in the worker's main process does not decode.
+
+    Celery's ``Request`` decodes every message's body (for a job: its signature checked, its function and
+    arguments unpickled) only to hand the decoded arguments to the pool process, which decodes the body again
+    and uses its own. For a job's message here, the main process's copy is :data:`UNREAD` (its summaries,
+    ``argsrepr`` and ``kwargsrepr``, are what it shows: engine/request.py ``info``), unless Celery's
+    ``result_extended`` is on. kombu's ``Message._decode`` is pinned in engine/upstream.py.
+    """
+
+    def _decode(self):
+        if not args_read_in_main and self.headers.get("task") == SUBMIT_TASK and \
+                self.content_type == signing.CONTENT_TYPE:
+            return UNREAD
+        return super()._decode()
+
+
 class Channel(Prefetch, SentinelPools, kredis.Channel):
     """kombu's Redis channel, taking with take.lua; its prefetched messages are engine/prefetch.py's, the acks
     and results its scripts carry engine/carry.py's, its pools on a Sentinel group engine/sentinel.py's."""
 
     QoS = QoS  # engine/qos.py: acks that ride on the next take, and the worker's slot gate
+    Message = Message  # a job's body decoded by its pool process only
     connection_class_ssl = TLSConnection  # rediss://: one TLS context per process (engine/redis_tls.py)
 
     def __init__(self, *args, **kwargs):
         self._pool_client = None  # before kombu's __init__, which may already talk to Redis
         self._poll_command: str | None = None
         self._waits = False  # the script in flight is followed by a WAIT whose reply is read after its own
+        self._take_sent: list = []  # the arguments of the take script in flight (sent again whole on NOSCRIPT)
         transport = args[0] if args else kwargs["connection"]
         self._use_sentinel(transport)
         # What an acknowledged write means (store/durability.py): publishes, and the scripts that store and ack.
@@ -170,7 +198,8 @@ class Channel(Prefetch, SentinelPools, kredis.Channel):
             self._poll_keys = [self._q_for_pri(q, pri) for pri in self.priority_steps for q in queues]
         if self._taking_again or self._carry:
             self._poll_command = "EVAL"
-            args = ["EVAL", TAKE, *self._take_args()]
+            self._take_sent = self._take_args()
+            args = ["EVALSHA", TAKE_SHA, *self._take_sent]
         else:
             self._poll_command = "BRPOP"
             args = ["BRPOP", *[keys.bell(k) for k in self._poll_keys], timeout or 0]
@@ -203,10 +232,13 @@ class Channel(Prefetch, SentinelPools, kredis.Channel):
             try:
                 try:
                     reply = self.client.parse_response(self.client.connection, command, **options)
-                except redis.ResponseError:  # the script's error: the WAIT's reply follows all the same
+                except redis.ResponseError as err:  # the script's error: the WAIT's reply follows all the same
                     self._read_wait()
-                    raise
-                self._read_wait()
+                    if not isinstance(err, redis.exceptions.NoScriptError):
+                        raise
+                    reply = self._eval_take(self._take_sent)  # a server new to the script (restarted, failed over)
+                else:
+                    self._read_wait()
                 if command == "BRPOP":  # a bell rang, or the wait timed out: take now either way
                     if not self.qos.may_deliver():  # shut meanwhile (a gang): take once it opens
                         self._taking_again = True
@@ -284,12 +316,18 @@ class Channel(Prefetch, SentinelPools, kredis.Channel):
         """take.lua with ``args`` on the pool's client; followed by a WAIT on the same connection where
         :meth:`_carry_waits` says so. Its reply."""
         with self.conn_or_acquire() as client:
-            if not self._carry_waits():
-                return client.execute_command("EVAL", TAKE, *args)
-            with client.pipeline(transaction=False) as pipe:
-                pipe.execute_command("EVAL", TAKE, *args)
-                pipe.execute_command(*self.durability.command())
-                reply, acked = pipe.execute()
+            try:
+                return self._eval_take_on(client, ("EVALSHA", TAKE_SHA), args)
+            except redis.exceptions.NoScriptError:  # (the script did not run: sent again whole, which loads it)
+                return self._eval_take_on(client, ("EVAL", TAKE), args)
+
+    def _eval_take_on(self, client, script: tuple, args: list):
+        if not self._carry_waits():
+            return client.execute_command(*script, *args)
+        with client.pipeline(transaction=False) as pipe:
+            pipe.execute_command(*script, *args)
+            pipe.execute_command(*self.durability.command())
+            reply, acked = pipe.execute()
         self._replicated(acked)
         return reply
 

@@ -183,6 +183,9 @@ BORROWED: tuple[Borrowed, ...] = (
     Borrowed("billiard.pool:Worker.workloop", "4d5b107d2f283a04", _B, "relies on"),
     Borrowed("celery.worker.request:Request.execute_using_pool", "b57624ea980eda65", _B, "relies on"),
     Borrowed("celery.worker.consumer.consumer:Consumer.update_strategies", "81a35b4e77738ceb", _B, "relies on"),
+    # a job's body decoded by its pool process only: kombu's message with a _decode of ours, made by the channel
+    Borrowed("kombu.message:Message._decode", "5da17ff9e399c139", _T, "overrides"),
+    Borrowed("kombu.transport.virtual.base:Channel.message_to_python", "779e7025c97e98b8", _T, "relies on"),
     # task events, paced
     Borrowed("celery.bootsteps:Step.__init__", "1f7b8cd57cb9aee6", _E, "overrides"),
     Borrowed("celery.bootsteps:StartStopStep.start", "90fe302ae41c3143", _E, "overrides"),

@@ -202,7 +202,7 @@ def _start(settings, registry: Registry, worker_id: str, host: str, gpu_ids: lis
     app.steps["consumer"].add(SlotGate)
     app.steps["consumer"].add(EventPacer)
     app.steps["consumer"].add(PoolBatches)  # several tiny jobs to a pool process at once, under a backlog
-    job_request.install()  # jobs logged by their summary; successes stored with their acks
+    job_request.install(app)  # jobs logged by their summary; successes stored with their acks
 
     worker = app.Worker(
         hostname=f"{worker_id}@{host}",
