@@ -147,8 +147,8 @@ def spy(fleet: Fleet, way: str, n: int, seconds: float, out) -> None:
             f"it, such as a pipe's or a socket's write, is not among them); own samples, top 15:")
         for frame, count in own.most_common(15):
             out(f"    {100 * count / max(total, 1):5.1f}%  {frame[:140]}")
-        out(f"# the same samples, inclusive (the function or anything it called), top 30:")
-        for frame, count in inclusive.most_common(30):
+        out(f"# the same samples, inclusive (the function or anything it called), top 60:")
+        for frame, count in inclusive.most_common(60):
             out(f"    {100 * count / max(total, 1):5.1f}%  {frame[:140]}")
     shutil.rmtree(folder, ignore_errors=True)
 
