@@ -88,12 +88,13 @@ def batchable(message: dict) -> bool:
 
 
 class _Batch:
-    __slots__ = ("applies", "started", "accepted")
+    __slots__ = ("applies", "started", "accepted", "full")
 
-    def __init__(self, applies: list):
+    def __init__(self, applies: list, full: bool):
         self.applies = applies  # (args, kwargs, options) of each pool apply, in order
         self.started = 0.0  # monotonic time of the ACK
         self.accepted = False
+        self.full = full  # as big as batches went then: more were waiting (Batches.full_in_flight)
 
 
 class Batches:
@@ -106,6 +107,8 @@ class Batches:
         self._forming: list | None = None  # applies collected while a group is delivered
         self.extra_reserved = 0  # requests beyond one per batch, from the batch's send to its outcome
         self.extra_active = 0  # the same, from its ACK to its outcome
+        self.full_in_flight = 0  # batches in their pool processes that were full when sent (engine/prefetch.py
+        # takes the next batch's messages while one is: a backlog of tiny jobs)
 
     # -- forming -----------------------------------------------------------------------------------
     def group_size(self, waiting: int, free: int) -> int:
@@ -145,8 +148,9 @@ class Batches:
                 options = {**options, "callback": self._probe(options["callback"])}
             self.apply(target, args, kwargs, **options)
             return
-        batch = _Batch(applies)
+        batch = _Batch(applies, len(applies) >= self.size)
         self.extra_reserved += len(applies) - 1
+        self.full_in_flight += batch.full
         first = applies[0][3]
         self.apply(run_batch, ([(t, a, k) for t, a, k, _ in applies],), {},
                    callback=lambda outcomes: self._done(batch, outcomes),
@@ -164,43 +168,59 @@ class Batches:
             if accept is not None:
                 accept(pid, when)
 
-    def _settle(self, batch: _Batch) -> None:
-        """The batch's requests are about to finish: the slot counts go back first (the gate may only
-        under-count free slots meanwhile, never over-count them)."""
-        extra = len(batch.applies) - 1
-        self.extra_reserved -= extra
-        if batch.accepted:
-            self.extra_active -= extra
-            batch.accepted = False
+    def _finish(self, batch: _Batch, calls: list) -> None:
+        """Hand each request of a batch whose process is done its outcome (``calls``: ``(callback, argument)``).
+
+        The process is free from now: the batch stops holding a slot at once, and each request stops counting
+        as it finishes (``extra_*`` follow its requests out of Celery's worker state), so the first job's ack
+        already hands the next jobs to the process while the others' outcomes are handled (engine/qos.py). A
+        request that fails to finish keeps counting: the gate may under-count free slots, never over-count
+        them."""
+        accepted, batch.accepted = batch.accepted, False
+        self.full_in_flight -= batch.full
+        batch.full = False
+        self.extra_reserved += 1  # n - 1 -> n: the batch's n requests count as no slot
+        if accepted:
+            self.extra_active += 1
+        done = 0
+        try:
+            for call, argument in calls:
+                try:
+                    if call is not None:
+                        call(argument)
+                except Exception:  # one job's outcome must not cost its batch-mates theirs
+                    log.exception("gpulayer: a batched job's outcome could not be handled")
+                finally:
+                    done += 1
+                    self.extra_reserved -= 1
+                    if accepted:
+                        self.extra_active -= 1
+        finally:
+            left = len(batch.applies) - done  # (only if a callback raised past Exception: counted busy again)
+            self.extra_reserved -= left
+            if accepted:
+                self.extra_active -= left
 
     def _done(self, batch: _Batch, outcomes: list) -> None:
-        self._settle(batch)
         self._resize(batch, outcomes)
-        for (_, _, _, options), (ok, value) in zip(batch.applies, outcomes):
-            callback = options.get("callback" if ok else "error_callback")
-            try:
-                if callback is not None:
-                    callback(value)
-            except Exception:  # one job's callback must not cost its batch-mates theirs
-                log.exception("gpulayer: a batched job's outcome could not be handled")
+        self._finish(batch, [(options.get("callback" if ok else "error_callback"), value)
+                             for (_, _, _, options), (ok, value) in zip(batch.applies, outcomes)])
 
     def _lost(self, batch: _Batch, einfo) -> None:
         """The batch's process died (or the batch could not run): each job goes back to its queue uncounted,
         except one stopped on purpose (cancelled, timed out, revoked), which fails as it would alone."""
-        self._settle(batch)
         self.size = 1
         exc = getattr(einfo, "exception", None)
         lost = isinstance(getattr(exc, "exc", exc), WorkerLostError)  # (billiard wraps it: ExceptionWithTraceback)
+        calls = []
         for _, _, _, options in batch.applies:
             on_failure = options.get("error_callback")
             request = getattr(on_failure, "__self__", None)
-            try:
-                if lost and request is not None and hasattr(request, "lost_with_batch"):
-                    request.lost_with_batch(einfo)
-                elif on_failure is not None:
-                    on_failure(einfo)
-            except Exception:
-                log.exception("gpulayer: a batched job's loss could not be handled")
+            if lost and request is not None and hasattr(request, "lost_with_batch"):
+                calls.append((request.lost_with_batch, einfo))
+            else:
+                calls.append((on_failure, einfo))
+        self._finish(batch, calls)
 
     def _resize(self, batch: _Batch, outcomes: list) -> None:
         """The size of the next group from when this batch's last job started (the runtimes before it)."""

@@ -55,6 +55,15 @@ class Prefetch:
         ahead = gate.ahead()
         return max(1, gate.free()) * (ahead * self._burst if ahead > 1 else 1)
 
+    def _refill(self) -> bool:
+        """Take more although no slot is free? While a full batch of tiny jobs runs (engine/batches.py: a backlog)
+        and no gang holds slots here, once less than a batch waits: the next batch is here when a slot frees,
+        instead of a take's round trip later (and as small as what was left). So the worker holds at most one
+        batch more than without it, given back after ``prefetch_hold`` if the jobs turned slow."""
+        gate = self.qos.gate
+        return (batches.full_in_flight > 0 and gate is not None and len(self._buffer) < batches.size
+                and not self._closing and gate.ahead() > 0)
+
     def _buffer_taken(self, taken: list[tuple[bytes, bytes, dict]]) -> None:
         """A take's messages wait here until the gate lets each start."""
         if taken and not self._buffer:

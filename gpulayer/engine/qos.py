@@ -63,7 +63,7 @@ class QoS(kredis.QoS):
         # A take's reply is read even while the gate is shut: its messages are recorded and buffered (then
         # handed back if a gang needs the slots), never left waiting in the socket for the gang's whole run.
         # Results the main process holds go out on this turn whether or not it may take more.
-        return channel._poll_command == "EVAL" or channel._results_due() or self.may_deliver()
+        return channel._poll_command == "EVAL" or channel._results_due() or self.may_deliver() or channel._refill()
 
     def may_deliver(self) -> bool:
         """May the worker start one more message now (its slot gate, then kombu's prefetch count)?"""

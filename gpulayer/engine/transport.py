@@ -190,7 +190,7 @@ class Channel(Prefetch, SentinelPools, kredis.Channel):
                 takeover.hand_back_dropped(client, self._records_key(), [*self._buffered_tags(), *self._carry.acks],
                                            self.qos.restore_by_tag)
         self._deliver_buffered()  # what an earlier take brought, before asking Redis for more
-        if self._buffer or not self.qos.may_deliver():
+        if (self._buffer or not self.qos.may_deliver()) and not self._refill():
             if not self._results_due():
                 return
             self._poll_keys = []  # results to store (with the acks that wait), nothing to take
@@ -240,7 +240,7 @@ class Channel(Prefetch, SentinelPools, kredis.Channel):
                 else:
                     self._read_wait()
                 if command == "BRPOP":  # a bell rang, or the wait timed out: take now either way
-                    if not self.qos.may_deliver():  # shut meanwhile (a gang): take once it opens
+                    if not self.qos.may_deliver() and not self._refill():  # shut meanwhile (a gang): take once it opens
                         self._taking_again = True
                         raise Empty()
                     reply = self._eval_take(self._take_args())
