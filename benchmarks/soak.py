@@ -1,6 +1,6 @@
 """Soak: many jobs while workers are SIGKILLed at random; count what is lost or run twice.
 
-    python benchmarks/soak.py [--jobs 10000] [--workers 3] [--slots 2] [--kill-every 5]
+    python benchmarks/soak.py [--jobs 10000] [--workers 3] [--slots 2] [--kill-every 5] [--sleep 0.01,0.05]
 
 One Redis and N workers (real processes, loopback, free ports). Every job
 records each start (worker, pid, time) and counts its completions in Redis;
@@ -93,9 +93,13 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=2)
     ap.add_argument("--kill-every", type=float, default=5.0, help="mean seconds between kills")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--sleep", default="0.01,0.05", metavar="MIN,MAX",
+                    help="each job sleeps a random time in this range, in seconds (default 0.01,0.05; 0,0: tiny "
+                         "jobs, which the workers run several to a pool process at once)")
     ap.add_argument("--stall", type=float, default=90.0,
                     help="stop waiting when no result arrived for this long (the rest count as lost)")
     a = ap.parse_args()
+    low, high = (float(x) for x in a.sleep.split(","))
     rng = random.Random(a.seed)
     names = [f"soak-{i + 1}" for i in range(a.workers)]
     out: list[str] = []
@@ -112,7 +116,7 @@ def main() -> int:
         mem_start = {n: rss_mib(fleet.workers[n].pid) for n in names}
         first_pids = {n: fleet.workers[n].pid for n in names}
         t0 = time.time()
-        batch = submit_batch([submit.s(job, i, rng.uniform(0.01, 0.05), RUN) for i in range(a.jobs)])
+        batch = submit_batch([submit.s(job, i, rng.uniform(low, high), RUN) for i in range(a.jobs)])
         say(f"submitted {a.jobs} jobs in {time.time() - t0:.2f}s to {a.workers} workers x {a.slots} slots")
 
         kills: list[tuple[str, int, float]] = []

@@ -45,6 +45,7 @@ from urllib.parse import urlsplit
 import redis
 from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import redis as kredis
+from kombu.exceptions import DecodeError
 from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps
@@ -89,12 +90,18 @@ class Message(virtual.Message):
     arguments unpickled) only to hand the decoded arguments to the pool process, which decodes the body again
     and uses its own. For a job's message here, the main process's copy is :data:`UNREAD` (its summaries,
     ``argsrepr`` and ``kwargsrepr``, are what it shows: engine/request.py ``info``), unless Celery's
-    ``result_extended`` is on. kombu's ``Message._decode`` is pinned in engine/upstream.py.
+    ``result_extended`` is on. Its signature is checked here all the same, so a forged message is refused on
+    receipt and logged with its origin, as kombu's decode refuses it. kombu's ``Message._decode`` is pinned in
+    engine/upstream.py.
     """
 
     def _decode(self):
         if not args_read_in_main and self.headers.get("task") == SUBMIT_TASK and \
                 self.content_type == signing.CONTENT_TYPE:
+            try:  # its signature is still checked here: a forged message is refused on receipt, as before
+                signing.verify(self.body)
+            except Exception as err:
+                raise DecodeError(err) from err
             return UNREAD
         return super()._decode()
 
