@@ -6,7 +6,9 @@ messages (up to ``BURST_MAX`` times that while full takes start all their messag
 Celery one by one as slots free up (the slot gate, engine/qos.py, decides). When a gang reserves slots
 here, the waiting ones go back to the head of their queues, as taken, in one script
 (``store/lua/give_back.lua``), before the gate lets anything else start; so do they when the worker
-stops, and when they waited longer than ``prefetch_hold``.
+stops, and when they waited longer than ``prefetch_hold``. While a full batch of tiny jobs runs in a pool
+process (engine/batches.py), the worker also takes with no slot free, until a batch's worth waits
+(:meth:`Prefetch._refill`): the next batch is on hand when the slot frees.
 
 :class:`Prefetch` is mixed into the transport's ``Channel`` (engine/transport.py), which provides the
 take itself, ``_records_key()`` (this worker life's delivery records) and ``_sweep_later()``.
