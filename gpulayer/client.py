@@ -146,6 +146,9 @@ def submit_batch(signatures: Iterable[Signature], resources: Resources | dict | 
     return BatchHandle(ids, batch_id, route.queue)
 
 
+FIRST_CHUNK = 64  # jobs in a batch's first published chunk; each next one twice as many, up to batch_chunk_size
+
+
 def _jobs(signatures, packed):
     """``(job id, packed function, args, kwargs, summary)`` for each signature of a batch."""
     for sig in signatures:
@@ -191,14 +194,15 @@ def _send_batch(signatures, celery_app, chunk, packed, route, headers, summary, 
         sender = app_mod.client_identity()
         raws: list[str] = []
         sent = len(ids)  # ids[:sent] were flushed (or may have been: a flush whose reply was lost)
+        size = min(chunk, FIRST_CHUNK)  # the first chunks are small, so workers start while the rest is built
         try:
             for job_id, ref, args, kwargs, text in _jobs(signatures, packed):
                 raws.append(build_job(channel, job_id, ref, args, kwargs, queue, headers, text, summary))
                 ids.append(job_id)
-                if len(raws) >= chunk:
+                if len(raws) >= size:
                     chunk_ids, sent = ids[sent:], len(ids)
                     publish.publish_chunk(channel, queue, raws, chunk_ids, sender, batch_id)
-                    raws = []
+                    raws, size = [], min(size * 2, chunk)
             chunk_ids, sent = ids[sent:], len(ids)
             publish.publish_chunk(channel, queue, raws, chunk_ids, sender, batch_id)
         finally:
