@@ -86,6 +86,17 @@ def rss_mib(pid: int) -> float:
         return float("nan")
 
 
+def _range(text: str) -> tuple[float, float]:
+    """``--sleep MIN,MAX``: two seconds, 0 <= MIN <= MAX."""
+    try:
+        low, high = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give MIN,MAX in seconds, such as 0.01,0.05") from None
+    if not 0 <= low <= high:
+        raise argparse.ArgumentTypeError(f"{text!r}: need 0 <= MIN <= MAX")
+    return low, high
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=10_000)
@@ -93,13 +104,13 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=2)
     ap.add_argument("--kill-every", type=float, default=5.0, help="mean seconds between kills")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--sleep", default="0.01,0.05", metavar="MIN,MAX",
+    ap.add_argument("--sleep", type=_range, default=(0.01, 0.05), metavar="MIN,MAX",
                     help="each job sleeps a random time in this range, in seconds (default 0.01,0.05; 0,0: tiny "
                          "jobs, which the workers run several to a pool process at once)")
     ap.add_argument("--stall", type=float, default=90.0,
                     help="stop waiting when no result arrived for this long (the rest count as lost)")
     a = ap.parse_args()
-    low, high = (float(x) for x in a.sleep.split(","))
+    low, high = a.sleep
     rng = random.Random(a.seed)
     names = [f"soak-{i + 1}" for i in range(a.workers)]
     out: list[str] = []
