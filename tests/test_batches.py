@@ -127,3 +127,54 @@ def test_a_worker_takes_on_after_the_server_forgets_its_take_script(fresh_fleet)
     stats = client.info("commandstats")
     assert stats["cmdstat_evalsha"].get("failed_calls", 0) + stats["cmdstat_evalsha"].get("rejected_calls", 0) >= 1
     assert stats["cmdstat_eval"]["calls"] >= 1, stats.get("cmdstat_eval")  # the take, sent whole after NOSCRIPT
+
+
+# -- pure units of the batcher --------------------------------------------------------------------------------
+def test_a_group_forms_only_under_a_backlog_and_is_shared_between_free_slots():
+    from gpulayer.engine.batches import Batches
+
+    b = Batches()
+    assert b.group_size(10, 2) == 0  # not installed in a worker: never
+    b.apply, b.size = (lambda *a, **k: None), 8
+    assert b.group_size(2, 2) == 0 and b.group_size(1, 1) == 0  # no backlog: each job alone
+    assert b.group_size(10, 2) == 5 and b.group_size(40, 2) == 8 and b.group_size(3, 1) == 3
+
+
+def test_batch_sizes_double_while_jobs_start_quickly_and_fall_back_on_a_slow_one():
+    from gpulayer.engine.batches import BATCH_MAX, QUICK, SLOW, Batches, _Batch
+
+    b = Batches()
+    b.size = 2
+    quick = [(True, (False, "ok", QUICK / 10))] * 2
+    grown = []
+    for _ in range(4):
+        b._resize(_Batch([None] * b.size, True), quick[:1] * b.size)
+        grown.append(b.size)
+    assert grown == [4, 8, 8, 8] and BATCH_MAX == 8
+    b._resize(_Batch([None] * 3, True), [(True, (False, "ok", SLOW * 2)), (True, (False, "ok", 0.0)), (True, (False, "ok", 0.0))])
+    assert b.size == 1  # the third job started more than SLOW after the batch did
+
+
+def test_a_finished_batch_stops_holding_its_slot_as_each_request_finishes_even_when_one_callback_fails():
+    from gpulayer.engine.batches import Batches, _Batch
+
+    b = Batches()
+    seen = []
+    reserved = {"a", "b", "c"}
+
+    def finish(name, fail=False):
+        def callback(value):
+            # before the request finishes, the batch's slot is still counted (never less than 0 of it)
+            assert len(reserved) - b.extra_reserved == 1, (name, reserved, b.extra_reserved)
+            reserved.discard(name)
+            # what the slot gate counts while the outcomes are handed out: the batch's requests, not its slot
+            seen.append(len(reserved) - b.extra_reserved)
+            if fail:
+                raise RuntimeError("boom")
+        return callback
+
+    batch = _Batch([(None, (), {}, {"callback": finish(n, fail=(n == "b"))}) for n in "abc"], True)
+    b.extra_reserved, b.full_in_flight, batch.accepted, b.extra_active = 2, 1, True, 2
+    b._finish(batch, [(o["callback"], 1) for _, _, _, o in batch.applies])
+    assert seen == [0, 0, 0], seen  # each finished request frees nothing more than its batch's slot
+    assert (b.extra_reserved, b.extra_active, b.full_in_flight) == (0, 0, 0)

@@ -185,16 +185,17 @@ class Batches:
         done = 0
         try:
             for call, argument in calls:
+                # The request counts again until its callback finishes it (Celery's task_ready, before its ack
+                # lets the next batch start): the slot never looks freer than it is.
+                done += 1
+                self.extra_reserved -= 1
+                if accepted:
+                    self.extra_active -= 1
                 try:
                     if call is not None:
                         call(argument)
                 except Exception:  # one job's outcome must not cost its batch-mates theirs
                     log.exception("gpulayer: a batched job's outcome could not be handled")
-                finally:
-                    done += 1
-                    self.extra_reserved -= 1
-                    if accepted:
-                        self.extra_active -= 1
         finally:
             left = len(batch.applies) - done  # (only if a callback raised past Exception: counted busy again)
             self.extra_reserved -= left

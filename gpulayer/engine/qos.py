@@ -104,13 +104,13 @@ def running() -> list:
 
 def running_count() -> int:
     """How many slots this worker's pool runs jobs in now (a batch of tiny jobs in one process counts once)."""
-    return len(worker_state.active_requests) - extra_active()
+    return max(0, len(worker_state.active_requests) - extra_active())
 
 
 def reserved_count() -> int:
     """How many slots the jobs this worker took and has not finished hold (running ones included; a batch of
     tiny jobs for one process counts once)."""
-    return len(worker_state.reserved_requests) - extra_reserved()
+    return max(0, len(worker_state.reserved_requests) - extra_reserved())
 
 
 def held_requests() -> list:
