@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 BATCH_MAX = 8  # jobs a pool process gets in one exchange, at most
 QUICK = 0.01  # seconds: a full batch whose every job started within this of its start doubles the next
 SLOW = 0.1  # seconds: a batch one of whose jobs started later than this after its start sends the next alone
-TASK = "gpulayer.submit"
+TASK = "gpulayer.submit"  # gpulayer.app.SUBMIT (engine/ cannot import the app module, which imports it)
 TIMEOUT_HEADER = "gl_timeout"  # a job's timeout (worker/reaper.py enforces it); gpulayer.app exports it
 
 

@@ -53,7 +53,7 @@ from kombu.utils.json import dumps
 from .. import signing
 from ..errors import ConfigError
 from ..store import durability, keys
-from . import senders, takeover
+from . import batches, senders, takeover
 from .bells import BELL_TOKENS, ring
 from .carry import Carry
 from .envelope import loads_message
@@ -78,7 +78,6 @@ def consume_as(worker_id: str | None, pid: int | None = None) -> None:
     _consumer = keys.life(worker_id, pid or os.getpid()) if worker_id else None
 
 
-SUBMIT_TASK = "gpulayer.submit"
 UNREAD = ((), {}, {})  # a job's (args, kwargs, embed) as the worker's main process sees them: never read there
 args_read_in_main = False  # Celery's result_extended stores a job's args with a failure the main process stores
 
@@ -96,7 +95,7 @@ class Message(virtual.Message):
     """
 
     def _decode(self):
-        if not args_read_in_main and self.headers.get("task") == SUBMIT_TASK and \
+        if not args_read_in_main and self.headers.get("task") == batches.TASK and \
                 self.content_type == signing.CONTENT_TYPE:
             try:  # its signature is still checked here: a forged message is refused on receipt, as before
                 signing.verify(self.body)
