@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import logging
 from contextlib import contextmanager
-from time import monotonic
 
 from billiard.einfo import ExceptionInfo
 from billiard.exceptions import WorkerLostError
@@ -88,12 +87,11 @@ def batchable(message: dict) -> bool:
 
 
 class _Batch:
-    __slots__ = ("applies", "started", "accepted", "full")
+    __slots__ = ("applies", "accepted", "full")
 
     def __init__(self, applies: list, full: bool):
-        self.applies = applies  # (args, kwargs, options) of each pool apply, in order
-        self.started = 0.0  # monotonic time of the ACK
-        self.accepted = False
+        self.applies = applies  # (target, args, kwargs, options) of each pool apply, in order
+        self.accepted = False  # its process sent the ACK
         self.full = full  # as big as batches went then: more were waiting (Batches.full_in_flight)
 
 
@@ -116,7 +114,7 @@ class Batches:
         free slots take alone, then shared fairly between the free slots, up to ``size``."""
         if self.apply is None or waiting <= free:
             return 0
-        return max(1, min(self.size, -(-waiting // max(1, free))))
+        return min(self.size, -(-waiting // max(1, free)))
 
     @contextmanager
     def collecting(self):
@@ -161,7 +159,7 @@ class Batches:
 
     # -- outcomes ----------------------------------------------------------------------------------
     def _accepted(self, batch: _Batch, pid, when) -> None:
-        batch.started, batch.accepted = monotonic(), True
+        batch.accepted = True
         self.extra_active += len(batch.applies) - 1
         for _, _, _, options in batch.applies:
             accept = options.get("accept_callback")
@@ -227,8 +225,8 @@ class Batches:
         """The size of the next group from when this batch's last job started (the runtimes before it)."""
         waited = 0.0
         for ok, value in outcomes[:-1]:
-            runtime = value[2] if ok and isinstance(value, tuple) and len(value) == 3 else None
-            waited += runtime if isinstance(runtime, (int, float)) else SLOW
+            runtime = _runtime(value) if ok else None
+            waited += SLOW if runtime is None else runtime
         if waited > SLOW:
             self.size = 1
         elif waited <= QUICK and len(batch.applies) >= self.size:
@@ -237,11 +235,17 @@ class Batches:
     def _probe(self, callback):
         """``callback`` for a job that went alone while jobs waited: a quick one lets the next group have two."""
         def on_success(value):
-            runtime = value[2] if isinstance(value, tuple) and len(value) == 3 else None
-            if self.size == 1 and isinstance(runtime, (int, float)) and runtime <= QUICK:
+            runtime = _runtime(value)
+            if self.size == 1 and runtime is not None and runtime <= QUICK:
                 self.size = 2
             return callback(value)
         return on_success
+
+
+def _runtime(value) -> float | None:
+    """The runtime in a trace's ``(failed, summary, runtime)``, if ``value`` is one."""
+    runtime = value[2] if isinstance(value, tuple) and len(value) == 3 else None
+    return runtime if isinstance(runtime, (int, float)) else None
 
 
 batches = Batches()

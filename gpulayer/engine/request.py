@@ -22,6 +22,7 @@ from billiard.exceptions import WorkerLostError
 from celery.app import trace as celery_trace
 from celery.worker import request as celery_request
 from celery.worker.request import Request
+from celery.worker.state import task_ready
 
 from ..app import settings as app_settings
 from ..store.jobs import JobRecords
@@ -118,8 +119,6 @@ class JobRequest(Request):
         if self.id in reaper.stopped or self._already_revoked or not self.task.acks_late:
             return self.on_failure(exc_info)
         log.info("gpulayer: job %s lost its process with its batch; delivering it again", self.id)
-        from celery.worker.state import task_ready
-
         task_ready(self)
         self.reject(requeue=True)
 
@@ -141,8 +140,6 @@ class JobRequest(Request):
             if lost < limit:
                 log.warning("gpulayer: job %s lost its process (%s); delivering it again (%d of %d)",
                             self.id, exc, lost + 1, limit)
-                from celery.worker.state import task_ready
-
                 task_ready(self)
                 self.reject(requeue=True)
                 return

@@ -36,6 +36,7 @@ import socket
 import sys
 import threading
 from contextlib import contextmanager
+from functools import cached_property
 
 import redis
 from celery import states
@@ -141,12 +142,10 @@ class ResultBackend(RedisBackend):
         if self.connparams.get("connection_class") is redis.SSLConnection:
             self.connparams["connection_class"] = TLSConnection
 
+    @cached_property
     def _extended(self) -> bool:
         """Celery's ``result_extended``, looked up once."""
-        extended = self.__dict__.get("_result_extended")
-        if extended is None:
-            extended = self._result_extended = bool(self.app.conf.find_value_for_key("extended", "result"))
-        return extended
+        return bool(self.app.conf.find_value_for_key("extended", "result"))
 
     def _get_pool(self, **params):
         """Celery's pool, or on a Sentinel group one whose connections ask the sentinels for the primary."""
@@ -225,7 +224,7 @@ class ResultBackend(RedisBackend):
         return reply
 
     def _get_result_meta(self, result, state, traceback, request, format_date=True, encode=False):
-        if self._extended():
+        if self._extended:
             meta = super()._get_result_meta(result, state, traceback, request, format_date=format_date, encode=encode)
         else:  # Celery's without result_extended, without its look-up of that setting for every result (6% of a
             # tiny job's time in its pool process)

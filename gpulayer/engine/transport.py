@@ -242,7 +242,7 @@ class Channel(Prefetch, SentinelPools, kredis.Channel):
                     self._read_wait()
                     if not isinstance(err, redis.exceptions.NoScriptError):
                         raise
-                    reply = self._eval_take(self._take_sent)  # a server new to the script (restarted, failed over)
+                    reply = self._eval_take(self._take_sent, whole=True)  # a server new to it (restarted, failed over)
                 else:
                     self._read_wait()
                 if command == "BRPOP":  # a bell rang, or the wait timed out: take now either way
@@ -318,14 +318,16 @@ class Channel(Prefetch, SentinelPools, kredis.Channel):
         durability.worker_confirm(acked, self.durability, f"the script that stored {len(carried.results_sent)} "
                                                           f"result(s) and acked {len(carried.acks_sent)} job(s)")
 
-    def _eval_take(self, args: list):
-        """take.lua with ``args`` on the pool's client; followed by a WAIT on the same connection where
-        :meth:`_carry_waits` says so. Its reply."""
+    def _eval_take(self, args: list, whole: bool = False):
+        """take.lua with ``args`` on the pool's client, by digest (``whole``: its text, which loads it); followed by
+        a WAIT on the same connection where :meth:`_carry_waits` says so. Its reply."""
         with self.conn_or_acquire() as client:
-            try:
-                return self._eval_take_on(client, ("EVALSHA", TAKE_SHA), args)
-            except redis.exceptions.NoScriptError:  # (the script did not run: sent again whole, which loads it)
-                return self._eval_take_on(client, ("EVAL", TAKE), args)
+            if not whole:
+                try:
+                    return self._eval_take_on(client, ("EVALSHA", TAKE_SHA), args)
+                except redis.exceptions.NoScriptError:  # (the script did not run: sent again whole)
+                    pass
+            return self._eval_take_on(client, ("EVAL", TAKE), args)
 
     def _eval_take_on(self, client, script: tuple, args: list):
         if not self._carry_waits():
