@@ -96,7 +96,8 @@ def configure(settings: Settings) -> None:
     options = {k: v for k, v in app.conf.broker_transport_options.items() if k not in (SENTINEL_OPTION,
                                                                                       durability.OPTION)}
     # What an acknowledged write means, for the transport, the result backend and the coordinator alike.
-    waits = durability.to_options(settings.durability_mode() == REPLICATED, settings.durability_timeout)
+    waits = durability.to_options(settings.durability_mode() == REPLICATED, settings.durability_timeout,
+                                  settings.required_replicas())
     with _lock:
         if _settings is not None and (_settings.broker_url != url or durability.from_options(
                 app.conf.broker_transport_options) != durability.from_options(waits)):

@@ -179,7 +179,7 @@ def _send_batch(signatures, celery_app, chunk, packed, route, headers, summary, 
         publish.declare(celery_app, producer, queue)
         channel = publish.direct(celery_app, producer, queue, headers)
         if channel is None:
-            waits, acked = app_mod.write_durability(), None
+            waits, acked = durability.planned(app_mod.write_durability(), celery_app.backend.client), None
             try:
                 with producer.batch(max_size=chunk):
                     for job_id, ref, args, kwargs, text in _jobs(signatures, packed):

@@ -35,6 +35,7 @@ TLS_OPTIONS = ("ssl_cert_reqs", "ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
 _CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
 # What an acknowledged write means (store/durability.py): a replica confirmed it, or the primary has it.
 REPLICATED, LOCAL = "replicated", "local"
+STRICT = "strict"  # "replicated" with min_replicas at least 1: a write no replica confirmed is refused
 
 
 def config_path() -> Path:
@@ -84,8 +85,15 @@ class Settings(BaseModel):
                                                             "(default: user@host)")
     durability: str | None = Field(default=None, description="what an acknowledged write means: \"replicated\" "
                                                             "(a replica confirmed it: Redis WAIT; the default for "
-                                                            "a sentinel:// broker) or \"local\" (the primary "
-                                                            "has it; the default for one Redis)")
+                                                            "a sentinel:// broker; while no replica is in sync "
+                                                            "writes go on, degraded), \"strict\" (replicated, "
+                                                            "and refused while none confirms: min_replicas = 1) "
+                                                            "or \"local\" (the primary has it; the default for "
+                                                            "one Redis)")
+    min_replicas: int = Field(default=0, ge=0, description="replicated: replicas that must confirm each write, "
+                                                          "else it is refused (NotReplicated); 0: a write waits "
+                                                          "for a replica in sync and, while none is, goes on "
+                                                          "acknowledged by the primary alone (README, Sentinel)")
     durability_timeout: float = Field(default=2.0, gt=0, description="replicated: seconds a write waits for a "
                                                                      "replica's confirmation before it counts as "
                                                                      "unconfirmed (README, Sentinel)")
@@ -113,16 +121,24 @@ class Settings(BaseModel):
     def _known_durability(cls, value: str | None) -> str | None:
         if value is None or not value.strip():
             return None
-        if value.strip().lower() in (REPLICATED, LOCAL):
+        if value.strip().lower() in (REPLICATED, STRICT, LOCAL):
             return value.strip().lower()
-        raise ConfigError(f"durability={value!r} (GPULAYER_DURABILITY or the config file) is not {REPLICATED!r} or "
-                          f"{LOCAL!r}: \"replicated\" waits for a replica to confirm each write (Redis WAIT), "
-                          "\"local\" takes the primary's word; unset it for the broker's default (replicated on a "
-                          "sentinel:// group, local on one Redis)")
+        raise ConfigError(f"durability={value!r} (GPULAYER_DURABILITY or the config file) is not {REPLICATED!r}, "
+                          f"{STRICT!r} or {LOCAL!r}: \"replicated\" waits for a replica in sync to confirm each "
+                          "write (Redis WAIT) and goes on without while none is, \"strict\" refuses a write no "
+                          "replica confirmed, \"local\" takes the primary's word; unset it for the broker's "
+                          "default (replicated on a sentinel:// group, local on one Redis)")
 
     def durability_mode(self) -> str:
-        """``durability``, or the broker's default: "replicated" for a Sentinel group, "local" otherwise."""
-        return self.durability or (REPLICATED if is_sentinel_url(self.broker_url) else LOCAL)
+        """``durability``, or the broker's default: "replicated" for a Sentinel group, "local" otherwise
+        ("strict" is "replicated" with :meth:`required_replicas` at least 1)."""
+        mode = self.durability or (REPLICATED if is_sentinel_url(self.broker_url) else LOCAL)
+        return REPLICATED if mode == STRICT else mode
+
+    def required_replicas(self) -> int:
+        """Replicas that must confirm a replicated write, else it is refused: ``min_replicas``, at least 1 for
+        ``durability = "strict"``; 0: writes go on while no replica is in sync (store/durability.py)."""
+        return max(self.min_replicas, 1) if self.durability == STRICT else self.min_replicas
 
     def client_identity(self) -> str:
         """``client_id``, else ``user@host``: what `gpulayer cancel --all-mine` means by "mine"."""

@@ -47,6 +47,13 @@ class NotReplicated(GpulayerError):
         self.job_ids = tuple(job_ids)
 
 
+class DurabilityDegraded(UserWarning):
+    """A warning, not an error: no replica of the broker's primary is in sync (``durability = "replicated"``,
+    ``min_replicas = 0``), so writes go on acknowledged by the primary alone until one is back. Given once per
+    episode; ``warnings.simplefilter("error", DurabilityDegraded)`` makes it an error, ``min_replicas = 1`` a
+    ``NotReplicated`` refusal of each such write."""
+
+
 class JobRejected(GpulayerError):
     """No live worker can run the request; refused at submission, never queued."""
 

@@ -10,8 +10,8 @@ Two ways here, for jobs gpulayer routed already:
 - :func:`direct`: the message is built with Celery's ``create_task_message``, kombu's serializer and
   kombu's own ``prepare_message`` / ``_inplace_augment_message`` (the layout ``engine/envelope.py`` reads),
   then sent by this module: one job with one script call (``store/lua/publish.lua``: the message, its
-  bell, who sent it), a chunk of a batch with one pipeline (one ``LPUSH`` for all its messages, one for
-  its bell, one ``ZADD`` and one ``SADD`` recording who sent them and in which batch). Only where the
+  bell, who sent it), a chunk of a batch with one script call too (``store/lua/publish_chunk.lua``: its
+  messages, its bell, who sent them and in which batch). Only where the
   message is the one ``send_task`` would publish: no publish signal connected, no task-sent event, no
   compression, no queue expiry, the queue declared already by this process (the first message of each
   queue goes the other way, which declares it). ``tests/test_publish.py`` compares the two messages.
@@ -19,8 +19,10 @@ Two ways here, for jobs gpulayer routed already:
   each queue declared once per process; a direct queue needs no binding on Redis (kombu publishes it to
   the anonymous exchange).
 
-With ``durability = "replicated"`` (store/durability.py) the script call and the chunk's pipeline end with
-``WAIT`` on the same connection, and the call returns once a replica has the job (or raises ``NotReplicated``).
+With ``durability = "replicated"`` (store/durability.py) the script call of a job or a chunk ends with ``WAIT``
+on the same connection, and the call returns once a replica in sync has the job (or raises ``NotReplicated``;
+or, with no replica in sync, goes on degraded). A call whose connection broke (the primary killed mid-call) is
+sent again, to the primary then, unless that primary has it already (each script writes its jobs whole).
 
 engine/upstream.py pins what both rely on (``Celery.send_task``, ``AMQP._create_task_sender``, kombu's
 ``Producer.publish``, ``prepare_message``, ``_inplace_augment_message`` and the Redis ``Channel._put``).
@@ -36,9 +38,11 @@ from typing import Sequence
 from celery import signals
 from kombu import serialization
 from kombu.entity import maybe_delivery_mode
+import redis
 from kombu.utils.json import dumps
 
 from ..store import durability, keys
+from ..store.in_sync import forget
 from ..store.registry import load_script
 from . import senders
 from .bells import BELL_TOKENS
@@ -128,37 +132,70 @@ def declare(celery_app, producer, queue: str) -> None:
         declared.add(queue)
 
 
+def _script(client, name: str):
+    """``store/lua/<name>.lua``, registered once per client."""
+    script = client.__dict__.get(f"_gpulayer_{name}")
+    if script is None:
+        script = client.__dict__[f"_gpulayer_{name}"] = load_script(client, name)
+    return script
+
+
+# A call whose connection broke may have run: its script ran whole or not at all (on the old primary and so on
+# a replica it promotes), so it is sent again only where the primary now lacks what it wrote (a switch cut it,
+# or the embedded Redis restarted). Each try's connect waits out a failover (engine/sentinel.py).
+RESEND_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+TRIES = 3
+
+
+def _until_landed(client, configured: durability.Durability, send, landed):
+    """``send(waits)`` (a script call and its WAIT: ``(reply, acked)``), again after a broken connection unless
+    ``landed()`` says the primary has it already; ``(waits, acked)`` for :func:`durability.confirm`."""
+    broke = False
+    for attempt in range(1, TRIES + 1):
+        waits = durability.planned(configured, client)  # no replica in sync: go on without (degraded)
+        try:
+            if broke and landed():  # (there now, sent before the switch: no WAIT on this connection covers it)
+                return durability.NONE, None
+            return waits, send(waits)[1]
+        except RESEND_ERRORS:
+            forget(client)  # the next try may reach another primary: read its replicas again
+            if attempt == TRIES:
+                raise
+            broke = True
+    raise AssertionError("unreachable")
+
+
 def publish_one(channel, queue: str, raw: str, job_id: str, sender: str) -> None:
     """Send one message built by :func:`build`, its bell and its sender's record: one script call."""
     with channel.conn_or_acquire() as client:
-        script = client.__dict__.get("_gpulayer_publish")
-        if script is None:
-            script = client.__dict__["_gpulayer_publish"] = load_script(client, "publish")
-        refresh = senders.refresh_due(sender)
-        _, acked = durability.call_script(
-            client, script, [queue, keys.bell(queue), keys.client_jobs(sender), keys.CLIENTS],
-            [raw, job_id, time(), BELL_TOKENS, keys.SENT_KEEP_SECONDS if refresh else "", sender], channel.durability)
-        if refresh:
-            senders.refreshed(sender)
-    durability.confirm(acked, channel.durability, "submit", (job_id,), client)
+        script = _script(client, "publish")
+        sent = keys.client_jobs(sender)
+
+        def send(waits):
+            refresh = senders.refresh_due(sender)
+            out = durability.call_script(
+                client, script, [queue, keys.bell(queue), sent, keys.CLIENTS],
+                [raw, job_id, time(), BELL_TOKENS, keys.SENT_KEEP_SECONDS if refresh else "", sender], waits)
+            if refresh:
+                senders.refreshed(sender)
+            return out
+
+        waits, acked = _until_landed(client, channel.durability, send, lambda: client.zscore(sent, job_id) is not None)
+    durability.confirm(acked, waits, "submit", (job_id,), client)
 
 
 def publish_chunk(channel, queue: str, raws: Sequence[str], ids: Sequence[str], sender: str, batch_id: str) -> None:
-    """Send a chunk of a batch: its messages in order, its bell, and its records (sender and batch) in one pipeline."""
+    """Send a chunk of a batch: its messages in order, its bell, and its records (sender and batch) in one script
+    (``publish_chunk.lua``): a switch mid-call leaves the whole chunk or none of it, and it is sent again only
+    where the new primary lacks it, so none is lost and none sent twice."""
     if not raws:
         return
-    with channel.conn_or_acquire() as client, client.pipeline(transaction=False) as pipe:
-        pipe.lpush(queue, *raws)  # pushed one after the other: taken from the other end in the same order
-        bell = keys.bell(queue)
-        pipe.lpush(bell, *[1] * min(len(raws), BELL_TOKENS))  # a bigger chunk wakes no more workers
-        pipe.ltrim(bell, 0, BELL_TOKENS - 1)
-        sent, members = keys.client_jobs(sender), keys.batch(batch_id)
-        pipe.zadd(sent, dict.fromkeys(ids, time()))
-        pipe.sadd(members, *ids)
-        pipe.expire(sent, keys.SENT_KEEP_SECONDS)
-        pipe.expire(members, keys.SENT_KEEP_SECONDS)
-        pipe.sadd(keys.CLIENTS, sender)
-        if channel.durability:  # on the same connection: returns once a replica has the whole chunk
-            pipe.execute_command(*channel.durability.command())
-        acked = pipe.execute()[-1]
-    durability.confirm(acked, channel.durability, "submit_batch", ids, client)
+    with channel.conn_or_acquire() as client:
+        script = _script(client, "publish_chunk")
+        members = keys.batch(batch_id)
+        script_keys = [queue, keys.bell(queue), keys.client_jobs(sender), members, keys.CLIENTS]
+        args = [len(raws), time(), BELL_TOKENS, keys.SENT_KEEP_SECONDS, sender, *raws, *ids]
+        waits, acked = _until_landed(  # WAIT on the same connection: returns once a replica has the whole chunk
+            client, channel.durability, lambda w: durability.call_script(client, script, script_keys, args, w),
+            lambda: bool(client.sismember(members, ids[0])))
+    durability.confirm(acked, waits, "submit_batch", ids, client)

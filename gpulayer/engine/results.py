@@ -216,11 +216,11 @@ class ResultBackend(RedisBackend):
         # durability = "replicated": WAIT on the same connection; a miss is logged, and the job's ack (sent
         # after this) may still go: a result lost in a failover reruns its job.
         waits = durability.from_options(self.app.conf.broker_transport_options)
-        if not durability.worker_waits(waits):
+        if not durability.worker_waits(waits, self.client):
             return self._store_script(keys=[key, done], args=[value, expires, final])
         reply, acked = durability.call_script(self.client, self._store_script, [key, done], [value, expires, final],
                                               waits)
-        durability.worker_confirm(acked, waits, f"the result {key}")
+        durability.worker_confirm(acked, waits, f"the result {key}", self.client)
         return reply
 
     def _get_result_meta(self, result, state, traceback, request, format_date=True, encode=False):

@@ -160,7 +160,7 @@ class Channel(Prefetch, SentinelPools, kredis.Channel):
                     pipe.pexpire(self._q_for_pri(queue, p), self._expires[queue])
             ring(pipe, key)
             job_id = (message.get("headers") or {}).get("id")  # a job's (not a control reply's)
-            waits = self.durability if job_id else durability.NONE
+            waits = durability.planned(self.durability, client) if job_id else durability.NONE
             if waits:  # on the same connection: returns once a replica has the message
                 pipe.execute_command(*waits.command())
             acked = pipe.execute()[-1]
@@ -301,7 +301,10 @@ class Channel(Prefetch, SentinelPools, kredis.Channel):
     def _carry_waits(self) -> bool:
         """Does the script about to go (its ``_take_args`` taken) store results or ack jobs, and should a WAIT
         follow it (``durability = "replicated"``, and no recent miss in this worker)?"""
-        return bool(self._carry.acks_sent or self._carry.results_sent) and durability.worker_waits(self.durability)
+        if not (self._carry.acks_sent or self._carry.results_sent) or not self.durability:
+            return False
+        with self.conn_or_acquire() as client:  # (whether a replica is in sync: read at most once a second)
+            return durability.worker_waits(self.durability, client)
 
     def _read_wait(self) -> None:
         """Read the reply of the WAIT sent after the script in flight, if one was."""
@@ -315,8 +318,9 @@ class Channel(Prefetch, SentinelPools, kredis.Channel):
 
     def _replicated(self, acked) -> None:
         carried = self._carry
-        durability.worker_confirm(acked, self.durability, f"the script that stored {len(carried.results_sent)} "
-                                                          f"result(s) and acked {len(carried.acks_sent)} job(s)")
+        with self.conn_or_acquire() as client:
+            durability.worker_confirm(acked, self.durability, f"the script that stored {len(carried.results_sent)} "
+                                      f"result(s) and acked {len(carried.acks_sent)} job(s)", client)
 
     def _eval_take(self, args: list, whole: bool = False):
         """take.lua with ``args`` on the pool's client, by digest (``whole``: its text, which loads it); followed by

@@ -196,12 +196,12 @@ class GangStore:
         reserved this attempt first, ("gone", "", 0) if the gang no longer waits (cancelled,
         timed out), or ("full", worker that lacked room, its free slots).
         """
-        waits = self.waits if durability.worker_waits(self.waits) else durability.NONE
+        waits = self.waits if durability.worker_waits(self.waits, self.r) else durability.NONE
         out, acked = durability.call_script(
             self.r, self._reserve, [keys.SLOTS_HELD, keys.WORKERS_INFO, keys.gang(gang_id), keys.GANGS_WAITING],
             [procs, attempt, placement.model_dump_json(), placement.reason, gang_id, *placement.workers], waits)
         if waits:  # a miss is logged; the coordinator goes on (after a failover the ledger is reconciled)
-            durability.worker_confirm(acked, waits, f"the reservation of gang {gang_id}")
+            durability.worker_confirm(acked, waits, f"the reservation of gang {gang_id}", self.r)
         if int(out[0]) == 1:
             return "ok", "", 0
         if int(out[0]) == 2:

@@ -1,0 +1,65 @@
+"""How many replicas of the primary are in sync now: connected, ``online``, and acknowledging (INFO replication).
+
+``durability = "replicated"`` waits for these (store/durability.py): a write waits for one of them, and when
+there is none (the group lost its only replica, or a failover promoted it and the old primary is gone) writes go
+on, acknowledged by the primary alone, until one is back. A replica counts while its last acknowledgement is
+at most ``MAX_LAG`` seconds old (replicas acknowledge every second; Redis's ``min-replicas-max-lag`` default):
+a frozen replica still looks connected, and is waited for (and misses) until then.
+
+The count is read once per ``CACHE_SECONDS`` per process and connection pool, so a write costs no extra round
+trip; :func:`forget` drops it (a connection lost: the next write may reach another primary).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from time import monotonic
+
+import redis
+
+from .replication import replicas_of
+
+MAX_LAG = 10  # seconds since a replica's last acknowledgement, past which it is not waited for
+CACHE_SECONDS = 1.0
+
+_cache: dict[tuple[int, int], tuple[float, int]] = {}  # (pid, id of the pool) -> (read at, replicas in sync)
+_lock = threading.Lock()
+
+
+def count(info: dict) -> int:
+    """Replicas in a primary's ``INFO replication`` that are ``online`` and acknowledged within ``MAX_LAG`` s."""
+    return sum(1 for r in replicas_of(info) if r.get("state") == "online" and int(r.get("lag", 0)) <= MAX_LAG)
+
+
+def _key(client: redis.Redis) -> tuple[int, int]:
+    return os.getpid(), id(client.connection_pool)
+
+
+def in_sync(client: redis.Redis, fresh: bool = False) -> int | None:
+    """Replicas in sync with the primary ``client`` reaches (cached ``CACHE_SECONDS``; ``fresh``: read now);
+    None when it could not be read (the primary is going away: the write's own error says more)."""
+    key = _key(client)
+    now = monotonic()
+    if not fresh:
+        hit = _cache.get(key)
+        if hit is not None and now - hit[0] < CACHE_SECONDS:
+            return hit[1]
+    try:
+        info = client.info("replication")
+    except redis.RedisError:
+        forget(client)
+        return None
+    if info.get("role") != "master":  # a demoted primary: the write is refused and sent to the new one
+        forget(client)
+        return None
+    n = count(info)
+    with _lock:
+        _cache[key] = (now, n)
+    return n
+
+
+def forget(client: redis.Redis) -> None:
+    """Read the count again at the next write (``client``'s connection was lost: it may reach a new primary)."""
+    with _lock:
+        _cache.pop(_key(client), None)
