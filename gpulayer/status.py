@@ -74,6 +74,7 @@ def _replication(settings: Settings, client) -> dict | None:
         return None
     report = replication(client, parse_sentinel_url(settings.broker_url).service)
     report["durability"] = settings.durability_mode()
+    report["min_replicas"] = settings.required_replicas()
     return report
 
 

@@ -173,6 +173,13 @@ def _up(args) -> int:
         print("Sentinel group: " + ", ".join(f"{name} (pid {pid})" for name, pid in group["pids"].items())
               + f"; failover {group['down_after_ms'] / 1000:g} s after the primary stops answering "
               "(`gpulayer status` names it: kill -9 its pid to watch one)")
+        if args.replicas == 1:
+            from ..local.supervisor import restart_after
+
+            print("one replica: while it (or, after a failover, the old primary) is lost, writes go on acknowledged "
+                  "by the primary alone (`gpulayer status` says \"durability degraded\") until it is back (started "
+                  "again after " f"{restart_after(group['down_after_ms']):g} s); GPULAYER_MIN_REPLICAS=1 refuses them "
+                  "instead, --replicas 2 keeps a copy")
     if cluster.flower_url:
         from ..local.workers import flower_line
 

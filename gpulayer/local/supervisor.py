@@ -45,6 +45,12 @@ RESTART_LIMIT = 5  # deaths of Redis ...
 RESTART_WINDOW = 60.0  # ... within this many seconds, and the supervisor stops instead of restarting it again
 
 
+def restart_after(down_after_ms: int) -> float:
+    """Seconds a dead server of the embedded Sentinel group waits before it is started again: a few down-afters,
+    so a failover can be seen."""
+    return 5 * down_after_ms / 1000
+
+
 class RedisDeaths:
     """The embedded Redis's deaths: when each was, and whether one more restart is allowed."""
 
@@ -142,7 +148,7 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
         from .sentinel_group import SentinelGroup
 
         group = SentinelGroup(home / "group", password, replicas=replicas, sentinels=sentinels, tie_to_parent=True)
-        group.restart_after = 5 * group.down_after_ms / 1000
+        group.restart_after = restart_after(group.down_after_ms)
     stopping = False
 
     def on_term(signum, frame):

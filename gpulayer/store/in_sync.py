@@ -3,7 +3,7 @@
 ``durability = "replicated"`` waits for these (store/durability.py): a write waits for one of them, and when
 there is none (the group lost its only replica, or a failover promoted it and the old primary is gone) writes go
 on, acknowledged by the primary alone, until one is back. A replica counts while its last acknowledgement is
-at most ``MAX_LAG`` seconds old (replicas acknowledge every second; Redis's ``min-replicas-max-lag`` default):
+at most ``replication.MAX_LAG`` seconds old (replicas acknowledge every second; Redis's ``min-replicas-max-lag`` default):
 a frozen replica still looks connected, and is waited for (and misses) until then.
 
 The count is read once per ``CACHE_SECONDS`` per process and connection pool, so a write costs no extra round
@@ -18,18 +18,12 @@ from time import monotonic
 
 import redis
 
-from .replication import replicas_of
+from .replication import in_sync_count as count
 
-MAX_LAG = 10  # seconds since a replica's last acknowledgement, past which it is not waited for
 CACHE_SECONDS = 1.0
 
 _cache: dict[tuple[int, int], tuple[float, int]] = {}  # (pid, id of the pool) -> (read at, replicas in sync)
 _lock = threading.Lock()
-
-
-def count(info: dict) -> int:
-    """Replicas in a primary's ``INFO replication`` that are ``online`` and acknowledged within ``MAX_LAG`` s."""
-    return sum(1 for r in replicas_of(info) if r.get("state") == "online" and int(r.get("lag", 0)) <= MAX_LAG)
 
 
 def _key(client: redis.Redis) -> tuple[int, int]:
