@@ -1,11 +1,12 @@
 """Tiny jobs (and optionally distributed jobs) through a broker failover: nothing lost, nothing booked twice.
 
     python benchmarks/failover.py [--how kill|stop] [--jobs 10000] [--rate 400] [--runs 5] [--workers 2]
-                                  [--slots 2] [--gang] [--durability local|replicated] [--output NAME]
+                                  [--slots 2] [--gang] [--durability local|replicated|strict] [--min-replicas N]
+                                  [--batch 200] [--delays 20] [--back-after S | --never-back] [--output NAME]
 
 A Sentinel group on loopback (a primary, ``--replicas`` replicas (default 1), 3 sentinels, down-after-milliseconds 2000) and ``--workers``
 workers of ``--slots`` slots. Each run sends ``--jobs`` tiny jobs at ``--rate`` a second, in turn one
-``submit_batch`` of 200 and 20 ``delay`` calls, and a third of the way in sends the primary SIGKILL (``--how kill``)
+``submit_batch`` of ``--batch`` (200) and ``--delays`` (20) ``delay`` calls, and a third of the way in sends the primary SIGKILL (``--how kill``)
 or SIGSTOP (``--how stop``; SIGCONT once the sentinels named a new one, and it comes back as a replica). The
 next run fails over the new primary the same way (the killed server is started again as a replica first).
 
@@ -26,7 +27,13 @@ a worker ran at once (never more than its slots), the ledger empty, every gang s
 attempt, and the waiting ones placed after the switch.
 
 ``--durability`` is passed to every process as ``GPULAYER_DURABILITY`` (acknowledge a write once a replica has it,
-``replicated``, or at once, ``local``); a gpulayer without that setting ignores it.
+``replicated``, or at once, ``local``); a gpulayer without that setting ignores it. ``--min-replicas N`` as
+``GPULAYER_MIN_REPLICAS`` (1: refuse a write no replica confirmed, rather than go on degraded).
+
+``--never-back``: the killed primary is not started again during the run (a machine lost; it comes back only
+before the next run, to give that run a replica): with one replica the new primary has none, so with
+``replicated`` durability writes go on degraded (or, with ``--min-replicas 1``, are refused). Also counted then:
+calls accepted at their first try, and seconds from the kill to the first job sent after it that started.
 """
 
 from __future__ import annotations
@@ -50,8 +57,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gpulayer.lab.fleet import wait_until  # noqa: E402
 from gpulayer.lab.sentinel_fleet import SentinelFleet  # noqa: E402
 
-BATCH = 200
-DELAYS = 20
+BATCH = 200  # --batch
+DELAYS = 20  # --delays
 GANG_SLEEP = 15.0
 
 
@@ -106,11 +113,13 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def send_all(args, marks: Path, handles: list, kill_at: int, killed: threading.Event, kill) -> tuple[int, int]:
+def send_all(args, marks: Path, handles: list, kill_at: int, killed: threading.Event, kill,
+             refused: list) -> tuple[int, int]:
     """Sends ``args.jobs`` jobs at ``args.rate``; calls ``kill()`` (in a thread) once ``kill_at`` were sent.
     ``handles``: (first i, handle) of every acknowledged batch and job. A call that raised (``ClusterUnavailable``:
-    cut by the switch; ``NotReplicated``: no replica confirmed it) is sent again with the same job ids. Returns
-    (calls sent again after ClusterUnavailable, after NotReplicated)."""
+    cut by the switch; ``NotReplicated``: no replica confirmed it) is sent again with the same job ids, except
+    with ``--never-back`` a ``NotReplicated`` one, whose jobs are added to ``refused[0]``. Returns (calls sent
+    again after ClusterUnavailable, after NotReplicated)."""
     from celery.utils import uuid
 
     from gpulayer import submit, submit_batch
@@ -124,6 +133,15 @@ def send_all(args, marks: Path, handles: list, kill_at: int, killed: threading.E
                 return call()
             except (ClusterUnavailable, NotReplicated) as err:  # not acknowledged: the same ids again
                 resent[ClusterUnavailable if isinstance(err, ClusterUnavailable) else NotReplicated] += 1
+                if args.never_back and isinstance(err, NotReplicated):  # no replica will ever confirm it: refused
+                    return None
+
+    def accept(first: int, n: int, call) -> None:
+        handle = until_acknowledged(call)
+        if handle is None:
+            refused[0] += n
+        else:
+            handles.append((first, handle))
 
     t0 = time.monotonic()
     i = 0
@@ -131,15 +149,14 @@ def send_all(args, marks: Path, handles: list, kill_at: int, killed: threading.E
         if i >= kill_at and not killed.is_set():
             killed.set()
             threading.Thread(target=kill, daemon=True).start()
-        n = min(BATCH, args.jobs - i)
+        n = min(args.batch, args.jobs - i)
         sent = time.time()
         sigs = [submit.s(job, j, sent, str(marks)).set(task_id=uuid()) for j in range(i, i + n)]
-        handles.append((i, until_acknowledged(lambda: submit_batch(sigs))))
+        accept(i, n, lambda: submit_batch(sigs))
         i += n
-        for _ in range(min(DELAYS, args.jobs - i)):
+        for _ in range(min(args.delays, args.jobs - i)):
             sent, job_id = time.time(), uuid()
-            handles.append((i, until_acknowledged(
-                lambda: submit.apply_async((job, i, sent, str(marks)), task_id=job_id))))
+            accept(i, 1, lambda: submit.apply_async((job, i, sent, str(marks)), task_id=job_id))
             i += 1
         time.sleep(max(0.0, t0 + i / args.rate - time.monotonic()))
     return resent[ClusterUnavailable], resent[NotReplicated]
@@ -176,7 +193,8 @@ def run_once(args, fleet: SentinelFleet, run: int, out: Report, back: list[float
     t0 = time.time()
     tender = threading.Thread(target=bring_back, args=(args, fleet, state, frozen), daemon=True)
     tender.start()
-    resent, unreplicated = send_all(args, marks, handles, args.jobs // 3, killed, kill)
+    refused = [0]
+    resent, unreplicated = send_all(args, marks, handles, args.jobs // 3, killed, kill, refused)
     wait_until(lambda: "at" in state, 120, "the kill")
     lost, wrong = 0, 0
     for first, h in handles:
@@ -219,12 +237,14 @@ def run_once(args, fleet: SentinelFleet, run: int, out: Report, back: list[float
     held = set(gangs[0].placement.workers) if gangs else set()
     ran = sorted({r[2] for r in rows} - held)
     workers_back = [first_after.get(w, float("inf")) for w in ran]
+    first_job = min(first_after.values(), default=float("inf"))
     back += workers_back
     every.append(max(workers_back))
-    out(f"run {run}: {len(ids)} jobs acknowledged in {elapsed:.1f} s; primary {state['port']} "
+    out(f"run {run}: {len(ids)} jobs acknowledged ({refused[0]} refused) in {elapsed:.1f} s; primary {state['port']} "
         f"{'killed' if args.how == 'kill' else 'frozen'} after {args.jobs // 3} sent; lost {lost}, wrong {wrong}, "
         f"ran twice {twice} (executions {len(rows)} for {len(ids)} ids, {len(set(runs_per_id) - ids)} of resent "
-        f"batches' ids), calls sent again: {resent} cut by the switch, {unreplicated} not replicated; back after (s): "
+        f"batches' ids), calls sent again: {resent} cut by the switch, {unreplicated} not replicated; first job "
+        f"sent after the kill started {first_job:.2f} s after it; back after (s): "
         + ", ".join(f"{w} {b:.2f}" for w, b in zip(ran, workers_back)))
     audit = gang_audit(fleet, marks, gangs, kill_at, args.slots) if args.gang else {}
     if args.gang:
@@ -236,6 +256,7 @@ def run_once(args, fleet: SentinelFleet, run: int, out: Report, back: list[float
     if frozen:
         fleet.group.wait_synced(60)
     return {"lost": lost, "wrong": wrong, "twice": twice, "resent": resent + unreplicated, "back_every_s": max(workers_back),
+            "first_job_s": first_job, "refused": refused[0],
             **({"gangs_ok": gang_notes.count("succeeded"), **audit} if args.gang else {})}
 
 
@@ -279,6 +300,12 @@ def gang_audit(fleet: SentinelFleet, marks: Path, gangs: list, kill_at: float, s
             "waiting_placed_after_switch": all(s > kill_at for s in waiting_starts) and len(waiting_starts) > 0}
 
 
+def back_when(args) -> str:
+    if args.never_back:
+        return "never in the run"
+    return "after the run" if args.back_after is None else f"{args.back_after:g} s after the signal"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--how", choices=("kill", "stop"), default="kill")
@@ -290,7 +317,13 @@ def main(argv=None) -> int:
     p.add_argument("--gang", action="store_true")
     p.add_argument("--keep", action="store_true", help="keep the workers' logs and the marks (printed where)")
     p.add_argument("--replicas", type=int, default=1, help="replicas of the primary (default 1)")
-    p.add_argument("--durability", choices=("local", "replicated"), default=None)
+    p.add_argument("--durability", choices=("local", "replicated", "strict"), default=None)
+    p.add_argument("--min-replicas", type=int, default=None,
+                   help="GPULAYER_MIN_REPLICAS for every process (1: refuse what no replica confirmed)")
+    p.add_argument("--batch", type=int, default=BATCH, help=f"jobs per submit_batch (default {BATCH})")
+    p.add_argument("--delays", type=int, default=DELAYS, help=f"delay calls after each batch (default {DELAYS})")
+    p.add_argument("--never-back", action="store_true",
+                   help="the killed primary is not started again during the run (a machine lost)")
     p.add_argument("--back-after", type=float, default=None,
                    help="seconds after the signal the old primary comes back (default: after the run; 10 with "
                         "--durability replicated, as gpulayer up)")
@@ -298,15 +331,21 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.gang and args.workers < 3:
         args.workers = 3  # a 2-node gang fills two workers: the jobs run on the third meanwhile
-    if args.back_after is None and args.durability == "replicated":
+    if args.never_back and args.back_after is not None:
+        p.error("--never-back and --back-after contradict each other")
+    if args.back_after is None and args.durability == "replicated" and not args.never_back:
         args.back_after = 10.0
     if args.durability:
         os.environ["GPULAYER_DURABILITY"] = args.durability  # this client's and (inherited) every worker's
+    if args.min_replicas is not None:
+        os.environ["GPULAYER_MIN_REPLICAS"] = str(args.min_replicas)
     unwind_on_signals()
     out = Report("failover")
     out(f"# failover.py --how {args.how}  {args.jobs} jobs at {args.rate:g}/s x {args.runs} runs, {args.workers} "
-        f"workers x {args.slots} slots, gang {args.gang}, durability {args.durability or 'default'}, old primary back "
-        f"{'after the run' if args.back_after is None else f'{args.back_after:g} s after the signal'}  "
+        f"workers x {args.slots} slots, batches of {args.batch} and {args.delays} delays, gang {args.gang}, "
+        f"durability {args.durability or 'default'}, min_replicas "
+        f"{args.min_replicas if args.min_replicas is not None else 'default'}, old primary back "
+        f"{back_when(args)}  "
         f"(a primary, {args.replicas} replica(s), 3 sentinels, down-after 2000 ms)  load "
         + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     workdir = Path(tempfile.mkdtemp(prefix="gl-failover-"))
@@ -333,11 +372,14 @@ def main(argv=None) -> int:
     out(f"total over {len(totals)} runs: lost {lost}, wrong {wrong}, ran twice {twice}, batches resent "
         f"{sum(t['resent'] for t in totals)}; a worker back after p50 {statistics.median(back):.2f} s, p99 "
         f"{percentile(back, 0.99):.2f} s; every worker back after p50 {statistics.median(every):.2f} s, p99 "
-        f"{percentile(every, 0.99):.2f} s")
+        f"{percentile(every, 0.99):.2f} s; first job after the kill started after "
+        + ", ".join(f"{t['first_job_s']:.2f}" for t in totals) + " s")
     out.result(f"{args.how}{'-gang' if args.gang else ''}", runs=len(totals), jobs=args.jobs, lost=lost,
                wrong=wrong, ran_twice=twice, worker_back_p50_s=statistics.median(back),
                worker_back_p99_s=percentile(back, 0.99), every_worker_back_p50_s=statistics.median(every),
                every_worker_back_p99_s=percentile(every, 0.99), durability=args.durability or "default",
+               first_job_after_kill_max_s=max(t["first_job_s"] for t in totals),
+               refused=sum(t["refused"] for t in totals),
                **({"gangs_ok": sum(t["gangs_ok"] for t in totals),
                    "most_ranks_at_once": max(t["most_ranks_at_once"] for t in totals)} if args.gang else {}))
     name = args.output or f"issue30_failover_{args.how}{'_gang' if args.gang else ''}.txt"

@@ -102,7 +102,21 @@ def test_an_unknown_durability_is_a_config_error_naming_the_choices(gpulayer_hom
     monkeypatch.setenv("GPULAYER_DURABILITY", value)
     with pytest.raises(ConfigError) as err:
         load_settings(broker_url="sentinel://h:1/gl")
-    assert f"durability={value!r}" in str(err.value) and "'replicated' or 'local'" in str(err.value)
+    assert f"durability={value!r}" in str(err.value) and "'replicated', 'strict' or 'local'" in str(err.value)
+
+
+def test_strict_is_replicated_with_min_replicas_1_and_min_replicas_comes_from_the_environment(gpulayer_home,
+                                                                                              monkeypatch):
+    plain = load_settings(broker_url="sentinel://h:1/gl")
+    assert plain.durability_mode() == "replicated" and plain.required_replicas() == 0  # degrades by default
+    strict = load_settings(broker_url="sentinel://h:1/gl", durability="Strict")
+    assert strict.durability_mode() == "replicated" and strict.required_replicas() == 1
+    monkeypatch.setenv("GPULAYER_MIN_REPLICAS", "2")
+    assert load_settings(broker_url="sentinel://h:1/gl").required_replicas() == 2
+    assert load_settings(broker_url="sentinel://h:1/gl", durability="strict").required_replicas() == 2
+    monkeypatch.setenv("GPULAYER_MIN_REPLICAS", "-1")
+    with pytest.raises(ConfigError, match="min_replicas"):
+        load_settings(broker_url="sentinel://h:1/gl")
 
 
 def test_a_durability_timeout_must_be_positive(gpulayer_home):
@@ -115,7 +129,11 @@ def test_the_setting_reaches_the_transport_options_and_back():
 
     assert durability.to_options(False, 2.0) == {} and not durability.from_options({})
     waits = durability.from_options(durability.to_options(True, 0.25))
-    assert waits and waits.command() == ("WAIT", 1, 250)
+    assert waits and waits.command() == ("WAIT", 1, 250) and waits.min_replicas == 0
+    strict = durability.from_options(durability.to_options(True, 0.25, 2))
+    assert strict.command() == ("WAIT", 2, 250) and strict.min_replicas == 2
+    # The form of a gpulayer before min_replicas (replicas, timeout) refused every miss: it reads as strict.
+    assert durability.from_options({durability.OPTION: [1, 250]}).min_replicas == 1
 
 
 def test_a_client_write_no_replica_confirmed_raises_naming_its_jobs():

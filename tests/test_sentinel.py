@@ -14,21 +14,23 @@ import subprocess
 import sys
 import time
 import urllib.request
+import warnings
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import redis
 
-from gpulayer import submit, submit_batch
+from gpulayer import DurabilityDegraded, submit, submit_batch
 from gpulayer.lab.fleet import wait_until
-from gpulayer.errors import ConfigError, NotReplicated
+from gpulayer.errors import ConfigError
 from gpulayer.lab.sentinel_fleet import SentinelFleet
 from gpulayer.local import wait_for_port
 from gpulayer.local.cluster import check_group_shape
 from gpulayer.procs.env import free_port
 from gpulayer.procs.stop import stop_process
 from gpulayer.store.connection import connect_redis
+from gpulayer.store import durability
 from gpulayer.store.replication import replication
 
 from .fleets import need_redis
@@ -197,11 +199,13 @@ def test_the_primary_killed_mid_batch_the_batch_completes(group, tmp_path):
     assert done_before < n
     wait_until(lambda: group.group.primary_port() != killed, 30, "every sentinel to name the new primary")
     group.wait_workers(["s1", "s2"], timeout=30)  # their beats of the switch's seconds show (README, "Sentinel")
-    # The group's one replica is its primary now and the killed one stays down: a submit is not confirmed by any
-    # replica and, once the wait a switch allows is over (durability.SWITCH_WAIT), says so (the workers' results
-    # and acks above were logged as unconfirmed and went on); once a replica follows, it is.
-    with pytest.raises(NotReplicated):
-        submit.delay(square, 3)
+    # The group's one replica is its primary now and the killed one stays down: no replica is in sync, so a submit
+    # goes on acknowledged by the primary alone (durability degraded: issue 41; min_replicas = 1 refuses it with
+    # NotReplicated, tests/test_sentinel_degraded.py); once a replica follows, it waits for it again.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DurabilityDegraded)
+        assert submit.delay(square, 4).get(timeout=60) == 16
+    assert durability.degraded()
     replica_back(group)
     assert submit.delay(square, 3).get(timeout=60) == 9  # and the fleet goes on
 

@@ -264,12 +264,14 @@ def test_a_client_that_connects_during_the_switch(group, tmp_path):
 
 def test_a_call_right_after_a_switch_waits_for_a_replica_to_come_back(group):
     """The group's only replica was promoted, so the new primary has none until the old one is back (started
-    again from its files 1.5 s later): a ``delay`` made meanwhile, whose ``WAIT`` gives up after 0.3 s, waits for
-    that replica to catch up (a switch under ``durability.SWITCH_WAIT`` s ago) instead of raising ``NotReplicated``."""
+    again from its files 1.5 s later): with ``min_replicas = 1`` (a write needs a replica; by default it goes on
+    degraded, tests/test_sentinel_degraded.py) a ``delay`` made meanwhile, whose ``WAIT`` gives up after 0.3 s,
+    waits for that replica to catch up (a switch under ``durability.SWITCH_WAIT`` s ago) instead of raising
+    ``NotReplicated``."""
     group.group.restart_after = None  # nothing starts the killed primary again until this test does
     killed = group.kill_primary()
     wait_until(lambda: group.group.primary_port() != killed, 30, "the sentinels to name a new primary")
-    connect(load_settings(broker_url=group.url, secret=group.secret, durability_timeout=0.3))
+    connect(load_settings(broker_url=group.url, secret=group.secret, durability_timeout=0.3, min_replicas=1))
     assert app_mod.settings().durability_mode() == "replicated"
 
     def restart():
