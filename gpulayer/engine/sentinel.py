@@ -27,6 +27,7 @@ from redis.sentinel import SentinelManagedConnection
 
 from ..deadline import Deadline
 from ..sentinel_url import SentinelTarget, is_sentinel_url, parse_sentinel_url
+from ..store.in_sync import forget_all
 from ..store.sentinel import PrimaryMoved, managed_connection_class, sentinel_pool, use_for_sentinel, watch_pools
 from .redis_tls import TLSConnection
 
@@ -131,6 +132,7 @@ class SwitchWatch(threading.Thread):
         if len(parts) != 5 or parts[0] != self.target.service:
             return 0
         old = (parts[1], int(parts[2]))
+        forget_all()  # the new primary's replicas are not the old one's (store/in_sync.py)
         with self._lock:
             pools = list(self.pools)
         cut = 0

@@ -7,7 +7,9 @@ at most ``replication.MAX_LAG`` seconds old (replicas acknowledge every second; 
 a frozen replica still looks connected, and is waited for (and misses) until then.
 
 The count is read once per ``CACHE_SECONDS`` per process and connection pool, so a write costs no extra round
-trip; :func:`forget` drops it (a connection lost: the next write may reach another primary).
+trip; :func:`forget` drops it (a connection lost: the next write may reach another primary), and
+:func:`forget_all` every one (the sentinels announced a switch), so the first write to a new primary does not
+wait for a replica the old one had.
 """
 
 from __future__ import annotations
@@ -57,3 +59,9 @@ def forget(client: redis.Redis) -> None:
     """Read the count again at the next write (``client``'s connection was lost: it may reach a new primary)."""
     with _lock:
         _cache.pop(_key(client), None)
+
+
+def forget_all() -> None:
+    """Read every count again at the next write (the group switched primaries: engine/sentinel.py's watch)."""
+    with _lock:
+        _cache.clear()
