@@ -259,6 +259,9 @@ def test_up_runs_a_sentinel_group_and_status_follows_its_failover(gpulayer_home)
     try:
         assert out.returncode == 0, out.stderr
         assert "started: broker sentinel://:***@127.0.0.1:" in out.stdout and "Sentinel group: redis-" in out.stdout
+        # What losing the one replica means, in one line (issue 41).
+        (lost,) = [line for line in out.stdout.splitlines() if line.startswith("one replica: ")]
+        assert "writes go on acknowledged by the primary alone" in lost and "GPULAYER_MIN_REPLICAS=1" in lost
         state = json.loads((gpulayer_home / "cluster.json").read_text())
         pids = state["sentinel_group"]["pids"]
         assert len([n for n in pids if n.startswith("redis-")]) == 2 and len(pids) == 5
