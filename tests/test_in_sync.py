@@ -62,6 +62,7 @@ def test_with_no_replica_in_sync_a_write_goes_on_and_the_client_is_warned_once(c
         durability.confirm(None, durability.NONE, "submit", ["a"], primary)  # nothing asked, nothing raised
         degraded = [w for w in seen if w.category is DurabilityDegraded]
         assert len(degraded) == 1 and "durability degraded: no replica" in str(degraded[0].message)
+        assert degraded[0].filename == __file__  # shown at the line that wrote, not inside gpulayer
         assert durability.degraded()
         # A replica in sync again: the next write waits for it, and the log says so once.
         primary.replicas = [ONLINE]

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import warnings
 from dataclasses import dataclass
@@ -123,9 +124,22 @@ def note_degraded(client: redis.Redis | None, warn: bool) -> None:
     text = (f"durability degraded: no replica of the broker's primary{where} is in sync, so writes are "
             "acknowledged by the primary alone until one is back (a failover now could lose the last of them); "
             "`gpulayer status` shows the replicas; min_replicas = 1 refuses such writes instead")
-    if warn:
-        warnings.warn(DurabilityDegraded(text), stacklevel=4)
-    log.warning("gpulayer: %s", text)
+    if warn:  # a client's: one warning, shown at the user's line that made the write
+        warnings.warn(DurabilityDegraded(text), stacklevel=_callers_level())
+    else:
+        log.warning("gpulayer: %s", text)
+
+
+_ENGINE = ("gpulayer", "celery", "kombu", "redis")  # packages a client's write passes through
+
+
+def _callers_level() -> int:
+    """The ``stacklevel`` of the first frame outside gpulayer and the engine under it (this one's caller's, if
+    all of the stack is theirs)."""
+    level, frame = 1, sys._getframe(1)
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").partition(".")[0] in _ENGINE:
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def note_in_sync(client: redis.Redis | None) -> None:
@@ -154,7 +168,7 @@ def _address(client: redis.Redis | None) -> str:
     return f" {kwargs['host']}:{kwargs.get('port')}" if kwargs.get("host") else ""
 
 
-def _gone(acked, durability: Durability, client: redis.Redis | None, warn: bool) -> bool:
+def _gone(durability: Durability, client: redis.Redis | None, warn: bool) -> bool:
     """A miss of a write that lets durability degrade (``min_replicas`` 0), read again at once: no replica is in
     sync any more (it went away during the wait), so the write is accepted as degraded."""
     if durability.min_replicas > 0 or client is None or in_sync(client, fresh=True) != 0:
@@ -174,7 +188,7 @@ def confirm(acked, durability: Durability, what: str, job_ids=(), client: redis.
     the write, rather than failing the call a failover made slow."""
     if not durability or acked is None or int(acked) >= durability.replicas:
         return
-    if _gone(acked, durability, client, warn=True):
+    if _gone(durability, client, warn=True):
         return
     if client is not None and caught_up_after_switch(client, durability):
         return
@@ -234,7 +248,7 @@ def worker_confirm(acked, durability: Durability, what: str, client: redis.Redis
     A miss because the replica went away (``min_replicas`` 0, none in sync now) is logged as degradation."""
     if int(acked) >= durability.replicas:
         return True
-    if _gone(acked, durability, client, warn=False):
+    if _gone(durability, client, warn=False):
         return False
     with _paused_lock:
         _paused_until[os.getpid()] = monotonic() + PAUSE_AFTER_MISS
