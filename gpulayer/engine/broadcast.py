@@ -46,9 +46,10 @@ class Control(control.Control):
             log.debug("gpulayer: cannot count live workers for a broadcast's replies (%s)", err)
             return None
 
-    def wait_for_starting(self, destination, limit: float = STARTING_WAIT) -> bool:
+    def wait_for_starting(self, destination, limit: float | None = None) -> bool:
         """Until no worker the broadcast is for (``destination``'s, or any) is marked starting, or ``limit``
-        seconds; True if it waited at all."""
+        seconds (default ``STARTING_WAIT``); True if it waited at all."""
+        limit = STARTING_WAIT if limit is None else limit
         wanted = None
         if destination:
             names = [destination] if isinstance(destination, str) else destination
