@@ -65,10 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Run a training script as one distributed job: N workers x M processes, each "
                                     "rank with torchrun's environment, the working directory shipped to every "
                                     "worker, every rank's output streamed back.")
-    tr.add_argument("--nodes", type=int, required=True, metavar="N",
-                    help="workers (machines) the job runs on, each one node of the job (1 to 4096)")
-    tr.add_argument("--procs-per-node", type=int, required=True, metavar="M",
-                    help="processes (ranks) on each node, one job slot each (1 to 512); with --cuda, one GPU each")
+    tr.add_argument("--nodes", type=int, default=1, metavar="N",
+                    help="workers (machines) the job runs on, each one node of the job (1 to 4096; default 1)")
+    tr.add_argument("--procs-per-node", type=int, default=1, metavar="M",
+                    help="processes (ranks) on each node, one job slot each (1 to 512; default 1, as torchrun's "
+                         "--nproc-per-node); with --cuda, one GPU each")
     tr.add_argument("--launcher", choices=("direct", "torchrun"), default="direct",
                     help="direct: each worker starts its ranks itself, with the environment torchrun would set "
                          "(default, fast); torchrun: each worker runs torchrun with a static rendezvous")
