@@ -19,8 +19,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name load
     from celery import group
 
     from .client import BatchHandle, connect, init, submit_batch, wait_for_workers
-    from .errors import (ClusterUnavailable, ConfigError, GangFailed, GpulayerError, JobFailed, JobRejected,
-                         JobStopped, JobTimeout, NotReplicated, PayloadError, PayloadRejected, UnsupportedOption)
+    from .errors import (ClusterUnavailable, ConfigError, GangFailed, GpulayerError, InvalidRequest, JobFailed,
+                         JobRejected, JobStopped, JobTimeout, NotReplicated, PayloadError, PayloadRejected, UnsupportedOption)
     from .distributed_job import GangHandle, distributed, init_process_group
     from .models import Resources, WorkerInfo
     from .tasks.submit import submit
@@ -30,7 +30,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name load
 _WHERE = {
     "group": "celery",
     **dict.fromkeys(("BatchHandle", "connect", "init", "submit_batch", "wait_for_workers"), "gpulayer.client"),
-    **dict.fromkeys(("ClusterUnavailable", "ConfigError", "GangFailed", "GpulayerError", "JobFailed", "JobRejected",
+    **dict.fromkeys(("ClusterUnavailable", "ConfigError", "GangFailed", "GpulayerError", "InvalidRequest", "JobFailed",
+                     "JobRejected",
                      "JobStopped", "JobTimeout", "NotReplicated", "PayloadError", "PayloadRejected",
                      "UnsupportedOption"), "gpulayer.errors"),
     **dict.fromkeys(("GangHandle", "distributed", "init_process_group"), "gpulayer.distributed_job"),
@@ -40,8 +41,8 @@ _WHERE = {
 }
 
 __all__ = [
-    "BatchHandle", "ClusterUnavailable", "GangHandle", "distributed", "init_process_group", "ConfigError", "GpulayerError", "JobFailed", "JobRejected",
-    "NotReplicated", "PayloadError", "PayloadRejected", "UnsupportedOption", "GangFailed", "JobStopped", "JobTimeout", "Resources", "WorkerInfo", "connect", "current_job", "current_worker",
+    "BatchHandle", "ClusterUnavailable", "GangHandle", "distributed", "init_process_group", "ConfigError", "GpulayerError", "InvalidRequest", "JobFailed",
+    "JobRejected", "NotReplicated", "PayloadError", "PayloadRejected", "UnsupportedOption", "GangFailed", "JobStopped", "JobTimeout", "Resources", "WorkerInfo", "connect", "current_job", "current_worker",
     "group", "init", "submit", "submit_batch", "wait_for_workers",
 ]
 __version__ = "0.1.0"
