@@ -151,9 +151,10 @@ def _up(args) -> int:
     from ..state_file import home_dir  # not config.py: no pydantic for a command run dozens of times a day
     from ..local.supervisor import stopped_note
     from ..masking import mask_url
-    from .up_flags import check_up_flags, refuse_changes
+    from .up_flags import check_settings, check_up_flags, refuse_changes
 
     check_up_flags(args)  # before anything starts
+    check_settings()
     previous = stopped_note(home_dir(), fix=False)  # the last cluster's account of why it stopped on its own
     cluster, started = up(args.workers, args.slots, flower=args.flower, zones=args.zone, regions=args.region,
                           replicas=args.replicas, sentinels=args.sentinels)
