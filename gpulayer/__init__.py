@@ -19,8 +19,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name load
     from celery import group
 
     from .client import BatchHandle, connect, init, submit_batch, wait_for_workers
-    from .errors import (ClusterUnavailable, ConfigError, DurabilityDegraded, GangFailed, GpulayerError, JobFailed,
-                         JobRejected, JobStopped, JobTimeout, NotReplicated, PayloadError, PayloadRejected,
+    from .errors import (ClusterUnavailable, ConfigError, DurabilityDegraded, GangFailed, GpulayerError, InvalidRequest,
+                         JobFailed, JobRejected, JobStopped, JobTimeout, NotReplicated, PayloadError, PayloadRejected,
                          UnsupportedOption)
     from .distributed_job import GangHandle, distributed, init_process_group
     from .models import Resources, WorkerInfo
@@ -32,7 +32,7 @@ _WHERE = {
     "group": "celery",
     **dict.fromkeys(("BatchHandle", "connect", "init", "submit_batch", "wait_for_workers"), "gpulayer.client"),
     **dict.fromkeys(("ClusterUnavailable", "ConfigError", "DurabilityDegraded", "GangFailed", "GpulayerError",
-                     "JobFailed", "JobRejected",
+                     "InvalidRequest", "JobFailed", "JobRejected",
                      "JobStopped", "JobTimeout", "NotReplicated", "PayloadError", "PayloadRejected",
                      "UnsupportedOption"), "gpulayer.errors"),
     **dict.fromkeys(("GangHandle", "distributed", "init_process_group"), "gpulayer.distributed_job"),
@@ -42,7 +42,7 @@ _WHERE = {
 }
 
 __all__ = [
-    "BatchHandle", "ClusterUnavailable", "DurabilityDegraded", "GangHandle", "distributed", "init_process_group", "ConfigError", "GpulayerError", "JobFailed", "JobRejected",
+    "BatchHandle", "ClusterUnavailable", "DurabilityDegraded", "GangHandle", "distributed", "init_process_group", "ConfigError", "GpulayerError", "InvalidRequest", "JobFailed", "JobRejected",
     "NotReplicated", "PayloadError", "PayloadRejected", "UnsupportedOption", "GangFailed", "JobStopped", "JobTimeout", "Resources", "WorkerInfo", "connect", "current_job", "current_worker",
     "group", "init", "submit", "submit_batch", "wait_for_workers",
 ]

@@ -171,12 +171,22 @@ def registry() -> Registry:
     return _snapshot.registry
 
 
-def live_worker_count() -> int | None:
-    """How many workers are alive now, from the cached snapshot; None when not connected."""
-    return len(_snapshot.get()) if _snapshot is not None else None
+def live_worker_count(fresh: bool = False) -> int | None:
+    """How many workers are alive now, from the cached snapshot (``fresh``: read again); None when not connected."""
+    if _snapshot is None:
+        return None
+    if fresh:
+        _snapshot.invalidate()
+    return len(_snapshot.get())
+
+
+def starting_workers() -> set[str]:
+    """The live workers that do not answer control broadcasts yet (store/registry.py ``starting``)."""
+    return _snapshot.registry.starting() if _snapshot is not None else set()
 
 
 Control.live_workers = staticmethod(live_worker_count)
+Control.starting_workers = staticmethod(starting_workers)
 
 
 def route_for(resources: Resources) -> placement.Route:

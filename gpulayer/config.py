@@ -16,6 +16,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import re
 import socket
 import ssl
 import tomllib
@@ -153,11 +154,39 @@ class Settings(BaseModel):
     def secret_bytes(self) -> bytes | None:
         return self.secret.get_secret_value().encode() if self.secret else None
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _sizes(cls, value: Any, info) -> Any:
+        """Every ``*_bytes`` setting takes a size with its unit (``400MB``, ``64MiB``) as well as a count of bytes."""
+        return parse_size(value, info.field_name) if info.field_name.endswith("_bytes") else value
+
     def __repr_args__(self):
         # repr and str (a notebook shows what init() returns) mask the broker URL's password; the secret is a
         # SecretStr already. The field itself keeps the URL whole: connections use it.
         for name, value in super().__repr_args__():
             yield name, (mask_url(value) if name == "broker_url" else value)
+
+
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)?\s*", re.IGNORECASE)
+_UNITS = {"b": 1, **{f"{p}b": 1000 ** (i + 1) for i, p in enumerate("kmgt")},
+          **{f"{p}ib": 1024 ** (i + 1) for i, p in enumerate("kmgt")}}
+
+
+def parse_size(value: Any, key: str = "size") -> Any:
+    """A size in bytes from ``400MB``, ``64MiB``, ``2GiB``, ``1.5GB`` or ``67108864`` (any case; KB, MB, GB, TB are
+    powers of 1000, KiB, MiB, GiB, TiB of 1024); anything but a string is left to the field's own check.
+
+    >>> parse_size("64MiB"), parse_size("400MB"), parse_size("2 GiB")
+    (67108864, 400000000, 2147483648)
+    """
+    if not isinstance(value, str):
+        return value
+    m = _SIZE.fullmatch(value)
+    if not m:
+        raise ConfigError(f"{key} = {value!r} ({ENV_PREFIX}{key.upper()} or the config file) is not a size: give bytes "
+                          "(67108864) or a number and a unit (400MB, 64MiB, 2GiB; KB, MB, GB, TB are powers of "
+                          "1000, KiB, MiB, GiB, TiB of 1024)")
+    return int(float(m.group(1)) * _UNITS[(m.group(2) or "b").lower()])
 
 
 def _from_file() -> dict[str, Any]:

@@ -21,14 +21,15 @@ import uuid
 from typing import Any, Callable
 
 import redis
+from pydantic import ValidationError
 
 from . import app as app_mod
 from . import signing
 from .client import ensure_connected
 from .deadline import Deadline
-from .errors import ClusterUnavailable, JobFailed, JobRejected, JobTimeout
+from .errors import ClusterUnavailable, InvalidRequest, JobFailed, JobRejected, JobTimeout
 from .session import BROKER_ERRORS, broker_lost, outage
-from .models import GangPlacement, GangSpec, GangState, Resources
+from .models import GangPlacement, GangSpec, GangState, Resources, describe_invalid
 from .payload import function_name, pack_function
 from .placement import check_gang_fits_fleet
 from .procs.env import BACKEND_ENV
@@ -93,8 +94,9 @@ def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int =
                         resources=as_resources(resources), backend=backend, launcher=launcher, timeout=timeout,
                         max_restarts=max_restarts, warm=warm, name=function_name(fn) if not isinstance(fn, str) else fn,
                         workdir=workdir.spec() if workdir is not None else None, client=app_mod.client_identity())
-    except ValueError as err:
-        raise ValueError(f"invalid distributed job: {err}") from err
+    except ValidationError as err:  # distributed()'s own keywords (the spec's fields): in one line
+        raise InvalidRequest(describe_invalid(GangSpec, err, name="distributed"),
+                             err.errors(include_url=False)) from None
     payload = signing.dumps((pack_function(fn), args, kwargs))
     try:
         check_gang_fits_fleet(spec, app_mod.registry().current())  # incremental: a submit never pays the full read

@@ -34,6 +34,18 @@ class ConfigError(GpulayerError, ValueError):
     """Configuration (environment, config file, state file, CLI flags) is invalid."""
 
 
+class InvalidRequest(GpulayerError, ValueError):
+    """A request (``Resources(...)``, a job's options) names a field that does not exist or a value it cannot have;
+    the message names the field and the rule. ``errors``: pydantic's account, one dict per fault."""
+
+    def __init__(self, message: str, errors: list | None = None):
+        super().__init__(message)
+        self.errors = list(errors or [])
+
+    def __str__(self) -> str:
+        return one_line(super().__str__(), limit=2000)
+
+
 class ClusterUnavailable(GpulayerError, ConnectionError):
     """The broker cannot be reached or refuses our credentials."""
 

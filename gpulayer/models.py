@@ -8,10 +8,59 @@ from __future__ import annotations
 from enum import Enum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import InvalidRequest
+
+# What a rule says, by pydantic's error type (its ``ctx`` fills the braces); others keep pydantic's message.
+_RULES = {"greater_than_equal": "must be at least {ge}", "greater_than": "must be greater than {gt}",
+          "less_than_equal": "must be at most {le}", "less_than": "must be less than {lt}",
+          "int_parsing": "must be a whole number", "int_type": "must be a whole number",
+          "int_from_float": "must be a whole number", "bool_parsing": "must be True or False",
+          "bool_type": "must be True or False", "string_type": "must be a string (a name)"}
 
 
-class Resources(BaseModel):
+def describe_invalid(model: type[BaseModel], err: ValidationError, name: str | None = None) -> str:
+    """pydantic's ``err`` about ``model``'s fields in one line: each field named, with what was given and the
+    rule, and for a field that does not exist the nearest ones. ``name``: what the user called (default the
+    model's name).
+
+    >>> Resources(gpus=-1)
+    Traceback (most recent call last):
+    gpulayer.errors.InvalidRequest: Resources(gpus=-1): gpus must be at least 0
+    """
+    import difflib
+
+    called = name or model.__name__
+    fields = list(model.model_fields)
+    faults = []
+    for e in err.errors(include_url=False):
+        top = str(e["loc"][0]) if e["loc"] else ""
+        field = ".".join(str(part) for part in e["loc"])
+        given = f"{top}={e['input']!r}" if top else ""
+        if e["type"] == "extra_forbidden":
+            close = difflib.get_close_matches(top, fields, n=2, cutoff=0.5)
+            hint = f"did you mean {' or '.join(close)}? " if close else ""
+            faults.append(f"{called}({given}): no field {top!r}; {hint}(fields: {', '.join(fields)})")
+            continue
+        rule = _RULES.get(e["type"])
+        rule = rule.format(**e.get("ctx", {})) if rule else \
+            e["msg"].removeprefix("Value error, ").replace("Input should be", "must be")
+        faults.append(f"{called}({given}): {field} {rule}" if field else f"{called}: {rule}")
+    return "; ".join(faults)
+
+
+class _Request(BaseModel):
+    """A model a user builds by hand: a bad field is an ``InvalidRequest`` in one line, not pydantic's report."""
+
+    def __init__(self, **data):
+        try:
+            super().__init__(**data)
+        except ValidationError as err:
+            raise InvalidRequest(describe_invalid(type(self), err), err.errors(include_url=False)) from None
+
+
+class Resources(_Request):
     """What a job needs from the worker that runs it.
 
     >>> Resources(cuda=True, zone="europe-west1-b")

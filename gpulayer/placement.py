@@ -28,11 +28,25 @@ class Route:
     eligible: tuple[str, ...]
 
 
-def eligible_workers(res: Resources, workers: Sequence[WorkerInfo]) -> list[WorkerInfo]:
+@dataclass(frozen=True)
+class Wording:
+    """How a refusal names what its reader can change: the keywords of a Python call (``PYTHON``), or the flags
+    of a command line (``FLAGS``, ``gpulayer train``)."""
+
+    nodes: str = "nodes="
+    procs_per_node: str = "procs_per_node="
+    cuda: str = "cuda=True"
+
+
+PYTHON = Wording()
+FLAGS = Wording(nodes="--nodes", procs_per_node="--procs-per-node", cuda="--cuda")
+
+
+def eligible_workers(res: Resources, workers: Sequence[WorkerInfo], wording: Wording = PYTHON) -> list[WorkerInfo]:
     """The live workers that satisfy every requirement of ``res``; raise why none does."""
     index = index_for(workers)
     pool = _pinned(res, index) if res.worker_ids else list(index.eligible(request_key(res)))
-    return pool or _refuse(res, workers)
+    return pool or _refuse(res, workers, wording)
 
 
 def route(res: Resources, workers: Sequence[WorkerInfo]) -> Route:
@@ -76,7 +90,7 @@ def _pinned(res: Resources, index: SnapshotIndex) -> list[WorkerInfo]:
     return pool
 
 
-def _refuse(res: Resources, workers: Sequence[WorkerInfo]) -> list[WorkerInfo]:
+def _refuse(res: Resources, workers: Sequence[WorkerInfo], wording: Wording = PYTHON) -> list[WorkerInfo]:
     """Filter the whole snapshot step by step to say which requirement no live worker meets.
 
     Only reached when the index found nobody, so it raises ``JobRejected``; it
@@ -104,7 +118,7 @@ def _refuse(res: Resources, workers: Sequence[WorkerInfo]) -> list[WorkerInfo]:
             scope = "the named workers" if res.worker_ids else "no live worker"
             raise JobRejected(
                 f"{scope} {'lack' if res.worker_ids else 'has'} {need} (live: {_offer(pool)}); "
-                "start a worker on a GPU machine or drop cuda=True"
+                f"start a worker on a GPU machine or drop {wording.cuda}"
             )
         pool = with_gpus
     if res.zone:
@@ -150,33 +164,34 @@ class GangWaiting(Exception):
     """The gang could run on the live fleet, but not now; ``str(self)`` says what it waits for."""
 
 
-def _gang_candidates(spec: GangSpec, workers: Sequence[WorkerInfo]) -> list[WorkerInfo]:
+def _gang_candidates(spec: GangSpec, workers: Sequence[WorkerInfo], wording: Wording = PYTHON) -> list[WorkerInfo]:
     """Workers that could ever hold one node of the gang; ``JobRejected`` if too few for all nodes."""
     res, n, m = spec.resources, spec.nodes, spec.procs_per_node
     if res.worker_ids and len(set(res.worker_ids)) < n:
         raise JobRejected(f"a gang of {n} nodes was pinned to only {len(set(res.worker_ids))} workers "
-                          f"({', '.join(res.worker_ids)}); name at least {n} workers or lower nodes=")
-    pool = eligible_workers(res, workers)
+                          f"({', '.join(res.worker_ids)}); name at least {n} workers or lower {wording.nodes}")
+    pool = eligible_workers(res, workers, wording)
     able = [w for w in pool if procs_capacity(w, res) >= m]
     if len(able) < n:
         per = f"{m} slots" + (f" and {m * res.gpus} GPUs" if res.cuda else "")
         raise JobRejected(
             f"the gang needs {n} workers with {per} each, but only {len(able)} live worker(s) have that "
             f"(live: {', '.join(f'{w.id} {w.slots} slots' + (f' {w.gpus} GPUs' if w.gpus else '') for w in pool[:_MAX_LISTED])}); "
-            f"lower nodes= or procs_per_node=, or start more workers")
+            f"lower {wording.nodes} or {wording.procs_per_node}, or start more workers")
     return able
 
 
-def _gang_table(spec: GangSpec, workers: Sequence[WorkerInfo], index: SnapshotIndex) -> GangTable:
+def _gang_table(spec: GangSpec, workers: Sequence[WorkerInfo], index: SnapshotIndex,
+                wording: Wording = PYTHON) -> GangTable:
     """The indexed candidates of an unpinned gang; ``JobRejected`` (from the full scan) if too few."""
     res = spec.resources
-    memo = (request_key(res), spec.nodes, spec.procs_per_node)
+    memo = (request_key(res), spec.nodes, spec.procs_per_node, wording)
     if memo in index.refusals:
         raise JobRejected(index.refusals[memo])
     table = index.gang_table(res, spec.procs_per_node) if index.eligible(memo[0]) else None
     if table is None or len(table.able) < spec.nodes:
         try:
-            _gang_candidates(spec, workers)  # raises with the reason
+            _gang_candidates(spec, workers, wording)  # raises with the reason
         except JobRejected as err:
             index.refusals[memo] = str(err)
             raise
@@ -184,12 +199,13 @@ def _gang_table(spec: GangSpec, workers: Sequence[WorkerInfo], index: SnapshotIn
     return table
 
 
-def check_gang_fits_fleet(spec: GangSpec, workers: Sequence[WorkerInfo]) -> None:
-    """Raise ``JobRejected`` now if the gang can never fit on the live fleet, even with every slot free."""
+def check_gang_fits_fleet(spec: GangSpec, workers: Sequence[WorkerInfo], wording: Wording = PYTHON) -> None:
+    """Raise ``JobRejected`` now if the gang can never fit on the live fleet, even with every slot free;
+    ``wording``: what the reason calls the fix (``FLAGS`` where the user typed flags)."""
     if spec.resources.worker_ids:
-        _gang_candidates(spec, workers)
+        _gang_candidates(spec, workers, wording)
     else:
-        _gang_table(spec, workers, index_for(workers))
+        _gang_table(spec, workers, index_for(workers), wording)
 
 
 def place_gang(spec: GangSpec, workers: Sequence[WorkerInfo], held: dict[str, int]) -> GangPlacement:

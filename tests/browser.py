@@ -43,6 +43,8 @@ class Chromium:
         self.profile.mkdir(parents=True, exist_ok=True)
         self.timeout = timeout
         self.errors: list[str] = []
+        self.prompts = 0  # login prompts answered (answer_login_prompts)
+        self._prompt_login = ""
         self._events: list[dict] = []
         self._next_id = 0
         (self.profile / "DevToolsActivePort").unlink(missing_ok=True)  # a stale one names a dead browser
@@ -87,6 +89,8 @@ class Chromium:
 
     def _note(self, event: dict) -> None:
         method, p = event.get("method"), event.get("params", {})
+        if method in ("Fetch.requestPaused", "Fetch.authRequired"):
+            self._answer_fetch(method, p)
         if method == "Runtime.exceptionThrown":
             d = p["exceptionDetails"]
             text = (d.get("exception") or {}).get("description") or d.get("text", "")
@@ -156,6 +160,25 @@ class Chromium:
         self.call("Network.enable")
         self.call("Network.setExtraHTTPHeaders",
                   headers={"Authorization": "Basic " + base64.b64encode(login.encode()).decode()})
+
+    def answer_login_prompts(self, login: str) -> None:
+        """Type ``login`` (``user:password``) into every login prompt of this tab, as its user would: the page
+        itself is opened without it, the server asks, the browser asks its user (Fetch.authRequired)."""
+        self._prompt_login = login
+        self.call("Fetch.enable", handleAuthRequests=True, patterns=[{"urlPattern": "*"}])
+
+    def _answer_fetch(self, method: str, p: dict) -> None:
+        """A request paused by ``answer_login_prompts``: go on with it; a login asked for: give it."""
+        self._next_id += 1
+        if method == "Fetch.requestPaused":
+            msg = {"method": "Fetch.continueRequest", "params": {"requestId": p["requestId"]}}
+        else:
+            user, _, password = self._prompt_login.partition(":")
+            self.prompts += 1
+            msg = {"method": "Fetch.continueWithAuth",
+                   "params": {"requestId": p["requestId"], "authChallengeResponse": {
+                       "response": "ProvideCredentials", "username": user, "password": password}}}
+        self._ws.write_message(json.dumps({"id": self._next_id, **msg}))  # its answer is read and dropped
 
     def evaluate(self, expression: str):
         """The value of a JavaScript expression in the page (awaited if it is a promise)."""

@@ -7,8 +7,8 @@ import threading
 import pytest
 
 import gpulayer
-from gpulayer import (ClusterUnavailable, ConfigError, JobFailed, JobRejected, PayloadError, Resources, distributed,
-                      signing, submit, submit_batch)
+from gpulayer import (ClusterUnavailable, ConfigError, InvalidRequest, JobFailed, JobRejected, PayloadError, Resources,
+                      distributed, signing, submit, submit_batch)
 from gpulayer.procs.env import free_port
 
 
@@ -40,16 +40,17 @@ def test_payload_over_the_size_limit(fleet):
 
 
 def test_unknown_resources_field(fleet):
-    with pytest.raises(ValueError, match="gpu\n.*Extra inputs are not permitted"):
+    with pytest.raises(InvalidRequest, match=r"^Resources\(gpu=1\): no field 'gpu'; did you mean gpus\? \(fields: cuda, "
+                                             r"gpus, zone, region, worker_ids\)$"):
         submit.delay(square, 2, resources={"gpu": 1})
     with pytest.raises(TypeError, match="resources must be"):
         submit.delay(square, 2, resources="cuda")
 
 
 def test_negative_or_zero_counts(fleet):
-    with pytest.raises(ValueError, match="gpus"):
+    with pytest.raises(InvalidRequest, match=r"^Resources\(gpus=-1\): gpus must be at least 0$"):
         Resources(gpus=-1)
-    with pytest.raises(ValueError, match="procs_per_node"):
+    with pytest.raises(InvalidRequest, match=r"^distributed\(procs_per_node=0\): procs_per_node must be at least 1$"):
         distributed(square, 1, nodes=1, procs_per_node=0)
     with pytest.raises(ValueError, match="timeout must be a positive"):
         submit.delay(square, 1, timeout=0)
@@ -160,3 +161,20 @@ def test_celery_timing_options_are_honoured(fleet):
     with pytest.raises(JobFailed, match="cancelled before it ran"):  # expired while queued: never runs
         submit.apply_async((square, 3), expires=0.001, queue=gpulayer.queues.private("w-c"),
                            countdown=0.5).get(timeout=60)
+
+
+def test_a_bad_resources_field_in_a_script_shows_one_line_naming_the_field_and_the_rule(tmp_path):
+    import subprocess
+    import sys
+
+    for code, said in (("Resources(gpus=-1)", "InvalidRequest: Resources(gpus=-1): gpus must be at least 0"),
+                       ("Resources(zoen='europe-west1-b')", "InvalidRequest: Resources(zoen='europe-west1-b'): no "
+                                                            "field 'zoen'; did you mean zone?")):
+        out = subprocess.run([sys.executable, "-c", f"from gpulayer import Resources\n{code}"], capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 1
+        assert said in out.stderr.splitlines()[-1], out.stderr
+        assert "pydantic" not in out.stderr and "validation error" not in out.stderr, out.stderr
+    import gpulayer
+
+    assert issubclass(gpulayer.InvalidRequest, (gpulayer.GpulayerError, ValueError))

@@ -162,3 +162,32 @@ def test_a_worker_write_no_replica_confirmed_is_logged_and_pauses_its_waits(capl
         assert not durability.worker_confirm(0, waits, "the result y")
     assert "the result y reached the primary but no replica confirmed it" in caplog.text
     assert not durability.worker_waits(waits)  # for PAUSE_AFTER_MISS seconds
+
+
+@pytest.mark.parametrize("given, size", [("400MB", 400_000_000), ("64MiB", 64 * 2**20), ("2GiB", 2 * 2**30),
+                                         ("1.5 GB", 1_500_000_000), ("512kib", 512 * 1024), ("4096", 4096)])
+def test_sizes_take_their_unit_from_the_environment(gpulayer_home, monkeypatch, given, size):
+    monkeypatch.setenv("GPULAYER_MAX_PAYLOAD_BYTES", given)
+    assert load_settings().max_payload_bytes == size
+
+
+def test_sizes_take_their_unit_from_the_config_file(gpulayer_home):
+    gpulayer_home.mkdir(parents=True)
+    (gpulayer_home / "config.toml").write_text('[gpulayer]\nmax_payload_bytes = "2GiB"\n')
+    assert load_settings().max_payload_bytes == 2 * 2**30
+    (gpulayer_home / "config.toml").write_text('[gpulayer]\nmax_payload_bytes = 1000\n')
+    assert load_settings().max_payload_bytes == 1000
+
+
+def test_a_bad_size_is_one_line_naming_the_variable_and_the_units(gpulayer_home):
+    import os
+    import subprocess
+    import sys
+
+    for command in (["-m", "gpulayer", "up"], ["-m", "gpulayer", "status"]):
+        out = subprocess.run([sys.executable, *command], capture_output=True, text=True, timeout=60,
+                             env=dict(os.environ, GPULAYER_MAX_PAYLOAD_BYTES="400XB"))
+        assert out.returncode == 2, out.stdout
+        assert len(out.stderr.splitlines()) == 1 and "Traceback" not in out.stderr, out.stderr
+        assert "GPULAYER_MAX_PAYLOAD_BYTES" in out.stderr and "'400XB'" in out.stderr and "64MiB" in out.stderr
+    assert not (gpulayer_home / "cluster.json").exists()  # `up` started nothing

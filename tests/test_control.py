@@ -53,3 +53,43 @@ def test_celery_inspect_ping_answers_from_every_worker(fleet):
     assert out.returncode == 0, out.stderr
     for name in fleet.workers:
         assert f"{name}@" in out.stdout, out.stdout
+
+
+def test_a_broadcast_sent_while_a_registered_worker_starts_waits_for_it(fresh_fleet):
+    # add_worker returns once the worker is in the registry, before Celery's worker subscribed to broadcasts.
+    fresh_fleet.connect()
+    fresh_fleet.add_worker("starting-1", torch=False)
+    assert [name.split("@")[0] for name in app.control.inspect().stats() or {}] == ["starting-1"]
+    fresh_fleet.add_worker("starting-2", torch=False)
+    assert sorted(next(iter(r)).split("@")[0] for r in app.control.ping()) == ["starting-1", "starting-2"]
+
+
+def test_a_worker_that_never_answers_holds_a_broadcast_only_so_long(fresh_fleet, monkeypatch, caplog):
+    import os
+    import time
+
+    from gpulayer.engine import broadcast
+    from gpulayer.models import WorkerInfo
+    from gpulayer.store.registry import Registry
+
+    fresh_fleet.connect()
+    fresh_fleet.add_worker("real", torch=False)
+    real = next(iter(app.control.ping()[0]))  # (waits until it answers)
+    client = fresh_fleet.client()
+    registry = Registry(client)
+    # A record that heartbeats but whose Celery worker never comes: marked starting, as a worker is at first.
+    registry.mark_starting("stuck", os.getpid())
+    registry.heartbeat(WorkerInfo(id="stuck", hostname="nowhere", address="127.0.0.1", started_at=time.time()))
+    monkeypatch.setattr(broadcast, "STARTING_WAIT", 0.5)
+    try:
+        assert registry.starting() == {"stuck"}
+        replies = app.control.ping(destination=[real])  # not meant for it: no wait
+        assert [next(iter(r)).split("@")[0] for r in replies] == ["real"]
+        with caplog.at_level("WARNING", logger="gpulayer.engine.broadcast"):
+            replies = app.control.ping(timeout=0.5)
+        assert [next(iter(r)).split("@")[0] for r in replies] == ["real"]
+        assert "stuck still not answering control" in caplog.text
+    finally:
+        registry.remove("stuck")
+        client.close()
+    assert registry.starting() == set()

@@ -311,3 +311,38 @@ def test_input_errors_map_to_4xx_and_others_stay_flowers():
     assert input_status(ValueError("a bug of ours")) is None  # not the caller's input: Flower's 500 stands
     assert input_status(JobFailed("X", "y")) is None
     assert input_status(None) is None
+
+
+FLEET_TABLE = "(document.getElementById('gpulayer-fleet-table') || {}).innerText"
+
+
+def test_flower_opened_at_the_url_with_its_login_in_it_shows_the_fleet(up_flower):
+    # The URL `gpulayer up --flower --show-secrets` prints: http://user:password@127.0.0.1:PORT/
+    need(chromium_executable() is not None, "no chromium on PATH (apt-get install -y chromium)")
+    from gpulayer.local.workers import login_url
+
+    url = login_url(up_flower["url"], up_flower["auth"])
+    assert f"Flower: {url}" in subprocess.run([sys.executable, "-m", "gpulayer", "up", "--show-secrets"],
+                                             capture_output=True, text=True, timeout=60, env=up_flower["env"]).stdout
+    with Chromium(up_flower["tmp"] / "chrome-login-url") as browser:
+        for page in ("", "workers"):  # Flower's front page is its Workers page
+            browser.load(url + page)
+            fleet = browser.wait_for(FLEET_TABLE, what=f"the fleet table at /{page}")
+            assert "local-1" in fleet and "local-2" in fleet and "europe-west1-b" in fleet, fleet
+        host = next(n for n in json.loads(request(up_flower["url"] + "api/workers?status=1", up_flower["auth"])[1])
+                    if n.startswith("local-1@"))
+        browser.load(url + f"worker/{host}")
+        card = browser.wait_for("(document.getElementById('gpulayer-worker') || {}).innerText", what="the worker card")
+        assert "Slots" in card, card
+        assert not browser.errors, browser.errors
+
+
+def test_flower_opened_through_its_login_prompt_shows_the_fleet(up_flower):
+    need(chromium_executable() is not None, "no chromium on PATH (apt-get install -y chromium)")
+    with Chromium(up_flower["tmp"] / "chrome-login-prompt") as browser:
+        browser.answer_login_prompts(up_flower["auth"])
+        browser.load(up_flower["url"])  # no login in it: Flower asks, the user types it
+        fleet = browser.wait_for(FLEET_TABLE, what="the fleet table")
+        assert "local-1" in fleet and "local-2" in fleet, fleet
+        assert browser.prompts >= 1
+        assert not browser.errors, browser.errors

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -221,8 +222,8 @@ def test_up_on_a_running_cluster_refuses_flags_it_does_not_have_and_says_how(gpu
 
 
 def test_a_job_and_a_distributed_job_sent_the_moment_up_returns_both_run(gpulayer_home, tmp_path):
-    # `up` returns once the workers are registered, before they have imported torch and started consuming:
-    # what is sent at once waits in their queues (the job) and order lists (the gang's nodes), and runs.
+    # `up` returns once the workers answer, before they have imported torch: what is sent at once runs, the
+    # job in a pool process without torch, the gang's ranks fresh or from the warm template once it has it.
     script = tmp_path / "at_once.py"
     script.write_text(textwrap.dedent("""
         import os
@@ -249,11 +250,56 @@ def test_a_job_and_a_distributed_job_sent_the_moment_up_returns_both_run(gpulaye
     assert down.returncode == 0 and "stopped" in down.stdout
 
 
+# Reads a state file's path per line, connects to that cluster and prints which workers inspect().stats() lists:
+# one client process for every round, as a user's `celery inspect stats` right after `up` (but without an
+# interpreter start per round).
+STATS_CLIENT = textwrap.dedent("""
+    import json, sys
+    import gpulayer
+    from gpulayer.app import app
+
+    for line in sys.stdin:
+        state = json.loads(open(line.strip()).read())
+        gpulayer.init(state["broker_url"], secret=state["secret"])
+        print(json.dumps(sorted(app.control.inspect().stats() or {})), flush=True)
+""")
+
+UP_ROUNDS = 20  # of `up --workers 2`, inspect().stats(), `down`
+FULL_ROUNDS = 1  # of them with workers that preload torch (the default); the rest without (a second each)
+
+
+def test_right_after_up_returns_inspect_stats_lists_every_worker_every_time(gpulayer_home, tmp_path):
+    # Celery's broadcast is a PUBLISH: a worker that registered but is not subscribed yet misses it, and a
+    # Celery user's first `inspect` after `up` answered without it. `up` now returns once each worker answered
+    # its own ping (worker/starting.py).
+    client = subprocess.Popen([sys.executable, "-c", STATS_CLIENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+    heard = []
+    try:
+        for i in range(UP_ROUNDS):
+            env = dict(os.environ, GPULAYER_HOME=str(tmp_path / f"home-{i}"))
+            if i >= FULL_ROUNDS:
+                env.update(GPULAYER_PRELOAD="", GPULAYER_WARM_RANKS="0")
+            up = run_cli("up", "--workers", "2", "--slots", "1", env=env)
+            try:
+                assert up.returncode == 0, up.stderr
+                client.stdin.write(f"{tmp_path / f'home-{i}' / 'cluster.json'}\n")
+                client.stdin.flush()
+                heard.append(json.loads(client.stdout.readline() or "null"))
+            finally:
+                assert run_cli("down", env=env).returncode == 0
+    finally:
+        client.stdin.close()
+        client.wait(30)
+    both = ["local-1@" + socket.gethostname(), "local-2@" + socket.gethostname()]
+    assert heard == [both] * UP_ROUNDS, heard
+
+
 def test_up_fails_naming_the_log_of_a_worker_that_cannot_start_and_leaves_nothing(gpulayer_home):
     env = dict(os.environ, GPULAYER_HEARTBEAT_INTERVAL="not-a-number")  # the workers refuse their settings
     out = run_cli("up", env=env)
     assert out.returncode == 2, out.stdout
-    assert "did not register" in out.stderr and str(gpulayer_home / "logs" / "local-1.log") in out.stderr
+    assert "did not answer" in out.stderr and str(gpulayer_home / "logs" / "local-1.log") in out.stderr
     assert not (gpulayer_home / "cluster.json").exists()
     left = []
     for p in psutil.process_iter(["cmdline"]):

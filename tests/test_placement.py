@@ -87,9 +87,9 @@ def test_empty_fleet_says_how_to_start_a_worker():
 def test_resources_validation():
     assert Resources(gpus=2).cuda is True
     assert Resources(cuda=True).gpus == 1
-    with pytest.raises(ValueError, match="Extra inputs"):
+    with pytest.raises(ValueError, match="no field 'gpu'; did you mean gpus"):
         Resources(gpu=1)
-    with pytest.raises(ValueError, match="greater than or equal to 0"):
+    with pytest.raises(ValueError, match=r"Resources\(gpus=-1\): gpus must be at least 0"):
         Resources(gpus=-1)
     with pytest.raises(ValueError, match="at least one worker"):
         Resources(worker_ids=[])

@@ -433,3 +433,23 @@ def test_train_whose_reader_goes_away_stops_quietly_and_cancels_its_job(fleet, p
     assert "the reader of its output went away; stopping as Ctrl-C would" in out.stderr, out.stderr
     job_id = out.stderr.split("gpulayer train: ", 1)[1].split()[0]
     assert GangStore(redis_client()).record(job_id)["state"] == "cancelled"
+
+
+def test_train_without_nodes_or_procs_per_node_runs_one_rank_as_torchrun_would(fleet, project):
+    out = run_train(fleet, project, "train.py", "--value", "2")
+    assert out.returncode == 0, out.stderr
+    assert "[rank 0] total 4.0 from rank 0" in out.stdout, out.stdout
+    assert "[rank 1]" not in out.stdout
+
+
+def test_train_says_what_to_change_in_flags_not_python_keywords(fleet, project):
+    # The session fleet: 3 workers, 2 of them with 2 slots, no GPU.
+    for args, flags in ((["--nodes", "4"], ("lower --nodes or --procs-per-node",)),
+                        (["--nodes", "2", "--procs-per-node", "3"], ("lower --nodes or --procs-per-node",)),
+                        (["--cuda"], ("drop --cuda",))):
+        out = run_train(fleet, project, *args, "train.py")
+        assert out.returncode != 0, out.stdout
+        assert all(f in out.stderr for f in flags), out.stderr
+        assert "nodes=" not in out.stderr and "procs_per_node" not in out.stderr and "cuda=True" not in out.stderr, \
+            out.stderr
+        assert "Traceback" not in out.stderr, out.stderr

@@ -65,10 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Run a training script as one distributed job: N workers x M processes, each "
                                     "rank with torchrun's environment, the working directory shipped to every "
                                     "worker, every rank's output streamed back.")
-    tr.add_argument("--nodes", type=int, required=True, metavar="N",
-                    help="workers (machines) the job runs on, each one node of the job (1 to 4096)")
-    tr.add_argument("--procs-per-node", type=int, required=True, metavar="M",
-                    help="processes (ranks) on each node, one job slot each (1 to 512); with --cuda, one GPU each")
+    tr.add_argument("--nodes", type=int, default=1, metavar="N",
+                    help="workers (machines) the job runs on, each one node of the job (1 to 4096; default 1)")
+    tr.add_argument("--procs-per-node", type=int, default=1, metavar="M",
+                    help="processes (ranks) on each node, one job slot each (1 to 512; default 1, as torchrun's "
+                         "--nproc-per-node); with --cuda, one GPU each")
     tr.add_argument("--launcher", choices=("direct", "torchrun"), default="direct",
                     help="direct: each worker starts its ranks itself, with the environment torchrun would set "
                          "(default, fast); torchrun: each worker runs torchrun with a static rendezvous")
@@ -150,9 +151,10 @@ def _up(args) -> int:
     from ..state_file import home_dir  # not config.py: no pydantic for a command run dozens of times a day
     from ..local.supervisor import stopped_note
     from ..masking import mask_url
-    from .up_flags import check_up_flags, refuse_changes
+    from .up_flags import check_settings, check_up_flags, refuse_changes
 
     check_up_flags(args)  # before anything starts
+    check_settings()
     previous = stopped_note(home_dir(), fix=False)  # the last cluster's account of why it stopped on its own
     cluster, started = up(args.workers, args.slots, flower=args.flower, zones=args.zone, regions=args.region,
                           replicas=args.replicas, sentinels=args.sentinels)

@@ -97,7 +97,19 @@ def check_flags(**values) -> None:
         raise ConfigError(f"{flag} {values.get(field)}: {rule} (see `gpulayer train --help`)") from None
 
 
-def train(script: str, args: list[str], *, nodes: int, procs_per_node: int, launcher: str = "direct",
+def check_fits(nodes: int, procs_per_node: int, resources) -> None:
+    """Refuse, in the flags' words (``--nodes``, ``--cuda``), a job the live fleet can never hold
+    (``distributed()`` would say the same in Python's: ``nodes=``, ``cuda=True``)."""
+    from .. import app as app_mod
+    from ..models import GangSpec
+    from ..placement import FLAGS, check_gang_fits_fleet
+
+    spec = GangSpec(gang_id="-", nodes=nodes, procs_per_node=procs_per_node, resources=resources,
+                    backend="nccl" if resources.cuda else "gloo")
+    check_gang_fits_fleet(spec, app_mod.registry().current(), FLAGS)
+
+
+def train(script: str, args: list[str], *, nodes: int = 1, procs_per_node: int = 1, launcher: str = "direct",
           cuda: bool = False, zone: str | None = None, workdir: str | None = None, max_restarts: int = 0,
           timeout: float | None = None, keep_workdir: bool = False, pull: bool = True, detach: bool = False,
           restart_from: str = "node0", out=None, err=None) -> int:
@@ -125,6 +137,8 @@ def train(script: str, args: list[str], *, nodes: int, procs_per_node: int, laun
     for item in left_out:
         print(f"gpulayer train: left out (too large): {item}", file=err)
     gpulayer.init(workers=max(nodes, 2), slots=max(procs_per_node, 2))
+    resources = Resources(cuda=cuda, zone=zone)
+    check_fits(nodes, procs_per_node, resources)
     sink = {"stdout": out, "stderr": err}  # the bar's wrapped streams once it is up
 
     reader_gone = threading.Event()
@@ -140,7 +154,7 @@ def train(script: str, args: list[str], *, nodes: int, procs_per_node: int, laun
 
     # on_output subscribes before the gang can start: warm ranks print their first lines within milliseconds.
     job = distributed(run_script, str(rel), list(args), nodes=nodes, procs_per_node=procs_per_node,
-                      launcher=launcher, resources=Resources(cuda=cuda, zone=zone), timeout=timeout,
+                      launcher=launcher, resources=resources, timeout=timeout,
                       max_restarts=max_restarts, backend="nccl" if cuda else "gloo",
                       workdir=ShippedDir(archive, keep=keep_workdir, pull=pull, restart_from=restart_from),
                       on_output=show)

@@ -16,6 +16,26 @@ from ..errors import ConfigError
 from ..local.places import worker_places
 
 
+# Variables of the cluster's own processes that are no setting (the home, what a worker preloads, ...).
+_NOT_SETTINGS = ("GPULAYER_HOME", "GPULAYER_PRELOAD", "GPULAYER_WARM_RANKS", "GPULAYER_READY_FD")
+
+
+def check_settings() -> None:
+    """A ``GPULAYER_*`` variable or a config file the workers could not start with, refused now in its one line
+    (``GPULAYER_MAX_PAYLOAD_BYTES=lots``) rather than as workers that did not start. Nothing to read, nothing
+    imported: the settings' loader (pydantic) costs a fifth of a second."""
+    import os
+
+    from ..state_file import home_dir
+
+    named = [k for k in os.environ if k.upper().startswith("GPULAYER_") and k.upper() not in _NOT_SETTINGS]
+    if not named and not (home_dir() / "config.toml").exists():
+        return
+    from ..config import load_settings
+
+    load_settings()
+
+
 def check_up_flags(args) -> None:
     """Refuse a value no cluster can have, naming the flag, before anything is started or read."""
     if args.workers is not None and args.workers < 1:

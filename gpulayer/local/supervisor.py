@@ -32,7 +32,7 @@ from ..errors import ClusterUnavailable
 from ..procs.env import free_port
 from ..procs.stop import kill_now, stop, stop_process
 from ..store import keys
-from ..procs.ready import READY, REGISTERED
+from ..procs.ready import CONSUMING, READY
 from ..state_file import STATE_FILE_NAME, proc_start_time, read_state, write_state  # noqa: F401
 from .events import Events
 from .places import worker_places
@@ -208,16 +208,15 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
                 flower_url = f"http://127.0.0.1:{flower_port}/"
             else:
                 print(f"Flower did not start on port {flower_port}; see {logs / 'flower.log'}", file=sys.stderr)
-        # Each worker says when it is in the registry (before it imports torch): jobs sent from then on wait in
-        # its queues, so the cluster is ready. One that exits first is restarted by the loop below.
-        missing = wait_ready(pipes, REGISTERED, READY_TIMEOUT)
+        # Each worker says when it answers its own ping through the broker (worker/starting.py), before it
+        # imports torch: it takes jobs, and `celery inspect` and app.control hear it, so the cluster is ready.
+        missing = wait_ready(pipes, CONSUMING, READY_TIMEOUT)
         if missing:  # the cluster does not start half-way: everything stops, and the starter quotes this log
-            print(f"worker{'s' if len(missing) > 1 else ''} {', '.join(missing)} did not register within "
+            print(f"worker{'s' if len(missing) > 1 else ''} {', '.join(missing)} did not answer within "
                   f"{READY_TIMEOUT:.0f} s or exited; see {', '.join(str(logs / f'{n}.log') for n in missing)}",
                   file=sys.stderr)
             return 1
-        # `up` returns once Flower listens to the workers' events: a job sent then is listed. (The workers send
-        # them once they consume, after torch: `up --flower` waits for that, `up` alone does not.)
+        # `up --flower` returns once Flower listens to the workers' events: a job sent then is listed.
         if flower_url and not flower_hears(flower_url, flower_auth, list(places), flower):
             print(f"Flower did not hear every worker within 30 s; jobs sent now may be missing from it; "
                   f"see {logs / 'flower.log'}", file=sys.stderr)

@@ -107,7 +107,8 @@ class StoreHost:
     @classmethod
     def start(cls, host: str, timeout_s: float = 1800.0) -> "StoreHost | None":
         dist = sys.modules.get("torch.distributed")
-        if dist is None or not dist.is_available():
+        # (Half imported while the worker preloads torch in the background, worker/starting.py: rank 0 then.)
+        if dist is None or getattr(dist.__spec__, "_initializing", False) or not dist.is_available():
             return None
         from datetime import timedelta
 

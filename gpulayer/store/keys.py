@@ -13,6 +13,8 @@ Key schema (``gl`` is ``NAMESPACE``):
     gl:workers:compact:1       hash   worker id -> the record packed in layout 1 (store/registry.py PACKED)
     gl:workers:compact:1:synced string the version the packed records reflect (the full read uses them
                                       only while it equals gl:workers:version)
+    gl:workers:starting        hash   worker id -> pid: registered, not yet answering Celery's control
+                                      (worker/starting.py; a broadcast waits for them, engine/broadcast.py)
     gl.q.<...>                 list   kombu queues; names built in ``gpulayer/queues.py``
     celery-task-meta-<job id>  string job results, owned by Celery's Redis result backend
     _kombu.binding.<exchange>  set    kombu's exchange bindings, owned by kombu
@@ -46,6 +48,9 @@ WORKERS_LOAD_CHANGED = f"{NAMESPACE}:workers:load:changed"
 # is in the name, so a reader or writer of another layout never mixes with this one.
 WORKERS_PACKED = f"{NAMESPACE}:workers:compact:1"
 WORKERS_PACKED_SYNCED = f"{WORKERS_PACKED}:synced"
+# Workers in the registry that do not answer a control broadcast yet (they would miss it: Celery's broadcast is a
+# PUBLISH, heard only by those subscribed when it is sent).
+WORKERS_STARTING = f"{NAMESPACE}:workers:starting"
 
 # Slot ledger: how many slots gangs hold on each worker (reserved or running).
 #   gl:slots:held              hash   worker id -> slots held by gangs

@@ -122,9 +122,32 @@ class Registry:
         for wid in worker_ids:
             for key in (keys.WORKERS, keys.WORKERS_CHANGED, keys.WORKERS_LOAD_CHANGED):
                 pipe.zrem(key, wid)
-            for key in (keys.WORKERS_INFO, keys.WORKERS_STATIC, keys.WORKERS_LOAD, keys.WORKERS_PACKED):
+            for key in (keys.WORKERS_INFO, keys.WORKERS_STATIC, keys.WORKERS_LOAD, keys.WORKERS_PACKED,
+                        keys.WORKERS_STARTING):
                 pipe.hdel(key, wid)
         pipe.execute()
+
+    def mark_starting(self, worker_id: str, pid: int) -> None:
+        """``worker_id`` is about to register and will not answer a control broadcast for a while
+        (``worker/starting.py``); set before its first heartbeat, so no broadcast finds it live and unmarked."""
+        self.client.hset(keys.WORKERS_STARTING, worker_id, pid)
+
+    def mark_answering(self, worker_id: str) -> None:
+        """``worker_id`` answers control broadcasts now."""
+        self.client.hdel(keys.WORKERS_STARTING, worker_id)
+
+    def starting(self) -> set[str]:
+        """The live workers (by Redis's clock) that do not answer control broadcasts yet: one ``HKEYS`` while
+        there are none, what a broadcast costs on a fleet that runs."""
+        ids = [w.decode() for w in self.client.hkeys(keys.WORKERS_STARTING)]
+        if not ids:
+            return set()
+        pipe = self.client.pipeline(transaction=False)
+        pipe.time()
+        pipe.zmscore(keys.WORKERS, ids)
+        (secs, micros), beats = pipe.execute()
+        cutoff = secs + micros / 1e6 - self.dead_after
+        return {wid for wid, beat in zip(ids, beats) if beat is not None and beat >= cutoff}
 
     def snapshot(self) -> tuple[WorkerInfo, ...]:
         """Every live worker, sorted by id, each with its heartbeat age (the full read)."""

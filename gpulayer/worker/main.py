@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import ipaddress
 import logging
 import os
@@ -30,6 +29,7 @@ from ..store.registry import Registry
 from . import runtime
 from .detect import default_address, detect_gpus
 from .early import beat_early, stop_early
+from .starting import answer_then_preload
 from .janitor import hand_back_lives
 
 
@@ -74,21 +74,17 @@ def _die_with_worker(**_) -> None:
 
 
 @worker_ready.connect
-def _tell_consuming(**_) -> None:
-    ready.tell(ready.CONSUMING, last=True)
+def _answer_then_preload(sender=None, **_) -> None:
+    """Celery's consumer runs: once this worker answers its own ping, say so, then preload torch (starting.py).
 
-
-def _preload() -> None:
-    """Import torch once here, so every pool process forks with it loaded instead of importing per job.
-
-    Importing does not initialise CUDA (that would not survive the fork); set
-    GPULAYER_PRELOAD= (empty) to skip it.
+    torch is preloaded so that every pool process forks with it loaded instead of importing it per job;
+    importing does not initialise CUDA (that would not survive the fork); GPULAYER_PRELOAD= (empty) skips it.
     """
-    for name in filter(None, os.environ.get("GPULAYER_PRELOAD", "torch").split(",")):
-        try:
-            importlib.import_module(name.strip())
-        except ImportError:
-            pass
+    info = runtime.current_worker()
+    if sender is None or info is None or runtime.registry is None:  # not a gpulayer worker
+        ready.tell(ready.CONSUMING, last=True)
+        return
+    answer_then_preload(sender, runtime.registry, info.id)
 
 
 # Celery's loggers of a line per job: "received" (the strategy, in this process) and "succeeded" (the tracer, in
@@ -160,6 +156,7 @@ def run_worker(*, broker: str | None = None, slots: int | None = None, zone: str
     runtime.install(info, gpu_ids)
     # Registered before torch is imported: jobs routed here wait in its queues for the seconds that takes, and
     # whoever started the worker (`gpulayer up`) hears it is in the fleet now.
+    registry.mark_starting(worker_id, os.getpid())  # before it is live: a broadcast waits for it (starting.py)
     beat_early(registry, info, settings.heartbeat_interval)
     ready.tell(ready.REGISTERED)
     try:
@@ -190,7 +187,6 @@ def _start(settings, registry: Registry, worker_id: str, host: str, gpu_ids: lis
     from .reaper import Reaper
     from .wake import WakeOnSignal
 
-    _preload()  # after the hand-back: a restarted worker's cut-off jobs are not kept waiting for torch
     consume_as(worker_id)  # take messages atomically, recorded under this life of the worker
     runtime.registry = registry
     app.steps["worker"].add(Heartbeat)
@@ -213,6 +209,9 @@ def _start(settings, registry: Registry, worker_id: str, host: str, gpu_ids: lis
         optimization="fair",
         without_mingle=True,
         without_gossip=True,
+        # The pool restarts once, after torch is preloaded (starting.py); `celery control pool_restart` stays
+        # refused (that reads the app's worker_pool_restarts, still False).
+        pool_restarts=True,
         # A CUDA job gets a fresh process, so CUDA_VISIBLE_DEVICES takes effect
         # before anything initialises CUDA.
         max_tasks_per_child=1 if gpu_ids else None,

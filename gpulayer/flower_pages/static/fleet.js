@@ -5,6 +5,10 @@
   var prefixInput = document.getElementById("url_prefix");
   var root = prefixInput && prefixInput.value ? "/" + prefixInput.value.replace(/^\/+|\/+$/g, "") : "";
   var path = window.location.pathname.slice(root.length) || "/";
+  // Requests go to the page's origin, never to a URL resolved against the page's own: opened as
+  // http://user:password@host:port/ (the URL `gpulayer up --flower` prints), that URL carries the login, and
+  // fetch() refuses a URL with credentials in it. The browser sends the login it was given either way.
+  var base = window.location.origin + root;
 
   function el(tag, attrs, children) {
     var node = document.createElement(tag);
@@ -92,7 +96,7 @@
   }
 
   function refresh() {
-    fetch(root + "/gpulayer/fleet.json", {credentials: "same-origin", cache: "no-store"})
+    fetch(base + "/gpulayer/fleet.json", {credentials: "same-origin", cache: "no-store"})
       .then(function (r) { if (!r.ok) throw new Error("fleet.json: HTTP " + r.status); return r.json(); })
       .then(function (report) {
         if (path === "/" || path === "/workers") show(fleetTable(report));
