@@ -155,10 +155,11 @@ class Trainer(TrainerProperties):
         cfg = self.config
         if cfg.multi_process and not _in_matching_job(cfg):
             from gpulayer.trainer import cluster, launcher
-            if cfg.logger is not None:
-                cfg.logger.version  # fix version_N here so every rank agrees on the directory
+            loggers_mod.before_ranks(self)
             run = cluster.fit_on_cluster if cfg.num_nodes > 1 else launcher.fit_in_processes
-            result = run(fit_rank, cfg, model, train_dataloaders, val_dataloaders, datamodule, ckpt_path)
+            # the ranks start where this trainer stands (a second fit after max_epochs has nothing left to do)
+            result = run(functools.partial(fit_rank, position=self._position()), cfg, model, train_dataloaders,
+                         val_dataloaders, datamodule, ckpt_path)
             self._take_result(model, result)
             self.training = False
             return
@@ -221,7 +222,10 @@ class Trainer(TrainerProperties):
                     f"Trainer(num_nodes={cfg.num_nodes}).{stage}() is not supported yet: gpulayer runs validate/test/"
                     "predict on one machine; use Trainer(devices=M) (or devices=1) for this stage")
             from gpulayer.trainer import launcher
-            result = launcher.stage_in_processes(stage_rank, cfg, stage, model, dataloaders, datamodule, ckpt, kw)
+            loggers_mod.before_ranks(self)
+            result = launcher.stage_in_processes(functools.partial(stage_rank, position=self._position()), cfg, stage,
+                                                 model, dataloaders, datamodule, ckpt, kw)
+            loggers_mod.adopt(self, result.get("loggers"))
             model.trainer = self
             self.lightning_module = model
             self.metric_store.load_result(result["callback_metrics"], result["logged_metrics"])
@@ -446,14 +450,25 @@ class Trainer(TrainerProperties):
         self.ckpt_path = path
         return checkpoint.load(os.fspath(path)) if path is not None else None
 
+    def _position(self) -> dict[str, int]:
+        """The counters a stage in other processes starts from, as this trainer would (``_set_position`` there)."""
+        return {"global_step": self.global_step, "current_epoch": self.current_epoch,
+                "batches_stepped": self.batches_stepped}
+
+    def _set_position(self, position: dict[str, int] | None) -> None:
+        for name, value in (position or {}).items():
+            setattr(self, name, value)
+
     def _take_result(self, module: Module, result: dict[str, Any]) -> None:
         """Rank 0's weights, counters, metrics and callback states, into this process's objects."""
         module.load_state_dict(result["state_dict"])
         self.lightning_module = module
         self.global_step, self.current_epoch = result["global_step"], result["current_epoch"]
+        self.batches_stepped = result.get("batches_stepped", self.batches_stepped)
         self.should_stop = result.get("should_stop", False)
         self.fit_info = dict(result.get("fit_info", {}))
         self.metric_store.load_result(result["callback_metrics"], result["logged_metrics"])
+        loggers_mod.adopt(self, result.get("loggers"))
         # by position: the ranks hold copies of these callbacks in the same order (class names of
         # by-value pickled classes may differ, so state_key is not reliable across processes)
         for cb, state in zip(self.callbacks, result["callbacks"]):
@@ -490,16 +505,18 @@ class Trainer(TrainerProperties):
 
 def fit_rank(config: TrainerConfig, module: Module, train_dataloaders: Any = None, val_dataloaders: Any = None,
              datamodule: Any = None, ckpt_path: str | None = None, *, fit_id: str | None = None,
-             resume: bool = False) -> dict[str, Any] | None:
+             resume: bool = False, position: dict[str, int] | None = None) -> dict[str, Any] | None:
     """Run one rank's share of a multi-process fit; return rank 0's result (None on other ranks).
 
     Call it in any process whose torchrun environment (RANK, WORLD_SIZE,
     LOCAL_RANK, MASTER_ADDR, MASTER_PORT...) is set, with the same arguments in
     every rank: loaders may be factories (zero-argument functions) built here.
     ``fit_id`` marks the checkpoints this fit writes; ``resume`` (a restarted
-    attempt) continues from the newest of them instead of ``ckpt_path``.
+    attempt) continues from the newest of them instead of ``ckpt_path``. ``position`` holds the calling
+    trainer's counters (``global_step``, ``current_epoch``, ``batches_stepped``) when it ran stages before.
     """
     trainer = Trainer.from_config(config)
+    trainer._set_position(position)
     trainer.fit_id, trainer._resume_newest = fit_id, resume and fit_id is not None
     # a running fit, as Trainer.fit marks it: ModelCheckpoint saves only while the state says so
     trainer._begin(TrainerFn.FITTING, RunningStage.TRAINING)
@@ -513,18 +530,23 @@ def fit_rank(config: TrainerConfig, module: Module, train_dataloaders: Any = Non
         "state_dict": {k: v.detach().cpu() for k, v in module.state_dict().items()},
         "global_step": trainer.global_step,
         "current_epoch": trainer.current_epoch,
+        "batches_stepped": trainer.batches_stepped,
         "should_stop": trainer.should_stop,
         "callback_metrics": trainer.metric_store.cpu_copy(trainer.callback_metrics),
         "logged_metrics": trainer.metric_store.cpu_copy(trainer.logged_metrics),
         "callbacks": [cb.state_dict() for cb in trainer.callbacks],
+        "loggers": loggers_mod.states_for_caller(trainer),
         "fit_info": trainer.fit_info,
     }
 
 
 def stage_rank(config: TrainerConfig, stage: str, module: Module, loaders: Any, datamodule: Any,
-               ckpt_path: str | None, kw: dict[str, Any]) -> dict[str, Any] | None:
-    """One rank's share of a multi-process validate / test / predict; rank 0's output and metrics."""
+               ckpt_path: str | None, kw: dict[str, Any],
+               position: dict[str, int] | None = None) -> dict[str, Any] | None:
+    """One rank's share of a multi-process validate / test / predict; rank 0's output and metrics.
+    ``position``: the calling trainer's counters (the step and epoch its logger writes at)."""
     trainer = Trainer.from_config(config)
+    trainer._set_position(position)
     trainer._begin(TrainerFn(stage), RunningStage(stage))
     output = trainer._call_and_handle_interrupt(trainer._in_process, module, trainer._run_eval, stage, module, loaders,
                                                 datamodule, ckpt_path, kw)
@@ -535,6 +557,7 @@ def stage_rank(config: TrainerConfig, stage: str, module: Module, loaders: Any, 
         "callback_metrics": trainer.metric_store.cpu_copy(trainer.callback_metrics),
         "logged_metrics": trainer.metric_store.cpu_copy(trainer.logged_metrics),
         "callbacks": [cb.state_dict() for cb in trainer.callbacks],
+        "loggers": loggers_mod.states_for_caller(trainer),
     }
 
 

@@ -99,18 +99,30 @@ class _MetricsWriter:
 
     NAME_METRICS_FILE = "metrics.csv"
 
-    def __init__(self, log_dir: str) -> None:
+    def __init__(self, log_dir: str, resume: bool = False) -> None:
         self.log_dir = log_dir
         self.metrics: list[dict[str, Any]] = []
         self.metrics_keys: list[str] = []
         self.hparams: dict[str, Any] = {}
         self.metrics_file_path = os.path.join(log_dir, self.NAME_METRICS_FILE)
-        if os.path.isdir(log_dir) and os.listdir(log_dir):
+        if resume:  # the same logger's earlier stage (in another process) wrote here: go on where it stopped
+            self._read_back()
+        elif os.path.isdir(log_dir) and os.listdir(log_dir):
             warnings.warn(f"Experiment logs directory {log_dir} exists and is not empty. Previous log files in this "
                           "directory will be deleted when the new ones are saved!", stacklevel=3)
             if os.path.isfile(self.metrics_file_path):
                 os.remove(self.metrics_file_path)
         os.makedirs(log_dir, exist_ok=True)
+
+    def _read_back(self) -> None:
+        """The columns and hyperparameters the files already hold, as the writer that wrote them had them."""
+        if os.path.isfile(self.metrics_file_path):
+            with open(self.metrics_file_path, newline="") as f:
+                self.metrics_keys = next(csv.reader(f), [])
+        hparams_file = os.path.join(self.log_dir, CSVLogger.NAME_HPARAMS_FILE)
+        if os.path.isfile(hparams_file):
+            from gpulayer.trainer.core.saving import load_hparams_from_yaml
+            self.hparams = dict(load_hparams_from_yaml(hparams_file) or {})
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         row = {k: (v.item() if isinstance(v, torch.Tensor) else v) for k, v in metrics.items()}
@@ -160,6 +172,9 @@ class CSVLogger(Logger):
         self._prefix = prefix
         self._flush_logs_every_n_steps = flush_logs_every_n_steps
         self._experiment: _MetricsWriter | None = None
+        # True once this logger opened its directory, in this process or in a rank of a multi-process stage:
+        # a later stage's writer appends there instead of clearing it (Lightning's rank 0 keeps one writer)
+        self._opened = False
 
     @property
     def flush_logs_every_n_steps(self) -> int:
@@ -177,7 +192,8 @@ class CSVLogger(Logger):
     def experiment(self) -> _MetricsWriter:
         if self._experiment is None:
             os.makedirs(self.root_dir, exist_ok=True)
-            self._experiment = _MetricsWriter(self.log_dir)
+            self._experiment = _MetricsWriter(self.log_dir, resume=self._opened)
+            self._opened = True
         return self._experiment
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
@@ -200,7 +216,10 @@ class CSVLogger(Logger):
             self.save()
 
     def __getstate__(self) -> dict[str, Any]:
-        # a logger pickled for the ranks of a multi-process fit starts with an empty buffer there
+        # a logger pickled for the ranks of a multi-process stage (or back from rank 0) travels without its
+        # writer: rows it buffered are written first, so the other process appends after them
+        if self._experiment is not None:
+            self._experiment.save()
         state = self.__dict__.copy()
         state["_experiment"] = None
         return state
@@ -320,3 +339,38 @@ def finalize(trainer: Any, status: str = "success") -> None:
     if trainer.is_global_zero:
         for logger in trainer.loggers:
             logger.finalize(status)
+
+
+# -- loggers across the processes of a multi-process stage ------------------------------------------------
+# Lightning's rank 0 is the process that called fit/validate/test/predict, so its loggers' state (the
+# version, the CSV writer's columns, what a custom logger kept) is the caller's. Here the ranks are
+# other processes: each stage hands them the loggers and takes rank 0's back.
+
+def before_ranks(trainer: Any) -> None:
+    """In the calling process, before its loggers are pickled for the ranks: every rank agrees on version_N."""
+    for logger in trainer.loggers:
+        getattr(logger, "version", None)
+
+
+def states_for_caller(trainer: Any) -> list[bytes | None]:
+    """In rank 0 after a stage: each logger pickled (None where it no longer pickles) for ``adopt``."""
+    import cloudpickle
+    states: list[bytes | None] = []
+    for logger in trainer.loggers:
+        try:
+            states.append(cloudpickle.dumps(logger))
+        except Exception:  # a custom logger holding something that cannot travel: the caller keeps its copy
+            states.append(None)
+    return states
+
+
+def adopt(trainer: Any, states: list[bytes | None] | None) -> None:
+    """In the calling process: rank 0's loggers' state into the caller's own logger objects (kept by identity)."""
+    import cloudpickle
+    for mine, blob in zip(trainer.loggers, states or []):
+        if blob is None:
+            continue
+        theirs = cloudpickle.loads(blob)
+        # by position, and by class name: a class pickled by value comes back as a new class object
+        if type(theirs).__qualname__ == type(mine).__qualname__ and hasattr(mine, "__dict__"):
+            mine.__dict__.update(vars(theirs))

@@ -1,0 +1,61 @@
+"""One Trainer, several stages, one ``CSVLogger``: ``metrics.csv`` keeps every stage's rows, on one device
+and on two (``strategy="ddp"``), as Lightning 2.6.6 keeps them.
+
+On two devices each stage runs in new rank processes here, while Lightning's rank 0 is the calling
+process and keeps one writer for the whole run: a later stage must append to the file (at the step and
+epoch the trainer stands at), not clear it, and a second fit must find the first one's position.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.trainer import stage_logs
+from tests.trainer.twin import needs_lightning
+
+SEQUENCES = ["fit,validate", "fit,test", "fit,predict", "validate,fit", "fit,fit"]
+SCRIPT = Path(stage_logs.__file__)
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _lightning(devices: int, sequence: str, tmp_path: Path) -> dict:
+    # Lightning's strategy="ddp" starts its other rank by running the script again: it runs as a script
+    out = tmp_path / "lightning.json"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "lightning.pytorch", str(devices), sequence,
+                           str(tmp_path / "lightning"), str(out)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+@needs_lightning
+@pytest.mark.parametrize("sequence", SEQUENCES)
+def test_two_devices_keep_every_stages_rows_as_lightning_ddp(sequence, tmp_path):
+    ours = stage_logs.run("gpulayer.trainer", 2, sequence.split(","), str(tmp_path / "gpulayer"))
+    theirs = _lightning(2, sequence, tmp_path)
+    assert ours["rows"] == theirs["rows"], f"gpulayer wrote {ours['rows']}, Lightning 2.6.6 {theirs['rows']}"
+    for key in ("log_dir", "files", "columns", "position", "last_stage_trained"):
+        assert ours[key] == theirs[key], f"{key}: gpulayer {ours[key]!r}, Lightning 2.6.6 {theirs[key]!r}"
+    # the fit's rows are there, whatever ran before or after it: 2 epochs of 4 steps, logged every 2
+    assert sum("train_loss" in r[2] for r in ours["rows"]) == 4
+
+
+@needs_lightning
+def test_fit_then_validate_keeps_the_fit_rows_on_one_device_and_two(tmp_path):
+    one = stage_logs.run("gpulayer.trainer", 1, ["fit", "validate"], str(tmp_path / "one"))
+    assert one == stage_logs.run("lightning.pytorch", 1, ["fit", "validate"], str(tmp_path / "lightning"))
+    two = stage_logs.run("gpulayer.trainer", 2, ["fit", "validate"], str(tmp_path / "two"))
+    for result, steps_per_epoch in ((one, 8), (two, 4)):
+        fit_rows = result["rows"][:-1]
+        assert [r[2] for r in fit_rows].count(["val_loss"]) == 2  # one validation per epoch of the fit
+        assert [r[2] for r in fit_rows].count(["train_loss"]) == steps_per_epoch  # every 2 steps, 2 epochs
+        # validate's row comes last, at the step and epoch the fit ended at
+        assert result["rows"][-1] == ["2", str(2 * steps_per_epoch), ["val_loss"]]
+    assert not one["deleted_warning"]
