@@ -177,9 +177,13 @@ def unpack(packed: dict | None) -> BaseException | None:
     return exc if isinstance(exc, BaseException) else None
 
 
+ENGINE_PACKAGES = ("celery", "kombu", "billiard", "vine")  # their errors are the engine's, not the job's own
+
+
 def find_class(module: str | None, qualname: str | None) -> type | None:
-    """The exception class ``module.qualname`` in this process (imported if need be), or None."""
-    if not module or not qualname or "<locals>" in qualname:
+    """The exception class ``module.qualname`` in this process (imported if need be), or None; None too for the
+    engine's own classes (a message that could not be decoded is no exception of the job's)."""
+    if not module or not qualname or "<locals>" in qualname or module.partition(".")[0] in ENGINE_PACKAGES:
         return None
     mod = sys.modules.get(module)
     if mod is None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..errors import JobFailed, JobStopped
-from ..remote_errors import RECORD_KEY, failure, typed
+from ..remote_errors import ENGINE_PACKAGES, RECORD_KEY, failure, typed
 
 _DIED = ("WorkerLostError",)
 # How a stop of a running job is worded (engine/request.py for a revoke, worker/reaper.py for a cancel or a
@@ -42,7 +42,7 @@ def as_job_failed(exc: BaseException, traceback: str | None, job_id: str | None,
     if isinstance(exc, JobFailed):
         return exc
     type_name, message, engine_type = _named(exc)
-    engine = type(exc).__module__.partition(".")[0] in ("celery", "billiard", "kombu")
+    engine = type(exc).__module__.partition(".")[0] in ENGINE_PACKAGES
     remote_type = engine_type if engine_type is not None or type_name in _DIED or engine else type(exc)
     return typed(JobFailed, remote_type, type_name, message, traceback, job_id, worker, remote=exc)
 
