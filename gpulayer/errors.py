@@ -167,6 +167,7 @@ class GangFailed(JobFailed):
 
     rank: int | None = None
     exit_code: int | None = None
+    exc_report: dict | None = None  # the failed rank's report of its exception, for the client to type the error
 
     def __str__(self) -> str:
         return f"distributed job {self.job_id}: {one_line(self.message)}"

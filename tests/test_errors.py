@@ -313,3 +313,23 @@ def test_a_class_from_the_users_script_is_caught_by_its_own_name(fleet, tmp_path
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("JobFailed[ShardMissing] True 4 ShardMissing: shard 4 missing in bucket-a (job "), \
         out.stdout
+
+
+def rank_one_raises():
+    import time as _t
+
+    if os.environ["RANK"] == "1":
+        raise CodedError(11, "rank one's shard")
+    _t.sleep(60)  # stopped when rank 1 fails
+
+
+def test_a_gang_failure_is_also_the_failed_ranks_type(fleet):
+    from gpulayer import distributed
+
+    job = distributed(rank_one_raises, nodes=1, procs_per_node=2, resources=Resources(worker_ids=["w-a"]))
+    with pytest.raises(CodedError) as e:
+        job.get(timeout=120)
+    err = e.value
+    assert isinstance(err, GangFailed) and type(err).__name__ == "GangFailed[CodedError]"
+    assert err.rank == 1 and err.code == 11 and err.args == ("11: rank one's shard",)
+    assert str(err).startswith(f"distributed job {job.id}: rank 1 on w-a") and "rank one's shard" in str(err)
