@@ -25,8 +25,11 @@ from celery.result import GroupResult
 
 from . import app as app_mod
 from .deadline import Deadline
+from .engine.results import prime_result
+from .errors import JobFailed
 from .session import BROKER_ERRORS, broker_lost, outage
 from .store import keys
+from .sweep import Sweep
 from .tasks.whereabouts import batch_timeout, holders, unfinished  # noqa: F401 (unfinished: also cancel's API)
 
 log = logging.getLogger(__name__)
@@ -84,9 +87,28 @@ def interrupted(ids: Sequence[str], how: str, cancel_id: str | None = None) -> K
                              f"stop them with {how}")
 
 
-class JobGroupResult(GroupResult):
+class JobGroupResult(Sweep, GroupResult):
     """A group's result: Ctrl-C in ``get()`` says what still runs, a timeout (``JobTimeout``) what the jobs not
-    finished are doing; ``revoke()`` stops queued and running jobs."""
+    finished are doing; ``revoke()`` stops queued and running jobs. A failure names its job's place in the
+    group (``item 3 of 20``). ``completed_count()``, ``failed()``, ``ready()`` (Celery's, read in one round
+    trip for the whole group), ``as_completed()`` and ``wait(n, timeout)``: ``gpulayer/sweep.py``."""
+
+    def _sweep_ids(self) -> list[str]:
+        return [r.id for r in self.results]
+
+    def _sweep_backend(self):
+        return app_mod.app.backend
+
+    def _sweep_handle(self, index: int, meta: dict | None):
+        handle = self.results[index]
+        if meta is not None:
+            _place(meta["result"], index, len(self.results))
+            if getattr(handle, "_cache", None) is None:
+                prime_result(handle, meta)
+        return handle
+
+    def _sweep_timeout(self, pending: list[str], timeout: float | None) -> Exception:
+        return batch_timeout(self._sweep_ids(), pending, timeout, stop="revoke()")
 
     def get(self, timeout=None, propagate=True, interval=0.5, callback=None, no_ack=True, on_message=None,
             disable_sync_subtasks=True, on_interval=None):
@@ -99,9 +121,18 @@ class JobGroupResult(GroupResult):
         while True:
             try:
                 left = deadline.remaining()
-                return join(timeout=None if left is None else max(left, 0.001),  # (Celery reads 0 as no limit)
-                            propagate=propagate, interval=interval, callback=callback, no_ack=no_ack,
-                            on_message=on_message, disable_sync_subtasks=disable_sync_subtasks, on_interval=on_interval)
+                values = join(timeout=None if left is None else max(left, 0.001),  # (Celery reads 0 as no limit)
+                              propagate=propagate, interval=interval, callback=callback, no_ack=no_ack,
+                              on_message=on_message, disable_sync_subtasks=disable_sync_subtasks,
+                              on_interval=on_interval)
+                for i, value in enumerate(values or ()):  # propagate=False: each failure in its place, named
+                    _place(value, i, len(self.results))
+                return values
+            except JobFailed as err:  # the failure raised: name its job's place in the group
+                ids = self._sweep_ids()
+                if err.job_id in ids:
+                    _place(err, ids.index(err.job_id), len(ids))
+                raise
             except BROKER_ERRORS as err:
                 lost.lost(err)
             except CeleryTimeoutError:
@@ -126,6 +157,11 @@ class JobGroupResult(GroupResult):
         """Stop every job of the group that has not finished: queued ones are dropped, running ones
         killed with their whole process tree (whatever ``terminate`` says). Returns how many."""
         return cancel_jobs([r.id for r in self.results])
+
+
+def _place(value, index: int, total: int) -> None:
+    if isinstance(value, JobFailed) and value.index is None:
+        value.in_batch(index, total)
 
 
 # Every group this app makes (group(...).apply_async(), GroupResult.restore) is one of these.

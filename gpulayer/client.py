@@ -21,26 +21,59 @@ from .session import connect, ensure_connected, init  # noqa: F401  (connect, in
 from .models import Resources
 from .payload import PickledFunction, pack_function, summarize
 from .store import durability
+from .engine.results import prime_result
+from .errors import JobFailed
 from .store.sent import record_batch
+from .sweep import Sweep
 from .tasks.submit import as_resources, build_job, send_job, submit
 
 
-class BatchHandle:
-    """The jobs of one ``submit_batch``: ``get()`` returns their results in submission order, ``cancel()``
-    stops the ones not finished; ``id`` names the batch for `gpulayer cancel <id>` from a shell."""
+class BatchHandle(Sweep):
+    """The jobs of one ``submit_batch``, as a sequence of their handles in submission order.
 
-    def __init__(self, ids: list[str], id: str | None = None, queue: str | None = None):
+    ``len(batch)``, ``batch[i]`` (negative too; a slice is a ``BatchHandle`` of those jobs) and ``for h in
+    batch`` give per-job handles (``JobHandle``: ``get()``, ``cancel()``, ``history()``). ``get()`` returns
+    every result in submission order; ``get(propagate=False)`` puts each failed job's exception (a
+    ``JobFailed``) in its place instead of raising. ``as_completed()``, ``wait(n, timeout)``,
+    ``completed_count()``, ``failed()``, ``failures()``, ``ready()``: see ``gpulayer/sweep.py``. ``cancel()``
+    stops the ones not finished; ``id`` names the batch for `gpulayer cancel <id>` from a shell.
+    """
+
+    def __init__(self, ids: list[str], id: str | None = None, queue: str | None = None,
+                 calls: list[str] | None = None):
         self.ids = ids
         self.id = id  # submit_batch's: `gpulayer cancel <id>` finds the jobs by it (store/sent.py)
         self.queue = queue  # where the jobs were sent: a timeout's message says how many wait there
+        self.calls = calls  # each job's ``fn(args)`` in short, made as it was sent: a failure names its job by it
         self._metas: list[dict | None] = [None] * len(ids)  # the finished jobs' results, kept across get() calls
 
     def __len__(self) -> int:
         return len(self.ids)
 
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            part = BatchHandle(self.ids[index], None, self.queue, self.calls[index] if self.calls else None)
+            part._metas = self._metas[index]
+            return part
+        return self._sweep_handle(range(len(self.ids))[index], None)
+
+    def __iter__(self):
+        return (self._sweep_handle(i, None) for i in range(len(self.ids)))
+
+    @property
+    def results(self) -> list:
+        """Every job's handle, in submission order (as a Celery group result's ``results``)."""
+        return list(self)
+
+    def __repr__(self) -> str:
+        return f"<BatchHandle {self.id or '(part of a batch)'}: {len(self.ids)} jobs>"
+
     def get(self, timeout: float | None = None, propagate: bool = True, interval: float = 0.02,
             progress: bool | None = None) -> list[Any]:
-        """Results in submission order; the first failure raises ``JobFailed`` (or is returned if not ``propagate``).
+        """Results in submission order. The first failure (in submission order) raises its ``JobFailed``, which
+        names the job's place and call (``... (job 3f2a... on w-b; item 7 of 20: load(7))``); with
+        ``propagate=False`` every failed job's exception is returned in its place instead, the other jobs'
+        values around it.
 
         ``progress``: draw a bar (done, failed, rate, ETA); by default only for more than 8 jobs
         and only when stdout is a terminal. When ``timeout`` runs out, ``gpulayer.JobTimeout`` says how
@@ -54,11 +87,36 @@ class BatchHandle:
         except KeyboardInterrupt:
             raise interrupted(self.ids, "batch.cancel()", self.id) from None  # the jobs run on without us
         out = []
-        for meta in metas:
+        for i, meta in enumerate(metas):
+            result = meta["result"]
+            if meta["status"] != states.SUCCESS and isinstance(result, JobFailed):
+                result.in_batch(i, len(metas), self.calls[i] if self.calls else None)
             if meta["status"] != states.SUCCESS and propagate:
-                raise meta["result"]
-            out.append(meta["result"])
+                raise result
+            out.append(result)
         return out
+
+    # -- the Sweep's parts (gpulayer/sweep.py) --------------------------------------------------------------
+    def _sweep_ids(self) -> list[str]:
+        return self.ids
+
+    def _sweep_backend(self):
+        return app_mod.app.backend
+
+    def _sweep_handle(self, index: int, meta: dict | None):
+        handle = submit.AsyncResult(self.ids[index])
+        meta = meta or self._metas[index]
+        if meta is not None:
+            if meta["status"] != states.SUCCESS and isinstance(meta["result"], JobFailed):
+                meta["result"].in_batch(index, len(self.ids), self.calls[index] if self.calls else None)
+            prime_result(handle, meta)  # its get() needs no round trip
+        handle.sent_to = self.queue
+        return handle
+
+    def _sweep_timeout(self, pending: list[str], timeout: float | None) -> Exception:
+        from .tasks.whereabouts import batch_timeout
+
+        return batch_timeout(self.ids, pending, timeout, self.queue)
 
     def cancel(self) -> int:
         """Stop every job of the batch that has not finished; returns how many were stopped.
@@ -135,15 +193,16 @@ def submit_batch(signatures: Iterable[Signature], resources: Resources | dict | 
     celery_app = app_mod.app
     summary = res.describe()
     ids: list[str] = []
+    calls: list[str] = []  # each job's fn(args), short: a failure names its job by it
     batch_id = uuid()
     try:
-        _send_batch(signatures, celery_app, chunk, packed, route, headers, summary, ids, batch_id)
+        _send_batch(signatures, celery_app, chunk, packed, route, headers, summary, ids, batch_id, calls)
     except BROKER_ERRORS as err:
         # Published in chunks: those before the last chunk reached the broker, that one may have, the rest did not.
         cut = (f"the batch was cut off after {len(ids)} jobs (up to {chunk} of them may not have reached the broker, "
                "none after them did): send the batch again once it is back")
         raise broker_lost(err, cut) from err
-    return BatchHandle(ids, batch_id, route.queue)
+    return BatchHandle(ids, batch_id, route.queue, calls[:len(ids)])
 
 
 FIRST_CHUNK = 64  # jobs in a batch's first published chunk; each next one twice as many, up to batch_chunk_size
@@ -166,8 +225,8 @@ def _jobs(signatures, packed):
         yield job_id, packed[id(fn)][1], args, kwargs, summarize(fn, args, kwargs)
 
 
-def _send_batch(signatures, celery_app, chunk, packed, route, headers, summary, ids: list[str], batch_id: str
-                ) -> None:
+def _send_batch(signatures, celery_app, chunk, packed, route, headers, summary, ids: list[str], batch_id: str,
+                calls: list[str] | None = None) -> None:
     """Publish the batch, appending each job's id to ``ids`` as it is sent; each job is recorded as sent by this
     client in batch ``batch_id`` (`gpulayer cancel <batch id>` finds them, also after an error or a Ctrl-C)."""
     # Celery's apply_async subscribes to each result's channel and routes each message; a batch needs
@@ -185,6 +244,8 @@ def _send_batch(signatures, celery_app, chunk, packed, route, headers, summary, 
                     for job_id, ref, args, kwargs, text in _jobs(signatures, packed):
                         send_job(producer, job_id, ref, args, kwargs, queue, headers, text, summary)
                         ids.append(job_id)
+                        if calls is not None:
+                            calls.append(text)
             finally:
                 if ids:  # its WAIT (durability) covers the messages too: they went before these records
                     acked = record_batch(celery_app.backend.client, app_mod.client_identity(), batch_id, ids, waits)
@@ -199,6 +260,8 @@ def _send_batch(signatures, celery_app, chunk, packed, route, headers, summary, 
             for job_id, ref, args, kwargs, text in _jobs(signatures, packed):
                 raws.append(build_job(channel, job_id, ref, args, kwargs, queue, headers, text, summary))
                 ids.append(job_id)
+                if calls is not None:
+                    calls.append(text)
                 if len(raws) >= size:
                     chunk_ids, sent = ids[sent:], len(ids)
                     publish.publish_chunk(channel, queue, raws, chunk_ids, sender, batch_id)

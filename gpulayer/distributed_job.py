@@ -24,7 +24,7 @@ import redis
 from pydantic import ValidationError
 
 from . import app as app_mod
-from . import signing
+from . import remote_errors, signing
 from .client import ensure_connected
 from .deadline import Deadline
 from .errors import ClusterUnavailable, InvalidRequest, JobFailed, JobRejected, JobTimeout
@@ -401,6 +401,8 @@ class GangHandle:
         else:
             error = attempts.failure(self.id, self.store.failures(self.id, attempt), self.store.nodes(self.id, attempt),
                                      self.spec.procs_per_node)
+            if error is not None:  # a GangFailed that is also the failed rank's own exception type, where it can be
+                error = remote_errors.gang_failure(error, error.exc_report)
             self._error = error or JobFailed("GangFailed", rec["reason"], job_id=self.id)
         return True
 

@@ -103,14 +103,20 @@ class JobStopped(GpulayerError):
 
 
 class RemoteTraceback(Exception):
-    """The traceback of an exception raised on a worker; chained as a ``JobFailed``'s cause."""
+    """The traceback of an exception raised on a worker; chained as a ``JobFailed``'s cause.
+
+    ``text`` is the whole traceback; what Python shows (``str``) leaves out the engine's frames
+    (``gpulayer/tracebacks.py``), so the user's own frames come first.
+    """
 
     def __init__(self, text: str):
         self.text = text
         super().__init__(text)
 
     def __str__(self) -> str:
-        return '\n"""\n' + self.text.rstrip() + '\n"""'
+        from .tracebacks import shown
+
+        return '\n"""\n' + shown(self.text).rstrip() + '\n"""'
 
 
 class JobFailed(GpulayerError):
@@ -119,22 +125,53 @@ class JobFailed(GpulayerError):
     ``str(err)`` is one line: the remote type and message, the job id and the
     worker it ran on. ``type_name``, ``message``, ``traceback``, ``job_id`` and
     ``worker`` hold the parts; the traceback is also the ``__cause__``.
+
+    **It keeps the job's own type.** When the job raised an ``Exception`` whose class the client can import
+    (and subclass), the error raised in the client is an instance of both ``JobFailed`` and that class
+    (``JobFailed[KeyError]``, built once per class: ``gpulayer/remote_errors.py``), so ``except KeyError``
+    catches a job's ``KeyError``; its ``args`` and attributes are the remote exception's (``e.args[0]``, an
+    ``OSError``'s ``errno`` and ``filename``), and ``exception`` is the remote exception rebuilt. Otherwise
+    (a class only the worker has, or a ``BaseException`` that is not an ``Exception``: ``SystemExit``,
+    ``KeyboardInterrupt``, which would stop the client) it is a plain ``JobFailed``, ``type_name`` naming it.
+
+    A job of a batch or group names its place: ``index`` (submission order) and ``call``, a short form of
+    its function and arguments.
     """
+
+    remote_type: type | None = None  # the job's own exception class, for a typed JobFailed[T]
+    exception: BaseException | None = None  # the remote exception, rebuilt on the client (when it could be)
+    index: int | None = None  # in a batch or group: the job's place in submission order
+    call: str | None = None  # in a batch: ``fn(args)``, short
 
     def __init__(self, type_name: str, message: str, traceback: str | None = None, job_id: str | None = None,
                  worker: str | None = None):
+        super().__init__(type_name, message, traceback, job_id, worker)
+        self._fill(type_name, message, traceback, job_id, worker)
+
+    def _fill(self, type_name: str, message: str, traceback: str | None, job_id: str | None,
+              worker: str | None) -> None:
         self.type_name = type_name
         self.message = mask_text(message)  # a remote error may quote a URL too
         self.traceback = mask_text(traceback) if traceback else traceback
         self.job_id = job_id
         self.worker = worker
-        super().__init__(type_name, message, traceback, job_id, worker)
         if traceback:
             self.__cause__ = RemoteTraceback(self.traceback)  # also suppresses the context, as `raise ... from` does
 
+    def in_batch(self, index: int, total: int, call: str | None = None) -> "JobFailed":
+        """Name this failure's place in a batch or group of ``total`` jobs (``str`` then says it); returns it."""
+        self.index, self._total, self.call = index, total, call
+        return self
+
     def _where(self) -> str:
         job = f"job {self.job_id}" if self.job_id else "a job"
-        return f"{job} on {self.worker}" if self.worker else job
+        where = f"{job} on {self.worker}" if self.worker else job
+        if self.index is not None:
+            total = getattr(self, "_total", None)
+            where += f"; item {self.index}" + (f" of {total}" if total is not None else "")
+            if self.call:
+                where += f": {one_line(self.call, 120)}"
+        return where
 
     def __str__(self) -> str:
         return f"{self.type_name}: {one_line(self.message)} ({self._where()})"
@@ -149,6 +186,22 @@ class GangFailed(JobFailed):
 
     rank: int | None = None
     exit_code: int | None = None
+    exc_report: dict | None = None  # the failed rank's report of its exception, for the client to type the error
 
     def __str__(self) -> str:
         return f"distributed job {self.job_id}: {one_line(self.message)}"
+
+
+class UnknownId(GpulayerError, LookupError):
+    """No job, distributed job or batch has this id, nor an id that starts with it."""
+
+
+class AmbiguousId(UnknownId):
+    """A short id (a prefix) matches several jobs, distributed jobs or batches: give more of it.
+
+    ``matches``: the full ids it matches (the first few).
+    """
+
+    def __init__(self, message: str, matches: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.matches = tuple(matches)

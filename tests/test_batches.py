@@ -178,3 +178,93 @@ def test_a_finished_batch_stops_holding_its_slot_as_each_request_finishes_even_w
     b._finish(batch, [(o["callback"], 1) for _, _, _, o in batch.applies])
     assert seen == [0, 0, 0], seen  # each finished request frees nothing more than its batch's slot
     assert (b.extra_reserved, b.extra_active, b.full_in_flight) == (0, 0, 0)
+
+
+# -- a sweep you can work with (issue 40, item 4) -----------------------------------------------------------------
+def square_or_raise(i: int, bad: int = 13):
+    if i == bad:
+        raise KeyError(f"shard {i}")
+    return i * i
+
+
+def square_after(i: int, run: str):
+    """``i * i`` once ``run:go:<i>`` is set: the test decides the order the jobs finish in."""
+    import time as _t
+
+    r = gpulayer.app.redis_client()
+    while not r.exists(f"{run}:go:{i}"):
+        _t.sleep(0.01)
+    return i * i
+
+
+def test_twenty_jobs_one_raising_give_nineteen_values_and_the_exception_in_place(fleet):
+    batch = submit_batch([submit.s(square_or_raise, i) for i in range(20)])
+    assert len(batch) == 20 and batch[0].id == batch.ids[0] and batch[-1].id == batch.ids[19]
+    assert [h.id for h in batch] == batch.ids and [h.id for h in batch[5:8]] == batch.ids[5:8]
+    out = batch.get(timeout=60, propagate=False)
+    assert [v for i, v in enumerate(out) if i != 13] == [i * i for i in range(20) if i != 13]
+    err = out[13]
+    assert isinstance(err, KeyError) and isinstance(err, JobFailed) and err.index == 13
+    with pytest.raises(KeyError) as e:
+        batch.get(timeout=60)
+    assert e.value is err
+    assert f"item 13 of 20: square_or_raise(13)" in str(e.value), str(e.value)
+    assert batch.completed_count() == 19 and batch.finished_count() == 20  # Celery's: completed = succeeded
+    assert batch.failed() and batch.ready() and not batch.successful() and not batch.waiting()
+    assert [h.id for h in batch.failures()] == [batch.ids[13]]
+    with pytest.raises(KeyError):
+        batch[13].get(timeout=10)
+    assert batch[12].get(timeout=10) == 144 and batch[5:8].get(timeout=10) == [25, 36, 49]
+
+
+def test_as_completed_yields_every_job_as_it_finishes_and_wait_returns_done_and_pending(fleet):
+    # one job that fails at once, then 3 that wait for the test (the session fleet has 5 slots)
+    run = f"as-completed:{time.time()}"
+    client = redis_client()
+    batch = submit_batch([submit.s(square_or_raise, 13)] + [submit.s(square_after, i, run) for i in range(1, 4)])
+    done, pending = batch.wait(1, timeout=0)
+    assert done == [] or [h.id for h in done] == [batch.ids[0]]
+    done, pending = batch.wait(1, timeout=30)  # failed jobs count as done
+    assert [h.id for h in done] == [batch.ids[0]] and [h.id for h in pending] == batch.ids[1:]
+    order = []
+    seen = batch.as_completed(timeout=60)
+    first = next(seen)
+    assert first.id == batch.ids[0]
+    with pytest.raises(KeyError):
+        first.get(timeout=1)
+    for i in (3, 1, 2):  # let them finish in this order, one at a time
+        client.set(f"{run}:go:{i}", 1)
+        h = next(seen)
+        order.append(batch.ids.index(h.id))
+        assert h.get(timeout=1) == order[-1] ** 2
+    assert order == [3, 1, 2]
+    assert list(seen) == []  # all 4 given, each once
+    done, pending = batch.wait(4, timeout=1)
+    assert len(done) == 4 and pending == []
+    with pytest.raises(ValueError):
+        batch.wait(5)
+
+
+def test_as_completed_gives_up_after_its_timeout_saying_what_waits(fleet):
+    run = f"as-completed-timeout:{time.time()}"
+    batch = submit_batch([submit.s(square_after, i, run) for i in range(2)])
+    try:
+        with pytest.raises(gpulayer.JobTimeout, match="0 of 2 jobs finished within 0.5 s"):
+            list(batch.as_completed(timeout=0.5))
+    finally:
+        batch.cancel()
+
+
+def test_a_groups_result_counts_yields_as_completed_and_names_a_failures_place(fleet):
+    from gpulayer import group
+
+    g = group(submit.s(square_or_raise, i, 2) for i in range(4)).apply_async()
+    assert sorted(g.results.index(h) for h in g.as_completed(timeout=60)) == [0, 1, 2, 3]
+    assert g.completed_count() == 3 and g.failed() and g.ready()
+    with pytest.raises(KeyError) as e:
+        g.get(timeout=60)
+    assert isinstance(e.value, JobFailed) and "item 2 of 4" in str(e.value), str(e.value)
+    values = g.get(timeout=60, propagate=False)
+    assert values[:2] + values[3:] == [0, 1, 9] and isinstance(values[2], KeyError)
+    done, pending = g.wait(4, timeout=10)
+    assert len(done) == 4 and not pending

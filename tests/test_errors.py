@@ -100,7 +100,8 @@ def test_python_shows_the_remote_traceback_as_the_cause(fleet, tmp_path):
     remote, _, local = err.partition("The above exception was the direct cause of the following exception:")
     assert "in explode" in remote and "RuntimeError: the shard is corrupt" in remote, err
     last = local.rstrip().splitlines()[-1]
-    assert last.startswith("gpulayer.errors.JobFailed: RuntimeError: the shard is corrupt (job "), err
+    assert last.startswith("gpulayer.errors.JobFailed[RuntimeError]: RuntimeError: the shard is corrupt (job "), err
+    assert "trace_task" not in remote, err  # the engine's frames are left out of what is shown
     assert "Exception ignored" not in err, err
 
 
@@ -160,3 +161,175 @@ def test_a_traceback_names_the_users_files_and_lines_for_functions_sent_by_value
             assert frame in shown, shown
             assert frame in logged, logged[:3000]
         assert "<dynamic-code>" not in shown
+
+
+# -- errors keep their type (issue 40, item 3) ------------------------------------------------------------------
+class CodedError(Exception):
+    """An __init__ whose arguments are not its args (plain pickle cannot rebuild it)."""
+
+    def __init__(self, code, detail):
+        super().__init__(f"{code}: {detail}")
+        self.code = code
+
+
+class SlottedError(Exception):
+    __slots__ = ("shard",)
+
+
+class Reduced(Exception):
+    def __init__(self, a, b):
+        super().__init__(a)
+        self.b = b
+
+    def __reduce__(self):
+        return Reduced, (self.args[0], self.b)
+
+
+def raises_coded(code):
+    raise CodedError(code, "corrupt")
+
+
+def raises_slotted(shard):
+    err = SlottedError("bad shard")
+    err.shard = shard
+    raise err
+
+
+def test_a_typed_failure_is_both_and_keeps_args_attributes_and_pickles():
+    from gpulayer.remote_errors import typed, typed_class
+
+    err = typed(JobFailed, KeyError, "KeyError", "'shard 7'", REMOTE_TB, "j-1", "w-a", remote=KeyError("shard 7"))
+    assert isinstance(err, JobFailed) and isinstance(err, KeyError) and type(err).__name__ == "JobFailed[KeyError]"
+    assert err.args == ("shard 7",) and str(err) == "KeyError: 'shard 7' (job j-1 on w-a)"
+    assert typed_class(JobFailed, KeyError) is type(err)  # made once per class
+    coded = typed(JobFailed, CodedError, "CodedError", "3: bad", None, "j-2", None, remote=_rebuilt(CodedError(3, "x")))
+    assert isinstance(coded, CodedError) and coded.code == 3 and coded.args == ("3: x",)
+    oserr = typed(JobFailed, FileNotFoundError, "FileNotFoundError", "m", None, "j", None,
+                  remote=FileNotFoundError(2, "No such file or directory", "/x"))
+    assert isinstance(oserr, OSError) and (oserr.errno, oserr.filename) == (2, "/x")
+    for e in (err, coded, oserr):
+        back = pickle.loads(pickle.dumps(e))
+        assert type(back) is type(e) and back.args == e.args and str(back) == str(e)
+    assert pickle.loads(pickle.dumps(coded)).code == 3
+    # BaseException-only types would stop the client: plain JobFailed, naming them
+    assert typed_class(JobFailed, SystemExit) is None and typed_class(JobFailed, KeyboardInterrupt) is None
+    assert type(typed(JobFailed, SystemExit, "SystemExit", "3", None, "j", None)) is JobFailed
+    assert typed_class(GangFailed, ValueError).__mro__[1] is GangFailed
+
+
+def _rebuilt(exc):
+    """``exc`` through the worker's pack and the client's unpack (remote_errors.pack / unpack)."""
+    from gpulayer.remote_errors import pack, unpack
+
+    return unpack(pack(exc))
+
+
+def test_the_pack_rebuilds_odd_exceptions():
+    coded = _rebuilt(CodedError(3, "bad"))
+    assert type(coded) is CodedError and coded.code == 3 and coded.args == ("3: bad",)
+    slotted = SlottedError("bad shard")
+    slotted.shard = 4
+    assert _rebuilt(slotted).shard == 4
+    reduced = _rebuilt(Reduced("a", "b"))
+    assert (reduced.args, reduced.b) == (("a",), "b")
+    oserr = _rebuilt(FileNotFoundError(2, "No such file or directory", "/x"))
+    assert (oserr.errno, oserr.strerror, oserr.filename) == (2, "No such file or directory", "/x")
+
+
+def test_the_shown_traceback_leaves_out_the_engines_frames():
+    import celery.app.trace
+
+    from gpulayer.tasks import submit as submit_mod
+    from gpulayer.tracebacks import shown
+
+    text = ("Traceback (most recent call last):\n"
+            f'  File "{celery.app.trace.__file__}", line 564, in trace_task\n    R = fun(*args)\n'
+            f'  File "/elsewhere/site-packages/gpulayer/tasks/submit.py", line 287, in submit\n'
+            "    return func(*args, **kwargs)\n           ^^^^^^^^^^^^\n"
+            '  File "/home/me/celery/job.py", line 3, in boom\n    raise KeyError(n)\nKeyError: 7\n')
+    assert submit_mod.__file__  # (the other machine's path is matched by the file's place in the package)
+    out = shown(text)
+    assert "trace_task" not in out and "in submit" not in out and "^^^" not in out
+    assert 'File "/home/me/celery/job.py", line 3, in boom' in out and "KeyError: 7" in out
+    assert "2 frames of celery/gpulayer left out" in out
+    assert shown(REMOTE_TB) == REMOTE_TB
+
+
+def test_except_the_jobs_own_type_catches_its_failure(fleet):
+    pin = Resources(worker_ids=["w-b"])
+    with pytest.raises(KeyError) as e:
+        submit.delay(boom, 7, resources=pin).get(timeout=60)
+    err = e.value
+    assert isinstance(err, JobFailed) and err.args == ("missing shard 7",) and err.worker == "w-b"
+    assert str(err) == f"KeyError: 'missing shard 7' (job {err.job_id} on w-b)"
+    try:
+        submit.delay(raises_coded, 5, resources=pin).get(timeout=60)
+    except CodedError as coded:
+        assert isinstance(coded, JobFailed) and coded.code == 5 and str(coded).startswith("CodedError: 5: corrupt (")
+        assert "in raises_coded" in coded.traceback and "UnpickleableExceptionWrapper" not in coded.traceback
+    with pytest.raises(FileNotFoundError) as missing:
+        submit.delay(open, "/nonexistent/gpulayer-x", resources=pin).get(timeout=60)
+    assert missing.value.errno == 2 and missing.value.filename == "/nonexistent/gpulayer-x"
+    with pytest.raises(SlottedError) as slotted:
+        submit.delay(raises_slotted, 9, resources=pin).get(timeout=60)
+    assert slotted.value.shard == 9
+    shown_tb = str(err.__cause__)
+    assert "in boom" in shown_tb and "trace_task" not in shown_tb and "trace_task" in err.traceback
+
+
+def test_a_chain_and_a_group_raise_the_jobs_own_type(fleet):
+    from celery import chain
+
+    from gpulayer import group
+
+    with pytest.raises(KeyError) as e:
+        chain(submit.s(pow, 2, 3), submit.s(boom)).apply_async().get(timeout=60)
+    assert isinstance(e.value, JobFailed) and e.value.args == ("missing shard 8",)
+    with pytest.raises(KeyError):
+        group(submit.s(pow, 2, 3), submit.s(boom, 1)).apply_async().get(timeout=60)
+
+
+def test_a_class_from_the_users_script_is_caught_by_its_own_name(fleet, tmp_path):
+    script = tmp_path / "sweep.py"
+    script.write_text(textwrap.dedent(f"""
+        import gpulayer
+        from gpulayer import JobFailed, submit
+
+        class ShardMissing(Exception):
+            def __init__(self, shard, where):
+                super().__init__(f"shard {{shard}} missing in {{where}}")
+                self.shard = shard
+
+        def load(n):
+            raise ShardMissing(n, "bucket-a")
+
+        gpulayer.init({fleet.url!r}, secret={fleet.secret!r})
+        try:
+            submit.delay(load, 4).get(timeout=60)
+        except ShardMissing as err:
+            print(type(err).__name__, isinstance(err, JobFailed), err.shard, err)
+    """))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("JobFailed[ShardMissing] True 4 ShardMissing: shard 4 missing in bucket-a (job "), \
+        out.stdout
+
+
+def rank_one_raises():
+    import time as _t
+
+    if os.environ["RANK"] == "1":
+        raise CodedError(11, "rank one's shard")
+    _t.sleep(60)  # stopped when rank 1 fails
+
+
+def test_a_gang_failure_is_also_the_failed_ranks_type(fleet):
+    from gpulayer import distributed
+
+    job = distributed(rank_one_raises, nodes=1, procs_per_node=2, resources=Resources(worker_ids=["w-a"]))
+    with pytest.raises(CodedError) as e:
+        job.get(timeout=120)
+    err = e.value
+    assert isinstance(err, GangFailed) and type(err).__name__ == "GangFailed[CodedError]"
+    assert err.rank == 1 and err.code == 11 and err.args == ("11: rank one's shard",)
+    assert str(err).startswith(f"distributed job {job.id}: rank 1 on w-a") and "rank one's shard" in str(err)

@@ -52,7 +52,8 @@ from ..store import durability, keys
 from .redis_tls import TLSConnection
 from .sentinel import backend_pool
 from ..store.registry import load_script
-from ..store.results import as_job_failed
+from ..remote_errors import RECORD_KEY, take_captured
+from ..store.results import as_job_failed, from_record
 
 
 STORE_LATER_MAX = 64 * 1024  # bytes: a bigger result is stored by the job's own process
@@ -169,6 +170,10 @@ class ResultBackend(RedisBackend):
     def _store_result(self, task_id, result, state, traceback=None, request=None, **kwargs):
         """Celery's, without its read of the stored result first (one round trip per job): store_once.lua
         already refuses to write over a final state."""
+        if state in states.EXCEPTION_STATES and isinstance(result, dict):
+            packed = take_captured(bytes_to_str(task_id))  # the exception as the job raised it (remote_errors.py)
+            if packed is not None:
+                result = dict(result, **{RECORD_KEY: packed})
         meta = self._get_result_meta(result=result, state=state, traceback=traceback, request=request)
         meta["task_id"] = bytes_to_str(task_id)
         try:
@@ -262,6 +267,13 @@ class ResultBackend(RedisBackend):
             return result
 
     def meta_from_decoded(self, meta):
+        if meta.get("status") in states.EXCEPTION_STATES and isinstance(meta.get("result"), dict) \
+                and "exc_type" in meta["result"]:
+            # Celery's record of the exception, and the worker's pack of it (remote_errors.py): the error keeps
+            # the job's own type where this process can import it.
+            meta["result"] = from_record(meta["result"], meta.get("traceback"), meta.get("task_id"),
+                                         meta.get("worker"), self.exception_to_python)
+            return meta
         meta = super().meta_from_decoded(meta)
         if meta.get("status") in states.EXCEPTION_STATES and isinstance(meta.get("result"), BaseException):
             meta["result"] = as_job_failed(meta["result"], meta.get("traceback"), meta.get("task_id"),

@@ -126,6 +126,10 @@ BORROWED: tuple[Borrowed, ...] = (
     Borrowed("celery.backends.base:BaseKeyValueStoreBackend._store_result", "53e3e1e9911e32c0", _R, "overrides"),
     Borrowed("celery.backends.base:Backend._get_result_meta", "eedbd98d0f7b1b25", _R, "overrides"),
     Borrowed("celery.backends.base:Backend.meta_from_decoded", "4d526017ca11ce6d", _R, "overrides"),
+    # a failure's record (exc_type, exc_module, exc_message: a non-pickle serializer's), with the job's own
+    # exception packed beside it (gpulayer/remote_errors.py), read back through Celery's rebuild of the record
+    Borrowed("celery.backends.base:Backend.prepare_exception", "06696dcd10e2dea8", _R, "relies on"),
+    Borrowed("celery.backends.base:Backend.exception_to_python", "6197f3800904edb1", _R, "relies on"),
     Borrowed("celery.backends.asynchronous:AsyncBackendMixin.remove_pending_result", "744fbbd18bc30225", _R,
              "overrides"),
     # a lost broker: one reconnect, then the broker's own error for the waiter to ride out (no RuntimeError)

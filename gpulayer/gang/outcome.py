@@ -55,4 +55,5 @@ def gang_failure(gang_id: str, reports: list[dict]) -> GangFailed:
         detail += f"\n--- last lines of rank {rank}'s stderr ---\n{tail}"
     err = GangFailed(type_name, message, detail or None, job_id=gang_id, worker=first.get("worker"))
     err.rank, err.exit_code = rank, exit_code
+    err.exc_report = exc  # the rank's exception (its class and pack): the client types the error as it (remote_errors)
     return err

@@ -8,6 +8,7 @@ return value under its rank; a failure is recorded for the rank runner
 
 from __future__ import annotations
 
+import base64
 import os
 import sys
 import traceback
@@ -50,7 +51,7 @@ def main(argv: list[str]) -> int:
         return code
     except BaseException as exc:  # record (with the time), then exit non-zero: the runner stops the others
         tb = traceback.format_exc()
-        report_failure(exc, tb=tb)
+        report_failure(exc, tb=tb, extra=_exception_class(exc))
         sys.stderr.write(tb)
         sys.stderr.flush()
         _destroy_process_group()
@@ -58,6 +59,24 @@ def main(argv: list[str]) -> int:
     store.set_result(gang_id, attempt, rank, signing.dumps(result))
     _leave_together()
     return 0
+
+
+def _exception_class(exc: BaseException) -> dict:
+    """The report's fields that let the client raise a ``GangFailed`` that is also ``type(exc)``
+    (gpulayer/remote_errors.py), the exception's pack only while it is small."""
+    try:
+        from gpulayer.remote_errors import pack
+
+        packed = pack(exc)
+        out = {"exc_module": packed["module"], "exc_qualname": packed["qualname"]}
+        if packed.get("pickle") and len(packed["pickle"]) <= _RANK_PACK_MAX:
+            out["exc_pack"] = base64.b64encode(packed["pickle"]).decode()
+        return out
+    except Exception:
+        return {}
+
+
+_RANK_PACK_MAX = 16 * 1024  # bytes of a rank's pickled exception sent in its failure report
 
 
 def _leave_together() -> None:

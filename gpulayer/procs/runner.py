@@ -65,11 +65,12 @@ def peer_lost(exc: BaseException) -> bool:
 
 
 def report_failure(exc: BaseException | None = None, *, exit_code: int | None = None, message: str | None = None,
-                   tb: str | None = None) -> dict:
+                   tb: str | None = None, extra: dict | None = None) -> dict:
     """In a rank: tell the runner why it fails, with the time, before exiting.
 
     Call it from the ``except`` that catches the rank's exception (the time is
-    taken first). The report goes at once to the runner's socket
+    taken first). ``extra``: more fields of the report (a gang's rank adds its exception's class and pack,
+    ``exc_module``, ``exc_qualname``, ``exc_pack``: gpulayer/remote_errors.py). The report goes at once to the runner's socket
     (``$GPULAYER_RANK_REPORTS``), so the runner stops the other ranks without
     waiting for this one to tear down; returns the report.
     """
@@ -85,9 +86,13 @@ def report_failure(exc: BaseException | None = None, *, exit_code: int | None = 
     else:
         report.update(kind="exit", type=None, message=message or f"exit code {exit_code}", collateral=False,
                       traceback=tb or "")
+    report.update(extra or {})
     address = os.environ.get(REPORTS_ENV)
     if address:
         data = json.dumps(report).encode()
+        if len(data) > MAX_REPORT and report.get("exc_pack"):  # the class's name still travels
+            report.pop("exc_pack")
+            data = json.dumps(report).encode()
         if len(data) > MAX_REPORT:
             cut = len(data) - MAX_REPORT + 100
             report["traceback"] = "...\n" + report["traceback"][cut:]
@@ -172,6 +177,9 @@ class RankFailure:
     message: str = ""
     traceback: str = ""
     stderr_tail: str = ""
+    exc_module: str = ""  # the exception's class (the client raises a GangFailed that is one too) and its pack
+    exc_qualname: str = ""
+    exc_pack: str = ""  # base64
     failed_at: float = 0.0  # time.time() when the rank failed (or the runner saw it die)
     failed_at_boot: float = 0.0  # the same on this machine's shared clock
     collateral: bool = False  # a lost connection to a peer: probably not the first failure
@@ -539,5 +547,5 @@ def ended_unseen(procs: Sequence, wait: float = 2.0, settle: float = 0.0) -> dic
     return out
 
 
-_FIELDS = ("rank", "kind", "exit_code", "type", "message", "traceback", "failed_at", "failed_at_boot",
-           "collateral", "host")
+_FIELDS = ("rank", "kind", "exit_code", "type", "message", "traceback", "exc_module", "exc_qualname", "exc_pack",
+           "failed_at", "failed_at_boot", "collateral", "host")

@@ -11,7 +11,7 @@ from kombu.exceptions import EncodeError
 from kombu.utils.uuid import uuid
 
 from .. import app as app_mod
-from .. import canvas
+from .. import canvas, remote_errors
 from ..app import CLIENT_HEADER, RESOURCES_HEADER, SUBMIT, TIMEOUT_HEADER, app
 from ..session import BROKER_ERRORS, broker_lost, ensure_connected, outage
 from ..deadline import Deadline
@@ -283,4 +283,8 @@ def submit(self, *args, **kwargs):
     func = fn if callable(fn) else resolve_function(fn)
     spec = self.request.get(RESOURCES_HEADER) or {}
     with runtime.job_scope(self.request.id, int(spec.get("gpus", 0))):
-        return func(*args, **kwargs)
+        try:
+            return func(*args, **kwargs)
+        except BaseException as exc:  # packed as raised, before Celery replaces what plain pickle cannot carry
+            remote_errors.capture(self.request.id, exc)
+            raise
