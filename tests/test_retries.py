@@ -189,7 +189,11 @@ def test_backoff_holds_each_try_back_longer(fleet):
     key = f"retry:{os.urandom(6).hex()}"
     h = submit.apply_async((flaky, key, 3), max_retries=3, autoretry_for=(ConnectionError,), retry_backoff=0.3,
                            retry_jitter=False)
-    wait_until(lambda: h.state == "RETRY", 30, "the job to show RETRY while it waits for its next try")
+    seen = []  # the stored meta, once it says RETRY (read in one go: the job moves on meanwhile)
+    wait_until(lambda: seen.append(h.backend.get_task_meta(h.id)) or seen[-1]["status"] == "RETRY", 30,
+               "the job to show RETRY while it waits for its next try")
+    tries = seen[-1]["tries"]
+    assert tries["total"] >= 1 and tries["outcomes"][0].startswith("ConnectionError('try 1 refused') on w-")
     assert h.get(timeout=60) == 4
     retried = [e for e in h.history() if e["event"] == "retried"]
     assert [(e["attempt"], e["delay"]) for e in retried] == [(1, 0.3), (2, 0.6), (3, 1.2)]
@@ -197,6 +201,17 @@ def test_backoff_holds_each_try_back_longer(fleet):
     assert len(starts) == 4
     for before, after, e in zip(starts, starts[1:], retried):  # a try never starts before its countdown is over
         assert after - before >= e["delay"] - 0.01, (starts, retried)
+
+
+def test_a_job_cancelled_while_it_waits_for_its_next_try_runs_no_more(fleet):
+    key = f"retry:{os.urandom(6).hex()}"
+    h = submit.apply_async((flaky, key, 5), max_retries=5, autoretry_for=(ConnectionError,), retry_backoff=2,
+                           retry_jitter=False)
+    wait_until(lambda: h.state == "RETRY", 30, "the job to wait for its second try")
+    h.cancel()
+    with pytest.raises(JobFailed, match="cancelled"):
+        h.get(timeout=60)
+    assert tries_of(key) == 1  # its next try was dropped when it came due
 
 
 def test_a_dead_delivery_is_not_a_try(fleet):

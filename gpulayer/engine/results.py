@@ -245,11 +245,11 @@ class ResultBackend(RedisBackend):
                 host = getattr(request, "hostname", None)  # the Celery node name, "<worker id>@<host>"
                 if host:
                     meta["worker"] = str(host).split("@", 1)[0]
-            if state == states.FAILURE:
-                policy = getattr(request, retries.HEADER, None)
-                if policy and policy.get("count"):  # retried (max_retries): the failure names every try
-                    last = retries.after_try(policy, retries.describe(result, meta.get("worker")))
-                    meta["tries"] = {"total": last["count"], "outcomes": last["tries"]}
+            policy = getattr(request, retries.HEADER, None) if state != states.REVOKED else None
+            if policy and (policy["count"] or state == states.RETRY):
+                # Sent with max_retries: a failure after retries names every try, a RETRY the tries so far.
+                last = retries.after_try(policy, retries.describe(result, meta.get("worker")))
+                meta["tries"] = {"total": last["count"], "outcomes": last["tries"]}
         return meta
 
     def on_task_call(self, producer, task_id):
