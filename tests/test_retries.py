@@ -205,9 +205,11 @@ def test_backoff_holds_each_try_back_longer(fleet):
 
 def test_a_job_cancelled_while_it_waits_for_its_next_try_runs_no_more(fleet):
     key = f"retry:{os.urandom(6).hex()}"
-    h = submit.apply_async((flaky, key, 5), max_retries=5, autoretry_for=(ConnectionError,), retry_backoff=2,
+    h = submit.apply_async((flaky, key, 5), max_retries=5, autoretry_for=(ConnectionError,), retry_backoff=4,
                            retry_jitter=False)
     wait_until(lambda: h.state == "RETRY", 30, "the job to wait for its second try")
+    with pytest.raises(gpulayer.JobTimeout, match=r"try 1 raised ConnectionError\('try 1 refused'\) on w-.; try 2: "):
+        h.get(timeout=0.2)
     h.cancel()
     with pytest.raises(JobFailed, match="cancelled"):
         h.get(timeout=60)
