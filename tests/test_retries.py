@@ -35,10 +35,18 @@ def test_the_options_become_a_policy_with_celerys_defaults():
     assert retries.take({"autoretry_for": (KeyError,), "max_retries": None})["max"] is None  # no limit, as Celery
     assert retries.take({"autoretry_for": (KeyError,), "max_retries": 0}) is None  # no retry: no header
     assert retries.take({"autoretry_for": ()}) is None
+    celery_style = retries.take({"autoretry_for": (KeyError,), "retry_kwargs": {"max_retries": 5, "countdown": 2},
+                                 "max_retries": 1})
+    assert celery_style["max"] == 5 and retries.delay(celery_style, 1) == 2.0  # retry_kwargs wins, as in Celery
+    assert retries.delay(retries.take({"autoretry_for": KeyError, "default_retry_delay": 3}), 2) == 3.0
 
 
 @pytest.mark.parametrize("options, match", [
-    ({"max_retries": 3}, r"max_retries=3 alone retries nothing .* autoretry_for=\(ConnectionError,\)"),
+    ({"max_retries": 3}, r"max_retries without autoretry_for retries nothing .* autoretry_for=\(ConnectionError,\)"),
+    ({"retry_backoff": True}, "these options without autoretry_for retries nothing"),
+    ({"autoretry_for": (KeyError,), "retry_kwargs": {"exc": 1}}, "takes max_retries and countdown there"),
+    ({"autoretry_for": (KeyError,), "default_retry_delay": -3}, "default_retry_delay=-3"),
+    ({"autoretry_for": (KeyError,), "dont_autoretry_for": "KeyError"}, "dont_autoretry_for='KeyError'"),
     ({"autoretry_for": "ConnectionError"}, "give exception types"),
     ({"autoretry_for": (ConnectionError, 3)}, "3 is not an Exception type"),
     ({"autoretry_for": (KeyboardInterrupt,)}, "not an Exception type"),
@@ -46,6 +54,7 @@ def test_the_options_become_a_policy_with_celerys_defaults():
     ({"autoretry_for": (KeyError,), "max_retries": 2.5}, "0 or more"),
     ({"autoretry_for": (KeyError,), "retry_backoff": -1}, "retry_backoff=-1"),
     ({"autoretry_for": (KeyError,), "retry_backoff_max": "long"}, "retry_backoff_max='long'"),
+    ({"autoretry_for": (KeyError,), "retry_kwargs": {"max_retries": -2}}, "max_retries=-2"),
     ({"autoretry_for": (KeyError,), "retry_jitter": 1}, "retry_jitter=1"),
     ({"autoretry_for": (KeyError,), "retry_exceptions": True}, "give one of them"),
 ])
@@ -63,6 +72,13 @@ def test_an_error_is_retried_when_a_class_of_it_is_named_and_retries_are_left():
     assert retries.applies(once, ConnectionError()) and not retries.applies(twice, ConnectionError())
     assert twice["count"] == 2 and twice["tries"] == ["ConnectionError('x') on w-a", "ConnectionError('y') on w-b"]
     assert policy["tries"] == []  # each try's policy is a new one
+    but = retries.take({"autoretry_for": (OSError,), "dont_autoretry_for": (FileNotFoundError,)})
+    assert retries.applies(but, ConnectionError()) and not retries.applies(but, FileNotFoundError())
+    from celery.exceptions import Ignore, Retry
+
+    anything = retries.take({"retry_exceptions": True})
+    assert retries.applies(anything, ValueError()) and not retries.applies(anything, Retry())
+    assert not retries.applies(anything, Ignore())
 
 
 def test_backoff_doubles_up_to_its_maximum_and_jitter_stays_under_it():
@@ -237,7 +253,7 @@ def test_a_dead_delivery_is_not_a_try(fleet):
     ({"resources": {"cuda": True}}, "did you mean resources given with the job's arguments"),
     ({"mandatory": True}, "AMQP flag"),
     ({"frobnicate": 1}, r"frobnicate=1 .* drop frobnicate="),
-    ({"max_retries": 3}, "alone retries nothing"),
+    ({"max_retries": 3}, "without autoretry_for retries nothing"),
 ])
 def test_options_gpulayer_does_not_honour_are_refused(fleet, option, match):
     with pytest.raises(UnsupportedOption, match=match):
