@@ -13,11 +13,13 @@ from kombu.utils.uuid import uuid
 
 from . import app as app_mod
 from .cancel import cancel_jobs, interrupted
-from .canvas import function_and_args
+from . import retries
+from .canvas import FUNCTION_OPTION, function_and_args
 from .deadline import Deadline
 from .engine import publish
 from .session import BROKER_ERRORS, broker_lost, outage
 from .session import connect, ensure_connected, init  # noqa: F401  (connect, init: public here too)
+from .errors import UnsupportedOption
 from .models import Resources
 from .payload import PickledFunction, pack_function, summarize
 from .store import durability
@@ -25,6 +27,7 @@ from .engine.results import prime_result
 from .errors import JobFailed
 from .store.sent import record_batch
 from .sweep import Sweep
+from .tasks import options as job_options
 from .tasks.submit import as_resources, build_job, send_job, submit
 
 
@@ -174,13 +177,21 @@ _WINDOW = 256
 
 
 def submit_batch(signatures: Iterable[Signature], resources: Resources | dict | None = None,
-                 chunk_size: int | None = None) -> BatchHandle:
+                 chunk_size: int | None = None, **retry_options) -> BatchHandle:
     """Send many jobs with one pipelined publish per chunk, routed once for the whole batch.
+
+    ``retry_options``: ``max_retries``, ``autoretry_for``, ``retry_backoff``, ``retry_backoff_max``,
+    ``retry_jitter`` (or Ray's ``retry_exceptions``) for every job, as ``apply_async`` takes them
+    (gpulayer/retries.py); a signature's own (``submit.s(fn, i).set(max_retries=5, ...)``) replace them for it.
 
     >>> h = submit_batch([submit.s(square, i) for i in range(2000)])
     >>> h.get()[:3]
     [0, 1, 4]
     """
+    unknown = [name for name in retry_options if name not in retries.OPTIONS]
+    if unknown:
+        raise job_options.refusal(unknown[0], retry_options[unknown[0]])
+    retry = retries.take(retry_options)
     ensure_connected()
     res = as_resources(resources)
     try:
@@ -190,6 +201,8 @@ def submit_batch(signatures: Iterable[Signature], resources: Resources | dict | 
     chunk = chunk_size or app_mod.settings().batch_chunk_size
     packed: dict[int, tuple[Any, PickledFunction | str]] = {}  # id -> (fn kept alive, its packed form)
     headers = {app_mod.RESOURCES_HEADER: res.model_dump(exclude_defaults=True)}
+    if retry is not None:
+        headers[retries.HEADER] = retry
     celery_app = app_mod.app
     summary = res.describe()
     ids: list[str] = []
@@ -208,8 +221,12 @@ def submit_batch(signatures: Iterable[Signature], resources: Resources | dict | 
 FIRST_CHUNK = 64  # jobs in a batch's first published chunk; each next one twice as many, up to batch_chunk_size
 
 
-def _jobs(signatures, packed):
-    """``(job id, packed function, args, kwargs, summary)`` for each signature of a batch."""
+# A batch's signature may carry these options of its own: the rest of Celery's go through apply_async alone.
+_SIGNATURE_OPTIONS = frozenset({"task_id", FUNCTION_OPTION, *retries.OPTIONS})
+
+
+def _jobs(signatures, packed, headers: dict):
+    """``(job id, packed function, args, kwargs, summary, headers)`` for each signature of a batch."""
     for sig in signatures:
         if getattr(sig, "task", None) != submit.name:
             raise TypeError(f"submit_batch takes submit.s(...) signatures, got {sig!r}")
@@ -219,10 +236,35 @@ def _jobs(signatures, packed):
             raise ValueError("give resources= to submit_batch, not to each signature: a batch routes once")
         if id(fn) not in packed:  # pickle each distinct function once per batch
             packed[id(fn)] = (fn, pack_function(fn))
+        options = sig.options or {}
+        job_headers = headers
+        if len(options) > 1 or (options and FUNCTION_OPTION not in options):  # more than submit.s's own
+            job_headers = _own_options(options, headers)
         # A signature's own id (``submit.s(...).set(task_id=...)``, as Celery's) is kept: a batch that raised
         # NotReplicated or ClusterUnavailable is sent again with the same ids, and each job's result is stored once.
-        job_id = (sig.options or {}).get("task_id") or uuid()
-        yield job_id, packed[id(fn)][1], args, kwargs, summarize(fn, args, kwargs)
+        job_id = options.get("task_id") or uuid()
+        yield job_id, packed[id(fn)][1], args, kwargs, summarize(fn, args, kwargs), job_headers
+
+
+def _own_options(options: dict, headers: dict) -> dict:
+    """The headers of a batch's job whose signature has options of its own: its retry options replace the
+    batch's; an option a batch does not send per job is refused (``UnsupportedOption``), never dropped."""
+    for name in options:
+        if name not in _SIGNATURE_OPTIONS:
+            raise UnsupportedOption(f"{name}={options[name]!r} on a signature given to submit_batch: a batch sends "
+                                    "its jobs in one publish and honours only a signature's task_id and retry "
+                                    "options (max_retries, autoretry_for, retry_backoff, ...); send this job with "
+                                    "sig.apply_async(), or drop the option")
+    given = {name: options[name] for name in retries.OPTIONS if name in options}
+    if not given:
+        return headers
+    own = {**headers}
+    policy = retries.take(given)
+    if policy is None:
+        own.pop(retries.HEADER, None)
+    else:
+        own[retries.HEADER] = policy
+    return own
 
 
 def _send_batch(signatures, celery_app, chunk, packed, route, headers, summary, ids: list[str], batch_id: str,
@@ -241,8 +283,8 @@ def _send_batch(signatures, celery_app, chunk, packed, route, headers, summary, 
             waits, acked = durability.planned(app_mod.write_durability(), celery_app.backend.client), None
             try:
                 with producer.batch(max_size=chunk):
-                    for job_id, ref, args, kwargs, text in _jobs(signatures, packed):
-                        send_job(producer, job_id, ref, args, kwargs, queue, headers, text, summary)
+                    for job_id, ref, args, kwargs, text, job_headers in _jobs(signatures, packed, headers):
+                        send_job(producer, job_id, ref, args, kwargs, queue, job_headers, text, summary)
                         ids.append(job_id)
                         if calls is not None:
                             calls.append(text)
@@ -257,8 +299,8 @@ def _send_batch(signatures, celery_app, chunk, packed, route, headers, summary, 
         sent = len(ids)  # ids[:sent] were flushed (or may have been: a flush whose reply was lost)
         size = min(chunk, FIRST_CHUNK)  # the first chunks are small, so workers start while the rest is built
         try:
-            for job_id, ref, args, kwargs, text in _jobs(signatures, packed):
-                raws.append(build_job(channel, job_id, ref, args, kwargs, queue, headers, text, summary))
+            for job_id, ref, args, kwargs, text, job_headers in _jobs(signatures, packed, headers):
+                raws.append(build_job(channel, job_id, ref, args, kwargs, queue, job_headers, text, summary))
                 ids.append(job_id)
                 if calls is not None:
                     calls.append(text)

@@ -19,6 +19,20 @@ def one_line(text: str, limit: int = _MAX_LINE) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
+def tries_text(outcomes: list[str], total: int) -> str:
+    """``failed after 2 tries: try 1 ConnectionError('x') on w-1; try 2 ConnectionError('y') on w-2``.
+
+    ``outcomes``: every try's (past ``gpulayer.retries.TRIES_KEPT`` tries, the first and the last ones'),
+    ``total`` tries in all."""
+    cut = total - len(outcomes)  # tries left out in the middle
+    head = len(outcomes) // 2 if cut else len(outcomes)
+    shown = [f"try {i + 1} {o}" for i, o in enumerate(outcomes[:head])]
+    if cut:
+        shown.append(f"({cut} more)")
+        shown += [f"try {total - len(outcomes) + head + i + 1} {o}" for i, o in enumerate(outcomes[head:])]
+    return f"failed after {total} tries: " + "; ".join(shown)
+
+
 class GpulayerError(Exception):
     """Base class of every error gpulayer raises on purpose.
 
@@ -123,8 +137,10 @@ class JobFailed(GpulayerError):
     """A job ran and raised, or its process died.
 
     ``str(err)`` is one line: the remote type and message, the job id and the
-    worker it ran on. ``type_name``, ``message``, ``traceback``, ``job_id`` and
-    ``worker`` hold the parts; the traceback is also the ``__cause__``.
+    worker it ran on, and for a job sent with ``max_retries`` every try
+    ("failed after 2 tries: try 1 ConnectionError('x') on w-a; try 2 ...").
+    ``type_name``, ``message``, ``traceback``, ``job_id``, ``worker``, ``tries``
+    and ``try_count`` hold the parts; the traceback is also the ``__cause__``.
 
     **It keeps the job's own type.** When the job raised an ``Exception`` whose class the client can import
     (and subclass), the error raised in the client is an instance of both ``JobFailed`` and that class
@@ -142,6 +158,8 @@ class JobFailed(GpulayerError):
     exception: BaseException | None = None  # the remote exception, rebuilt on the client (when it could be)
     index: int | None = None  # in a batch or group: the job's place in submission order
     call: str | None = None  # in a batch: ``fn(args)``, short
+    tries: tuple[str, ...] = ()  # sent with max_retries: each try's error and worker (some, past 20 tries)
+    try_count = 1  # how many tries the job had
 
     def __init__(self, type_name: str, message: str, traceback: str | None = None, job_id: str | None = None,
                  worker: str | None = None):
@@ -174,7 +192,10 @@ class JobFailed(GpulayerError):
         return where
 
     def __str__(self) -> str:
-        return f"{self.type_name}: {one_line(self.message)} ({self._where()})"
+        text = f"{self.type_name}: {one_line(self.message)} ({self._where()})"
+        if self.tries:
+            text += "; " + one_line(tries_text(list(self.tries), self.try_count), limit=4000)
+        return text
 
 
 class GangFailed(JobFailed):

@@ -62,17 +62,20 @@ def _declared_here() -> set[str]:
 
 
 def publish_task(celery_app, producer, name: str, task_id: str, args: tuple, kwargs: dict, queue: str,
-                 headers: dict, argsrepr: str, kwargsrepr: str, shadow: str | None = None) -> None:
+                 headers: dict, argsrepr: str, kwargsrepr: str, shadow: str | None = None,
+                 message_options: dict | None = None, send_options: dict | None = None) -> None:
     """Publish task ``name`` with ``task_id`` to ``queue`` through Celery; kombu's ``EncodeError`` passes through.
 
     ``shadow``: the name the job goes by in the worker's logs and events (Celery's own option; the worker
-    still runs task ``name``)."""
+    still runs task ``name``). ``message_options``: more of ``create_task_message``'s (a retry's countdown,
+    retries, canvas fields); ``send_options``: more of ``send_task_message``'s (its priority)."""
     amqp = celery_app.amqp
     declared = _declared_here()
     message = amqp.create_task_message(task_id, name, args, kwargs, reply_to=celery_app.thread_oid,
-                                       argsrepr=argsrepr, kwargsrepr=kwargsrepr, shadow=shadow)
+                                       argsrepr=argsrepr, kwargsrepr=kwargsrepr, shadow=shadow,
+                                       **(message_options or {}))
     amqp.send_task_message(producer, name, message, queue=amqp.router.expand_destination({"queue": queue})["queue"],
-                           headers=dict(headers), declare=[] if queue in declared else None)
+                           headers=dict(headers), declare=[] if queue in declared else None, **(send_options or {}))
     declared.add(queue)
 
 

@@ -47,6 +47,7 @@ from kombu.exceptions import EncodeError
 from kombu.utils.encoding import bytes_to_str
 
 from ..deadline import Deadline
+from .. import retries
 from ..payload import unsendable_result
 from ..store import durability, keys
 from .redis_tls import TLSConnection
@@ -244,10 +245,16 @@ class ResultBackend(RedisBackend):
                 meta["group_id"] = request.group
             if request and getattr(request, "parent_id", None):
                 meta["parent_id"] = request.parent_id
-        if state in states.EXCEPTION_STATES and "worker" not in meta:
-            host = getattr(request, "hostname", None)  # the Celery node name, "<worker id>@<host>"
-            if host:
-                meta["worker"] = str(host).split("@", 1)[0]
+        if state in states.EXCEPTION_STATES:
+            if "worker" not in meta:
+                host = getattr(request, "hostname", None)  # the Celery node name, "<worker id>@<host>"
+                if host:
+                    meta["worker"] = str(host).split("@", 1)[0]
+            policy = getattr(request, retries.HEADER, None) if state != states.REVOKED else None
+            if policy and (policy["count"] or state == states.RETRY):
+                # Sent with max_retries: a failure after retries names every try, a RETRY the tries so far.
+                last = retries.after_try(policy, retries.describe(result, meta.get("worker")))
+                meta["tries"] = {"total": last["count"], "outcomes": last["tries"]}
         return meta
 
     def on_task_call(self, producer, task_id):
@@ -276,8 +283,11 @@ class ResultBackend(RedisBackend):
             return meta
         meta = super().meta_from_decoded(meta)
         if meta.get("status") in states.EXCEPTION_STATES and isinstance(meta.get("result"), BaseException):
-            meta["result"] = as_job_failed(meta["result"], meta.get("traceback"), meta.get("task_id"),
-                                           meta.get("worker"))
+            meta["result"] = err = as_job_failed(meta["result"], meta.get("traceback"), meta.get("task_id"),
+                                                 meta.get("worker"))
+            tries = meta.get("tries")
+            if tries and not err.tries:
+                err.tries, err.try_count = tuple(tries.get("outcomes") or ()), int(tries.get("total") or 0)
         return meta
 
 

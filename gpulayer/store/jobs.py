@@ -47,9 +47,11 @@ class JobRecords:
         """How many deliveries of ``job_id`` died so far."""
         return int(self.r.get(keys.job_lost(job_id)) or 0)
 
-    def record(self, job_id: str, event: str, worker_id: str) -> None:
+    def record(self, job_id: str, event: str, worker_id: str, **detail) -> None:
+        """Add ``event`` on ``worker_id`` (and ``detail``: a retry's attempt, error and delay) to the job's history."""
         pipe = self.r.pipeline()
-        pipe.rpush(keys.job_history(job_id), json.dumps({"event": event, "worker": worker_id, "at": time.time()}))
+        pipe.rpush(keys.job_history(job_id), json.dumps({"event": event, "worker": worker_id, "at": time.time(),
+                                                         **detail}))
         pipe.expire(keys.job_history(job_id), KEEP_SECONDS)
         pipe.execute()
 

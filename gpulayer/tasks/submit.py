@@ -11,12 +11,13 @@ from kombu.exceptions import EncodeError
 from kombu.utils.uuid import uuid
 
 from .. import app as app_mod
-from .. import canvas, remote_errors
+from .. import canvas, remote_errors, retries
 from ..app import CLIENT_HEADER, RESOURCES_HEADER, SUBMIT, TIMEOUT_HEADER, app
 from ..session import BROKER_ERRORS, broker_lost, ensure_connected, outage
 from ..deadline import Deadline
 from ..engine import publish
 from ..engine.results import prime_result
+from . import options as job_options
 from . import readahead
 from ..errors import PayloadError
 from ..models import Resources
@@ -98,7 +99,8 @@ class JobHandle(AsyncResult):
         cancel_jobs([self.id], only_unfinished=False)
 
     def history(self) -> list[dict]:
-        """Deliveries that died (``lost``) and reruns (``redelivered``), with their workers."""
+        """Deliveries that died (``lost``), reruns (``redelivered``) and tries that raised and were sent again
+        (``retried``: ``attempt``, ``error``, ``delay``), with their workers, oldest first."""
         from .. import app as app_mod
         from ..store.jobs import JobRecords
 
@@ -112,8 +114,9 @@ class JobHandle(AsyncResult):
 
     @property
     def attempts(self) -> int:
-        """How many times the job was delivered so far (1 unless a delivery died)."""
-        return 1 + sum(1 for h in self.history() if h["event"] == "lost")
+        """How many times the job was delivered so far: 1, and one more for each delivery that died and each
+        try that raised and was retried (``max_retries``)."""
+        return 1 + sum(1 for h in self.history() if h["event"] in ("lost", "retried"))
 
 
 class SubmitTask(Task):
@@ -165,8 +168,14 @@ class SubmitTask(Task):
         resources = as_resources(kwargs.pop("resources", None))
         timeout = kwargs.pop("timeout", None)
         ref = pack_function(fn)
+        retry = None
+        if options:  # (the usual delay has none: nothing to check)
+            retry = retries.take(options)  # max_retries, autoretry_for, retry_backoff, ... (gpulayer/retries.py)
+            job_options.check(options)  # any option not honoured is refused, not dropped
         headers = dict(options.pop("headers", None) or {})
         headers[RESOURCES_HEADER] = resources.model_dump(exclude_defaults=True)
+        if retry is not None:
+            headers[retries.HEADER] = retry
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
                 raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
@@ -285,6 +294,13 @@ def submit(self, *args, **kwargs):
     with runtime.job_scope(self.request.id, int(spec.get("gpus", 0))):
         try:
             return func(*args, **kwargs)
-        except BaseException as exc:  # packed as raised, before Celery replaces what plain pickle cannot carry
+        except BaseException as exc:  # (a try block costs nothing while nothing raises: no per-job work here)
+            if isinstance(exc, Exception):
+                policy = self.request.get(retries.HEADER)
+                if policy is not None:  # max_retries / autoretry_for: maybe send it again (tasks/retry.py)
+                    from .retry import again
+
+                    again(self, policy, exc)  # raises Celery's Retry once the next try is sent
+            # packed as raised, before Celery replaces what plain pickle cannot carry
             remote_errors.capture(self.request.id, exc)
             raise

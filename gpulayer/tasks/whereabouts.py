@@ -82,6 +82,16 @@ def _ago(seconds: float | None) -> str:
     return "" if seconds is None else f" {seconds:.1f} s ago"
 
 
+def _retrying(job_id: str) -> str:
+    """``try 1 raised ConnectionError('x') on w-a; try 2: `` for a job between tries (``max_retries``), else ``""``."""
+    raw = app_mod.app.backend.client.get(app_mod.app.backend.get_key_for_task(job_id))
+    meta = app_mod.app.backend.decode_result(raw) if raw is not None else {}
+    tries = meta.get("tries") if meta.get("status") == states.RETRY else None
+    if not tries or not tries.get("outcomes"):
+        return ""
+    return f"try {tries['total']} raised {tries['outcomes'][-1]}; try {tries['total'] + 1}: "
+
+
 def job_timeout(job_id: str, timeout: float | None, queue: str | None = None) -> JobTimeout:
     """The ``JobTimeout`` of a job's ``get(timeout)``: the job, and what it is doing."""
     try:
@@ -93,6 +103,7 @@ def job_timeout(job_id: str, timeout: float | None, queue: str | None = None) ->
         else:
             worker, ago = where[job_id]
             doing = f"taken by worker {worker}{_ago(ago)} (running there, or next for a free slot)"
+        doing = _retrying(job_id) + doing
     except Exception as err:  # the message is best effort: the timeout is the news
         doing = f"could not tell what it is doing ({type(err).__name__}: {err})"
     return JobTimeout(f"job {job_id} did not finish within {timeout:g} s: {doing}; it runs on: call get() again "
