@@ -22,7 +22,7 @@ from .models import Resources
 from .payload import PickledFunction, pack_function, summarize
 from .store import durability
 from .store.sent import record_batch
-from .tasks.submit import as_resources, build_job, send_job, submit
+from .tasks.submit import OUTPUT_HEADER, as_resources, build_job, output_header, send_job, submit
 
 
 class BatchHandle:
@@ -132,6 +132,9 @@ def submit_batch(signatures: Iterable[Signature], resources: Resources | dict | 
     chunk = chunk_size or app_mod.settings().batch_chunk_size
     packed: dict[int, tuple[Any, PickledFunction | str]] = {}  # id -> (fn kept alive, its packed form)
     headers = {app_mod.RESOURCES_HEADER: res.model_dump(exclude_defaults=True)}
+    out = output_header(app_mod.app)
+    if out is not None:
+        headers[OUTPUT_HEADER] = out
     celery_app = app_mod.app
     summary = res.describe()
     ids: list[str] = []
