@@ -21,7 +21,7 @@ def entries(client, job_id: str, rank: int | None = None, after: str = "-", coun
     """``(entry id, stream, text)`` of each kept line after ``after`` (an entry id; "-": from the first)."""
     start = after if after == "-" else f"({after}"
     raw = client.xrange(keys.job_output(job_id, rank), min=start, max="+", count=count)
-    return [(_text(eid), _text(f.get(b"s", f.get("s", OUT))), _text(f.get(b"t", f.get("t", "")))) for eid, f in raw]
+    return [(_text(eid), _text(f.get(b"s", OUT)), _text(f.get(b"t", ""))) for eid, f in raw]
 
 
 def text(client, job_id: str, rank: int | None = None) -> str:
@@ -37,19 +37,21 @@ def ranks_text(client, job_id: str, world_size: int) -> str:
     return "".join(out)
 
 
-def follow(client, job_id: str, rank: int | None = None, block: float = 1.0, after: str = "0-0",
-           done=lambda: False) -> Iterator[tuple[str, str]]:
-    """``(stream, text)`` of each kept line from ``after`` on, waiting for new ones (XREAD BLOCK) until
-    ``done()`` says the job ended and nothing more came within ``block`` seconds."""
-    key = keys.job_output(job_id, rank)
-    last = after
+def follow(client, job_id: str, ranks: list[int | None], block: float = 1.0,
+           done=lambda: False) -> Iterator[tuple[int | None, str, str]]:
+    """``(rank, stream, text)`` of each kept line of ``ranks`` (``[None]``: a job's own), the kept ones first,
+    then new ones as they come (XREAD BLOCK), until ``done()`` says the job ended and nothing more came
+    within ``block`` seconds."""
+    last = {keys.job_output(job_id, rank): "0-0" for rank in ranks}
+    rank_of = {keys.job_output(job_id, rank): rank for rank in ranks}
     while True:
-        got = client.xread({key: last}, block=int(block * 1000), count=1000)
+        got = client.xread(last, block=int(block * 1000), count=1000)
         if not got:
             if done():
                 return
             continue
-        for _, items in got:
+        for key, items in got:
+            key = _text(key)
             for eid, f in items:
-                last = _text(eid)
-                yield _text(f.get(b"s", f.get("s", OUT))), _text(f.get(b"t", f.get("t", "")))
+                last[key] = _text(eid)
+                yield rank_of[key], _text(f.get(b"s", OUT)), _text(f.get(b"t", ""))
