@@ -41,12 +41,17 @@ _synced: dict[str, threading.Event] = {}
 def output_id(force: bool = False) -> str | None:
     """The id this process's jobs carry for their output, its subscriber started on first use; None when
     ``log_to_client`` is off (unless ``force``: a handle that takes its gang's lines itself)."""
-    settings = app_mod.settings()
-    if not force and settings is not None and not settings.log_to_client:
+    if not force and not enabled():
         return None
     if _thread is None or not _thread.is_alive():
         _start()
     return _id
+
+
+def enabled() -> bool:
+    """Does this process print its jobs' lines (``log_to_client``)?"""
+    settings = app_mod.settings()
+    return settings is None or settings.log_to_client
 
 
 def _start() -> None:
