@@ -18,7 +18,15 @@ from .sink import JobOutput, process_sink
 
 _current: JobOutput | None = None  # the job running in this process now
 _passing = False  # a line on its way to the worker's log (whose logging proxy must not capture it again)
-_installed_pid = 0
+_installed = False  # in this process (a forked child installs again: see _forked)
+
+
+def _forked() -> None:
+    global _installed, _current
+    _installed, _current = False, None
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 class _Stream:
@@ -90,10 +98,10 @@ class _Handler(logging.Handler):
 
 def install() -> None:
     """Wrap this process's streams and add the handler (once per process: a forked child does it again)."""
-    global _installed_pid
-    if _installed_pid == os.getpid():
+    global _installed
+    if _installed:
         return
-    _installed_pid = os.getpid()
+    _installed = True
     if not isinstance(sys.stdout, _Stream):
         sys.stdout = _Stream(sys.stdout, OUT)
     if not isinstance(sys.stderr, _Stream):
@@ -103,29 +111,45 @@ def install() -> None:
         root.addHandler(_Handler())
 
 
-class job:
-    """``with job(job_id, fn_name, worker, channel, client, expires):`` capture the job's lines.
+_client = None  # () -> the redis-py client a pool process's sink sends with (``use``)
+_expires = None  # () -> seconds a tail is kept
 
-    ``channel``: the sender's output id (None: the lines are only kept in the job's tail); ``client()``: the
-    redis-py client the process's sink sends with; ``expires``: seconds the tail is kept."""
 
-    __slots__ = ("out", "previous")
+def use(client, expires) -> None:
+    """Where this process's captured lines go: ``client()`` sends them, ``expires()`` says how long a tail is
+    kept (both asked only once a job prints)."""
+    global _client, _expires
+    _client, _expires = client, expires
 
-    def __init__(self, job_id: str, fn: str, worker: str, channel: str | None, client, expires: int):
-        self.out = JobOutput(lambda: process_sink(client, expires), job_id, fn, worker, os.getpid(), channel)
+
+def _sink():
+    return process_sink(_client, _expires())
+
+
+class job(JobOutput):
+    """``with job(job_id, fn, worker, channel):`` capture the job's lines (``channel``: the sender's output id;
+    None: they are only kept in the job's tail). A job that prints nothing costs two assignments."""
+
+    __slots__ = ("previous",)
+
+    def __init__(self, job_id: str, fn, worker: str, channel: str | None):
+        self._sink_of, self._args, self.channel = _sink, (job_id, fn, worker, 0, None), channel
+        self.sink = None
+        self.printed = False
 
     def __enter__(self) -> JobOutput:
         global _current
-        if _installed_pid != os.getpid():
+        if not _installed:
             install()
         self.previous = _current
-        _current = self.out
-        return self.out
+        _current = self
+        return self
 
     def __exit__(self, *exc) -> None:
         global _current
         _current = self.previous
-        try:
-            self.out.close()
-        except Exception:  # the job's outcome matters more than its last lines
-            pass
+        if self.sink is not None:
+            try:
+                self.close()
+            except Exception:  # the job's outcome matters more than its last lines
+                pass

@@ -44,6 +44,7 @@ class JobOutput:
 
     def _ready(self) -> None:
         job, fn, worker, pid, rank = self._args
+        pid = pid or os.getpid()  # (0: the process that prints)
         if not isinstance(fn, str):  # the function itself: named only once it prints
             from ..payload import function_name
 

@@ -316,7 +316,7 @@ def submit(self, *args, **kwargs):
     worker = runtime.current_worker()
     with runtime.job_scope(request.id, int(spec.get("gpus", 0))), \
             capture.job(request.id, fn if isinstance(fn, str) else func, worker.id if worker else "?",
-                        request.get(OUTPUT_HEADER), _backend_client, _expires(self)):
+                        request.get(OUTPUT_HEADER)):
         return func(*args, **kwargs)
 
 
@@ -324,7 +324,10 @@ def _backend_client():
     return app.backend.client
 
 
-def _expires(task) -> int:
+def _expires() -> int:
     """Seconds a job's output tail is kept: as long as its result."""
-    expires = getattr(task.backend, "expires", None)
+    expires = getattr(app.backend, "expires", None)
     return int(expires.total_seconds() if hasattr(expires, "total_seconds") else expires or 86400)
+
+
+capture.use(_backend_client, _expires)
