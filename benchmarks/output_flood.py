@@ -10,7 +10,7 @@ One Redis (free loopback port) and ``--workers`` x ``--slots`` real workers (wit
   the same slot and CPU taken as the printer's, none of its output;
 - ``printer``: beside one job that ``print``s lines in a tight loop (at least ``--lines``, and on until the
   tiny jobs are done), whose output is captured, rate-limited, sent home and printed by this client (sent
-  to /dev/null during the timed part, as every mode's stdout is).
+  to /dev/null during the timed part, as every mode's stdout and stderr are).
 
 The extra job starts first; the tiny jobs are sent once it runs. Printed: each mode's median jobs/s over the
 rounds, and the ratios ``printer / silent`` (what capturing the flood costs the others) and
@@ -78,7 +78,7 @@ def one_round(mode: str, args, r, round_no: int) -> tuple[float, int | None, int
             if time.monotonic() > deadline:
                 raise SystemExit("the extra job did not start within 60 s")
             time.sleep(0.01)
-    with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
+    with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull), contextlib.redirect_stderr(devnull):
         t0 = time.perf_counter()
         values = submit_batch([submit.s(square, i) for i in range(args.jobs)]).get(timeout=300, progress=False)
         elapsed = time.perf_counter() - t0

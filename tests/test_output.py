@@ -62,6 +62,9 @@ def test_limiter_admits_a_burst_then_drops_and_says_how_many():
     assert lim.note() is None  # told once
     clock.now += 0.2  # two lines' worth of refill
     assert [lim.admit("a") for _ in range(3)] == [True, True, False]
+    assert lim.note_due() is None  # the last note was 0.2 s ago: a flood gets one a second
+    clock.now += L.NOTE_EVERY
+    assert lim.admit("a") and lim.note_due().startswith("[gpulayer: 1 line dropped")
 
 
 def test_limiter_counts_characters_and_a_refused_big_line_costs_no_line_token():

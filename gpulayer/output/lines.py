@@ -16,6 +16,7 @@ TAIL_LINES = 10_000  # lines of a job's (a rank's) tail kept in Redis, at most
 TAIL_BYTES = 1 << 20  # characters of a job's tail kept, at most (the newest lines stay)
 RATE_LINES, BURST_LINES = 500.0, 2000.0  # lines per second a job may send home, and its burst
 RATE_BYTES, BURST_BYTES = 256.0 * 1024, 1024.0 * 1024  # characters per second, and the burst
+NOTE_EVERY = 1.0  # seconds between two lines saying how many were dropped (and one as the job ends)
 
 
 class LineSplitter:
@@ -83,13 +84,14 @@ class Limiter:
     """A job's send-home budget: lines a second and characters a second, each with a burst. What is over it is
     dropped and counted; ``note()`` is the one line that says so (then the count starts again)."""
 
-    __slots__ = ("lines", "chars", "dropped")
+    __slots__ = ("lines", "chars", "dropped", "noted")
 
     def __init__(self, rate_lines: float = RATE_LINES, burst_lines: float = BURST_LINES,
                  rate_bytes: float = RATE_BYTES, burst_bytes: float = BURST_BYTES, clock=time.monotonic):
         self.lines = TokenBucket(rate_lines, burst_lines, clock)
         self.chars = TokenBucket(rate_bytes, burst_bytes, clock)
         self.dropped = 0
+        self.noted = -NOTE_EVERY  # when the last note was given (the clock's time)
 
     def admit(self, text: str) -> bool:
         # Characters first: a line refused for its size leaves the line budget as it was.
@@ -100,9 +102,16 @@ class Limiter:
         self.dropped += 1
         return False
 
+    def note_due(self) -> str | None:
+        """``note()``, unless one was given less than ``NOTE_EVERY`` seconds ago (a flood gets one a second)."""
+        if not self.dropped or self.lines.at - self.noted < NOTE_EVERY:
+            return None
+        return self.note()
+
     def note(self) -> str | None:
         if not self.dropped:
             return None
+        self.noted = self.lines.at
         n, self.dropped = self.dropped, 0
         return (f"[gpulayer: {n} line{'s' if n != 1 else ''} dropped: this job printed more than "
                 f"{self.lines.rate:g} lines or {self.chars.rate / 1024:g} KiB a second]")

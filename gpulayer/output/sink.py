@@ -70,7 +70,7 @@ class JobOutput:
             self._ready()
         if not self.limiter.admit(text):
             return False
-        note = self.limiter.note() if self.limiter.dropped else None
+        note = self.limiter.note_due() if self.limiter.dropped else None
         self.printed = True
         if note:
             self.sink.add(self, ERR, note)
