@@ -77,9 +77,13 @@ def test_limiter_counts_characters_and_a_refused_big_line_costs_no_line_token():
 
 def test_tail_budget_keeps_the_newest_lines_within_both_bounds():
     b = L.TailBudget(max_lines=3, max_bytes=10)
-    assert [b.add(1) for _ in range(5)] == [1, 2, 3, 3, 3]
+    assert [b.add(1) for _ in range(2)] == [1, 2]
+    assert b.maxlen() == 3  # not full: an earlier run's lines (a retry's) stay beside these
+    assert [b.add(1) for _ in range(3)] == [3, 3, 3]
+    assert b.maxlen() == 3 and b.full
     assert b.add(9) == 2  # 1 + 9 characters: the older ones go
     assert b.add(50) == 1  # the newest line always stays, even alone over the bound
+    assert b.maxlen() == 1
 
 
 def test_source_prefixes_and_the_wire_round_trip():
@@ -304,3 +308,33 @@ def test_on_output_takes_a_gangs_lines_instead_of_printing_them(fleet, capsys):
     assert sorted(seen) == [(0, "stdout", "a 0"), (0, "stdout", "b 0"), (1, "stdout", "a 1"), (1, "stdout", "b 1")]
     assert "(rank" not in capsys.readouterr().out
     wait_until(lambda: GangStore(redis_client()).held() == {}, 30, "every slot to be free after the gang")
+
+
+def test_lines_arrive_while_the_job_still_runs(fleet, capsys):
+    def waits_after_printing(key):
+        import time
+        from gpulayer.app import redis_client
+
+        print("before the wait")
+        r = redis_client()
+        deadline = time.monotonic() + 60
+        while not r.exists(key) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return bool(r.exists(key))
+
+    key = "test:output:go"
+    r = redis_client()
+    r.delete(key)
+    h = submit.delay(waits_after_printing, key)
+    seen = []
+
+    def printed():
+        seen.append(capsys.readouterr().out)
+        return "before the wait" in "".join(seen)
+
+    wait_until(printed, 30, "the job's line in this client while the job waits")
+    assert not h.ready()  # it came home while the job ran, not with its result
+    r.set(key, 1)
+    assert h.get(timeout=30) is True
+    r.delete(key)
+    assert re.search(r"^\(waits_after_printing pid=\d+ on w-[abc]\) before the wait$", "".join(seen), re.M)

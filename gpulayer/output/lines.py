@@ -120,12 +120,13 @@ class Limiter:
 class TailBudget:
     """How many of a job's newest lines its tail keeps: at most ``TAIL_LINES`` and ``TAIL_BYTES`` characters."""
 
-    __slots__ = ("sizes", "total", "max_lines", "max_bytes")
+    __slots__ = ("sizes", "total", "max_lines", "max_bytes", "full")
 
     def __init__(self, max_lines: int = TAIL_LINES, max_bytes: int = TAIL_BYTES):
         self.sizes: collections.deque[int] = collections.deque()
         self.total = 0
         self.max_lines, self.max_bytes = max_lines, max_bytes
+        self.full = False  # this run's lines alone went past a bound
 
     def add(self, size: int) -> int:
         """Count a new line of ``size`` characters; returns how many lines the tail keeps now."""
@@ -133,7 +134,13 @@ class TailBudget:
         self.total += size
         while self.sizes and (len(self.sizes) > self.max_lines or self.total > self.max_bytes) and len(self.sizes) > 1:
             self.total -= self.sizes.popleft()
+            self.full = True
         return len(self.sizes)
+
+    def maxlen(self) -> int:
+        """The length to trim the tail to. A job run again (a retry, a redelivery, a gang's next attempt)
+        adds to the lines of its earlier runs: they stay until this run's lines alone fill the tail."""
+        return len(self.sizes) if self.full else self.max_lines
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ class JobOutput:
         if not isinstance(fn, str):  # the function itself: named only once it prints
             from ..payload import function_name
 
-            fn = function_name(fn)
+            fn = function_name(fn).rsplit("<locals>.", 1)[-1]  # a nested function by its own name
         self.source = Source(job, fn, worker, pid, rank)
         self.limiter = Limiter()
         self.budget = TailBudget()
@@ -110,7 +110,8 @@ class Sink:
 
     def add(self, out: JobOutput, stream: str, text: str) -> None:
         with self._lock:
-            keep = out.budget.add(len(text))
+            out.budget.add(len(text))
+            keep = out.budget.maxlen()
             entry = self._pending.get(id(out))
             if entry is None:
                 entry = self._pending[id(out)] = (out, Chunk(out.source, out.channel))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -36,6 +37,18 @@ _thread: threading.Thread | None = None
 _stop = threading.Event()
 _routes: dict[str, RouteFn] = {}  # job or gang id -> who takes its lines instead of printing them
 _synced: dict[str, threading.Event] = {}
+
+
+def _forked() -> None:
+    """A forked child has no subscriber (the parent's thread did not come along): it gets an id of its own, or
+    every line would be printed by both."""
+    global _id, _thread, _lock, _stop
+    _id, _thread, _lock, _stop = None, None, threading.Lock(), threading.Event()
+    _routes.clear()
+    _synced.clear()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def output_id(force: bool = False) -> str | None:
