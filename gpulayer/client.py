@@ -28,7 +28,7 @@ from .errors import JobFailed
 from .store.sent import record_batch
 from .sweep import Sweep
 from .tasks import options as job_options
-from .tasks.submit import as_resources, build_job, send_job, submit
+from .tasks.submit import OUTPUT_HEADER, as_resources, build_job, output_header, send_job, submit
 
 
 class BatchHandle(Sweep):
@@ -203,6 +203,9 @@ def submit_batch(signatures: Iterable[Signature], resources: Resources | dict | 
     headers = {app_mod.RESOURCES_HEADER: res.model_dump(exclude_defaults=True)}
     if retry is not None:
         headers[retries.HEADER] = retry
+    out = output_header(app_mod.app)
+    if out is not None:
+        headers[OUTPUT_HEADER] = out
     celery_app = app_mod.app
     summary = res.describe()
     ids: list[str] = []

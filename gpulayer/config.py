@@ -81,6 +81,11 @@ class Settings(BaseModel):
                                                                 "slots stay busy before they go back to their queue")
     max_deliveries: int = Field(default=3, ge=1, le=100,
                                 description="deliveries of a job whose process or worker dies, before it fails")
+    log_to_client: bool = Field(default=True, description="print the output lines (print, logging) of the jobs "
+                                                          "this process sends on its own stdout/stderr as they "
+                                                          "come, prefixed (fn pid=N on worker); off, they are "
+                                                          "only kept in each job's tail (handle.logs(), "
+                                                          "`gpulayer logs ID`)")
     client_id: str | None = Field(default=None, description="who sends this process's jobs, recorded with each job "
                                                             "and gang for `gpulayer cancel --all-mine` "
                                                             "(default: user@host)")

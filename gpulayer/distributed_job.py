@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -39,6 +38,7 @@ from .store.reconcile import RECONCILE_WAIT, switched_within
 from .gang import attempts
 from .gang.coordinator import ask
 from .gang.workdir import ShippedDir
+from .output import tail, watch
 from .tasks.submit import as_resources
 
 log = logging.getLogger(__name__)
@@ -78,6 +78,8 @@ def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int =
     ``"nccl"``, which needs ``resources`` with CUDA and is refused without).
     ``on_output(rank, stream, line)`` gets every line the ranks print, from the
     first (subscribed before the gang can start); ``get()`` returns after the last.
+    Without it, the ranks' lines are printed here as they come, ``(rank 2 on w-b) line``
+    (``log_to_client``, as for jobs); ``handle.logs(rank=R)`` reads the lines each rank kept.
     ``workdir`` (what ``gpulayer train`` ships): every node's agent unpacks it once
     and its ranks run in it (``gpulayer/gang/workdir.py``); a restarted attempt starts
     on every node from node 0's files at the end of the failed one, as on a shared
@@ -93,7 +95,8 @@ def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int =
         spec = GangSpec(gang_id=uuid.uuid4().hex, nodes=nodes, procs_per_node=procs_per_node,
                         resources=as_resources(resources), backend=backend, launcher=launcher, timeout=timeout,
                         max_restarts=max_restarts, warm=warm, name=function_name(fn) if not isinstance(fn, str) else fn,
-                        workdir=workdir.spec() if workdir is not None else None, client=app_mod.client_identity())
+                        workdir=workdir.spec() if workdir is not None else None, client=app_mod.client_identity(),
+                        output=watch.output_id(force=on_output is not None))
     except ValidationError as err:  # distributed()'s own keywords (the spec's fields): in one line
         raise InvalidRequest(describe_invalid(GangSpec, err, name="distributed"),
                              err.errors(include_url=False)) from None
@@ -139,7 +142,6 @@ def cancel_gang(gang_id: str, timeout: float = 30.0) -> dict | None:
 
 
 OutputFn = Callable[[int, str, str], None]  # (rank, "stdout" | "stderr", line)
-OUTPUT_QUIET = 0.2  # seconds without a line, once the gang has ended, before the output is over
 
 
 class GangHandle:
@@ -166,16 +168,13 @@ class GangHandle:
         self._restart_seen = 0  # restarts before this attempt number have been told to the listeners
         self._restart_listeners: list[Callable[[dict, str], None]] = []
         self._restart_lock = threading.Lock()
-        self._output: threading.Thread | None = None
+        self._output = on_output is not None
         # The watcher's view of a lost broker: it rides out a restart, and get() says so when it gives up.
         self._lost = outage(None, f"distributed job {self.id} was started; the cluster runs it whether or not anyone "
                                   "watches, and its record waits in Redis if the broker comes back with its data")
-        if on_output is not None:  # subscribed before the gang can start: warm ranks print within milliseconds
-            ready = threading.Event()
-            self._output = threading.Thread(target=self._pump_output, args=(on_output, ready),
-                                            name=f"gang-{self.id[:8]}-output", daemon=True)
-            self._output.start()
-            ready.wait(30)
+        if on_output is not None:  # this process's subscriber is up already (distributed() asked for its id)
+            watch.route(self.id, lambda source, stream, line: on_output(
+                source.rank, "stdout" if stream == "out" else "stderr", line))
         self._thread = threading.Thread(target=self._drive, name=f"gang-{self.id[:8]}", daemon=True)
         self._thread.start()
         self._listening.wait(30)  # subscribed before the coordinator is asked: no event can be missed
@@ -287,8 +286,12 @@ class GangHandle:
             doing = f"waiting: {why}" if why else self.status()["state"]
             raise JobTimeout(f"distributed job {self.id} did not finish within {timeout:g} s: {doing}; it runs on: "
                              "call get() again to wait longer, or cancel() to stop it", job_id=self.id, waited=timeout)
-        if self._output is not None:
-            self._output.join(OUTPUT_QUIET + 5.0)  # every line handed to on_output first
+        if self.spec.output is not None:
+            # Every line first: each node sent its ranks' last lines before it reported its end, so a marker
+            # sent now on this process's channel comes after them all.
+            watch.sync()
+            if self._output:
+                watch.unroute(self.id)
         if self._error is not None:
             raise self._error
         return self._result
@@ -299,25 +302,18 @@ class GangHandle:
         self._done.wait(30)
 
     # -- the watcher -----------------------------------------------------------------------------
-    def _pump_output(self, on_output: OutputFn, ready: threading.Event) -> None:
-        """Hand the ranks' lines (the agents publish them on the gang's output channel) to ``on_output``."""
-        sub = self.store.r.pubsub(ignore_subscribe_messages=True)
+    def logs(self, rank: int | None = None) -> str:
+        """What rank ``rank`` printed (stdout, stderr, ``logging``), as kept: its newest lines, up to 1 MiB, of
+        every attempt; without ``rank``, every rank's, rank by rank, each line prefixed ``(rank R)``."""
         try:
-            sub.subscribe(keys.gang_output(self.id))
-            ready.set()
-            while True:
-                msg = sub.get_message(timeout=OUTPUT_QUIET if self._done.is_set() else 0.1)
-                if msg:
-                    line = json.loads(msg["data"])
-                    on_output(line["rank"], line["stream"], line["line"])
-                elif self._done.is_set():  # ended, and nothing more in flight
-                    return
-        except redis.RedisError:
-            pass  # the output is best effort; the result and the failure come from the record
-        finally:
-            ready.set()
-            sub.close()
-
+            if rank is not None:
+                if not 0 <= rank < self.spec.world_size:
+                    raise ValueError(f"rank {rank} is not one of distributed job {self.id}'s ranks (0 to "
+                                     f"{self.spec.world_size - 1})")
+                return tail.text(self.store.r, self.id, rank)
+            return tail.ranks_text(self.store.r, self.id, self.spec.world_size)
+        except BROKER_ERRORS as err:
+            raise broker_lost(err, f"the output of distributed job {self.id} was not read") from err
 
     def _drive(self) -> None:
         try:

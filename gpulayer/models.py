@@ -179,6 +179,7 @@ class GangSpec(BaseModel):
     workdir: WorkdirSpec | None = None  # the archive is in Redis (keys.gang_workdir)
     warm: bool = True  # direct launcher: fork ranks from the worker's warm template (False: fresh interpreters)
     client: str | None = None  # the identity that sent it (config ``client_id``): `gpulayer cancel --all-mine`
+    output: str | None = None  # the sending process's output id: where its ranks' lines go (gpulayer/output/)
 
     @model_validator(mode="after")
     def _nccl_needs_cuda(self) -> GangSpec:

@@ -114,7 +114,7 @@ def run_flower(*, broker: str | None = None, port: int = 5555, address: str = "1
     # Flower's API answers only behind a login (without one it refuses everyone: FLOWER_UNAUTHENTICATED_API); the
     # local user gets one printed, as `gpulayer up --flower` prints its own.
     basic_auth = basic_auth or new_flower_login()
-    settings = init(broker)
+    settings = init(broker, log_to_client=False)  # jobs sent from its API print nowhere here: their tails keep them
     # Flower names the broker by its URL's scheme to list queues; it takes no jobs, so kombu's own
     # Redis transport serves it (gpulayer/engine/transport.py only changes how workers take messages).
     # A Sentinel group's URL stays on gpulayer's transport: kombu's own would look for a host named after the group.

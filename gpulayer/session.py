@@ -55,17 +55,20 @@ def connect(settings: Settings) -> Settings:
 
 
 def init(broker_url: str | None = None, *, secret: str | None = None, workers: int | None = None,
-         slots: int | None = None, replicas: int = 0, sentinels: int = 0) -> Settings:
+         slots: int | None = None, replicas: int = 0, sentinels: int = 0,
+         log_to_client: bool | None = None) -> Settings:
     """Connect to a cluster, starting an embedded one if none is configured.
 
     In order: ``broker_url`` / ``GPULAYER_BROKER_URL`` / the config file; else a
     running ``gpulayer up`` cluster; else a new embedded cluster (Redis and
     ``workers`` local workers) that lives as long as this process. ``replicas`` and ``sentinels``: that
     embedded cluster's Redis is a Sentinel group (``gpulayer.init(replicas=1, sentinels=3)``).
+    ``log_to_client=False``: the jobs' output lines are not printed here as they come (each job keeps
+    them: ``handle.logs()``, `gpulayer logs ID`); default ``GPULAYER_LOG_TO_CLIENT``, on.
     """
     global _local
     with _init_lock:
-        settings = load_settings(broker_url=broker_url, secret=secret)
+        settings = load_settings(broker_url=broker_url, secret=secret, log_to_client=log_to_client)
         if settings.broker_url and not settings.broker_from_state:
             return connect(settings)
         if settings.broker_from_state:
@@ -77,7 +80,8 @@ def init(broker_url: str | None = None, *, secret: str | None = None, workers: i
             from .local import start_for_process
 
             _local = start_for_process(workers=workers, slots=slots, replicas=replicas, sentinels=sentinels)
-        return connect(load_settings(broker_url=_local.broker_url, secret=_local.secret))
+        return connect(load_settings(broker_url=_local.broker_url, secret=_local.secret,
+                                     log_to_client=log_to_client))
 
 
 def ensure_connected() -> None:

@@ -163,6 +163,34 @@ def test_bad_input_to_flowers_api_is_a_4xx_that_says_why(up_flower):
     assert code == 200 and json.loads(body)["task-id"], (code, body)
 
 
+PRINTS = textwrap.dedent("""
+    import gpulayer
+    from gpulayer import submit
+
+    def say(x):
+        print("said", x)
+        return x
+
+    gpulayer.init(log_to_client=False)
+    h = submit.delay(say, 5)
+    h.get(timeout=60)
+    print(h.id)
+""")
+
+
+def test_flower_serves_a_jobs_kept_output_for_its_task_page(up_flower):
+    script = up_flower["tmp"] / "prints.py"
+    script.write_text(PRINTS)
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         env=up_flower["job_env"])
+    assert run.returncode == 0, run.stderr
+    job_id = run.stdout.split()[-1]
+    url = up_flower["url"] + f"gpulayer/output/{job_id}.json"
+    assert request(url)[0] == 401
+    code, body = request(url, up_flower["auth"])
+    assert code == 200 and json.loads(body) == {"job": job_id, "lines": [{"stream": "out", "text": "said 5"}]}
+
+
 def test_flowers_metrics_tell_two_functions_apart(up_flower):
     from prometheus_client.parser import text_string_to_metric_families
 

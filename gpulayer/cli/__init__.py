@@ -98,6 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="everything this client identity sent in the last day that has not finished "
                          "(config client_id, default user@host)")
 
+    lo = sub.add_parser("logs", help="what a job or a distributed job's ranks printed",
+                        description="Print what a job (or each rank of a distributed job) printed: its stdout, "
+                                    "stderr and logging lines, the newest up to 1 MiB, kept as long as its result.")
+    lo.add_argument("id", metavar="ID", help="the job's or distributed job's id")
+    lo.add_argument("-f", "--follow", action="store_true", help="keep printing new lines until the job ends")
+    lo.add_argument("--rank", type=int, default=None, metavar="R", help="a distributed job's rank R only")
+
     fl = sub.add_parser("flower", help="run Flower, the monitoring UI, on this cluster")
     fl.add_argument("--broker", default=None, help="redis://... (default: GPULAYER_BROKER_URL, else `gpulayer up`)")
     fl.add_argument("--port", type=int, default=5555)
@@ -239,6 +246,12 @@ def _cancel(args) -> int:
     return cancel(args.ids, all_mine=args.all_mine)
 
 
+def _logs(args) -> int:
+    from .logs import logs
+
+    return logs(args.id, follow=args.follow, rank=args.rank)
+
+
 def _flower(args) -> int:
     from ..monitor import run_flower
 
@@ -259,4 +272,4 @@ def _demo(args) -> int:
 
 
 _COMMANDS = {"up": _up, "down": _down, "worker": _worker, "status": _status, "train": _train, "cancel": _cancel,
-             "flower": _flower, "metrics": _metrics, "demo": _demo}
+             "logs": _logs, "flower": _flower, "metrics": _metrics, "demo": _demo}

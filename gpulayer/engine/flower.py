@@ -84,15 +84,18 @@ async def _run(self, operation, target, func, *args, connection_errors=(), **kwa
 
 class Pages:
     """gpulayer's pages in Flower: ``/gangs`` (``gangs_template`` rendered with ``report()``),
-    ``/gpulayer/fleet.json`` (``report()`` as JSON) and ``/gpulayer/static/`` (``static``).
+    ``/gpulayer/fleet.json`` (``report()`` as JSON), ``/gpulayer/output/<job id>.json`` (``output(job id)``:
+    the job's kept lines, for its task page) and ``/gpulayer/static/`` (``static``).
 
-    ``report`` reads the cluster (blocking): it runs on Flower's executor, never on its event loop.
+    ``report`` and ``output`` read the cluster (blocking): they run on Flower's executor, never on its event loop.
     """
 
-    def __init__(self, report: Callable[[], dict], gangs_template: Path, static: Path):
+    def __init__(self, report: Callable[[], dict], gangs_template: Path, static: Path,
+                 output: Callable[[str], dict] | None = None):
         self.report = report
         self.gangs_template = gangs_template
         self.static = static
+        self.output = output
 
     def handlers(self, url_prefix: str) -> list:
         from tornado.web import StaticFileHandler, authenticated
@@ -115,5 +118,14 @@ class Pages:
                 self.set_header("Cache-Control", "no-store")
                 self.write(await self.application.io_loop.run_in_executor(None, pages.report))
 
-        return [(f"{root}/gangs", GangsView), (f"{root}/gpulayer/fleet.json", FleetData),
-                (f"{root}/gpulayer/static/(.*)", StaticFileHandler, {"path": str(self.static)})]
+        class OutputData(BaseHandler):
+            @authenticated
+            async def get(self, job_id):
+                self.set_header("Cache-Control", "no-store")
+                self.write(await self.application.io_loop.run_in_executor(None, pages.output, job_id))
+
+        handlers = [(f"{root}/gangs", GangsView), (f"{root}/gpulayer/fleet.json", FleetData),
+                    (f"{root}/gpulayer/static/(.*)", StaticFileHandler, {"path": str(self.static)})]
+        if self.output is not None:
+            handlers.append((f"{root}/gpulayer/output/([0-9A-Za-z._-]+)\\.json", OutputData))
+        return handlers

@@ -7,6 +7,8 @@ to Flower's pages three ways:
 - ``/gangs``: a page listing every distributed job not yet finished: its state, placement and the
   reason for it, its ranks and the workers they run on; a waiting one with its place in line and why.
 - ``/gpulayer/fleet.json``: the same report as JSON, for the script below.
+- ``/gpulayer/output/<job id>.json``: what a job printed, as kept (``gpulayer/output/tail.py``), which
+  ``fleet.js`` shows on the job's task page under "Output (gpulayer)".
 - ``fleet.js``, added to every page of Flower's: a Gangs tab in the navigation bar, a fleet table
   (zone, region, CUDA and GPUs, slots free, running and held by gangs) on the Workers page, and the
   same for one worker, with the gangs holding its slots, on that worker's page.
@@ -31,10 +33,22 @@ def fleet_report() -> dict:
     return collect(full=True)
 
 
+def job_output(job_id: str) -> dict:
+    """A job's kept lines: ``{"job": id, "lines": [{"stream": "out" | "err", "text": ...}, ...]}``."""
+    from ..app import redis_client
+    from ..output import tail
+
+    client = redis_client()
+    try:
+        return {"job": job_id, "lines": [{"stream": s, "text": t} for _, s, t in tail.entries(client, job_id)]}
+    finally:
+        client.close()
+
+
 def pages():
     from ..engine.flower import Pages
 
-    return Pages(fleet_report, GANGS_TEMPLATE, STATIC)
+    return Pages(fleet_report, GANGS_TEMPLATE, STATIC, job_output)
 
 
 def script_transform(url_prefix: str, static_prefix: str):

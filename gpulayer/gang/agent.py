@@ -30,6 +30,8 @@ from .coordinator import node_stopped, worker_lost
 from ..procs.env import (BACKEND_ENV, RankLayout, StoreHost, free_port, rank_env, socket_ifname_env,
                          torchrun_command)
 from ..procs.runner import RankCommand, RankFailure, RankRunner
+from ..output.lines import ERR, OUT
+from ..output.sink import JobOutput, process_sink
 from ..models import GangSpec, GangState
 from ..store import keys
 from ..store.cluster import cluster_id
@@ -211,6 +213,20 @@ class GangAgent(LoopStep):
         warm.close_shared_template()
 
 
+_sink_clients: dict[str, redis.Redis] = {}  # the rank sink's own connection (a gang's closes when it ends)
+
+
+def rank_sink(url: str):
+    """This worker's sink for its ranks' lines (gpulayer/output/sink.py)."""
+    def client():
+        if url not in _sink_clients:
+            _sink_clients[url] = connect_redis(url, socket_timeout=10)
+        return _sink_clients[url]
+
+    settings = app_settings()
+    return process_sink(client, settings.result_expires if settings else 7 * 86400)
+
+
 class GangRun:
     """One gang attempt's ranks on this worker."""
 
@@ -225,6 +241,7 @@ class GangRun:
         self.store = GangStore(self.client)
         self.registry = Registry(self.client, _dead_after())
         self.runner: RankRunner | None = None
+        self.outputs: dict[int, JobOutput] = {}  # rank -> its lines, on their way home (gpulayer/output/)
         self.store_host: StoreHost | None = None  # node 0: the attempt's TCP store, while its ranks run
         self._aborted = threading.Event()
         self.abort_reason = ""
@@ -268,6 +285,7 @@ class GangRun:
                 runs.running.pop(self.node_id, None)
                 self.store.release(self.gang_id, self.attempt, self.worker_info.id, m)
             slots.add(-m)
+            self._close_outputs()
             # The last node to report ends the attempt, and the waiting gangs are tried on the freed slots.
             node_stopped(self.client, self.gang_id, self.attempt, self.node, {
                 "worker": self.worker_info.id, "state": outcome, "exit_codes": codes, "stopped_at": stopped_at,
@@ -373,12 +391,20 @@ class GangRun:
         return True
 
     def _publish_line(self, rank: int, stream: str, line: str) -> None:
-        """Forward a rank's output line to the gang's output channel."""
-        try:
-            self.client.publish(keys.gang_output(self.gang_id), json.dumps({"rank": rank, "stream": stream,
-                                                                            "line": line}))
-        except redis.RedisError:
-            pass
+        """A rank's output line: to the sending client and the rank's tail, limited and batched as a job's."""
+        out = self.outputs.get(rank)
+        if out is None:
+            out = self.outputs[rank] = JobOutput(lambda: rank_sink(self.url), self.gang_id, self.spec.name, self.worker_info.id, 0,
+                                                 self.spec.output, rank)
+        out.line(OUT if stream == "stdout" else ERR, line)
+
+    def _close_outputs(self) -> None:
+        """The ranks ended: their last lines go before this node reports (the client's get() waits for them)."""
+        for out in list(self.outputs.values()):
+            try:
+                out.close()
+            except Exception:
+                log.debug("gpulayer agent: gang %s's last output lines were not sent", self.gang_id, exc_info=True)
 
     def _end_workdir(self, outcome: str) -> str | None:
         """Node 0 packs what its ranks wrote for the client; the directory goes once the gang is over.

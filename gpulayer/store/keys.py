@@ -76,7 +76,6 @@ SLOTS_HELD = f"{NAMESPACE}:slots:held"
 #   gl:gang:<id>:<a>:concluded string set once by whoever ends the attempt (its last node report)
 #   gl:gang:<id>:events        channel "fail:<a>" / "cancel" for every agent of the gang; "placed:<a>",
 #                                     "waiting:<a>", "stopped:<a>", "done:<state>" for the client's handle
-#   gl:gang:<id>:out           channel JSON lines of every rank's output
 #   gl:agent:<worker id>       list   gang orders for that worker's agent
 #   gl:gangs:waiting           zset   gang id -> arrival number: the gangs the coordinator tries, in that order
 #   gl:gangs:arrivals          string counter that numbers the arrivals
@@ -123,10 +122,6 @@ def gang_attempts(gang_id: str) -> str:
 
 def gang_events(gang_id: str) -> str:
     return f"{gang(gang_id)}:events"
-
-
-def gang_output(gang_id: str) -> str:
-    return f"{gang(gang_id)}:out"
 
 
 def agent_orders(worker_id: str) -> str:
@@ -176,6 +171,20 @@ def job_history(job_id: str) -> str:
 def job_done(job_id: str) -> str:
     """Set once when a job's final result is stored; later results of reruns are dropped."""
     return f"{NAMESPACE}:job:{job_id}:done"
+
+
+# A job's output (gpulayer/output/): its lines go to the channel of the client process that sent it, and its
+# last lines stay beside its result, as long as it.
+#   gl:out:<output id>         channel JSON batches of lines (output/lines.py Chunk) of the jobs and ranks one client
+#                                      process sent (its output id: the gl_out header, a gang's spec.output)
+#   gl:job:<id>:out            stream  a job's last lines (fields s: out|err, t: text), bounded (output/lines.py)
+#   gl:job:<id>:out:<rank>     stream  the same for one rank of a distributed job (<id>: the gang's)
+def output_channel(output_id: str) -> str:
+    return f"{NAMESPACE}:out:{output_id}"
+
+
+def job_output(job_id: str, rank: int | None = None) -> str:
+    return f"{NAMESPACE}:job:{job_id}:out" + ("" if rank is None else f":{rank}")
 
 
 # Cancels of ordinary jobs, broadcast to every worker's reaper.

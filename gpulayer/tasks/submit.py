@@ -22,7 +22,10 @@ from . import readahead
 from ..errors import PayloadError
 from ..models import Resources
 from ..payload import job_name, pack_function, resolve_function, summarize
+from ..output import capture
 from ..worker import runtime
+
+OUTPUT_HEADER = "gl_out"  # the sender's output id (gpulayer/output/watch.py): where the job's lines go
 
 
 def as_resources(value) -> Resources:
@@ -112,6 +115,19 @@ class JobHandle(AsyncResult):
         finally:
             client.close()
 
+    def logs(self) -> str:
+        """What the job printed (stdout, stderr and ``logging`` records, in order), as kept with its result:
+        its newest lines, up to 1 MiB; "" if it printed nothing (yet: a running job's lines so far)."""
+        from ..output import tail
+
+        client = app_mod.redis_client()
+        try:
+            return tail.text(client, self.id)
+        except BROKER_ERRORS as err:
+            raise broker_lost(err, f"the output of job {self.id} was not read") from err
+        finally:
+            client.close()
+
     @property
     def attempts(self) -> int:
         """How many times the job was delivered so far: 1, and one more for each delivery that died and each
@@ -182,6 +198,9 @@ class SubmitTask(Task):
             headers[TIMEOUT_HEADER] = float(timeout)
         ensure_connected()
         headers.setdefault(CLIENT_HEADER, _sender(self.app))  # the transport records it (engine/senders.py)
+        out = output_header(self.app)
+        if out is not None:
+            headers.setdefault(OUTPUT_HEADER, out)
         if not options and producer is None and link is None and link_error is None and shadow is None \
                 and direct_publish_applies(self.app):
             job_id = task_id or uuid()
@@ -228,6 +247,17 @@ def _sender(celery_app) -> str:
     task = celery_app.current_worker_task
     parent = task.request.get(CLIENT_HEADER) if task is not None else None
     return parent or app_mod.client_identity()
+
+
+def output_header(celery_app) -> str | None:
+    """Where a job's output lines go: this client's output id (its subscriber started on the first job), or
+    inside a job the id of the client that sent that job; None with ``log_to_client`` off."""
+    task = celery_app.current_worker_task
+    if task is not None:
+        return task.request.get(OUTPUT_HEADER)
+    from ..output import watch
+
+    return watch.output_id()
 
 
 def direct_publish_applies(celery_app) -> bool:
@@ -291,16 +321,33 @@ def submit(self, *args, **kwargs):
         raise Ignore()  # a rerun of a job whose result is stored: never run twice, never overwrite
     func = fn if callable(fn) else resolve_function(fn)
     spec = self.request.get(RESOURCES_HEADER) or {}
-    with runtime.job_scope(self.request.id, int(spec.get("gpus", 0))):
+    request = self.request
+    worker = runtime.current_worker()
+    with runtime.job_scope(request.id, int(spec.get("gpus", 0))), \
+            capture.job(request.id, fn if isinstance(fn, str) else func, worker.id if worker else "?",
+                        request.get(OUTPUT_HEADER)):
         try:
             return func(*args, **kwargs)
         except BaseException as exc:  # (a try block costs nothing while nothing raises: no per-job work here)
             if isinstance(exc, Exception):
-                policy = self.request.get(retries.HEADER)
+                policy = request.get(retries.HEADER)
                 if policy is not None:  # max_retries / autoretry_for: maybe send it again (tasks/retry.py)
                     from .retry import again
 
                     again(self, policy, exc)  # raises Celery's Retry once the next try is sent
             # packed as raised, before Celery replaces what plain pickle cannot carry
-            remote_errors.capture(self.request.id, exc)
+            remote_errors.capture(request.id, exc)
             raise
+
+
+def _backend_client():
+    return app.backend.client
+
+
+def _expires() -> int:
+    """Seconds a job's output tail is kept: as long as its result."""
+    expires = getattr(app.backend, "expires", None)
+    return int(expires.total_seconds() if hasattr(expires, "total_seconds") else expires or 86400)
+
+
+capture.use(_backend_client, _expires)

@@ -56,6 +56,7 @@ def fit_on_cluster(fit_rank: Callable[..., Any], config: TrainerConfig, module: 
     """
     import gpulayer  # the client layer, only to submit this fit
     from gpulayer.errors import JobFailed
+    from gpulayer.output import watch
 
     with _user_code_by_value():
         for what, obj in (("train_dataloaders", train), ("val_dataloaders", val), ("datamodule", datamodule)):
@@ -72,6 +73,7 @@ def fit_on_cluster(fit_rank: Callable[..., Any], config: TrainerConfig, module: 
     job = gpulayer.distributed(
         run_rank, blob, nodes=config.num_nodes, procs_per_node=config.devices, resources=_resources(config),
         backend="nccl" if config.accelerator == "cuda" else "gloo", max_restarts=config.max_restarts,
+        on_output=show_as_local if watch.enabled() else None,
     )
     try:
         results = job.get()
@@ -90,6 +92,17 @@ def fit_on_cluster(fit_rank: Callable[..., Any], config: TrainerConfig, module: 
                           "workers": list(job.placement.workers), "restarts": job.attempt,
                           "attempts": _attempts(job)}
     return result
+
+
+def show_as_local(rank: int, stream: str, line: str) -> None:
+    """A rank's output line, printed here: rank 0's as a local fit prints it (its model summary, its progress
+    lines, its warnings), any other rank's prefixed ``(rank R)``."""
+    out = sys.stdout if stream == "stdout" else sys.stderr
+    try:
+        out.write(f"{line}\n" if rank == 0 else f"(rank {rank}) {line}\n")
+        out.flush()
+    except (ValueError, OSError):
+        pass
 
 
 def _attempts(job: Any) -> list[dict[str, Any]]:

@@ -105,7 +105,29 @@
       .catch(function (err) { console.warn("gpulayer: " + err); });
   }
 
+  function showOutput(jobId) {
+    fetch(root + "/gpulayer/output/" + encodeURIComponent(jobId) + ".json", {credentials: "same-origin", cache: "no-store"})
+      .then(function (r) { if (!r.ok) throw new Error("output: HTTP " + r.status); return r.json(); })
+      .then(function (data) {
+        var text = data.lines.length ? data.lines.map(function (l) { return l.text; }).join("\n")
+                                     : "(nothing printed, or the output has expired)";
+        var pre = el("pre", {"class": "border p-2", style: "max-height: 30em; overflow: auto"}, [text]);
+        var node = el("section", {"class": "page-section", id: "gpulayer-output"}, [
+          el("h2", {"class": "h5"}, ["Output (gpulayer)"]), pre]);
+        var old = document.getElementById(node.id);
+        if (old) { old.replaceWith(node); return; }
+        var main = document.getElementById("main-content") || document.body;
+        main.appendChild(node);
+      })
+      .catch(function (err) { console.warn("gpulayer: " + err); });
+  }
+
   addGangsTab();
+  if (path.indexOf("/task/") === 0) {
+    var jobId = decodeURIComponent(path.slice("/task/".length));
+    showOutput(jobId);
+    setInterval(function () { showOutput(jobId); }, 5000);
+  }
   if (path === "/" || path === "/workers" || path.indexOf("/worker/") === 0) {
     refresh();
     setInterval(refresh, 5000);

@@ -1,0 +1,141 @@
+"""Does a job that floods its output slow the fleet's other jobs? Tiny jobs' rate beside a printer, and without.
+
+    python benchmarks/output_flood.py [--jobs 2000] [--lines 100000] [--rounds 5] [--workers 2] [--slots 2]
+
+One Redis (free loopback port) and ``--workers`` x ``--slots`` real workers (without torch). Each round times
+``submit_batch`` of ``--jobs`` tiny jobs (``square(i)``) then ``.get()``, three ways, in a rotating order:
+
+- ``none``: the tiny jobs alone;
+- ``silent``: beside one job that runs the printer's loop (formatting each line) but writes to a local buffer:
+  the same slot and CPU taken as the printer's, none of its output;
+- ``printer``: beside one job that ``print``s lines in a tight loop (at least ``--lines``, and on until the
+  tiny jobs are done), whose output is captured, rate-limited, sent home and printed by this client (sent
+  to /dev/null during the timed part, as every mode's stdout and stderr are).
+
+The extra job starts first; the tiny jobs are sent once it runs. Printed: each mode's median jobs/s over the
+rounds, and the ratios ``printer / silent`` (what capturing the flood costs the others) and
+``printer / none``; the lines each printer printed and kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import Report, unwind_on_signals, write_results  # same folder
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gpulayer.lab.fleet import Fleet  # noqa: E402
+
+MODES = ("none", "silent", "printer")
+
+
+def square(x):
+    return x * x
+
+
+def loop(lines: int, stop_key: str, started_key: str, silent: bool) -> int:
+    """Print (or format into a buffer) at least ``lines`` lines, and on until ``stop_key`` is set."""
+    from gpulayer.app import redis_client
+
+    r = redis_client()
+    r.set(started_key, 1, ex=600)
+    sink = io.StringIO() if silent else None
+    n = 0
+    while n < lines or not r.exists(stop_key):
+        for _ in range(1000):
+            if sink is None:
+                print(f"flood line {n} of a job that prints in a tight loop")
+            else:
+                sink.write(f"flood line {n} of a job that prints in a tight loop\n")
+            n += 1
+        if sink is not None and sink.tell() > 1 << 20:
+            sink.seek(0)
+            sink.truncate()
+    r.close()
+    return n
+
+
+def one_round(mode: str, args, r, round_no: int) -> tuple[float, int | None, int | None]:
+    from gpulayer import submit, submit_batch
+    from gpulayer.store import keys
+    from gpulayer.output import tail
+
+    stop_key, started_key = f"bench:flood:stop:{round_no}:{mode}", f"bench:flood:started:{round_no}:{mode}"
+    extra = None
+    if mode != "none":
+        extra = submit.delay(loop, args.lines, stop_key, started_key, mode == "silent")
+        deadline = time.monotonic() + 60
+        while not r.exists(started_key):
+            if time.monotonic() > deadline:
+                raise SystemExit("the extra job did not start within 60 s")
+            time.sleep(0.01)
+    with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull), contextlib.redirect_stderr(devnull):
+        t0 = time.perf_counter()
+        values = submit_batch([submit.s(square, i) for i in range(args.jobs)]).get(timeout=300, progress=False)
+        elapsed = time.perf_counter() - t0
+        assert values[-1] == (args.jobs - 1) ** 2
+        printed = kept = None
+        if extra is not None:
+            r.set(stop_key, 1, ex=600)
+            printed = extra.get(timeout=300)
+            kept = len(tail.entries(r, extra.id)) if mode == "printer" else None
+            r.delete(keys.job_output(extra.id))
+    return args.jobs / elapsed, printed, kept
+
+
+def main() -> int:
+    unwind_on_signals()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--jobs", type=int, default=2000)
+    p.add_argument("--lines", type=int, default=100_000)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--slots", type=int, default=2)
+    p.add_argument("--output", default="output_flood.txt")
+    args = p.parse_args()
+    out = Report("output_flood")
+    from gpulayer import submit, submit_batch
+
+    with Fleet(Path(tempfile.mkdtemp(prefix="gl-flood-")), appendonly=False, torch=False) as fleet:
+        for i in range(args.workers):
+            fleet.add_worker(f"flood-{i + 1}", slots=args.slots, wait=False, tie_to_parent=True)
+        fleet.wait_workers(list(fleet.workers))
+        fleet.connect()
+        r = fleet.client()
+        submit_batch([submit.s(square, i) for i in range(500)]).get(timeout=120, progress=False)  # warm-up
+        out(f"{args.jobs} tiny jobs (submit_batch) on {args.workers} x {args.slots} slots, {os.cpu_count()} cores; "
+            f"printer: >= {args.lines} lines in a tight loop; {args.rounds} rounds")
+        rates = {m: [] for m in MODES}
+        for rnd in range(args.rounds):
+            order = MODES[rnd % 3:] + MODES[:rnd % 3]
+            for mode in order:
+                rate, printed, kept = one_round(mode, args, r, rnd)
+                rates[mode].append(rate)
+                more = f", printed {printed} lines, {kept} kept in its tail" if printed is not None and kept else \
+                    (f", formatted {printed} lines" if printed is not None else "")
+                out(f"round {rnd + 1} {mode:>7}: {rate:7.0f} jobs/s{more}")
+        med = {m: statistics.median(v) for m, v in rates.items()}
+        out("")
+        for m in MODES:
+            out(f"median {m:>7}: {med[m]:7.0f} jobs/s")
+        out(f"printer / silent: {med['printer'] / med['silent']:.3f}   (what capturing a flood costs the other jobs)")
+        out(f"printer / none:   {med['printer'] / med['none']:.3f}   (a busy job beside them at all, printing)")
+        out.result("tiny_beside_printer", jobs=args.jobs, lines=args.lines, rounds=args.rounds,
+                   none_jobs_s=med["none"], silent_jobs_s=med["silent"], printer_jobs_s=med["printer"],
+                   printer_over_silent=med["printer"] / med["silent"], printer_over_none=med["printer"] / med["none"])
+    path = write_results(out.lines, args.output)
+    print(f"written to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""In a client: its jobs' and ranks' output lines, printed as they come (``log_to_client``, on by default).
+
+The first job a process sends with ``log_to_client`` on starts one subscriber thread on the process's own
+channel (``keys.output_channel(output_id())``); the id travels with each job (the ``gl_out`` header, a
+distributed job's ``spec.output``) and a job sent from inside a job keeps its sender's, so the lines of a job's
+own jobs come home too. A line of stdout goes to ``sys.stdout``, every other to ``sys.stderr``, prefixed as
+Ray prefixes them: ``(square pid=4242 on local-1) hello``, ``(rank 2 on w-b) loss 0.31``. A distributed
+job's handle may take its lines instead (:func:`route`: ``distributed(on_output=...)``, `gpulayer train`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import uuid
+from typing import Callable
+
+from .. import app as app_mod
+from ..store import keys
+from .lines import OUT, Source, decode_batch
+
+log = logging.getLogger(__name__)
+
+POLL = 0.05  # seconds the subscriber waits for a message before it looks whether the process is ending
+SYNC = "sync"  # a marker the process sends itself: every line published before it has been handled
+
+RouteFn = Callable[[Source, str, str], None]  # (source, "out" | "err", line)
+
+_lock = threading.Lock()
+_id: str | None = None
+_thread: threading.Thread | None = None
+_stop = threading.Event()
+_routes: dict[str, RouteFn] = {}  # job or gang id -> who takes its lines instead of printing them
+_synced: dict[str, threading.Event] = {}
+
+
+def _forked() -> None:
+    """A forked child has no subscriber (the parent's thread did not come along): it gets an id of its own, or
+    every line would be printed by both."""
+    global _id, _thread, _lock, _stop
+    _id, _thread, _lock, _stop = None, None, threading.Lock(), threading.Event()
+    _routes.clear()
+    _synced.clear()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+def output_id(force: bool = False) -> str | None:
+    """The id this process's jobs carry for their output, its subscriber started on first use; None when
+    ``log_to_client`` is off (unless ``force``: a handle that takes its gang's lines itself)."""
+    if not force and not enabled():
+        return None
+    if _thread is None or not _thread.is_alive():
+        _start()
+    return _id
+
+
+def enabled() -> bool:
+    """Does this process print its jobs' lines (``log_to_client``)?"""
+    settings = app_mod.settings()
+    return settings is None or settings.log_to_client
+
+
+def _start() -> None:
+    global _id, _thread
+    with _lock:
+        if _thread is not None and _thread.is_alive():
+            return
+        _id = _id or uuid.uuid4().hex
+        client = app_mod.redis_client()
+        sub = client.pubsub()
+        sub.subscribe(keys.output_channel(_id))
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:  # subscribed before the first job can print
+            msg = sub.get_message(timeout=0.5)
+            if msg and msg["type"] == "subscribe":
+                break
+        _stop.clear()
+        _thread = threading.Thread(target=_run, args=(client, sub), name="gpulayer-output-watch", daemon=True)
+        _thread.start()
+        atexit.register(_drain)
+
+
+def route(job_id: str, fn: RouteFn) -> None:
+    """Hand ``job_id``'s lines to ``fn`` instead of printing them."""
+    _routes[job_id] = fn
+
+
+def unroute(job_id: str) -> None:
+    _routes.pop(job_id, None)
+
+
+def sync(timeout: float = 2.0) -> bool:
+    """Wait until every line published on this process's channel before now has been handled (printed or
+    routed); False if the subscriber did not get there within ``timeout``. One PUBLISH and a wait: a marker
+    on the same channel comes after every line published before it."""
+    if _id is None or _thread is None or not _thread.is_alive():
+        return True
+    token = uuid.uuid4().hex
+    done = _synced[token] = threading.Event()
+    try:
+        client = app_mod.redis_client()
+        try:
+            client.publish(keys.output_channel(_id), json.dumps({SYNC: token}))
+        finally:
+            client.close()
+        return done.wait(timeout)
+    except Exception:  # the output is best effort
+        return False
+    finally:
+        _synced.pop(token, None)
+
+
+def show(source: Source, stream: str, text: str) -> None:
+    """Print one line in this process, prefixed with where it came from."""
+    out = sys.stdout if stream == OUT else sys.stderr
+    try:
+        out.write(f"{source.prefix()} {text}\n")
+        out.flush()
+    except (ValueError, OSError):  # a closed stream (the process is ending): the line is in the job's tail
+        pass
+
+
+def handle(data) -> None:
+    """One message of the channel: a batch of lines, or a sync marker."""
+    batch = json.loads(data)
+    if isinstance(batch, dict):
+        done = _synced.get(batch.get(SYNC))
+        if done is not None:
+            done.set()
+        return
+    for source, stream, text in decode_batch(batch):
+        fn = _routes.get(source.job, show)
+        try:
+            fn(source, stream, text)
+        except Exception:
+            log.exception("gpulayer: an output line of job %s could not be handled", source.job)
+
+
+def _run(client, sub) -> None:
+    while not _stop.is_set():
+        try:
+            msg = sub.get_message(timeout=POLL)
+        except Exception as err:  # the broker went away: listen again when it is back (lines meanwhile are lost)
+            log.debug("gpulayer: the output subscriber lost its connection: %s", err)
+            time.sleep(0.5)
+            continue
+        if msg and msg["type"] == "message":
+            handle(msg["data"])
+    try:  # the process is ending: what is already here is shown, nothing more is waited for
+        while (msg := sub.get_message(timeout=0.01)) is not None:
+            if msg["type"] == "message":
+                handle(msg["data"])
+    except Exception:
+        pass
+    finally:
+        try:
+            sub.close()
+            client.close()
+        except Exception:
+            pass
+
+
+def _drain() -> None:
+    _stop.set()
+    thread = _thread
+    if thread is not None:
+        thread.join(1.0)
