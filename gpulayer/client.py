@@ -23,6 +23,8 @@ from .payload import PickledFunction, pack_function, summarize
 from .store import durability
 from .store.sent import record_batch
 from .tasks.submit import as_resources, build_job, send_job, submit
+from .workspace import shipping
+from .workspace.shipping import CODE_HEADER
 
 
 class BatchHandle:
@@ -116,8 +118,11 @@ _WINDOW = 256
 
 
 def submit_batch(signatures: Iterable[Signature], resources: Resources | dict | None = None,
-                 chunk_size: int | None = None) -> BatchHandle:
+                 chunk_size: int | None = None, *, working_dir=None, py_modules=None, excludes=None) -> BatchHandle:
     """Send many jobs with one pipelined publish per chunk, routed once for the whole batch.
+
+    ``working_dir`` / ``py_modules`` / ``excludes``: the code the batch's jobs run with, as for
+    ``gpulayer.init`` (default: ``init``'s, else the script's directory; ``gpulayer/workspace/``).
 
     >>> h = submit_batch([submit.s(square, i) for i in range(2000)])
     >>> h.get()[:3]
@@ -133,6 +138,11 @@ def submit_batch(signatures: Iterable[Signature], resources: Resources | dict | 
     packed: dict[int, tuple[Any, PickledFunction | str]] = {}  # id -> (fn kept alive, its packed form)
     headers = {app_mod.RESOURCES_HEADER: res.model_dump(exclude_defaults=True)}
     celery_app = app_mod.app
+    options = {k: v for k, v in (("working_dir", working_dir), ("py_modules", py_modules),
+                                 ("excludes", excludes)) if v is not None}
+    code = shipping.digest_for(celery_app.backend.client, options)  # the user's modules, uploaded once
+    if code is not None:
+        headers[CODE_HEADER] = code
     summary = res.describe()
     ids: list[str] = []
     batch_id = uuid()

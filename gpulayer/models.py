@@ -130,6 +130,7 @@ class GangSpec(BaseModel):
     workdir: WorkdirSpec | None = None  # the archive is in Redis (keys.gang_workdir)
     warm: bool = True  # direct launcher: fork ranks from the worker's warm template (False: fresh interpreters)
     client: str | None = None  # the identity that sent it (config ``client_id``): `gpulayer cancel --all-mine`
+    code: str | None = None  # the digest of the user's code its ranks import from (gpulayer/workspace/)
 
     @model_validator(mode="after")
     def _nccl_needs_cuda(self) -> GangSpec:

@@ -23,6 +23,7 @@ from celery import bootsteps
 from .. import signing
 from ..deadline import Deadline
 from . import workdir
+from ..workspace.shipping import CODE_ENV
 from ..app import settings as app_settings
 from ..engine.qos import gate_consumer, reserved_count, running_count
 from ..procs import warm
@@ -347,6 +348,10 @@ class GangRun:
         base.update(socket_ifname_env(self.worker_info.address, base))
         if self.cwd is not None:
             base["GPULAYER_WORKDIR"] = str(self.cwd)
+        if s.code:  # the user's code, first on each rank's sys.path (workspace/cache.py)
+            base[CODE_ENV] = s.code
+        else:
+            base.pop(CODE_ENV, None)
         args = [self.gang_id, str(self.attempt)]
         cwd = str(self.cwd) if self.cwd is not None else None  # the shipped workdir (None: the worker's)
         if s.launcher == "torchrun":

@@ -33,6 +33,17 @@ CLUSTER_ID = f"{NAMESPACE}:cluster:id"
 #   gl:local:redis             hash   restarts, last_exit (its exit code), last_at (wall time): JSON values
 LOCAL_REDIS = f"{NAMESPACE}:local:redis"
 
+# The user's code, shipped by digest (gpulayer/workspace/): uploaded once per digest by a client, unpacked once
+# per digest on each machine under <temp root>/gpulayer-<cluster id>/code/<digest>/.
+#   gl:code:<digest>           string the signed gzipped tar (workspace/archive.py); expires CODE_TTL seconds after
+#                                     the last client that used it connected
+CODE_TTL = 7 * 24 * 3600
+
+
+def code_archive(digest: str) -> str:
+    return f"{NAMESPACE}:code:{digest}"
+
+
 WORKERS = f"{NAMESPACE}:workers"
 WORKERS_INFO = f"{NAMESPACE}:workers:info"
 # The versioned registry (gpulayer/store/registry.py): a reader that knows version v reads only

@@ -22,6 +22,9 @@ from ..errors import PayloadError
 from ..models import Resources
 from ..payload import job_name, pack_function, resolve_function, summarize
 from ..worker import runtime
+from ..workspace import cache as code_cache
+from ..workspace import shipping
+from ..workspace.shipping import CODE_HEADER
 
 
 def as_resources(value) -> Resources:
@@ -173,6 +176,9 @@ class SubmitTask(Task):
             headers[TIMEOUT_HEADER] = float(timeout)
         ensure_connected()
         headers.setdefault(CLIENT_HEADER, _sender(self.app))  # the transport records it (engine/senders.py)
+        code = shipping.digest_for(self.backend.client, options)  # the user's modules (gpulayer/workspace/)
+        if code is not None:
+            headers[CODE_HEADER] = code
         if not options and producer is None and link is None and link_error is None and shadow is None \
                 and direct_publish_applies(self.app):
             job_id = task_id or uuid()
@@ -274,13 +280,33 @@ def _already_done(task) -> bool:
     return bool(client.exists(keys.job_done(task.request.id)))
 
 
+def use_shipped_code(request: dict) -> None:
+    """In a pool process, before a job's body is decoded: its shipped code first on ``sys.path``.
+
+    An error here (its archive expired) is left to the job's own call, which raises it as the job's failure.
+    """
+    try:
+        code_cache.enter(request.get(CODE_HEADER), app.backend.client)
+    except Exception:
+        pass
+
+
 @app.task(bind=True, base=SubmitTask, name=SUBMIT)
 def submit(self, *args, **kwargs):
     """Run ``fn(*args, **kwargs)`` on a worker (the message is ``(fn, *args)``); see ``gpulayer.submit``."""
     fn, *args = args  # not a named parameter: a job's own keyword argument may be called fn
     if (self.request.delivery_info or {}).get("redelivered") and _already_done(self):
         raise Ignore()  # a rerun of a job whose result is stored: never run twice, never overwrite
-    func = fn if callable(fn) else resolve_function(fn)
+    code = self.request.get(CODE_HEADER)
+    code_cache.enter(code, self.backend.client)  # done before the decode already, unless that failed
     spec = self.request.get(RESOURCES_HEADER) or {}
-    with runtime.job_scope(self.request.id, int(spec.get("gpus", 0))):
-        return func(*args, **kwargs)
+    try:
+        func = fn if callable(fn) else resolve_function(fn)
+        with runtime.job_scope(self.request.id, int(spec.get("gpus", 0))):
+            return func(*args, **kwargs)
+    except ModuleNotFoundError as err:
+        if code_cache.explained(err):
+            raise
+        worker = runtime.current_worker()
+        raise code_cache.explain(err, code, worker.id if worker else None).with_traceback(err.__traceback__) \
+            from None

@@ -1,0 +1,187 @@
+"""Client side of shipping the user's code: which code a job carries, built once, uploaded once per digest.
+
+A job carries one header, ``gl_code``: the digest of its code's archive (``archive.py``), which waits in
+Redis under ``keys.code_archive(digest)``, signed. What is shipped, in order of precedence:
+
+- the call's own ``working_dir=`` / ``py_modules=`` / ``excludes=`` (``.set(...)``, ``apply_async``,
+  ``submit_batch``, ``distributed``);
+- inside a job or a rank, the code of the job that runs (a chain's next step, a job's own jobs);
+- ``gpulayer.init(working_dir=..., py_modules=..., excludes=...)``;
+- by default, the ``*.py`` files of the script's directory (``roots.script_root``); too large a
+  directory is not shipped, with one warning that says how to choose.
+
+``working_dir=False`` ships no directory. An explicit ``working_dir`` ships every file of it that is
+not excluded (data files a module reads beside itself too). Each distinct choice is packed once per
+process: files changed after a process packed them are not seen by the workers until it starts again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import NamedTuple, Sequence
+
+from .. import signing
+from ..errors import ConfigError
+from ..store import keys
+from . import archive, roots
+
+CODE_HEADER = "gl_code"  # a job's message header: the digest of the code it runs with
+CODE_ENV = "GPULAYER_CODE"  # a rank's environment: the same, for its process (and the jobs it sends)
+OPTIONS = ("working_dir", "py_modules", "excludes")  # per-call options of submit / submit_batch / distributed
+
+log = logging.getLogger(__name__)
+AUTO = "auto"
+
+
+class CodeSpec(NamedTuple):
+    """What to ship: ``working_dir`` (a path, ``AUTO``: the script's directory, python files only, or None:
+    none), ``py_modules`` (names or paths), ``excludes`` (gitignore-style patterns)."""
+
+    working_dir: str | None = AUTO
+    py_modules: tuple[str, ...] = ()
+    excludes: tuple[str, ...] = ()
+
+
+_default = CodeSpec()
+_built: dict[CodeSpec, archive.Archive | None] = {}
+_uploaded: set[tuple[int, str]] = set()  # (id of the Redis client's pool, digest) already in that Redis
+_lock = threading.Lock()
+_warned: set[str] = set()
+
+
+def spec_of(working_dir=None, py_modules: Sequence[str] | None = None,
+            excludes: Sequence[str] | None = None, base: CodeSpec | None = None) -> CodeSpec:
+    """A ``CodeSpec`` from the user's arguments, over ``base``; ``working_dir=False`` ships no directory."""
+    base = base or _default
+    if working_dir is None:
+        wd = base.working_dir
+    elif working_dir is False:
+        wd = None
+    elif isinstance(working_dir, (str, os.PathLike)):
+        path = Path(working_dir).expanduser().resolve()
+        if not path.is_dir():
+            raise ConfigError(f"working_dir={str(working_dir)!r}: {path} is not a directory")
+        wd = str(path)
+    else:
+        raise TypeError(f"working_dir must be a path or False, got {type(working_dir).__name__}")
+    if isinstance(py_modules, (str, os.PathLike)):
+        raise TypeError("py_modules takes a list of module names or paths, e.g. py_modules=['mylib']")
+    if isinstance(excludes, (str, os.PathLike)):
+        raise TypeError("excludes takes a list of patterns, e.g. excludes=['data/', '*.ckpt']")
+    mods = base.py_modules if py_modules is None else tuple(_module_name(m) for m in py_modules)
+    excl = base.excludes if excludes is None else tuple(str(e) for e in excludes)
+    return CodeSpec(wd, mods, excl)
+
+
+def _module_name(module) -> str:
+    name = getattr(module, "__name__", None) if not isinstance(module, (str, os.PathLike)) else None
+    if name is not None:  # a module object: its package directory or file
+        path = getattr(module, "__file__", None)
+        if path is None:
+            raise ConfigError(f"py_modules: module {name!r} has no source file to ship")
+        path = Path(path)
+        return str(path.parent if path.name == "__init__.py" else path)
+    text = str(module)
+    return str(Path(text).resolve()) if os.sep in text or text.endswith(".py") else text
+
+
+def configure(working_dir=None, py_modules=None, excludes=None) -> None:
+    """This process's default (``gpulayer.init(working_dir=..., py_modules=..., excludes=...)``)."""
+    global _default
+    if working_dir is None and py_modules is None and excludes is None:
+        return
+    _default = spec_of(working_dir, py_modules, excludes, CodeSpec())
+
+
+def inherited() -> str | None:
+    """The code of the job or rank this process runs now, if any (its jobs run with it too)."""
+    digest = os.environ.get(CODE_ENV)
+    if digest:
+        return digest
+    from ..app import app
+    from ..worker import runtime
+
+    task = app.current_worker_task
+    if task is not None:
+        return task.request.get(CODE_HEADER)
+    return "" if runtime.current_worker() is not None else None  # "": a worker, which ships nothing of its own
+
+
+def build(spec: CodeSpec) -> archive.Archive | None:
+    """The archive of ``spec``, packed once per process; None when there is nothing to ship."""
+    with _lock:
+        if spec in _built:
+            return _built[spec]
+    auto = spec.working_dir == AUTO
+    root = roots.script_root() if auto else (Path(spec.working_dir) if spec.working_dir else None)
+    if root is None and not spec.py_modules:
+        found = None
+    else:
+        try:
+            found = archive.build(root, py_modules=list(spec.py_modules), excludes=list(spec.excludes),
+                                  python_only=auto)
+        except ConfigError as err:
+            if not auto:
+                raise
+            _warn_once(str(root), f"gpulayer: the script's directory is not shipped to the workers: {err}; "
+                                  "pass gpulayer.init(working_dir=..., excludes=[...]) or working_dir=False")
+            found = None
+        if found is not None and not found.files:
+            found = None  # nothing of the user's: no header, no upload
+    with _lock:
+        _built[spec] = found
+    if found is not None and found.left_out:
+        _warn_once(found.digest, f"gpulayer: left out of the shipped code (too large): {', '.join(found.left_out)}")
+    return found
+
+
+def _warn_once(key: str, text: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        log.warning(text)
+        print(text, file=sys.stderr)
+
+
+def upload(client, found: archive.Archive) -> str:
+    """Make sure ``found`` waits in the cluster's Redis (once per process and Redis); returns its digest."""
+    marker = (id(client.connection_pool), found.digest)
+    if marker in _uploaded:
+        return found.digest
+    name = keys.code_archive(found.digest)
+    pipe = client.pipeline(transaction=False)
+    pipe.set(name, signing.sign(found.blob), ex=keys.CODE_TTL, nx=True)
+    pipe.expire(name, keys.CODE_TTL)  # one that was there already lives on from now
+    pipe.execute()
+    _uploaded.add(marker)
+    return found.digest
+
+
+def digest_for(client, options: dict | None = None) -> str | None:
+    """The code a job sent now carries (its ``gl_code`` header), uploaded; None: it carries none.
+
+    ``options``: the call's own; its ``working_dir`` / ``py_modules`` / ``excludes`` are taken out of it.
+    """
+    given = {k: options.pop(k) for k in OPTIONS if options and k in options}
+    if not given:
+        parent = inherited()
+        if parent is not None:
+            return parent or None
+        spec = _default
+    else:
+        spec = spec_of(**given)
+    found = build(spec)
+    return upload(client, found) if found is not None else None
+
+
+def reset() -> None:
+    """Forget this process's default, packed archives and uploads (for tests)."""
+    global _default
+    with _lock:
+        _default = CodeSpec()
+        _built.clear()
+        _uploaded.clear()
+        _warned.clear()
