@@ -93,7 +93,10 @@ def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int =
     options = {k: v for k, v in (("working_dir", working_dir), ("py_modules", py_modules),
                                  ("excludes", excludes)) if v is not None}
     try:
-        code = shipping.digest_for(app_mod.app.backend.client, options)  # the user's modules, uploaded once
+        if workdir is not None:  # `gpulayer train`: its working directory is its code, shipped the same way
+            code = shipping.upload(app_mod.app.backend.client, workdir.code())
+        else:
+            code = shipping.digest_for(app_mod.app.backend.client, options)  # the user's modules, uploaded once
     except BROKER_ERRORS as err:
         raise broker_lost(err, "the distributed job was not started") from err
     try:
@@ -108,7 +111,7 @@ def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int =
     try:
         check_gang_fits_fleet(spec, app_mod.registry().current())  # incremental: a submit never pays the full read
         client = app_mod.redis_client()
-        GangStore(client).create(spec, payload, signing.sign(workdir.archive) if workdir is not None else None)
+        GangStore(client).create(spec, payload)
         return GangHandle(spec, client, on_output)
     except BROKER_ERRORS as err:
         raise broker_lost(err, f"distributed job {spec.gang_id} was not started") from err

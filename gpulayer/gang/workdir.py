@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from ..models import WorkdirSpec
+from ..workspace.archive import MANIFEST as CODE_MANIFEST
 
 ROOT_PREFIX = "gpulayer-"  # a cluster's root on this machine: gpulayer-<cluster id>
 PREFIX = "gang-"  # a gang's directory on one worker, in its cluster's root: gang-<gang id>-<worker id>
@@ -68,6 +69,12 @@ class ShippedDir:
     def spec(self) -> WorkdirSpec:
         return WorkdirSpec(keep=self.keep, pull=self.pull, max_pull_bytes=self.max_pull_bytes,
                            restart_from=self.restart_from)
+
+    def code(self):
+        """The archive as the code every job ships (``gpulayer/workspace/``): by its content's digest."""
+        from ..workspace.archive import Archive, digest_of
+
+        return Archive(digest_of(self.archive), self.archive, "", ())
 
 
 class PullTooBig(Exception):
@@ -129,6 +136,7 @@ def prepare(base: Path, gang_id: str, worker_id: str, archive: Callable[[], byte
         (base / "kept").touch()
     with tarfile.open(fileobj=io.BytesIO(archive()), mode="r:gz") as tar:
         tar.extractall(work, filter="data")
+    (work / CODE_MANIFEST).unlink(missing_ok=True)  # the archive's note of where it was packed: not the user's
     files = {rel: [st.st_size, st.st_mtime_ns] for rel, st in _files(work)}
     tmp = manifest.with_suffix(".tmp")
     tmp.write_text(json.dumps({"gang_id": gang_id, "worker": worker_id, "files": files}))

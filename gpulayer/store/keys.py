@@ -35,9 +35,10 @@ LOCAL_REDIS = f"{NAMESPACE}:local:redis"
 
 # The user's code, shipped by digest (gpulayer/workspace/): uploaded once per digest by a client, unpacked once
 # per digest on each machine under <temp root>/gpulayer-<cluster id>/code/<digest>/.
-#   gl:code:<digest>           string the signed gzipped tar (workspace/archive.py); expires CODE_TTL seconds after
-#                                     the last client that used it connected
-CODE_TTL = 7 * 24 * 3600
+#   gl:code:<digest>           string the signed gzipped tar (workspace/archive.py), of a script's directory or of
+#                                     `gpulayer train`'s working directory; expires CODE_TTL seconds after its last
+#                                     use by a client (a client that keeps sending with it renews it)
+CODE_TTL = 24 * 3600
 
 
 def code_archive(digest: str) -> str:
@@ -66,8 +67,6 @@ SLOTS_HELD = f"{NAMESPACE}:slots:held"
 #   gl:gangs                   zset   gang id -> created (time); the index `gpulayer status` reads
 #   gl:gang:<id>               hash   spec, state, reason, placement, attempt, created, finished
 #   gl:gang:<id>:payload       string the signed (function, args, kwargs)
-#   gl:gang:<id>:workdir       string the signed gzipped tar of the shipped working directory (`gpulayer train`);
-#                                     deleted when the gang finishes
 #   gl:gang:<id>:pulled        hash   what node 0's ranks wrote in that directory, for the client: attempt, worker,
 #                                     files (JSON), archive (signed gzipped tar) or error (one line); expires in an hour
 #   gl:gang:<id>:restart       hash   node 0's new and changed files at the end of a failed attempt, for the next
@@ -103,10 +102,6 @@ def gang(gang_id: str) -> str:
 
 def gang_payload(gang_id: str) -> str:
     return f"{gang(gang_id)}:payload"
-
-
-def gang_workdir(gang_id: str) -> str:
-    return f"{gang(gang_id)}:workdir"
 
 
 def gang_pulled(gang_id: str) -> str:

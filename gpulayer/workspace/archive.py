@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 
-SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "env", ".mypy_cache",
+SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".mypy_cache",
                        ".pytest_cache", ".ruff_cache", ".tox", ".nox", ".ipynb_checkpoints", "node_modules",
                        "site-packages", "dist-packages", "lightning_logs", "wandb", "mlruns", ".eggs"})
 SKIP_SUFFIXES = (".pyc", ".pyo", ".so.tmp", ".swp")
@@ -167,6 +167,11 @@ def build(root: Path | None, *, py_modules: list[str] = (), excludes: list[str] 
         gz.write(data)
     return Archive(digest, packed.getvalue(), str(root) if root is not None else "", tuple(sorted(entries)),
                    tuple(left_out))
+
+
+def digest_of(blob: bytes) -> str:
+    """The digest ``build`` gives the gzipped tar ``blob``: its uncompressed content's."""
+    return hashlib.blake2b(gzip.decompress(blob), digest_size=16).hexdigest()
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes, mode: int) -> None:

@@ -20,6 +20,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from .. import signing
@@ -31,6 +32,8 @@ _active: str | None = None  # the digest whose directory is on sys.path now
 _active_dir: str | None = None
 _ready: dict[str, str] = {}  # digest -> its directory, known complete on this machine
 _cluster_root: Path | None = None
+CODE_DIR = "code"  # in the cluster's root
+IDLE = keys.CODE_TTL  # an unpacked archive no process here took up for this long goes at a sweep
 
 
 class CodeMissing(RuntimeError):
@@ -43,7 +46,7 @@ def code_root(client) -> Path:
     if _cluster_root is None:
         from ..gang.workdir import root
 
-        _cluster_root = root(cluster_id(client)) / "code"
+        _cluster_root = root(cluster_id(client)) / CODE_DIR
     return _cluster_root
 
 
@@ -55,6 +58,10 @@ def enter(digest: str | None, client) -> None:
     where = _ready.get(digest) if digest else None
     if digest and where is None:
         where = _ready[digest] = str(ensure(digest, client))
+        try:
+            os.utime(where)  # taken up now: a sweep leaves it for another IDLE seconds
+        except OSError:
+            pass
     _leave()
     if where is not None:
         sys.path.insert(0, where)
@@ -105,6 +112,29 @@ def ensure(digest: str, client) -> Path:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return where
+
+
+def sweep(base: Path, idle: float = IDLE) -> list[str]:
+    """Remove the archives under ``base`` that no process on this machine took up for ``idle`` seconds."""
+    removed = []
+    now = time.time()
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return removed
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False) and now - entry.stat().st_mtime > idle:
+                shutil.rmtree(entry.path, ignore_errors=True)
+                Path(entry.path + ".lock").unlink(missing_ok=True)
+                removed.append(entry.name)
+        except OSError:
+            continue
+    try:
+        base.rmdir()  # only when empty
+    except OSError:
+        pass
+    return removed
 
 
 def explain(err: ModuleNotFoundError, digest: str | None, worker: str | None) -> ModuleNotFoundError:

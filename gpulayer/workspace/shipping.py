@@ -21,12 +21,14 @@ import logging
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
 from .. import signing
 from ..errors import ConfigError
 from ..store import keys
+from ..worker import runtime
 from . import archive, roots
 
 CODE_HEADER = "gl_code"  # a job's message header: the digest of the code it runs with
@@ -48,7 +50,8 @@ class CodeSpec(NamedTuple):
 
 _default = CodeSpec()
 _built: dict[CodeSpec, archive.Archive | None] = {}
-_uploaded: set[tuple[int, str]] = set()  # (id of the Redis client's pool, digest) already in that Redis
+_uploaded: dict[tuple[int, str], float] = {}  # (id of the Redis client's pool, digest) -> when it was put there
+RENEW_EVERY = keys.CODE_TTL / 4  # a client that keeps using an archive renews its expiry this often
 _lock = threading.Lock()
 _warned: set[str] = set()
 
@@ -98,17 +101,22 @@ def configure(working_dir=None, py_modules=None, excludes=None) -> None:
 
 
 def inherited() -> str | None:
-    """The code of the job or rank this process runs now, if any (its jobs run with it too)."""
-    digest = os.environ.get(CODE_ENV)
-    if digest:
-        return digest
+    """The code of the job or rank this process runs now, if any (its jobs run with it too): the digest, ""
+    in a worker outside a job that carries code (a worker ships nothing of its own), None in a client."""
+    global _env_code
+    if _env_code is None:
+        _env_code = os.environ.get(CODE_ENV, "")  # a rank's, set by its agent before it started
+    if _env_code:
+        return _env_code
+    if runtime.current_worker() is None:
+        return None
     from ..app import app
-    from ..worker import runtime
 
     task = app.current_worker_task
-    if task is not None:
-        return task.request.get(CODE_HEADER)
-    return "" if runtime.current_worker() is not None else None  # "": a worker, which ships nothing of its own
+    return (task.request.get(CODE_HEADER) or "") if task is not None else ""
+
+
+_env_code: str | None = None
 
 
 def build(spec: CodeSpec) -> archive.Archive | None:
@@ -149,14 +157,14 @@ def _warn_once(key: str, text: str) -> None:
 def upload(client, found: archive.Archive) -> str:
     """Make sure ``found`` waits in the cluster's Redis (once per process and Redis); returns its digest."""
     marker = (id(client.connection_pool), found.digest)
-    if marker in _uploaded:
+    if time.monotonic() - _uploaded.get(marker, -RENEW_EVERY) < RENEW_EVERY:
         return found.digest
     name = keys.code_archive(found.digest)
     pipe = client.pipeline(transaction=False)
     pipe.set(name, signing.sign(found.blob), ex=keys.CODE_TTL, nx=True)
     pipe.expire(name, keys.CODE_TTL)  # one that was there already lives on from now
     pipe.execute()
-    _uploaded.add(marker)
+    _uploaded[marker] = time.monotonic()
     return found.digest
 
 
@@ -164,17 +172,22 @@ def digest_for(client, options: dict | None = None) -> str | None:
     """The code a job sent now carries (its ``gl_code`` header), uploaded; None: it carries none.
 
     ``options``: the call's own; its ``working_dir`` / ``py_modules`` / ``excludes`` are taken out of it.
+    Once its archive is up, a call costs a few dictionary look-ups (no round trip, no file read).
     """
-    given = {k: options.pop(k) for k in OPTIONS if options and k in options}
-    if not given:
+    if options and (OPTIONS[0] in options or OPTIONS[1] in options or OPTIONS[2] in options):
+        spec = spec_of(**{k: options.pop(k) for k in OPTIONS if k in options})
+    else:
         parent = inherited()
         if parent is not None:
             return parent or None
         spec = _default
-    else:
-        spec = spec_of(**given)
-    found = build(spec)
+    found = _built.get(spec, _UNBUILT)
+    if found is _UNBUILT:
+        found = build(spec)
     return upload(client, found) if found is not None else None
+
+
+_UNBUILT = object()
 
 
 def reset() -> None:
