@@ -118,7 +118,8 @@ _WINDOW = 256
 
 
 def submit_batch(signatures: Iterable[Signature], resources: Resources | dict | None = None,
-                 chunk_size: int | None = None, *, working_dir=None, py_modules=None, excludes=None) -> BatchHandle:
+                 chunk_size: int | None = None, *, working_dir=None, py_modules=None, excludes=None,
+                 runtime_env: dict | None = None) -> BatchHandle:
     """Send many jobs with one pipelined publish per chunk, routed once for the whole batch.
 
     ``working_dir`` / ``py_modules`` / ``excludes``: the code the batch's jobs run with, as for
@@ -139,7 +140,7 @@ def submit_batch(signatures: Iterable[Signature], resources: Resources | dict | 
     headers = {app_mod.RESOURCES_HEADER: res.model_dump(exclude_defaults=True)}
     celery_app = app_mod.app
     options = {k: v for k, v in (("working_dir", working_dir), ("py_modules", py_modules),
-                                 ("excludes", excludes)) if v is not None}
+                                 ("excludes", excludes), ("runtime_env", runtime_env)) if v is not None}
     code = shipping.digest_for(celery_app.backend.client, options)  # the user's modules, uploaded once
     if code is not None:
         headers[CODE_HEADER] = code

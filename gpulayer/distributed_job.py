@@ -67,7 +67,7 @@ def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int =
                 resources: Resources | dict | None = None, backend: str = "gloo", launcher: str = "direct",
                 timeout: float | None = None, max_restarts: int = 0, warm: bool = True,
                 workdir: ShippedDir | None = None, on_output: OutputFn | None = None, working_dir=None,
-                py_modules=None, excludes=None, **kwargs) -> GangHandle:
+                py_modules=None, excludes=None, runtime_env: dict | None = None, **kwargs) -> GangHandle:
     """Run ``fn(*args, **kwargs)`` in every rank of a ``nodes`` x ``procs_per_node`` gang.
 
     All slots are reserved at once; a gang that can never fit on the live fleet
@@ -91,7 +91,7 @@ def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int =
     """
     ensure_connected()
     options = {k: v for k, v in (("working_dir", working_dir), ("py_modules", py_modules),
-                                 ("excludes", excludes)) if v is not None}
+                                 ("excludes", excludes), ("runtime_env", runtime_env)) if v is not None}
     try:
         if workdir is not None:  # `gpulayer train`: its working directory is its code, shipped the same way
             code = shipping.upload(app_mod.app.backend.client, workdir.code())

@@ -54,6 +54,7 @@ JOBS = textwrap.dedent("""
         out["arg"] = submit.delay(unbox, mylib.Box(5)).get(timeout=90)
         out["batch"] = submit_batch([submit.s(job, i) for i in range(6)]).get(timeout=90)
         out["set"] = submit.s(job, 2).set(working_dir=".").delay().get(timeout=90)
+        out["chain"] = (submit.s(job, 1) | submit.s(job)).apply_async().get(timeout=90)  # sent by the worker
         if len(sys.argv) > 2:
             out["distributed"] = distributed(rank_job, nodes=2, procs_per_node=2).get(timeout=120)
     except JobFailed as err:
@@ -161,6 +162,16 @@ def test_a_projects_module_reaches_workers_started_elsewhere(far_fleet, project)
     assert out["submit"] == 9 and out["arg"] == 5 and out["set"] == 11
     assert out["batch"] == [2 * i + 7 for i in range(6)]
     assert out["distributed"] == [0, 2, 4, 6]
+    assert out["chain"] == 2 * 9 + 7  # the next step, sent from the worker, carried the same code
+
+
+def test_a_changed_module_is_what_the_next_run_imports(far_fleet, project):
+    """Each run's pool processes switch to its archive: the old mylib leaves sys.modules with its directory."""
+    first = run_script(far_fleet, project, JOBS, "{}")
+    (project / "mylib.py").write_text(MYLIB.replace("VALUE = 7", "VALUE = 100"))
+    second = run_script(far_fleet, project, JOBS, "{}")
+    assert first["submit"] == 9 and second["submit"] == 102, (first, second)
+    assert second["batch"] == [2 * i + 100 for i in range(6)]
 
 
 def test_an_explicit_working_dir_and_py_modules(far_fleet, project, tmp_path):
@@ -233,6 +244,18 @@ def test_too_large_a_directory_is_refused_with_the_fix(tmp_path):
         (tmp_path / f"m{i}.py").write_text("x = 1\n")
     with pytest.raises(ConfigError, match="limits 3 files.*excludes="):
         archive.build(tmp_path, max_files=3)
+
+
+def test_rays_runtime_env_spelling_and_its_unsupported_keys(tmp_path):
+    from gpulayer.errors import UnsupportedOption
+    from gpulayer.workspace import shipping
+
+    spec = shipping.spec_of(runtime_env={"working_dir": str(tmp_path), "excludes": ["data/"]})
+    assert spec.working_dir == str(tmp_path.resolve()) and spec.excludes == ("data/",)
+    with pytest.raises(UnsupportedOption, match="'pip'.*install packages"):
+        shipping.spec_of(runtime_env={"working_dir": ".", "pip": ["requests"]})
+    with pytest.raises(Exception, match="is not a directory"):
+        shipping.spec_of(working_dir=tmp_path / "nope")
 
 
 def test_the_default_root_is_never_home_root_nor_an_environment(tmp_path):

@@ -33,7 +33,7 @@ from . import archive, roots
 
 CODE_HEADER = "gl_code"  # a job's message header: the digest of the code it runs with
 CODE_ENV = "GPULAYER_CODE"  # a rank's environment: the same, for its process (and the jobs it sends)
-OPTIONS = ("working_dir", "py_modules", "excludes")  # per-call options of submit / submit_batch / distributed
+OPTIONS = ("working_dir", "py_modules", "excludes", "runtime_env")  # per-call options (submit, submit_batch, ...)
 
 log = logging.getLogger(__name__)
 AUTO = "auto"
@@ -57,8 +57,15 @@ _warned: set[str] = set()
 
 
 def spec_of(working_dir=None, py_modules: Sequence[str] | None = None,
-            excludes: Sequence[str] | None = None, base: CodeSpec | None = None) -> CodeSpec:
-    """A ``CodeSpec`` from the user's arguments, over ``base``; ``working_dir=False`` ships no directory."""
+            excludes: Sequence[str] | None = None, base: CodeSpec | None = None,
+            runtime_env: dict | None = None) -> CodeSpec:
+    """A ``CodeSpec`` from the user's arguments, over ``base``; ``working_dir=False`` ships no directory.
+
+    ``runtime_env``: Ray's spelling of the same three (``{"working_dir": ".", "py_modules": [...],
+    "excludes": [...]}``); any other key of it is refused, naming what to do instead.
+    """
+    if runtime_env is not None:
+        working_dir, py_modules, excludes = _from_runtime_env(runtime_env, working_dir, py_modules, excludes)
     base = base or _default
     if working_dir is None:
         wd = base.working_dir
@@ -80,6 +87,19 @@ def spec_of(working_dir=None, py_modules: Sequence[str] | None = None,
     return CodeSpec(wd, mods, excl)
 
 
+def _from_runtime_env(env, working_dir, py_modules, excludes):
+    from ..errors import UnsupportedOption
+
+    if not isinstance(env, dict):
+        raise TypeError(f"runtime_env must be a dict, got {type(env).__name__}")
+    other = sorted(set(env) - {"working_dir", "py_modules", "excludes"})
+    if other:
+        raise UnsupportedOption(f"runtime_env={{{', '.join(repr(k) for k in other)}: ...}} is not supported: gpulayer "
+                                "ships working_dir, py_modules and excludes only; install packages (pip, conda) on "
+                                "the workers, and set environment variables in the function or on the workers")
+    return (env.get("working_dir", working_dir), env.get("py_modules", py_modules), env.get("excludes", excludes))
+
+
 def _module_name(module) -> str:
     name = getattr(module, "__name__", None) if not isinstance(module, (str, os.PathLike)) else None
     if name is not None:  # a module object: its package directory or file
@@ -92,12 +112,12 @@ def _module_name(module) -> str:
     return str(Path(text).resolve()) if os.sep in text or text.endswith(".py") else text
 
 
-def configure(working_dir=None, py_modules=None, excludes=None) -> None:
+def configure(working_dir=None, py_modules=None, excludes=None, runtime_env=None) -> None:
     """This process's default (``gpulayer.init(working_dir=..., py_modules=..., excludes=...)``)."""
     global _default
-    if working_dir is None and py_modules is None and excludes is None:
+    if working_dir is None and py_modules is None and excludes is None and runtime_env is None:
         return
-    _default = spec_of(working_dir, py_modules, excludes, CodeSpec())
+    _default = spec_of(working_dir, py_modules, excludes, CodeSpec(), runtime_env)
 
 
 def inherited() -> str | None:
@@ -174,7 +194,8 @@ def digest_for(client, options: dict | None = None) -> str | None:
     ``options``: the call's own; its ``working_dir`` / ``py_modules`` / ``excludes`` are taken out of it.
     Once its archive is up, a call costs a few dictionary look-ups (no round trip, no file read).
     """
-    if options and (OPTIONS[0] in options or OPTIONS[1] in options or OPTIONS[2] in options):
+    if options and (OPTIONS[0] in options or OPTIONS[1] in options or OPTIONS[2] in options
+                    or OPTIONS[3] in options):
         spec = spec_of(**{k: options.pop(k) for k in OPTIONS if k in options})
     else:
         parent = inherited()
