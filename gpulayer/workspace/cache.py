@@ -1,6 +1,6 @@
 """Worker side of shipping the user's code: unpacked once per digest per machine, first on ``sys.path``.
 
-Layout, in the cluster's root on this machine (``gang/workdir.py``'s ``root``)::
+Layout, in the cluster's root on this machine (``store/cluster.py``'s ``machine_root``)::
 
     gpulayer-<cluster id>/code/<digest>/       the unpacked archive (read-only use; never swept while used)
     gpulayer-<cluster id>/code/<digest>.lock   taken while one process unpacks it (pool processes race)
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from .. import signing
 from ..store import keys
-from ..store.cluster import cluster_id
+from ..store.cluster import cluster_id, machine_root, make_private
 from . import archive
 
 _active: str | None = None  # the digest whose directory is on sys.path now
@@ -44,9 +44,7 @@ def code_root(client) -> Path:
     """``<temp root>/gpulayer-<cluster id>/code`` on this machine (read once per process)."""
     global _cluster_root
     if _cluster_root is None:
-        from ..gang.workdir import root
-
-        _cluster_root = root(cluster_id(client)) / CODE_DIR
+        _cluster_root = machine_root(cluster_id(client)) / CODE_DIR
     return _cluster_root
 
 
@@ -94,9 +92,7 @@ def ensure(digest: str, client) -> Path:
     where = base / digest
     if where.is_dir():
         return where
-    from ..gang.workdir import make
-
-    make(base)
+    make_private(base)
     with open(base / f"{digest}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one unpacker per machine; the others wait, then find it there
         if where.is_dir():
