@@ -29,6 +29,8 @@ from .store.sent import record_batch
 from .sweep import Sweep
 from .tasks import options as job_options
 from .tasks.submit import OUTPUT_HEADER, as_resources, build_job, output_header, send_job, submit
+from .workspace import shipping
+from .workspace.shipping import CODE_HEADER
 
 
 class BatchHandle(Sweep):
@@ -177,9 +179,12 @@ _WINDOW = 256
 
 
 def submit_batch(signatures: Iterable[Signature], resources: Resources | dict | None = None,
-                 chunk_size: int | None = None, **retry_options) -> BatchHandle:
+                 chunk_size: int | None = None, *, working_dir=None, py_modules=None, excludes=None,
+                 runtime_env: dict | None = None, **retry_options) -> BatchHandle:
     """Send many jobs with one pipelined publish per chunk, routed once for the whole batch.
 
+    ``working_dir`` / ``py_modules`` / ``excludes``: the code the batch's jobs run with, as for
+    ``gpulayer.init`` (default: ``init``'s, else the script's directory; ``gpulayer/workspace/``).
     ``retry_options``: ``max_retries``, ``autoretry_for``, ``retry_backoff``, ``retry_backoff_max``,
     ``retry_jitter`` (or Ray's ``retry_exceptions``) for every job, as ``apply_async`` takes them
     (gpulayer/retries.py); a signature's own (``submit.s(fn, i).set(max_retries=5, ...)``) replace them for it.
@@ -207,6 +212,11 @@ def submit_batch(signatures: Iterable[Signature], resources: Resources | dict | 
     if out is not None:
         headers[OUTPUT_HEADER] = out
     celery_app = app_mod.app
+    options = {k: v for k, v in (("working_dir", working_dir), ("py_modules", py_modules),
+                                 ("excludes", excludes), ("runtime_env", runtime_env)) if v is not None}
+    code = shipping.digest_for(celery_app.backend.client, options)  # the user's modules, uploaded once
+    if code is not None:
+        headers[CODE_HEADER] = code
     summary = res.describe()
     ids: list[str] = []
     calls: list[str] = []  # each job's fn(args), short: a failure names its job by it

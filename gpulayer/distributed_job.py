@@ -40,6 +40,7 @@ from .gang.coordinator import ask
 from .gang.workdir import ShippedDir
 from .output import tail, watch
 from .tasks.submit import as_resources
+from .workspace import shipping
 
 log = logging.getLogger(__name__)
 PLACEMENT_LOOK = 0.25  # seconds between reads of a waiting gang's reason (wait_placement)
@@ -66,7 +67,8 @@ def init_process_group(backend: str | None = None, **kwargs):
 def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int = 1,
                 resources: Resources | dict | None = None, backend: str = "gloo", launcher: str = "direct",
                 timeout: float | None = None, max_restarts: int = 0, warm: bool = True,
-                workdir: ShippedDir | None = None, on_output: OutputFn | None = None, **kwargs) -> GangHandle:
+                workdir: ShippedDir | None = None, on_output: OutputFn | None = None, working_dir=None,
+                py_modules=None, excludes=None, runtime_env: dict | None = None, **kwargs) -> GangHandle:
     """Run ``fn(*args, **kwargs)`` in every rank of a ``nodes`` x ``procs_per_node`` gang.
 
     All slots are reserved at once; a gang that can never fit on the live fleet
@@ -91,12 +93,21 @@ def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int =
     the worker) starts fresh interpreters instead.
     """
     ensure_connected()
+    options = {k: v for k, v in (("working_dir", working_dir), ("py_modules", py_modules),
+                                 ("excludes", excludes), ("runtime_env", runtime_env)) if v is not None}
+    try:
+        if workdir is not None:  # `gpulayer train`: its working directory is its code, shipped the same way
+            code = shipping.upload(app_mod.app.backend.client, workdir.code())
+        else:
+            code = shipping.digest_for(app_mod.app.backend.client, options)  # the user's modules, uploaded once
+    except BROKER_ERRORS as err:
+        raise broker_lost(err, "the distributed job was not started") from err
     try:
         spec = GangSpec(gang_id=uuid.uuid4().hex, nodes=nodes, procs_per_node=procs_per_node,
                         resources=as_resources(resources), backend=backend, launcher=launcher, timeout=timeout,
                         max_restarts=max_restarts, warm=warm, name=function_name(fn) if not isinstance(fn, str) else fn,
                         workdir=workdir.spec() if workdir is not None else None, client=app_mod.client_identity(),
-                        output=watch.output_id(force=on_output is not None))
+                        output=watch.output_id(force=on_output is not None), code=code)
     except ValidationError as err:  # distributed()'s own keywords (the spec's fields): in one line
         raise InvalidRequest(describe_invalid(GangSpec, err, name="distributed"),
                              err.errors(include_url=False)) from None
@@ -104,7 +115,7 @@ def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int =
     try:
         check_gang_fits_fleet(spec, app_mod.registry().current())  # incremental: a submit never pays the full read
         client = app_mod.redis_client()
-        GangStore(client).create(spec, payload, signing.sign(workdir.archive) if workdir is not None else None)
+        GangStore(client).create(spec, payload)
         return GangHandle(spec, client, on_output)
     except BROKER_ERRORS as err:
         raise broker_lost(err, f"distributed job {spec.gang_id} was not started") from err

@@ -176,10 +176,11 @@ class GangSpec(BaseModel):
     timeout: float | None = Field(default=None, gt=0)
     max_restarts: int = Field(default=0, ge=0, le=100)
     name: str = "job"
-    workdir: WorkdirSpec | None = None  # the archive is in Redis (keys.gang_workdir)
+    workdir: WorkdirSpec | None = None  # the ranks' cwd: a copy of the code (``code``), per node
     warm: bool = True  # direct launcher: fork ranks from the worker's warm template (False: fresh interpreters)
     client: str | None = None  # the identity that sent it (config ``client_id``): `gpulayer cancel --all-mine`
     output: str | None = None  # the sending process's output id: where its ranks' lines go (gpulayer/output/)
+    code: str | None = None  # the digest of the user's code its ranks import from (gpulayer/workspace/)
 
     @model_validator(mode="after")
     def _nccl_needs_cuda(self) -> GangSpec:

@@ -232,6 +232,12 @@ def resolve_function(ref: FunctionRef) -> Callable:
     raise PayloadError(f"job function has unexpected type {type(ref).__name__}")
 
 
+def forget_loaded() -> None:
+    """Forget the functions loaded so far (the modules they were loaded against were taken away)."""
+    with _loaded_lock:
+        _loaded.clear()
+
+
 def _import_ref(ref: str) -> Callable:
     mod_name, _, attr = ref.partition(":")
     try:

@@ -56,7 +56,8 @@ def connect(settings: Settings) -> Settings:
 
 def init(broker_url: str | None = None, *, secret: str | None = None, workers: int | None = None,
          slots: int | None = None, replicas: int = 0, sentinels: int = 0,
-         log_to_client: bool | None = None) -> Settings:
+         log_to_client: bool | None = None, working_dir=None, py_modules=None, excludes=None,
+         runtime_env: dict | None = None) -> Settings:
     """Connect to a cluster, starting an embedded one if none is configured.
 
     In order: ``broker_url`` / ``GPULAYER_BROKER_URL`` / the config file; else a
@@ -65,8 +66,17 @@ def init(broker_url: str | None = None, *, secret: str | None = None, workers: i
     embedded cluster's Redis is a Sentinel group (``gpulayer.init(replicas=1, sentinels=3)``).
     ``log_to_client=False``: the jobs' output lines are not printed here as they come (each job keeps
     them: ``handle.logs()``, `gpulayer logs ID`); default ``GPULAYER_LOG_TO_CLIENT``, on.
+
+    The user's code travels with every job this process sends (``gpulayer/workspace/``): by default the
+    ``*.py`` files of the script's directory; ``working_dir`` ships that directory instead (every file not
+    excluded; ``False``: none), ``py_modules`` more modules or packages (names or paths), ``excludes``
+    gitignore-style patterns to leave out (``runtime_env={"working_dir": ...}``, Ray's spelling, works too).
+    Workers unpack it once per content and put it first on ``sys.path``.
     """
     global _local
+    from .workspace import shipping
+
+    shipping.configure(working_dir, py_modules, excludes, runtime_env)
     with _init_lock:
         settings = load_settings(broker_url=broker_url, secret=secret, log_to_client=log_to_client)
         if settings.broker_url and not settings.broker_from_state:

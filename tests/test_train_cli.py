@@ -87,11 +87,11 @@ def test_packaging_leaves_out_git_and_large_files(tmp_path):
     import tarfile
 
     names = tarfile.open(fileobj=io.BytesIO(archive)).getnames()
-    assert names == ["train.py"] and left_out == ["data.bin (0 MiB)"]
+    assert names == [".gpulayer-code.json", "train.py"] and left_out == ["data.bin (0.0 MiB)"]
     from gpulayer.errors import ConfigError
 
     (tmp_path / "more.bin").write_bytes(os.urandom(900))
-    with pytest.raises(ConfigError, match="packs to over"):
+    with pytest.raises(ConfigError, match="too large to ship"):
         package_workdir(tmp_path, max_bytes=500, max_file=1024)
 
 

@@ -1,7 +1,8 @@
 """``gpulayer train``: run a training script as a distributed job, from the command line.
 
-The working directory travels with the job (``.git``, caches, virtual
-environments and large files left out). Every rank of one node runs the script
+The working directory travels with the job as every job's code does (``gpulayer/workspace/``: one
+content-addressed archive, ``.git``, caches, virtual environments, ``.gitignore``'s names and large
+files left out). Every rank of one node runs the script
 as ``__main__`` with torchrun's environment, in one shared copy of that
 directory; a restart (``--max-restarts``) starts every node from node 0's files
 at the end of the failed attempt (``--restart-from``, ``gpulayer/gang/workdir.py``)
@@ -15,52 +16,33 @@ reader of its output going away (`gpulayer train ... | head`; exit status 141, a
 from __future__ import annotations
 
 import _thread
-import io
 import os
 import runpy
 import signal
 import sys
-import tarfile
 import threading
 from pathlib import Path
 
 from ..errors import ConfigError, JobFailed
 from ..gang.workdir import ShippedDir, unpack_pulled
 from ..terminal_progress import GangProgress
+from ..workspace import archive
 
-MAX_ARCHIVE_BYTES = 48 * 2**20  # the packaged directory, compressed; under the 64 MiB message limit
+MAX_ARCHIVE_BYTES = 48 * 2**20  # the packaged directory, uncompressed; under the 64 MiB message limit
 MAX_FILE_BYTES = 8 * 2**20  # single files above this stay behind (datasets, checkpoints)
-SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".mypy_cache", ".pytest_cache",
-             ".ipynb_checkpoints", "node_modules", "lightning_logs", "wandb"}
+MAX_FILES = 50_000
 
 
 def package_workdir(workdir: Path, max_bytes: int = MAX_ARCHIVE_BYTES,
                     max_file: int = MAX_FILE_BYTES) -> tuple[bytes, list[str]]:
-    """A gzipped tar of ``workdir`` and the files left out for their size."""
-    buf = io.BytesIO()
-    left_out: list[str] = []
-    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=5) as tar:
-        for root, dirs, files in os.walk(workdir):
-            dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
-            for name in sorted(files):
-                path = Path(root) / name
-                rel = path.relative_to(workdir)
-                if path.is_symlink() or not path.is_file():
-                    continue
-                if path.stat().st_size > max_file:
-                    left_out.append(f"{rel} ({path.stat().st_size / 2**20:.0f} MiB)")
-                    continue
-                tar.add(path, arcname=str(rel), recursive=False)
-                if buf.tell() > max_bytes:  # stop early; the check below catches the rest
-                    _too_big(workdir, max_bytes)
-    if buf.tell() > max_bytes:
-        _too_big(workdir, max_bytes)
-    return buf.getvalue(), left_out
-
-
-def _too_big(workdir: Path, max_bytes: int):
-    raise ConfigError(f"{workdir} packs to over {max_bytes / 2**20:.1f} MiB; keep data and checkpoints out "
-                      "of it (read them from shared storage) or point --workdir at the code only")
+    """A gzipped tar of ``workdir`` (``workspace/archive.py``, the code every job ships) and the files left out
+    for their size; version control, caches, hidden directories and what ``.gitignore`` names stay behind."""
+    try:
+        found = archive.build(workdir, max_file=max_file, max_bytes=max_bytes, max_files=MAX_FILES)
+    except ConfigError as err:
+        raise ConfigError(f"--workdir {workdir} is too large to ship: {err}; keep data and checkpoints out of it "
+                          "(read them from shared storage) or point --workdir at the code only") from None
+    return found.blob, list(found.left_out)
 
 
 def run_script(script: str, argv: list[str]) -> int:

@@ -55,13 +55,22 @@ def _worker_id(app) -> str | None:
     return info.id if info else None
 
 
+# Handed in by the worker (worker/main.py): called with a job's request dict in its pool process before the
+# job's body is decoded (its shipped code on sys.path first: the body may hold objects of the user's modules).
+before_decode = None
+
+
 def fast_trace_task(*args, **kwargs):
     """What the pool runs for a job (Celery's ``fast_trace_task``, patched in by :func:`install`)."""
+    if before_decode is not None:
+        before_decode(args[2])
     return trace_storing_later(_FAST_TRACE, *args, **kwargs)
 
 
 def trace_task_ret(*args, **kwargs):
     """The same for Celery's ``trace_task_ret`` (a pool without the fast tracer)."""
+    if before_decode is not None:
+        before_decode(args[2])
     return trace_storing_later(_TRACE_RET, *args, **kwargs)
 
 

@@ -23,6 +23,8 @@ from celery import bootsteps
 from .. import signing
 from ..deadline import Deadline
 from . import workdir
+from ..workspace import cache as code_cache
+from ..workspace.shipping import CODE_ENV
 from ..app import settings as app_settings
 from ..engine.qos import gate_consumer, reserved_count, running_count
 from ..procs import warm
@@ -150,6 +152,7 @@ class GangAgent(LoopStep):
         store = GangStore(client)
         busy = {r.base for r in list(self.runs.values()) if r.base is not None and not r.ended.is_set()}
         workdir.sweep(self.root, self.worker_info.id, busy, lambda gang_id: store.state(gang_id).done)
+        code_cache.sweep(self.root / code_cache.CODE_DIR)  # archives no job here used for a day
 
     def loop(self) -> None:
         client = connect_redis(self.url, socket_timeout=10, name=client_name(self.worker_info.id, "gang-agent"))
@@ -346,7 +349,7 @@ class GangRun:
             return False
         if self.spec.workdir is not None:  # before the rendezvous address is out: unpacking takes a while
             self.cwd, how = workdir.for_attempt(
-                self.base, self.gang_id, self.worker_info.id, lambda: signing.verify(self.store.workdir(self.gang_id)),
+                self.base, self.gang_id, self.worker_info.id, self._shipped,
                 self.spec.workdir.keep, attempt=self.attempt, restart_from=self.spec.workdir.restart_from,
                 node0=self._node0_files)
             if self.attempt:
@@ -365,6 +368,10 @@ class GangRun:
         base.update(socket_ifname_env(self.worker_info.address, base))
         if self.cwd is not None:
             base["GPULAYER_WORKDIR"] = str(self.cwd)
+        if s.code and self.cwd is None:  # the user's code, first on each rank's sys.path (workspace/cache.py);
+            base[CODE_ENV] = s.code      # with a working directory, that copy of it is the ranks' (run_script)
+        else:
+            base.pop(CODE_ENV, None)
         args = [self.gang_id, str(self.attempt)]
         cwd = str(self.cwd) if self.cwd is not None else None  # the shipped workdir (None: the worker's)
         if s.launcher == "torchrun":
@@ -389,6 +396,14 @@ class GangRun:
                                  split_line=_torchrun_line if s.launcher == "torchrun" else None)
         self.runner.start()
         return True
+
+    def _shipped(self) -> bytes:
+        """The archive of the working directory this gang ships: its code's (workspace/, ``spec.code``)."""
+        blob = self.client.get(keys.code_archive(self.spec.code)) if self.spec.code else None
+        if blob is None:
+            raise KeyError(f"gang {self.gang_id}'s working directory (code {self.spec.code}) is not in Redis any "
+                           "more (expired, or lost with the broker's data); run the job again")
+        return signing.verify(blob)
 
     def _publish_line(self, rank: int, stream: str, line: str) -> None:
         """A rank's output line: to the sending client and the rank's tail, limited and batched as a job's."""

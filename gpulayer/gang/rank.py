@@ -22,6 +22,8 @@ from gpulayer.payload import resolve_function
 from gpulayer.procs.runner import fast_exit, report_failure
 from gpulayer.store.connection import connect_redis
 from gpulayer.store.gangs import GangStore
+from gpulayer.workspace import cache as code_cache
+from gpulayer.workspace.shipping import CODE_ENV
 
 
 def main(argv: list[str]) -> int:
@@ -36,10 +38,18 @@ def main(argv: list[str]) -> int:
     # destroying it first cost 30-60 ms per rank on the way to the result. A failing rank still destroys it.
     # It waits for its peers first (_leave_together): gloo's init returns on one side of a pair before the
     # other side has finished its handshake, and a rank that exited at once failed that peer's init.
+    code = os.environ.get(CODE_ENV) or None
     try:
-        fn_ref, args, kwargs = signing.loads(store.payload(gang_id))
-        fn = resolve_function(fn_ref)
-        result = fn(*args, **kwargs)
+        try:
+            code_cache.enter(code, client)  # the user's modules first on sys.path (workspace/cache.py)
+            fn_ref, args, kwargs = signing.loads(store.payload(gang_id))
+            fn = resolve_function(fn_ref)
+            result = fn(*args, **kwargs)
+        except ModuleNotFoundError as err:
+            if code_cache.explained(err):
+                raise
+            worker = os.environ.get("GPULAYER_WORKER_ID")
+            raise code_cache.explain(err, code, worker).with_traceback(err.__traceback__) from None
     except SystemExit as exit_:  # sys.exit(n) in the rank: exit with n, like the script would
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
         if code == 0:

@@ -36,16 +36,18 @@ import json
 import os
 import re
 import shutil
-import stat
 import tarfile
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
 from ..models import WorkdirSpec
+from ..store.cluster import machine_root, make_private
+from ..workspace.archive import MANIFEST as CODE_MANIFEST
 
-ROOT_PREFIX = "gpulayer-"  # a cluster's root on this machine: gpulayer-<cluster id>
+# A cluster's root on this machine (``root``: gpulayer-<cluster id>) and the one way to make a directory in it
+# (``make``) live with the cluster's id (store/cluster.py): the code cache (workspace/cache.py) is there too.
+root, make = machine_root, make_private
 PREFIX = "gang-"  # a gang's directory on one worker, in its cluster's root: gang-<gang id>-<worker id>
 SKIP_DIRS = {".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".mypy_cache", ".pytest_cache",
              ".ipynb_checkpoints", "node_modules", "wandb"}  # never pulled back: caches the ranks made
@@ -69,14 +71,15 @@ class ShippedDir:
         return WorkdirSpec(keep=self.keep, pull=self.pull, max_pull_bytes=self.max_pull_bytes,
                            restart_from=self.restart_from)
 
+    def code(self):
+        """The archive as the code every job ships (``gpulayer/workspace/``): by its content's digest."""
+        from ..workspace.archive import Archive, digest_of
+
+        return Archive(digest_of(self.archive), self.archive, "", ())
+
 
 class PullTooBig(Exception):
     """Node 0's new and changed files exceed the pull limit; the message names the biggest."""
-
-
-def root(cluster_id: str, where: Path | None = None) -> Path:
-    """The cluster's root on this machine: ``where`` (default the temp root, ``TMPDIR``) / ``gpulayer-<id>``."""
-    return Path(where if where is not None else tempfile.gettempdir()) / f"{ROOT_PREFIX}{_safe(cluster_id)}"
 
 
 def _safe(worker_id: str) -> str:
@@ -86,32 +89,6 @@ def _safe(worker_id: str) -> str:
 def base_for(where: Path, gang_id: str, worker_id: str) -> Path:
     """Gang ``gang_id``'s directory on worker ``worker_id``, in the cluster root ``where`` (``root()``)."""
     return where / f"{PREFIX}{_safe(gang_id)}-{_safe(worker_id)}"
-
-
-def make(base: Path) -> Path:
-    """Create ``base`` and its cluster root (this user's alone, 0700), whatever a sweep does meanwhile.
-
-    A sweep on this machine removes the root once it is empty (``sweep``), maybe between our making it
-    and our making ``base`` in it: then both are made again. A root that exists but is not this user's
-    own directory (another user made it first, in a shared ``/tmp``) is refused, not written into.
-    """
-    cluster_root = base.parent
-    for _ in range(10):
-        try:
-            cluster_root.mkdir(mode=0o700, parents=True, exist_ok=True)
-            st = cluster_root.lstat()
-        except FileNotFoundError:  # a sweep removed the empty root between the two
-            continue
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
-            raise PermissionError(f"{cluster_root} is not this user's own directory (owner uid {st.st_uid}, "
-                                  f"mode {stat.S_IMODE(st.st_mode):o}); remove it, or give this worker a "
-                                  "TMPDIR of its own")
-        try:
-            base.mkdir(exist_ok=True)
-            return base
-        except FileNotFoundError:  # a sweep removed the empty root just now
-            continue
-    raise OSError(f"cannot create {base}: its directory {cluster_root} keeps disappearing")
 
 
 def prepare(base: Path, gang_id: str, worker_id: str, archive: Callable[[], bytes], keep: bool) -> Path:
@@ -129,6 +106,7 @@ def prepare(base: Path, gang_id: str, worker_id: str, archive: Callable[[], byte
         (base / "kept").touch()
     with tarfile.open(fileobj=io.BytesIO(archive()), mode="r:gz") as tar:
         tar.extractall(work, filter="data")
+    (work / CODE_MANIFEST).unlink(missing_ok=True)  # the archive's note of where it was packed: not the user's
     files = {rel: [st.st_size, st.st_mtime_ns] for rel, st in _files(work)}
     tmp = manifest.with_suffix(".tmp")
     tmp.write_text(json.dumps({"gang_id": gang_id, "worker": worker_id, "files": files}))

@@ -24,16 +24,15 @@ class GangStore:
         self._release = load_script(client, "release")
 
     # -- the record -------------------------------------------------------------------------------
-    def create(self, spec: GangSpec, payload: bytes, workdir: bytes | None = None) -> None:
+    def create(self, spec: GangSpec, payload: bytes) -> None:
         """Record a new gang and put it in the waiting line (numbered by arrival, across every client).
 
-        ``workdir``: the signed archive of the working directory the gang ships (``spec.workdir``).
+        The working directory a gang ships (``spec.workdir``) is its code's archive (``spec.code``,
+        ``keys.code_archive``), as every job's code is.
         """
         now = time.time()
         arrival = self.r.incr(keys.GANG_ARRIVALS)
         pipe = self.r.pipeline()
-        if workdir is not None:
-            pipe.set(keys.gang_workdir(spec.gang_id), workdir)
         pipe.hset(keys.gang(spec.gang_id), mapping={
             "spec": spec.model_dump_json(), "state": GangState.WAITING.value, "attempt": 0,
             "reason": FIRST_REASON, "created": now, "arrival": arrival})
@@ -98,7 +97,7 @@ class GangStore:
         pipe.zrem(keys.GANGS_WAITING, gang_id)
         for key in (keys.gang(gang_id), keys.gang_payload(gang_id)):
             pipe.expire(key, KEEP_SECONDS)
-        pipe.delete(keys.gang_workdir(gang_id), keys.gang_restart_files(gang_id))  # no attempt starts after this
+        pipe.delete(keys.gang_restart_files(gang_id))  # no attempt starts after this
         pipe.publish(keys.gang_events(gang_id), f"done:{state.value}")
 
     def restart(self, gang_id: str, attempt: int, reason: str) -> None:
@@ -142,12 +141,6 @@ class GangStore:
         data = self.r.get(keys.gang_payload(gang_id))
         if data is None:
             raise KeyError(f"gang {gang_id} has no payload in Redis")
-        return data
-
-    def workdir(self, gang_id: str) -> bytes:
-        data = self.r.get(keys.gang_workdir(gang_id))
-        if data is None:
-            raise KeyError(f"gang {gang_id} has no working directory in Redis (it finished, or shipped none)")
         return data
 
     def set_pulled(self, gang_id: str, record: dict) -> None:

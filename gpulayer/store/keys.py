@@ -35,6 +35,18 @@ CLUSTER_ID = f"{NAMESPACE}:cluster:id"
 #   gl:local:redis             hash   restarts, last_exit (its exit code), last_at (wall time): JSON values
 LOCAL_REDIS = f"{NAMESPACE}:local:redis"
 
+# The user's code, shipped by digest (gpulayer/workspace/): uploaded once per digest by a client, unpacked once
+# per digest on each machine under <temp root>/gpulayer-<cluster id>/code/<digest>/.
+#   gl:code:<digest>           string the signed gzipped tar (workspace/archive.py), of a script's directory or of
+#                                     `gpulayer train`'s working directory; expires CODE_TTL seconds after its last
+#                                     use by a client (a client that keeps sending with it renews it)
+CODE_TTL = 24 * 3600
+
+
+def code_archive(digest: str) -> str:
+    return f"{NAMESPACE}:code:{digest}"
+
+
 WORKERS = f"{NAMESPACE}:workers"
 WORKERS_INFO = f"{NAMESPACE}:workers:info"
 # The versioned registry (gpulayer/store/registry.py): a reader that knows version v reads only
@@ -60,8 +72,6 @@ SLOTS_HELD = f"{NAMESPACE}:slots:held"
 #   gl:gangs                   zset   gang id -> created (time); the index `gpulayer status` reads
 #   gl:gang:<id>               hash   spec, state, reason, placement, attempt, created, finished
 #   gl:gang:<id>:payload       string the signed (function, args, kwargs)
-#   gl:gang:<id>:workdir       string the signed gzipped tar of the shipped working directory (`gpulayer train`);
-#                                     deleted when the gang finishes
 #   gl:gang:<id>:pulled        hash   what node 0's ranks wrote in that directory, for the client: attempt, worker,
 #                                     files (JSON), archive (signed gzipped tar) or error (one line); expires in an hour
 #   gl:gang:<id>:restart       hash   node 0's new and changed files at the end of a failed attempt, for the next
@@ -96,10 +106,6 @@ def gang(gang_id: str) -> str:
 
 def gang_payload(gang_id: str) -> str:
     return f"{gang(gang_id)}:payload"
-
-
-def gang_workdir(gang_id: str) -> str:
-    return f"{gang(gang_id)}:workdir"
 
 
 def gang_pulled(gang_id: str) -> str:

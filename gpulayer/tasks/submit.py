@@ -24,6 +24,9 @@ from ..models import Resources
 from ..payload import job_name, pack_function, resolve_function, summarize
 from ..output import capture
 from ..worker import runtime
+from ..workspace import cache as code_cache
+from ..workspace import shipping
+from ..workspace.shipping import CODE_HEADER
 
 OUTPUT_HEADER = "gl_out"  # the sender's output id (gpulayer/output/watch.py): where the job's lines go
 
@@ -184,8 +187,9 @@ class SubmitTask(Task):
         resources = as_resources(kwargs.pop("resources", None))
         timeout = kwargs.pop("timeout", None)
         ref = pack_function(fn)
-        retry = None
+        retry = code_options = None
         if options:  # (the usual delay has none: nothing to check)
+            code_options = {k: options.pop(k) for k in shipping.OPTIONS if k in options}  # gpulayer/workspace/
             retry = retries.take(options)  # max_retries, autoretry_for, retry_backoff, ... (gpulayer/retries.py)
             job_options.check(options)  # any option not honoured is refused, not dropped
         headers = dict(options.pop("headers", None) or {})
@@ -201,6 +205,9 @@ class SubmitTask(Task):
         out = output_header(self.app)
         if out is not None:
             headers.setdefault(OUTPUT_HEADER, out)
+        code = shipping.digest_for(self.backend.client, code_options)  # the user's modules (gpulayer/workspace/)
+        if code is not None:
+            headers[CODE_HEADER] = code
         if not options and producer is None and link is None and link_error is None and shadow is None \
                 and direct_publish_applies(self.app):
             job_id = task_id or uuid()
@@ -313,22 +320,38 @@ def _already_done(task) -> bool:
     return bool(client.exists(keys.job_done(task.request.id)))
 
 
+def use_shipped_code(request: dict) -> None:
+    """In a pool process, before a job's body is decoded: its shipped code first on ``sys.path``.
+
+    An error here (its archive expired) is left to the job's own call, which raises it as the job's failure.
+    """
+    try:
+        code_cache.enter(request.get(CODE_HEADER), app.backend.client)
+    except Exception:
+        pass
+
+
 @app.task(bind=True, base=SubmitTask, name=SUBMIT)
 def submit(self, *args, **kwargs):
     """Run ``fn(*args, **kwargs)`` on a worker (the message is ``(fn, *args)``); see ``gpulayer.submit``."""
     fn, *args = args  # not a named parameter: a job's own keyword argument may be called fn
     if (self.request.delivery_info or {}).get("redelivered") and _already_done(self):
         raise Ignore()  # a rerun of a job whose result is stored: never run twice, never overwrite
-    func = fn if callable(fn) else resolve_function(fn)
+    code = self.request.get(CODE_HEADER)
+    code_cache.enter(code, self.backend.client)  # done before the decode already, unless that failed
     spec = self.request.get(RESOURCES_HEADER) or {}
     request = self.request
     worker = runtime.current_worker()
     with runtime.job_scope(request.id, int(spec.get("gpus", 0))), \
-            capture.job(request.id, fn if isinstance(fn, str) else func, worker.id if worker else "?",
-                        request.get(OUTPUT_HEADER)):
+            capture.job(request.id, fn, worker.id if worker else "?", request.get(OUTPUT_HEADER)):
         try:
+            func = fn if callable(fn) else resolve_function(fn)
             return func(*args, **kwargs)
         except BaseException as exc:  # (a try block costs nothing while nothing raises: no per-job work here)
+            if isinstance(exc, ModuleNotFoundError) and not code_cache.explained(exc):  # name module, worker, fix
+                told = code_cache.explain(exc, code, worker.id if worker else None).with_traceback(exc.__traceback__)
+                remote_errors.capture(request.id, told)
+                raise told from None
             if isinstance(exc, Exception):
                 policy = request.get(retries.HEADER)
                 if policy is not None:  # max_retries / autoretry_for: maybe send it again (tasks/retry.py)
