@@ -78,6 +78,9 @@ def consume_as(worker_id: str | None, pid: int | None = None) -> None:
     _consumer = keys.life(worker_id, pid or os.getpid()) if worker_id else None
 
 
+JOB_QUEUES = f"{keys.NAMESPACE}.q."  # every queue of jobs (gpulayer/queues.py), gl.q.control included
+
+
 UNREAD = ((), {}, {})  # a job's (args, kwargs, embed) as the worker's main process sees them: never read there
 args_read_in_main = False  # Celery's result_extended stores a job's args with a failure the main process stores
 
@@ -173,7 +176,11 @@ class Channel(Prefetch, SentinelPools, kredis.Channel):
 
     # -- taking -------------------------------------------------------------------------------
     def _taking(self) -> bool:
-        return _consumer is not None and not self.global_keyprefix
+        """Does this channel take jobs (the atomic take, with delivery records)? Only the worker's channel that
+        consumes job queues: a reply queue read in the worker's process (its own ``ping`` broadcast, an
+        ``inspect`` it sends) is read with kombu's plain BRPOP, and is no sign that kombu reconnected."""
+        return _consumer is not None and not self.global_keyprefix \
+            and any(q.startswith(JOB_QUEUES) for q in self.active_queues)
 
     def _records_key(self) -> str | None:
         """This worker life's delivery records (``keys.inflight``); None in a process that does not take."""
