@@ -260,3 +260,37 @@ def test_options_gpulayer_does_not_honour_are_refused(fleet, option, match):
         submit.apply_async((flaky, "unused", 0), **option)
     with pytest.raises(UnsupportedOption, match=match):
         submit.s(flaky, "unused", 0).set(**option).delay()
+
+
+def test_flower_sees_each_try_through_celerys_events(fleet):
+    from .test_events import decode_events, enable_events
+
+    enable_events(len(fleet.workers))
+    client = fleet.client()
+    pubsub = client.pubsub()
+    pubsub.psubscribe("*celeryev*")
+    try:
+        assert pubsub.get_message(timeout=5)["type"] == "psubscribe"
+        key = f"retry:{os.urandom(6).hex()}"
+        h = submit.apply_async((flaky, key, 1), max_retries=2, autoretry_for=(ConnectionError,))
+        assert h.get(timeout=60) == 2
+        seen: list[dict] = []
+        wait_until(lambda: _events_of(pubsub, h.id, seen, decode_events) and
+                   {"task-retried", "task-succeeded"} <= {e["type"] for e in seen}, 30,
+                   "the job's task-retried and task-succeeded events")
+    finally:
+        pubsub.close()
+        client.close()
+    retried = next(e for e in seen if e["type"] == "task-retried")
+    assert "ConnectionError('try 1 refused')" in retried["exception"]
+    received = [e.get("retries") for e in seen if e["type"] == "task-received"]
+    assert received == [0, 1]  # Flower's "Retries" column, from each try's message
+
+
+def _events_of(pubsub, job_id, seen: list, decode) -> bool:
+    message = pubsub.get_message(timeout=1)
+    while message is not None:
+        if message["type"] == "pmessage":
+            seen.extend(e for e in decode(message["data"]) if e.get("uuid") == job_id)
+        message = pubsub.get_message(timeout=0.05)
+    return True
