@@ -35,6 +35,8 @@ def test_the_options_become_a_policy_with_celerys_defaults():
     assert retries.take({"autoretry_for": (KeyError,), "max_retries": None})["max"] is None  # no limit, as Celery
     assert retries.take({"autoretry_for": (KeyError,), "max_retries": 0}) is None  # no retry: no header
     assert retries.take({"autoretry_for": ()}) is None
+    assert retries.take({"max_retries": 0}) is None  # none asked, none made
+    assert retries.take({"retry_exceptions": True, "max_retries": -1})["max"] is None  # Ray's no limit
     celery_style = retries.take({"autoretry_for": (KeyError,), "retry_kwargs": {"max_retries": 5, "countdown": 2},
                                  "max_retries": 1})
     assert celery_style["max"] == 5 and retries.delay(celery_style, 1) == 2.0  # retry_kwargs wins, as in Celery
@@ -50,7 +52,7 @@ def test_the_options_become_a_policy_with_celerys_defaults():
     ({"autoretry_for": "ConnectionError"}, "give exception types"),
     ({"autoretry_for": (ConnectionError, 3)}, "3 is not an Exception type"),
     ({"autoretry_for": (KeyboardInterrupt,)}, "not an Exception type"),
-    ({"autoretry_for": (KeyError,), "max_retries": -1}, "0 or more"),
+    ({"autoretry_for": (KeyError,), "max_retries": -3}, "0 or more"),
     ({"autoretry_for": (KeyError,), "max_retries": 2.5}, "0 or more"),
     ({"autoretry_for": (KeyError,), "retry_backoff": -1}, "retry_backoff=-1"),
     ({"autoretry_for": (KeyError,), "retry_backoff_max": "long"}, "retry_backoff_max='long'"),
@@ -185,6 +187,30 @@ def test_retry_options_on_a_signature_and_in_a_chain(fleet):
     chained = submit.s(flaky, key, 0) | submit.s(lambda n, k: flaky(k, n + 1) * 10, key).set(
         retry_exceptions=True, max_retries=2)  # Ray's spelling; the second step fails once
     assert chained.apply_async().get(timeout=60) == 30
+
+
+def retries_itself(key, until, max_retries=None):
+    """Celery's habit: ``self.retry()`` inside the task (here the running job's ``current_task``)."""
+    from celery import current_task
+
+    n = gpulayer.app.redis_client().incr(key)
+    if n < until:
+        try:
+            raise ValueError(f"not yet ({n})")
+        except ValueError as err:
+            raise current_task.retry(exc=err, countdown=0.1, max_retries=max_retries)
+    return n
+
+
+def test_celerys_self_retry_inside_a_job(fleet):
+    key = f"retry:{os.urandom(6).hex()}"
+    assert submit.delay(retries_itself, key, 3).get(timeout=60) == 3
+    key = f"retry:{os.urandom(6).hex()}"
+    with pytest.raises(JobFailed, match=r"ValueError: not yet \(2\) .*failed after 2 tries: try 1 ValueError"):
+        submit.delay(retries_itself, key, 5, max_retries=1).get(timeout=60)
+    assert tries_of(key) == 2
+    h = submit.delay(retries_itself, f"retry:{os.urandom(6).hex()}", 2)
+    assert h.get(timeout=60) == 2 and [e["attempt"] for e in h.history() if e["event"] == "retried"] == [1]
 
 
 def test_retries_in_a_batch_and_a_signature_of_its_own(fleet):

@@ -32,15 +32,39 @@ HEADER_PREFIX = "gl_"  # gpulayer's headers (resources, timeout, sender, retry p
 def again(task, policy: dict, exc: Exception) -> None:
     """Send the job's next try and raise Celery's ``Retry``; return (the error stands) when ``policy`` does not
     retry ``exc``, or when the next try could not be sent."""
-    if not retries.applies(policy, exc):
-        return
+    if retries.applies(policy, exc):
+        send_next(task, policy, exc)
+
+
+def explicit(task, exc: BaseException | None, countdown: float | None, max_retries) -> Retry:
+    """Celery's ``self.retry()`` (``celery.current_task.retry(exc=err, countdown=5)`` inside a job): the next try
+    is sent (``countdown``, else the job's retry policy's delay, 0 by default) and ``Retry`` raised; past
+    ``max_retries`` (the call's, else the job's policy's, else Celery's 3) ``exc`` is raised, or Celery's
+    ``MaxRetriesExceededError``."""
+    from celery.exceptions import MaxRetriesExceededError
+
+    policy = task.request.get(retries.HEADER) or retries.for_explicit()
+    if max_retries is not None:
+        policy = {**policy, "max": max_retries}
+    limit = policy["max"]
+    if limit is not None and policy["count"] >= limit:
+        if exc is not None:
+            raise exc
+        raise MaxRetriesExceededError(f"job {task.request.id} was retried {policy['count']} times, its max_retries")
+    send_next(task, policy, exc or RuntimeError("retry() called"), countdown)
+    raise AssertionError("unreachable: send_next raises Retry")  # (or returned: the retry was not sent)
+
+
+def send_next(task, policy: dict, exc: BaseException, countdown: float | None = None) -> None:
+    """Publish the next try of the running job and raise ``Retry``; return when it could not be sent."""
     req = task.request
     worker = runtime.current_worker()
     worker_id = worker.id if worker else "?"
     outcome = retries.describe(exc, worker_id)
     following = retries.after_try(policy, outcome)
     tried = following["count"]
-    countdown = retries.delay(policy, tried)
+    if countdown is None:
+        countdown = retries.delay(policy, tried)
     headers = {k: v for k, v in vars(req).items() if k.startswith(HEADER_PREFIX)}
     headers[retries.HEADER] = following
     delivery = req.delivery_info or {}
