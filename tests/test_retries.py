@@ -187,6 +187,19 @@ def test_retry_options_on_a_signature_and_in_a_chain(fleet):
     chained = submit.s(flaky, key, 0) | submit.s(lambda n, k: flaky(k, n + 1) * 10, key).set(
         retry_exceptions=True, max_retries=2)  # Ray's spelling; the second step fails once
     assert chained.apply_async().get(timeout=60) == 30
+    key = f"retry:{os.urandom(6).hex()}"
+    first_retries = submit.s(flaky, key, 1).set(max_retries=2, autoretry_for=(ConnectionError,)) | submit.s(
+        lambda n: n * 100)  # the chain's next step goes with the retried first one
+    assert first_retries.apply_async().get(timeout=60) == 200
+
+
+def test_a_groups_options_reach_each_of_its_jobs(fleet):
+    from celery import group
+
+    base = f"retry:{os.urandom(6).hex()}"
+    g = group(submit.s(flaky, f"{base}:{i}", 1) for i in range(3)).apply_async(
+        max_retries=2, autoretry_for=(ConnectionError,))
+    assert g.get(timeout=60) == [2, 2, 2]
 
 
 def retries_itself(key, until, max_retries=None):
