@@ -76,6 +76,11 @@ def send_next(task, policy: dict, exc: BaseException, countdown: float | None = 
                "time_limit": limits[0], "soft_time_limit": limits[1], "origin": req.origin,
                "ignore_result": bool(req.ignore_result)}
     send = {"priority": delivery["priority"]} if delivery.get("priority") is not None else {}
+    records = JobRecords(task.backend.client)
+    try:  # recorded before the next try exists, so a client that has the job's result sees every try
+        records.record(req.id, "retried", worker_id, attempt=tried, error=outcome, delay=round(countdown, 3))
+    except BROKER_ERRORS as err:  # only the history misses this try
+        log.warning("gpulayer: job %s try %d was not recorded in its history: %s", req.id, tried, err)
     try:
         with app.producer_or_acquire() as producer:
             publish.publish_task(app, producer, SUBMIT, req.id, tuple(req.args), dict(req.kwargs or {}), queue,
@@ -84,12 +89,11 @@ def send_next(task, policy: dict, exc: BaseException, countdown: float | None = 
     except BROKER_ERRORS as err:  # the next try was not sent: this one's error is the job's
         log.warning("gpulayer: job %s raised %s and was to be retried, but the retry could not be sent: %s",
                     req.id, outcome, err)
+        try:
+            records.record(req.id, "retry-not-sent", worker_id, attempt=tried, error=f"{type(err).__name__}: {err}")
+        except BROKER_ERRORS:
+            pass
         return
-    try:
-        JobRecords(task.backend.client).record(req.id, "retried", worker_id, attempt=tried, error=outcome,
-                                               delay=round(countdown, 3))
-    except BROKER_ERRORS as err:  # sent: only the history misses this try
-        log.warning("gpulayer: job %s try %d was not recorded in its history: %s", req.id, tried, err)
     log.info("gpulayer: job %s try %d raised %s; try %d in %.1f s", req.id, tried, outcome, tried + 1, countdown)
     raise Retry(f"try {tried} of {_limit(policy)} raised {outcome}; try {tried + 1} in {countdown:.1f} s", exc,
                 countdown)

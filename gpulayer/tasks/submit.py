@@ -101,7 +101,8 @@ class JobHandle(AsyncResult):
 
     def history(self) -> list[dict]:
         """Deliveries that died (``lost``), reruns (``redelivered``) and tries that raised and were sent again
-        (``retried``: ``attempt``, ``error``, ``delay``), with their workers, oldest first."""
+        (``retried``: ``attempt``, ``error``, ``delay``; ``retry-not-sent`` when the broker refused the next try),
+        with their workers, oldest first."""
         from .. import app as app_mod
         from ..store.jobs import JobRecords
 
@@ -117,7 +118,8 @@ class JobHandle(AsyncResult):
     def attempts(self) -> int:
         """How many times the job was delivered so far: 1, and one more for each delivery that died and each
         try that raised and was retried (``max_retries``)."""
-        return 1 + sum(1 for h in self.history() if h["event"] in ("lost", "retried"))
+        events = [h["event"] for h in self.history()]
+        return 1 + events.count("lost") + events.count("retried") - events.count("retry-not-sent")
 
 
 class SubmitTask(Task):
