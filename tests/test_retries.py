@@ -169,6 +169,14 @@ def test_with_one_retry_it_fails_naming_both_tries(fleet):
     assert e.value.try_count == 2 and len(e.value.tries) == 2
 
 
+def test_each_try_goes_where_the_job_may_run(fleet):
+    key = f"retry:{os.urandom(6).hex()}"
+    h = submit.apply_async((flaky, key, 2), {"resources": gpulayer.Resources(zone="us-central1-a")},
+                           max_retries=2, autoretry_for=(ConnectionError,))
+    assert h.get(timeout=60) == 3
+    assert [e["worker"] for e in h.history() if e["event"] == "retried"] == ["w-c", "w-c"]  # the zone's only one
+
+
 def test_only_the_named_errors_are_retried_and_their_subclasses(fleet):
     key = f"retry:{os.urandom(6).hex()}"
     h = submit.apply_async((flaky, key, 1, KeyError), max_retries=3, autoretry_for=(ConnectionError,))
