@@ -122,9 +122,9 @@ def submit_batch(signatures: Iterable[Signature], resources: Resources | dict | 
                  chunk_size: int | None = None, **retry_options) -> BatchHandle:
     """Send many jobs with one pipelined publish per chunk, routed once for the whole batch.
 
-    ``retry_options``: ``max_retries``, ``autoretry_for``, ``retry_backoff``, ``retry_backoff_max``,
-    ``retry_jitter`` (or Ray's ``retry_exceptions``) for every job, as ``apply_async`` takes them
-    (gpulayer/retries.py); a signature's own (``submit.s(fn, i).set(max_retries=5, ...)``) replace them for it.
+    ``retry_options``: ``max_retries``, ``autoretry_for`` (or Ray's ``retry_exceptions``), ``retry_backoff``
+    and the others ``apply_async`` takes (gpulayer/retries.py ``OPTIONS``) for every job; a signature's own
+    (``submit.s(fn, i).set(max_retries=5, ...)``) replace them for it. Any other keyword is refused.
 
     >>> h = submit_batch([submit.s(square, i) for i in range(2000)])
     >>> h.get()[:3]

@@ -51,8 +51,9 @@ def explicit(task, exc: BaseException | None, countdown: float | None, max_retri
         if exc is not None:
             raise exc
         raise MaxRetriesExceededError(f"job {task.request.id} was retried {policy['count']} times, its max_retries")
-    send_next(task, policy, exc or RuntimeError("retry() called"), countdown)
-    raise AssertionError("unreachable: send_next raises Retry")  # (or returned: the retry was not sent)
+    error = exc if exc is not None else RuntimeError("retry() called without an exception")
+    send_next(task, policy, error, countdown)
+    raise error  # the next try could not be sent (send_next logged why): this try's error is the job's
 
 
 def send_next(task, policy: dict, exc: BaseException, countdown: float | None = None) -> None:
