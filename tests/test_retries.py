@@ -208,6 +208,11 @@ def test_a_groups_options_reach_each_of_its_jobs(fleet):
     g = group(submit.s(flaky, f"{base}:{i}", 1) for i in range(3)).apply_async(
         max_retries=2, autoretry_for=(ConnectionError,))
     assert g.get(timeout=60) == [2, 2, 2]
+    from celery import chord
+
+    header = [submit.s(flaky, f"{base}:c{i}", 1).set(max_retries=1, autoretry_for=(ConnectionError,))
+              for i in range(3)]
+    assert chord(header, submit.s(sum)).apply_async().get(timeout=60) == 6  # the body waits for the last tries
 
 
 def retries_itself(key, until, max_retries=None):
