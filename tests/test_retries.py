@@ -297,6 +297,13 @@ def test_a_dead_delivery_is_not_a_try(fleet):
     assert [e["event"] for e in h.history() if e["event"] in ("lost", "retried")] == ["lost"]
 
 
+def test_a_job_over_its_timeout_is_stopped_not_retried(fleet):
+    h = submit.apply_async((time.sleep, 30), {"timeout": 0.5}, max_retries=2, retry_exceptions=True)
+    with pytest.raises(JobFailed, match="JobStopped") as e:
+        h.get(timeout=60)
+    assert e.value.try_count == 1 and not [x for x in h.history() if x["event"] == "retried"]
+
+
 @pytest.mark.parametrize("option, match", [
     ({"retries": 3}, r"retries=3 is not an option gpulayer honours.*did you mean max_retries"),
     ({"max_retry": 3}, "did you mean max_retries"),
