@@ -185,9 +185,9 @@ def submit_batch(signatures: Iterable[Signature], resources: Resources | dict | 
 
     ``working_dir`` / ``py_modules`` / ``excludes``: the code the batch's jobs run with, as for
     ``gpulayer.init`` (default: ``init``'s, else the script's directory; ``gpulayer/workspace/``).
-    ``retry_options``: ``max_retries``, ``autoretry_for``, ``retry_backoff``, ``retry_backoff_max``,
-    ``retry_jitter`` (or Ray's ``retry_exceptions``) for every job, as ``apply_async`` takes them
-    (gpulayer/retries.py); a signature's own (``submit.s(fn, i).set(max_retries=5, ...)``) replace them for it.
+    ``retry_options``: ``max_retries``, ``autoretry_for`` (or Ray's ``retry_exceptions``), ``retry_backoff``
+    and the others ``apply_async`` takes (gpulayer/retries.py ``OPTIONS``) for every job; a signature's own
+    (``submit.s(fn, i).set(max_retries=5, ...)``) replace them for it. Any other keyword is refused.
 
     >>> h = submit_batch([submit.s(square, i) for i in range(2000)])
     >>> h.get()[:3]

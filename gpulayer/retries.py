@@ -8,8 +8,8 @@ another spelling of ``autoretry_for``:
 - ``autoretry_for``: the exception types that send the job again (a type or a tuple; subclasses count),
   except those in ``dont_autoretry_for``. ``retry_exceptions=True`` is any ``Exception``, a list is the
   same as ``autoretry_for``.
-- ``max_retries``: retries after the first try (``3``: four tries at most); ``None`` is no limit, as in
-  Celery. With ``autoretry_for`` and no ``max_retries``, Celery's default of 3; ``retry_kwargs=
+- ``max_retries``: retries after the first try (``3``: four tries at most); ``None`` (Ray's ``-1``) is no
+  limit, as in Celery; ``0`` none. With ``autoretry_for`` and no ``max_retries``, Celery's default of 3; ``retry_kwargs=
   {"max_retries": 5, "countdown": 2}`` as in Celery (its ``max_retries`` wins).
   ``max_retries`` without ``autoretry_for`` is refused: in Celery it only limits ``self.retry()``, which a
   plain function has not, and in Ray it limits the reruns after a worker dies, which gpulayer makes for
@@ -69,22 +69,24 @@ def policy(*, max_retries=_UNSET, autoretry_for=None, dont_autoretry_for=None, r
                                     "there (as Celery's self.retry() does); give the others as options of their own")
         max_retries = retry_kwargs.get("max_retries", max_retries)
         countdown = retry_kwargs.get("countdown", countdown)
+    if max_retries == -1 and not isinstance(max_retries, bool):
+        max_retries = None  # Ray's spelling of no limit
     names = _type_names(autoretry_for, "autoretry_for")
     if not names:
-        if autoretry_for is None:
+        if autoretry_for is None and max_retries != 0:
             given = "max_retries" if max_retries is not _UNSET else "these options"
             raise UnsupportedOption(
                 f"{given} without autoretry_for retries nothing (in Celery max_retries limits self.retry(), in Ray "
                 "the reruns after a worker dies, which gpulayer makes anyway, up to max_deliveries): name the "
                 "errors that send the job again, e.g. autoretry_for=(ConnectionError,), or retry_exceptions=True "
                 "for any")
-        return None  # autoretry_for=() / retry_exceptions=False: no retries, as asked
+        return None  # autoretry_for=() / retry_exceptions=False / max_retries=0: no retries, as asked
     if max_retries is _UNSET:
         max_retries = DEFAULT_MAX_RETRIES
     if max_retries is not None and (isinstance(max_retries, bool) or not isinstance(max_retries, int)
                                     or max_retries < 0):
         raise UnsupportedOption(f"max_retries={max_retries!r}: give the number of retries after the first try "
-                                "(0 or more), or None for no limit")
+                                "(0 or more), or None (or Ray's -1) for no limit")
     if max_retries == 0:
         return None
     base = _backoff(retry_backoff)
@@ -95,6 +97,13 @@ def policy(*, max_retries=_UNSET, autoretry_for=None, dont_autoretry_for=None, r
         raise UnsupportedOption(f"retry_jitter={retry_jitter!r}: give True or False")
     return {"max": max_retries, "on": names, "not": _type_names(dont_autoretry_for, "dont_autoretry_for"),
             "backoff": base, "backoff_max": cap, "jitter": retry_jitter, "fixed": fixed, "count": 0, "tries": []}
+
+
+def for_explicit() -> dict:
+    """The policy of a job sent without retry options that calls Celery's ``self.retry()``: Celery's 3 retries,
+    no error retried by itself, no delay unless the call gives a countdown."""
+    return {"max": DEFAULT_MAX_RETRIES, "on": [], "not": [], "backoff": 0.0, "backoff_max": BACKOFF_MAX,
+            "jitter": True, "fixed": 0.0, "count": 0, "tries": []}
 
 
 def _seconds(value, name: str) -> float:

@@ -35,6 +35,8 @@ def test_the_options_become_a_policy_with_celerys_defaults():
     assert retries.take({"autoretry_for": (KeyError,), "max_retries": None})["max"] is None  # no limit, as Celery
     assert retries.take({"autoretry_for": (KeyError,), "max_retries": 0}) is None  # no retry: no header
     assert retries.take({"autoretry_for": ()}) is None
+    assert retries.take({"max_retries": 0}) is None  # none asked, none made
+    assert retries.take({"retry_exceptions": True, "max_retries": -1})["max"] is None  # Ray's no limit
     celery_style = retries.take({"autoretry_for": (KeyError,), "retry_kwargs": {"max_retries": 5, "countdown": 2},
                                  "max_retries": 1})
     assert celery_style["max"] == 5 and retries.delay(celery_style, 1) == 2.0  # retry_kwargs wins, as in Celery
@@ -50,7 +52,7 @@ def test_the_options_become_a_policy_with_celerys_defaults():
     ({"autoretry_for": "ConnectionError"}, "give exception types"),
     ({"autoretry_for": (ConnectionError, 3)}, "3 is not an Exception type"),
     ({"autoretry_for": (KeyboardInterrupt,)}, "not an Exception type"),
-    ({"autoretry_for": (KeyError,), "max_retries": -1}, "0 or more"),
+    ({"autoretry_for": (KeyError,), "max_retries": -3}, "0 or more"),
     ({"autoretry_for": (KeyError,), "max_retries": 2.5}, "0 or more"),
     ({"autoretry_for": (KeyError,), "retry_backoff": -1}, "retry_backoff=-1"),
     ({"autoretry_for": (KeyError,), "retry_backoff_max": "long"}, "retry_backoff_max='long'"),
@@ -167,6 +169,14 @@ def test_with_one_retry_it_fails_naming_both_tries(fleet):
     assert e.value.try_count == 2 and len(e.value.tries) == 2
 
 
+def test_each_try_goes_where_the_job_may_run(fleet):
+    key = f"retry:{os.urandom(6).hex()}"
+    h = submit.apply_async((flaky, key, 2), {"resources": gpulayer.Resources(zone="us-central1-a")},
+                           max_retries=2, autoretry_for=(ConnectionError,))
+    assert h.get(timeout=60) == 3
+    assert [e["worker"] for e in h.history() if e["event"] == "retried"] == ["w-c", "w-c"]  # the zone's only one
+
+
 def test_only_the_named_errors_are_retried_and_their_subclasses(fleet):
     key = f"retry:{os.urandom(6).hex()}"
     h = submit.apply_async((flaky, key, 1, KeyError), max_retries=3, autoretry_for=(ConnectionError,))
@@ -185,6 +195,48 @@ def test_retry_options_on_a_signature_and_in_a_chain(fleet):
     chained = submit.s(flaky, key, 0) | submit.s(lambda n, k: flaky(k, n + 1) * 10, key).set(
         retry_exceptions=True, max_retries=2)  # Ray's spelling; the second step fails once
     assert chained.apply_async().get(timeout=60) == 30
+    key = f"retry:{os.urandom(6).hex()}"
+    first_retries = submit.s(flaky, key, 1).set(max_retries=2, autoretry_for=(ConnectionError,)) | submit.s(
+        lambda n: n * 100)  # the chain's next step goes with the retried first one
+    assert first_retries.apply_async().get(timeout=60) == 200
+
+
+def test_a_groups_options_reach_each_of_its_jobs(fleet):
+    from celery import group
+
+    base = f"retry:{os.urandom(6).hex()}"
+    g = group(submit.s(flaky, f"{base}:{i}", 1) for i in range(3)).apply_async(
+        max_retries=2, autoretry_for=(ConnectionError,))
+    assert g.get(timeout=60) == [2, 2, 2]
+    from celery import chord
+
+    header = [submit.s(flaky, f"{base}:c{i}", 1).set(max_retries=1, autoretry_for=(ConnectionError,))
+              for i in range(3)]
+    assert chord(header, submit.s(sum)).apply_async().get(timeout=60) == 6  # the body waits for the last tries
+
+
+def retries_itself(key, until, max_retries=None):
+    """Celery's habit: ``self.retry()`` inside the task (here the running job's ``current_task``)."""
+    from celery import current_task
+
+    n = gpulayer.app.redis_client().incr(key)
+    if n < until:
+        try:
+            raise ValueError(f"not yet ({n})")
+        except ValueError as err:
+            raise current_task.retry(exc=err, countdown=0.1, max_retries=max_retries)
+    return n
+
+
+def test_celerys_self_retry_inside_a_job(fleet):
+    key = f"retry:{os.urandom(6).hex()}"
+    assert submit.delay(retries_itself, key, 3).get(timeout=60) == 3
+    key = f"retry:{os.urandom(6).hex()}"
+    with pytest.raises(JobFailed, match=r"ValueError: not yet \(2\) .*failed after 2 tries: try 1 ValueError"):
+        submit.delay(retries_itself, key, 5, max_retries=1).get(timeout=60)
+    assert tries_of(key) == 2
+    h = submit.delay(retries_itself, f"retry:{os.urandom(6).hex()}", 2)
+    assert h.get(timeout=60) == 2 and [e["attempt"] for e in h.history() if e["event"] == "retried"] == [1]
 
 
 def test_retries_in_a_batch_and_a_signature_of_its_own(fleet):
@@ -245,6 +297,13 @@ def test_a_dead_delivery_is_not_a_try(fleet):
     assert [e["event"] for e in h.history() if e["event"] in ("lost", "retried")] == ["lost"]
 
 
+def test_a_job_over_its_timeout_is_stopped_not_retried(fleet):
+    h = submit.apply_async((time.sleep, 30), {"timeout": 0.5}, max_retries=2, retry_exceptions=True)
+    with pytest.raises(JobFailed, match="JobStopped") as e:
+        h.get(timeout=60)
+    assert e.value.try_count == 1 and not [x for x in h.history() if x["event"] == "retried"]
+
+
 @pytest.mark.parametrize("option, match", [
     ({"retries": 3}, r"retries=3 is not an option gpulayer honours.*did you mean max_retries"),
     ({"max_retry": 3}, "did you mean max_retries"),
@@ -260,3 +319,37 @@ def test_options_gpulayer_does_not_honour_are_refused(fleet, option, match):
         submit.apply_async((flaky, "unused", 0), **option)
     with pytest.raises(UnsupportedOption, match=match):
         submit.s(flaky, "unused", 0).set(**option).delay()
+
+
+def test_flower_sees_each_try_through_celerys_events(fleet):
+    from .test_events import decode_events, enable_events
+
+    enable_events(len(fleet.workers))
+    client = fleet.client()
+    pubsub = client.pubsub()
+    pubsub.psubscribe("*celeryev*")
+    try:
+        assert pubsub.get_message(timeout=5)["type"] == "psubscribe"
+        key = f"retry:{os.urandom(6).hex()}"
+        h = submit.apply_async((flaky, key, 1), max_retries=2, autoretry_for=(ConnectionError,))
+        assert h.get(timeout=60) == 2
+        seen: list[dict] = []
+        wait_until(lambda: _events_of(pubsub, h.id, seen, decode_events) and
+                   {"task-retried", "task-succeeded"} <= {e["type"] for e in seen}, 30,
+                   "the job's task-retried and task-succeeded events")
+    finally:
+        pubsub.close()
+        client.close()
+    retried = next(e for e in seen if e["type"] == "task-retried")
+    assert "ConnectionError('try 1 refused')" in retried["exception"]
+    received = sorted(e.get("retries") for e in seen if e["type"] == "task-received")  # (two workers' flushes)
+    assert received == [0, 1]  # Flower's "Retries" column, from each try's message
+
+
+def _events_of(pubsub, job_id, seen: list, decode) -> bool:
+    message = pubsub.get_message(timeout=1)
+    while message is not None:
+        if message["type"] == "pmessage":
+            seen.extend(e for e in decode(message["data"]) if e.get("uuid") == job_id)
+        message = pubsub.get_message(timeout=0.05)
+    return True

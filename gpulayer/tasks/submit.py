@@ -19,7 +19,7 @@ from ..engine import publish
 from ..engine.results import prime_result
 from . import options as job_options
 from . import readahead
-from ..errors import PayloadError
+from ..errors import PayloadError, UnsupportedOption
 from ..models import Resources
 from ..payload import job_name, pack_function, resolve_function, summarize
 from ..output import capture
@@ -106,7 +106,8 @@ class JobHandle(AsyncResult):
 
     def history(self) -> list[dict]:
         """Deliveries that died (``lost``), reruns (``redelivered``) and tries that raised and were sent again
-        (``retried``: ``attempt``, ``error``, ``delay``), with their workers, oldest first."""
+        (``retried``: ``attempt``, ``error``, ``delay``; ``retry-not-sent`` when the broker refused the next try),
+        with their workers, oldest first."""
         from .. import app as app_mod
         from ..store.jobs import JobRecords
 
@@ -135,7 +136,8 @@ class JobHandle(AsyncResult):
     def attempts(self) -> int:
         """How many times the job was delivered so far: 1, and one more for each delivery that died and each
         try that raised and was retried (``max_retries``)."""
-        return 1 + sum(1 for h in self.history() if h["event"] in ("lost", "retried"))
+        events = [h["event"] for h in self.history()]
+        return 1 + events.count("lost") + events.count("retried") - events.count("retry-not-sent")
 
 
 class SubmitTask(Task):
@@ -170,6 +172,22 @@ class SubmitTask(Task):
     def chunks(self, fn, items, n, resources=None):
         """Starmap jobs of ``n`` items each; ``.apply_async().get()`` is a list of lists; ``.group()`` too."""
         return canvas.chunks(self, fn, items, n, resources=resources)
+
+    def retry(self, args=None, kwargs=None, exc=None, throw=True, eta=None, countdown=None, max_retries=None,
+              **options):
+        """Celery's ``self.retry()``, for a job's function: ``celery.current_task.retry(exc=err, countdown=5)``
+        sends the job again (through its queue, as an ``autoretry_for`` retry: tasks/retry.py) and raises
+        Celery's ``Retry``; past ``max_retries`` it raises ``exc``. Other arguments, an ``eta`` or
+        ``throw=False`` are refused."""
+        import sys
+
+        if args is not None or kwargs is not None or eta is not None or not throw or options:
+            raise UnsupportedOption(
+                "retry() of a gpulayer job takes exc=, countdown= and max_retries=: the job runs again with its "
+                "own arguments, and throw=False, eta= and other options are not honoured")
+        from .retry import explicit
+
+        return explicit(self, exc if exc is not None else sys.exc_info()[1], countdown, max_retries)
 
     def apply(self, *args, **kwargs):
         raise PayloadError("submit runs jobs on workers, not in this process: sig.apply() (eager) is not "
