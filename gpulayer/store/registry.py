@@ -189,7 +189,7 @@ class Registry:
         # RESP3 sends (id, score) pairs with the score a double; RESP2 a flat list of strings. By score:
         # the dead (older than the cutoff) come first.
         if beats and isinstance(beats[0], list):
-            ids, times = [wid for wid, _ in beats], [score for _, score in beats]
+            ids, times = zip(*beats)
         else:
             ids, times = beats[::2], list(map(float, beats[1::2]))
         first_live = bisect.bisect_left(times, cutoff)
