@@ -59,3 +59,28 @@ def test_fit_then_validate_keeps_the_fit_rows_on_one_device_and_two(tmp_path):
         # validate's row comes last, at the step and epoch the fit ended at
         assert result["rows"][-1] == ["2", str(2 * steps_per_epoch), ["val_loss"]]
     assert not one["deleted_warning"]
+
+
+def test_a_csv_logger_that_went_to_another_process_appends_where_it_stopped(tmp_path):
+    import csv
+    import pickle
+
+    from gpulayer.trainer.loggers import CSVLogger
+
+    logger = CSVLogger(tmp_path)
+    logger.log_metrics({"a": 1.0}, step=0)  # buffered: written when the logger is pickled for the ranks
+    rank_zero = pickle.loads(pickle.dumps(logger))
+    rank_zero.log_metrics({"b": 2.0}, step=1)  # a new column: the file is rewritten under the wider header
+    rank_zero.finalize("success")
+    back = pickle.loads(pickle.dumps(rank_zero))
+    back.log_metrics({"a": 3.0}, step=2)
+    back.save()
+    with open(tmp_path / "lightning_logs" / "version_0" / "metrics.csv", newline="") as f:
+        assert list(csv.reader(f)) == [["a", "b", "step"], ["1.0", "", "0"], ["", "2.0", "1"], ["3.0", "", "2"]]
+    # another logger on the same directory is a new run there: Lightning's warning, and the old rows go
+    other = CSVLogger(tmp_path, version=0)
+    with pytest.warns(UserWarning, match="will be deleted"):
+        other.log_metrics({"c": 4.0}, step=0)
+    other.save()
+    with open(tmp_path / "lightning_logs" / "version_0" / "metrics.csv", newline="") as f:
+        assert list(csv.reader(f)) == [["c", "step"], ["4.0", "0"]]
