@@ -84,3 +84,28 @@ def test_a_csv_logger_that_went_to_another_process_appends_where_it_stopped(tmp_
     other.save()
     with open(tmp_path / "lightning_logs" / "version_0" / "metrics.csv", newline="") as f:
         assert list(csv.reader(f)) == [["c", "step"], ["4.0", "0"]]
+
+
+def test_a_failed_fit_on_two_devices_keeps_its_rows_for_the_next_stage(tmp_path):
+    import csv
+
+    import gpulayer.trainer as gl
+
+    class Breaks(stage_logs._net(gl)):
+        def training_step(self, batch, batch_idx):
+            if self.trainer.global_step == 3:
+                raise RuntimeError("step 3 breaks")
+            return super().training_step(batch, batch_idx)
+
+    logger = gl.loggers.CSVLogger(tmp_path, flush_logs_every_n_steps=1)
+    trainer = gl.Trainer(max_epochs=2, accelerator="cpu", devices=2, strategy="ddp", logger=logger,
+                         log_every_n_steps=1, enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False)
+    model = Breaks()
+    with pytest.raises(Exception, match="step 3 breaks"):
+        trainer.fit(model, stage_logs._loader())
+    trainer.validate(model, stage_logs._loader(), verbose=False)
+    with open(os.path.join(logger.log_dir, "metrics.csv"), newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["step"] for r in rows if r["train_loss"]] == ["0", "1", "2"]  # what the fit wrote before it broke
+    assert rows[-1]["val_loss"] and logger.log_dir.endswith("version_0")
