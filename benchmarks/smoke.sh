@@ -187,6 +187,7 @@ LC=$B/lightning_comparison
 
 # Loopback fleets (a Redis and real workers on this machine).
 bench placement_scale 300 -- "$PY" $B/placement_scale.py --sizes 10,1000 --repeat 3
+bench full_read_ab 300 -- "$PY" $B/full_read_ab.py --workers 100 --rounds 1
 bench commands_per_job 300 -- "$PY" $B/commands_per_job.py --jobs 20
 bench cpu_per_job 300 -- "$PY" $B/cpu_per_job.py --jobs 20 --rounds 1
 if ((has_ray)); then

@@ -66,3 +66,26 @@ def test_many_records_unpack_in_order_and_share_their_gpu_names():
     assert [w.id for w in got] == [w.id for w in ws] and [w.busy for w in got] == [w.busy for w in ws]
     assert got[0].gpu_names is got[4].gpu_names and got[0].heartbeat_age == 0.5
     assert packed.unpack("", 1.0) == []
+
+
+@given(st.lists(workers, max_size=8, unique_by=lambda w: w.id), st.data())
+def test_the_live_records_come_back_sorted_by_id_whatever_the_ids_and_the_hash_order(ws, data):
+    records = [r.encode() for r in map(packed.pack, ws) if r]
+    packable = [w for w in ws if packed.pack(w)]
+    live = data.draw(st.sets(st.sampled_from([w.id for w in packable])) if packable else st.just(set()))
+    beats = {wid: 990.0 + i for i, wid in enumerate(sorted(live))}
+    got = packed.unpack_live(data.draw(st.permutations(records)), beats, 1000.0)
+    assert [w.id for w in got] == sorted(live)  # the dead's records (ids not in beats) are left out
+    want = {w.id: w for w in packable}
+    assert [w.model_dump(exclude={"heartbeat_age"}) for w in got] == \
+        [want[w.id].model_dump(exclude={"heartbeat_age"}) for w in got]
+    assert [w.heartbeat_age for w in got] == [1000.0 - beats[w.id] for w in got]
+
+
+def test_ids_below_the_separator_still_sort_as_strings_and_a_live_id_without_a_record_is_none():
+    ws = [WorkerInfo(id=i, hostname="h", address="x") for i in ("a", "a\x01b", "a b")]
+    records = [packed.pack(w).encode() for w in ws]  # as bytes "a\x01b..." sorts before "a\x1f..."
+    got = packed.unpack_live(list(records), dict.fromkeys(("a", "a\x01b", "a b"), 999.0), 1000.0)
+    assert [w.id for w in got] == ["a", "a\x01b", "a b"] and all(w.heartbeat_age == 1.0 for w in got)
+    assert packed.unpack_live(list(records), dict.fromkeys(("a", "zz"), 999.0), 1000.0) is None
+    assert packed.unpack_live([], {}, 1000.0) == [] and packed.unpack_live([], {"a": 1.0}, 1000.0) is None

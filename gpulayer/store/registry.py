@@ -15,7 +15,6 @@ from __future__ import annotations
 import bisect
 import itertools
 import logging
-import operator
 import os
 import threading
 import time
@@ -27,12 +26,11 @@ from pydantic import TypeAdapter
 
 from ..models import WorkerInfo
 from . import keys
-from .packed import pack, pack_static_json, trusted, unpack, unpack_records
+from .packed import collector_paused, pack, pack_static_json, trusted, unpack, unpack_live
 
 log = logging.getLogger(__name__)
 
 _RECORDS = TypeAdapter(list[WorkerInfo])
-_score = operator.itemgetter(1)  # of a (worker id, heartbeat time) pair
 _DYNAMIC = {"busy", "held", "heartbeat_age"}  # what a worker's static record leaves out
 BEAT_CHUNK = 500  # workers per heartbeat script call for a caller that beats thousands at once (a benchmark)
 _BEAT_KEYS = [keys.WORKERS, keys.WORKERS_INFO, keys.WORKERS_STATIC, keys.WORKERS_LOAD, keys.WORKERS_VERSION,
@@ -189,17 +187,23 @@ class Registry:
         """The full read while every live worker's packed record is in sync: five plain commands in one
         transaction, joined here; ``None`` sends the read to ``snapshot.lua`` (JSON records, re-packing).
 
-        Redis sends the hash and the heartbeat times as they are stored; the script that joined them cost
-        Redis 45 ms of its one core per read at 10,000 workers (Lua's strings and ``table.concat``), this
-        costs it 20 (``benchmarks/placement_scale.py``). The heartbeat times include the dead's:
-        liveness is judged here against Redis's ``TIME`` from the same transaction.
+        Redis sends the heartbeat times and the packed records (``HVALS``: each record begins with its
+        worker's id) as they are stored; the script that joined them cost Redis 45 ms of its one core per
+        read at 10,000 workers (Lua's strings and ``table.concat``), this costs it a fraction
+        (``benchmarks/placement_scale.py``). The heartbeat times include the dead's: liveness is judged
+        here against Redis's ``TIME`` from the same transaction.
         """
+        with collector_paused():
+            return self._join_packed()
+
+    def _join_packed(self) -> tuple[int, tuple[WorkerInfo, ...]] | None:
+        """``_read_packed``'s work; the reply's objects are gone before the collector runs again."""
         with self.client.pipeline(transaction=True) as pipe:
             pipe.execute_command("TIME")
             pipe.get(keys.WORKERS_VERSION)
             pipe.get(keys.WORKERS_PACKED_SYNCED)
             pipe.execute_command("ZRANGEBYSCORE", keys.WORKERS, "-inf", "+inf", "WITHSCORES")
-            pipe.hgetall(keys.WORKERS_PACKED)
+            pipe.hvals(keys.WORKERS_PACKED)
             (sec, usec), version, synced, beats, records = pipe.execute()
         if synced != version or version is None:
             return None
@@ -207,15 +211,16 @@ class Registry:
         cutoff = now - self.dead_after
         # RESP3 sends (id, score) pairs with the score a double; RESP2 a flat list of strings. By score:
         # the dead (older than the cutoff) come first.
-        if beats and not isinstance(beats[0], list):
-            beats = list(zip(beats[::2], map(float, beats[1::2])))
-        first_live = bisect.bisect_left(beats, cutoff, key=_score)
-        live = sorted(beats[first_live:] if first_live else beats)  # by id (ids are unique)
-        try:
-            found = [records[wid] for wid, _ in live]
-        except KeyError:  # a live worker without a packed record: its JSON one is read by the script
+        if beats and isinstance(beats[0], list):
+            ids, times = zip(*beats)
+        else:
+            ids, times = beats[::2], list(map(float, beats[1::2]))
+        first_live = bisect.bisect_left(times, cutoff)
+        ids = ids[first_live:]
+        live = dict(zip(map(bytes.decode, ids) if ids and isinstance(ids[0], bytes) else ids, times[first_live:]))
+        workers = unpack_live(records, live, now)
+        if workers is None:  # a live worker without a packed record: its JSON one is read by the script
             return None
-        workers = unpack_records(found, [beat for _, beat in live], now)
         return int(version), tuple(workers)
 
     def changes(self, since: int) -> Changes:

@@ -155,11 +155,11 @@ class Trainer(TrainerProperties):
         cfg = self.config
         if cfg.multi_process and not _in_matching_job(cfg):
             from gpulayer.trainer import cluster, launcher
-            loggers_mod.before_ranks(self)
             run = cluster.fit_on_cluster if cfg.num_nodes > 1 else launcher.fit_in_processes
             # the ranks start where this trainer stands (a second fit after max_epochs has nothing left to do)
-            result = run(functools.partial(fit_rank, position=self._position()), cfg, model, train_dataloaders,
-                         val_dataloaders, datamodule, ckpt_path)
+            with loggers_mod.across_ranks(self):
+                result = run(functools.partial(fit_rank, position=self._position()), cfg, model, train_dataloaders,
+                             val_dataloaders, datamodule, ckpt_path)
             self._take_result(model, result)
             self.training = False
             return
@@ -222,9 +222,9 @@ class Trainer(TrainerProperties):
                     f"Trainer(num_nodes={cfg.num_nodes}).{stage}() is not supported yet: gpulayer runs validate/test/"
                     "predict on one machine; use Trainer(devices=M) (or devices=1) for this stage")
             from gpulayer.trainer import launcher
-            loggers_mod.before_ranks(self)
-            result = launcher.stage_in_processes(functools.partial(stage_rank, position=self._position()), cfg, stage,
-                                                 model, dataloaders, datamodule, ckpt, kw)
+            with loggers_mod.across_ranks(self):
+                result = launcher.stage_in_processes(functools.partial(stage_rank, position=self._position()), cfg,
+                                                     stage, model, dataloaders, datamodule, ckpt, kw)
             loggers_mod.adopt(self, result.get("loggers"))
             model.trainer = self
             self.lightning_module = model

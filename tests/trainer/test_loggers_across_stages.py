@@ -59,3 +59,53 @@ def test_fit_then_validate_keeps_the_fit_rows_on_one_device_and_two(tmp_path):
         # validate's row comes last, at the step and epoch the fit ended at
         assert result["rows"][-1] == ["2", str(2 * steps_per_epoch), ["val_loss"]]
     assert not one["deleted_warning"]
+
+
+def test_a_csv_logger_that_went_to_another_process_appends_where_it_stopped(tmp_path):
+    import csv
+    import pickle
+
+    from gpulayer.trainer.loggers import CSVLogger
+
+    logger = CSVLogger(tmp_path)
+    logger.log_metrics({"a": 1.0}, step=0)  # buffered: written when the logger is pickled for the ranks
+    rank_zero = pickle.loads(pickle.dumps(logger))
+    rank_zero.log_metrics({"b": 2.0}, step=1)  # a new column: the file is rewritten under the wider header
+    rank_zero.finalize("success")
+    back = pickle.loads(pickle.dumps(rank_zero))
+    back.log_metrics({"a": 3.0}, step=2)
+    back.save()
+    with open(tmp_path / "lightning_logs" / "version_0" / "metrics.csv", newline="") as f:
+        assert list(csv.reader(f)) == [["a", "b", "step"], ["1.0", "", "0"], ["", "2.0", "1"], ["3.0", "", "2"]]
+    # another logger on the same directory is a new run there: Lightning's warning, and the old rows go
+    other = CSVLogger(tmp_path, version=0)
+    with pytest.warns(UserWarning, match="will be deleted"):
+        other.log_metrics({"c": 4.0}, step=0)
+    other.save()
+    with open(tmp_path / "lightning_logs" / "version_0" / "metrics.csv", newline="") as f:
+        assert list(csv.reader(f)) == [["c", "step"], ["4.0", "0"]]
+
+
+def test_a_failed_fit_on_two_devices_keeps_its_rows_for_the_next_stage(tmp_path):
+    import csv
+
+    import gpulayer.trainer as gl
+
+    class Breaks(stage_logs._net(gl)):
+        def training_step(self, batch, batch_idx):
+            if self.trainer.global_step == 3:
+                raise RuntimeError("step 3 breaks")
+            return super().training_step(batch, batch_idx)
+
+    logger = gl.loggers.CSVLogger(tmp_path, flush_logs_every_n_steps=1)
+    trainer = gl.Trainer(max_epochs=2, accelerator="cpu", devices=2, strategy="ddp", logger=logger,
+                         log_every_n_steps=1, enable_progress_bar=False, enable_model_summary=False,
+                         enable_checkpointing=False)
+    model = Breaks()
+    with pytest.raises(Exception, match="step 3 breaks"):
+        trainer.fit(model, stage_logs._loader())
+    trainer.validate(model, stage_logs._loader(), verbose=False)
+    with open(os.path.join(logger.log_dir, "metrics.csv"), newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["step"] for r in rows if r["train_loss"]] == ["0", "1", "2"]  # what the fit wrote before it broke
+    assert rows[-1]["val_loss"] and logger.log_dir.endswith("version_0")

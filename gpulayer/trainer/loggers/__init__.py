@@ -10,6 +10,7 @@ and when the run (fit, validate, test) ends.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import warnings
@@ -346,10 +347,19 @@ def finalize(trainer: Any, status: str = "success") -> None:
 # version, the CSV writer's columns, what a custom logger kept) is the caller's. Here the ranks are
 # other processes: each stage hands them the loggers and takes rank 0's back.
 
-def before_ranks(trainer: Any) -> None:
-    """In the calling process, before its loggers are pickled for the ranks: every rank agrees on version_N."""
+@contextlib.contextmanager
+def across_ranks(trainer: Any):
+    """Around a stage in other processes, in the calling one: every rank agrees on version_N; when the ranks
+    fail (no state comes back), a CSV logger whose directory now exists appends there next time."""
     for logger in trainer.loggers:
         getattr(logger, "version", None)
+    try:
+        yield
+    except BaseException:
+        for logger in trainer.loggers:
+            if isinstance(logger, CSVLogger) and os.path.isdir(logger.log_dir):
+                logger._opened = True
+        raise
 
 
 def states_for_caller(trainer: Any) -> list[bytes | None]:
