@@ -71,9 +71,14 @@ MISSING = textwrap.dedent("""
         import mylib
         return mylib.VALUE
 
+    def unbox(box):
+        return box.n
+
     gpulayer.init(excludes=["mylib.py"])
+    import mylib                          # here, beside the script; left out of the archive
     out = {}
     for name, call in (("submit", lambda: submit.delay(job).get(timeout=90)),
+                       ("argument", lambda: submit.delay(unbox, mylib.Box(1)).get(timeout=90)),
                        ("distributed", lambda: distributed(job, nodes=1, procs_per_node=1).get(timeout=120))):
         try:
             call()
@@ -193,7 +198,7 @@ def test_without_shipping_the_module_is_missing_on_the_workers(far_fleet, projec
 
 def test_a_module_left_out_fails_in_one_line_naming_module_worker_and_fix(far_fleet, project):
     out = run_script(far_fleet, project, MISSING)
-    for name in ("submit", "distributed"):
+    for name in ("submit", "argument", "distributed"):
         text = out[name]
         assert "No module named 'mylib' on worker w-" in text, text
         assert f"it is not in the shipped code (root {project.resolve()})" in text, text

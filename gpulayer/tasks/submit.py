@@ -7,7 +7,7 @@ from celery import Task, signature, states
 from celery.result import AsyncResult
 from celery.exceptions import Ignore
 from celery.exceptions import TimeoutError as CeleryTimeoutError
-from kombu.exceptions import EncodeError
+from kombu.exceptions import DecodeError, EncodeError
 from kombu.utils.uuid import uuid
 
 from .. import app as app_mod
@@ -280,15 +280,26 @@ def _already_done(task) -> bool:
     return bool(client.exists(keys.job_done(task.request.id)))
 
 
-def use_shipped_code(request: dict) -> None:
-    """In a pool process, before a job's body is decoded: its shipped code first on ``sys.path``.
+def with_shipped_code(request: dict, run, *args, **kwargs):
+    """In a pool process: ``run(*args, **kwargs)`` (the job's trace) with the job's shipped code first on
+    ``sys.path``, made ready before its body is decoded; a module the body's objects need and the worker lacks
+    fails as the job's own call would (``explain``), not as kombu's bare ``DecodeError``.
 
-    An error here (its archive expired) is left to the job's own call, which raises it as the job's failure.
+    An error making the code ready (its archive expired) is left to the job's own call, which raises it.
     """
+    code = request.get(CODE_HEADER)
     try:
-        code_cache.enter(request.get(CODE_HEADER), app.backend.client)
+        code_cache.enter(code, app.backend.client)
     except Exception:
         pass
+    try:
+        return run(*args, **kwargs)
+    except DecodeError as err:
+        missing = err.__cause__ or err.__context__
+        if not isinstance(missing, ModuleNotFoundError):
+            raise
+        worker = runtime.current_worker()
+        raise code_cache.explain(missing, code, worker.id if worker else None) from None
 
 
 @app.task(bind=True, base=SubmitTask, name=SUBMIT)
