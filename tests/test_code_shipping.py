@@ -242,6 +242,34 @@ def test_excludes_gitignore_and_caches_stay_behind(tmp_path):
     assert archive.build(d, python_only=True).files == ("main.py", "src/mod.py")
 
 
+def test_a_checkout_of_gpulayer_at_the_top_never_travels(tmp_path):
+    (tmp_path / "gpulayer").mkdir()
+    (tmp_path / "gpulayer" / "__init__.py").write_text("")
+    (tmp_path / "sub" / "gpulayer").mkdir(parents=True)
+    (tmp_path / "sub" / "gpulayer" / "m.py").write_text("")
+    (tmp_path / "main.py").write_text("")
+    assert archive.build(tmp_path).files == ("main.py", "sub/gpulayer/m.py")
+
+
+def test_py_modules_by_name_path_or_module_object(tmp_path, monkeypatch):
+    from gpulayer.workspace import shipping
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("X = 1\n")
+    (tmp_path / "pkg" / "data.txt").write_text("d\n")
+    (tmp_path / "single.py").write_text("Y = 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import pkg
+
+    spec = shipping.spec_of(working_dir=False, py_modules=["single", pkg, str(tmp_path / "single.py")])
+    found = archive.build(None, py_modules=list(spec.py_modules))
+    assert found.files == ("pkg/__init__.py", "pkg/data.txt", "single.py")
+    with pytest.raises(Exception, match="py_modules: no module 'nope_not_here'|cannot find module"):
+        archive.build(None, py_modules=["nope_not_here"])
+    with pytest.raises(TypeError, match="list of module names"):
+        shipping.spec_of(py_modules="single")
+
+
 def test_too_large_a_directory_is_refused_with_the_fix(tmp_path):
     from gpulayer.errors import ConfigError
 
@@ -263,11 +291,13 @@ def test_rays_runtime_env_spelling_and_its_unsupported_keys(tmp_path):
         shipping.spec_of(working_dir=tmp_path / "nope")
 
 
-def test_the_default_root_is_never_home_root_nor_an_environment(tmp_path):
+def test_the_default_root_is_never_home_root_nor_an_environment(tmp_path, monkeypatch):
     assert not roots.shippable(Path.home().resolve())
     assert not roots.shippable(Path("/"))
     assert not roots.shippable(Path(sys.prefix) / "bin") or not (Path(sys.prefix) / "pyvenv.cfg").exists()
     assert roots.shippable(tmp_path)
+    monkeypatch.setenv("PATH", f"/nowhere{os.pathsep}{tmp_path}")
+    assert not roots.shippable(tmp_path)  # where commands live (pytest's, jupyter's entry points): not a project
 
 
 def test_unpacked_archive_round_trips(tmp_path):

@@ -29,6 +29,9 @@ SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".
                        ".pytest_cache", ".ruff_cache", ".tox", ".nox", ".ipynb_checkpoints", "node_modules",
                        "site-packages", "dist-packages", "lightning_logs", "wandb", "mlruns", ".eggs"})
 SKIP_SUFFIXES = (".pyc", ".pyo", ".so.tmp", ".swp")
+# A checkout of gpulayer itself at the top of a project (a clone one works in) never travels: first on a
+# worker's sys.path it would mix with the gpulayer the worker runs.
+NEVER = ("/gpulayer/",)
 MANIFEST = ".gpulayer-code.json"  # inside the archive: where it was packed from, for a worker's messages
 MAX_FILES = 5000
 MAX_BYTES = 16 * 2**20  # uncompressed
@@ -79,7 +82,7 @@ def _skipped_dir(path: Path, name: str) -> bool:
 def collect(root: Path, *, python_only: bool, excludes: list[str] = (), max_file: int = MAX_FILE,
             max_files: int = MAX_FILES, max_bytes: int = MAX_BYTES) -> tuple[list[tuple[str, Path]], list[str]]:
     """The ``(path in the archive, file)`` pairs of ``root``, sorted, and the files left out for their size."""
-    patterns = patterns_of(root) + list(excludes)
+    patterns = patterns_of(root) + list(excludes) + list(NEVER)
     found: list[tuple[str, Path]] = []
     left_out: list[str] = []
     total = seen = 0
