@@ -96,7 +96,7 @@ def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int =
         if workdir is not None:  # `gpulayer train`: its working directory is its code, shipped the same way
             code = shipping.upload(app_mod.app.backend.client, workdir.code())
         else:
-            code = shipping.digest_for(app_mod.app.backend.client, options)  # the user's modules, uploaded once
+            code = shipping.digest_for(lambda: app_mod.app.backend.client, options)  # uploaded once
     except BROKER_ERRORS as err:
         raise broker_lost(err, "the distributed job was not started") from err
     try:

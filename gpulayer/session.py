@@ -45,6 +45,9 @@ def connect(settings: Settings) -> Settings:
         raise ConfigError("no cluster secret: set GPULAYER_SECRET to the secret the workers use "
                           "(`gpulayer up` writes one to its state file)")
     app_mod.configure(settings)
+    from .workspace import shipping
+
+    shipping.connected()  # the archives of the user's code go to this cluster's Redis too
     for module in app_mod.app.conf.imports:  # gpulayer's tasks, registered for senders by name, as a worker has them
         importlib.import_module(module)
     global _exit_hooked

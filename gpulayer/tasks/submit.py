@@ -176,7 +176,7 @@ class SubmitTask(Task):
             headers[TIMEOUT_HEADER] = float(timeout)
         ensure_connected()
         headers.setdefault(CLIENT_HEADER, _sender(self.app))  # the transport records it (engine/senders.py)
-        code = shipping.digest_for(self.backend.client, options)  # the user's modules (gpulayer/workspace/)
+        code = shipping.digest_for(_results_client, options)  # the user's modules (gpulayer/workspace/)
         if code is not None:
             headers[CODE_HEADER] = code
         if not options and producer is None and link is None and link_error is None and shadow is None \
@@ -280,6 +280,10 @@ def _already_done(task) -> bool:
     return bool(client.exists(keys.job_done(task.request.id)))
 
 
+def _results_client():
+    return app.backend.client
+
+
 def with_shipped_code(request: dict, run, *args, **kwargs):
     """In a pool process: ``run(*args, **kwargs)`` (the job's trace) with the job's shipped code first on
     ``sys.path``, made ready before its body is decoded; a module the body's objects need and the worker lacks
@@ -289,7 +293,7 @@ def with_shipped_code(request: dict, run, *args, **kwargs):
     """
     code = request.get(CODE_HEADER)
     try:
-        code_cache.enter(code, app.backend.client)
+        code_cache.enter(code, _results_client)
     except Exception:
         pass
     try:
@@ -309,7 +313,7 @@ def submit(self, *args, **kwargs):
     if (self.request.delivery_info or {}).get("redelivered") and _already_done(self):
         raise Ignore()  # a rerun of a job whose result is stored: never run twice, never overwrite
     code = self.request.get(CODE_HEADER)
-    code_cache.enter(code, self.backend.client)  # done before the decode already, unless that failed
+    code_cache.enter(code, _results_client)  # done before the decode already, unless that failed
     spec = self.request.get(RESOURCES_HEADER) or {}
     try:
         func = fn if callable(fn) else resolve_function(fn)

@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 from .. import signing
 from ..store import keys
@@ -48,14 +49,17 @@ def code_root(client) -> Path:
     return _cluster_root
 
 
-def enter(digest: str | None, client) -> None:
-    """Make ``digest``'s code importable in this process (None: no shipped code), for the job about to run."""
+def enter(digest: str | None, redis_client: Callable[[], object]) -> None:
+    """Make ``digest``'s code importable in this process (None: no shipped code), for the job about to run.
+
+    ``redis_client()`` gives the cluster's Redis, called only when this process first meets ``digest``.
+    """
     global _active, _active_dir
     if digest == _active:
         return
     where = _ready.get(digest) if digest else None
     if digest and where is None:
-        where = _ready[digest] = str(ensure(digest, client))
+        where = _ready[digest] = str(ensure(digest, redis_client()))
         try:
             os.utime(where)  # taken up now: a sweep leaves it for another IDLE seconds
         except OSError:

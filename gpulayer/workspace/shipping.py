@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 from .. import signing
 from ..errors import ConfigError
@@ -51,6 +51,7 @@ class CodeSpec(NamedTuple):
 _default = CodeSpec()
 _built: dict[CodeSpec, archive.Archive | None] = {}
 _uploaded: dict[tuple[int, str], float] = {}  # (id of the Redis client's pool, digest) -> when it was put there
+_last_put: dict[str, float] = {}  # digest -> when this process last put it in (or renewed it in) the Redis it uses
 RENEW_EVERY = keys.CODE_TTL / 4  # a client that keeps using an archive renews its expiry this often
 _lock = threading.Lock()
 _warned: set[str] = set()
@@ -184,15 +185,16 @@ def upload(client, found: archive.Archive) -> str:
     pipe.set(name, signing.sign(found.blob), ex=keys.CODE_TTL, nx=True)
     pipe.expire(name, keys.CODE_TTL)  # one that was there already lives on from now
     pipe.execute()
-    _uploaded[marker] = time.monotonic()
+    _uploaded[marker] = _last_put[found.digest] = time.monotonic()
     return found.digest
 
 
-def digest_for(client, options: dict | None = None) -> str | None:
+def digest_for(redis_client: Callable[[], object], options: dict | None = None) -> str | None:
     """The code a job sent now carries (its ``gl_code`` header), uploaded; None: it carries none.
 
     ``options``: the call's own; its ``working_dir`` / ``py_modules`` / ``excludes`` are taken out of it.
-    Once its archive is up, a call costs a few dictionary look-ups (no round trip, no file read).
+    ``redis_client()``: the cluster's Redis. Once its archive is up, a call costs a few dictionary look-ups
+    and a clock read (no round trip, no file read, not even the client's look-up).
     """
     if options and (OPTIONS[0] in options or OPTIONS[1] in options or OPTIONS[2] in options
                     or OPTIONS[3] in options):
@@ -205,10 +207,19 @@ def digest_for(client, options: dict | None = None) -> str | None:
     found = _built.get(spec, _UNBUILT)
     if found is _UNBUILT:
         found = build(spec)
-    return upload(client, found) if found is not None else None
+    if found is None:
+        return None
+    if time.monotonic() - _last_put.get(found.digest, -RENEW_EVERY) < RENEW_EVERY:
+        return found.digest  # put in this cluster's Redis (or renewed) by this process lately
+    return upload(redis_client(), found)
 
 
 _UNBUILT = object()
+
+
+def connected() -> None:
+    """This process now talks to a (maybe other) cluster: each archive is put in its Redis again when next used."""
+    _last_put.clear()
 
 
 def reset() -> None:
@@ -218,4 +229,5 @@ def reset() -> None:
         _default = CodeSpec()
         _built.clear()
         _uploaded.clear()
+        _last_put.clear()
         _warned.clear()
