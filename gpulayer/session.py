@@ -68,7 +68,7 @@ def init(broker_url: str | None = None, *, secret: str | None = None, workers: i
     embedded cluster's Redis is a Sentinel group (``gpulayer.init(replicas=1, sentinels=3)``).
 
     The user's code travels with every job this process sends (``gpulayer/workspace/``): by default the
-    ``*.py`` files of the script's directory; ``working_dir`` ships that directory instead (every file not
+    ``*.py`` files of the script's directory and of its packages; ``working_dir`` ships that directory instead (every file not
     excluded; ``False``: none), ``py_modules`` more modules or packages (names or paths), ``excludes``
     gitignore-style patterns to leave out (``runtime_env={"working_dir": ...}``, Ray's spelling, works too).
     Workers unpack it once per content and put it first on ``sys.path``.

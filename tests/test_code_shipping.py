@@ -239,7 +239,9 @@ def test_excludes_gitignore_and_caches_stay_behind(tmp_path):
         (d / rel).write_text("x\n")
     found = archive.build(d, excludes=["data/", "*.ckpt"])
     assert found.files == (".gitignore", "conf.yaml", "main.py", "src/mod.py")
-    assert archive.build(d, python_only=True).files == ("main.py", "src/mod.py")
+    assert archive.build(d, python_only=True).files == ("main.py",)  # src/ is no package: import would not find it
+    (d / "src" / "__init__.py").write_text("")
+    assert archive.build(d, python_only=True).files == ("main.py", "src/__init__.py", "src/mod.py")
 
 
 def test_a_checkout_of_gpulayer_at_the_top_never_travels(tmp_path):

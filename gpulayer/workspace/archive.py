@@ -7,8 +7,10 @@ blake2b of the uncompressed tar, so it names the content, whatever zlib does.
 What is left out: version-control and cache directories, hidden directories, virtual environments
 (any directory holding ``pyvenv.cfg``), ``site-packages``, compiled files, whatever the root's
 ``.gitignore`` names (its simple patterns: names, globs, ``dir/``; negations are ignored), and the
-caller's ``excludes`` (the same pattern syntax). ``python_only`` keeps ``*.py`` files alone (what a
-project's modules need); otherwise every file goes, a file over ``max_file`` bytes left out and named.
+caller's ``excludes`` (the same pattern syntax). ``python_only`` keeps the ``*.py`` files of the root and
+of its packages (directories with ``__init__.py``) alone: what ``import`` finds beside a script, cheap to
+find even when the script sits in a crowded directory (``/tmp``). Otherwise every file goes, a file over
+``max_file`` bytes left out and named.
 """
 
 from __future__ import annotations
@@ -91,7 +93,8 @@ def collect(root: Path, *, python_only: bool, excludes: list[str] = (), max_file
         rel_dir = here.relative_to(root).as_posix()
         prefix = "" if rel_dir == "." else rel_dir + "/"
         dirs[:] = sorted(d for d in dirs if not _skipped_dir(here / d, d)
-                         and not excluded(prefix + d, True, patterns))
+                         and not excluded(prefix + d, True, patterns)
+                         and (not python_only or (here / d / "__init__.py").is_file()))
         seen += len(names) + len(dirs)
         if seen > MAX_SEEN:
             raise ConfigError(f"{root} holds over {MAX_SEEN:,} files and directories: it is not a project directory; "

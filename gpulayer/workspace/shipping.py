@@ -7,8 +7,8 @@ Redis under ``keys.code_archive(digest)``, signed. What is shipped, in order of 
   ``submit_batch``, ``distributed``);
 - inside a job or a rank, the code of the job that runs (a chain's next step, a job's own jobs);
 - ``gpulayer.init(working_dir=..., py_modules=..., excludes=...)``;
-- by default, the ``*.py`` files of the script's directory (``roots.script_root``); too large a
-  directory is not shipped, with one warning that says how to choose.
+- by default, the ``*.py`` files of the script's directory and of its packages (``roots.script_root``);
+  too large a directory is not shipped, with one warning that says how to choose.
 
 ``working_dir=False`` ships no directory. An explicit ``working_dir`` ships every file of it that is
 not excluded (data files a module reads beside itself too). Each distinct choice is packed once per
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
 from pathlib import Path
@@ -50,7 +49,6 @@ class CodeSpec(NamedTuple):
 
 _default = CodeSpec()
 _built: dict[CodeSpec, archive.Archive | None] = {}
-_uploaded: dict[tuple[int, str], float] = {}  # (id of the Redis client's pool, digest) -> when it was put there
 _last_put: dict[str, float] = {}  # digest -> when this process last put it in (or renewed it in) the Redis it uses
 RENEW_EVERY = keys.CODE_TTL / 4  # a client that keeps using an archive renews its expiry this often
 _lock = threading.Lock()
@@ -171,21 +169,17 @@ def build(spec: CodeSpec) -> archive.Archive | None:
 def _warn_once(key: str, text: str) -> None:
     if key not in _warned:
         _warned.add(key)
-        log.warning(text)
-        print(text, file=sys.stderr)
+        log.warning(text)  # on stderr unless logging is configured (Python's last-resort handler)
 
 
 def upload(client, found: archive.Archive) -> str:
-    """Make sure ``found`` waits in the cluster's Redis (once per process and Redis); returns its digest."""
-    marker = (id(client.connection_pool), found.digest)
-    if time.monotonic() - _uploaded.get(marker, -RENEW_EVERY) < RENEW_EVERY:
-        return found.digest
+    """Put ``found`` in the cluster's Redis, or renew its expiry there if it is there already; its digest."""
     name = keys.code_archive(found.digest)
     pipe = client.pipeline(transaction=False)
     pipe.set(name, signing.sign(found.blob), ex=keys.CODE_TTL, nx=True)
     pipe.expire(name, keys.CODE_TTL)  # one that was there already lives on from now
     pipe.execute()
-    _uploaded[marker] = _last_put[found.digest] = time.monotonic()
+    _last_put[found.digest] = time.monotonic()
     return found.digest
 
 
@@ -228,6 +222,5 @@ def reset() -> None:
     with _lock:
         _default = CodeSpec()
         _built.clear()
-        _uploaded.clear()
         _last_put.clear()
         _warned.clear()
