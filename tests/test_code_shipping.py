@@ -310,3 +310,61 @@ def test_unpacked_archive_round_trips(tmp_path):
     archive.unpack(found.blob, tmp_path / "out")
     assert (tmp_path / "out" / "mylib.py").read_text() == MYLIB
     assert archive.manifest(tmp_path / "out")["root"] == str(d)
+
+
+# -- a machine's cache (a dictionary stands in for Redis: the unit is the cache's own logic) --------------
+
+class _Redis(dict):
+    def get(self, key):
+        self.reads = getattr(self, "reads", 0) + 1
+        return dict.get(self, key)
+
+
+@pytest.fixture
+def code_cache(tmp_path, monkeypatch):
+    from gpulayer import signing
+    from gpulayer.workspace import cache
+
+    monkeypatch.setattr(signing, "_secret", b"unit-secret")
+    monkeypatch.setattr(cache, "_cluster_root", tmp_path / "root" / "code")
+    monkeypatch.setattr(cache, "_ready", {})
+    yield cache
+    cache._leave()
+
+
+def _shipped(redis, where: Path, value: int) -> str:
+    from gpulayer import signing
+    from gpulayer.store import keys
+
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "mylib_unit.py").write_text(f"VALUE = {value}\n")
+    found = archive.build(where)
+    redis[keys.code_archive(found.digest)] = signing.sign(found.blob)
+    return found.digest
+
+
+def test_the_cache_unpacks_once_switches_cleanly_and_sweeps_what_is_idle(code_cache, tmp_path):
+    redis = _Redis()
+    one, two = _shipped(redis, tmp_path / "v1", 1), _shipped(redis, tmp_path / "v2", 2)
+    code_cache.enter(one, lambda: redis)
+    import mylib_unit
+
+    assert mylib_unit.VALUE == 1 and redis.reads == 1
+    code_cache.enter(one, lambda: pytest.fail("no Redis once the digest is in use"))
+    code_cache.enter(two, lambda: redis)  # another project's version: the first one's module is gone
+    assert "mylib_unit" not in sys.modules
+    import mylib_unit as again
+
+    assert again.VALUE == 2 and redis.reads == 2
+    code_cache.enter(None, lambda: redis)  # a job without code sees neither
+    assert "mylib_unit" not in sys.modules and not any("code" in p and two in p for p in sys.path)
+    base = code_cache.code_root(None)
+    os.utime(base / one, (0, 0))  # used a long time ago
+    assert code_cache.sweep(base) == [one] and (base / two).is_dir()
+    code_cache.enter(one, lambda: redis)  # swept: fetched and unpacked again
+    assert redis.reads == 3 and (base / one / "mylib_unit.py").is_file()
+
+
+def test_an_archive_gone_from_redis_says_to_send_again(code_cache):
+    with pytest.raises(code_cache.CodeMissing, match="not in Redis any more.*send the job again"):
+        code_cache.enter("0" * 32, lambda: _Redis())
