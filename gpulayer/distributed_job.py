@@ -92,6 +92,9 @@ def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int =
     ensure_connected()
     options = {k: v for k, v in (("working_dir", working_dir), ("py_modules", py_modules),
                                  ("excludes", excludes), ("runtime_env", runtime_env)) if v is not None}
+    if workdir is not None and options:
+        raise ValueError(f"distributed(): workdir= (a ShippedDir, gpulayer train's) is the job's code already; "
+                         f"drop {', '.join(f'{k}=' for k in options)}")
     try:
         if workdir is not None:  # `gpulayer train`: its working directory is its code, shipped the same way
             code = shipping.upload(app_mod.app.backend.client, workdir.code())
