@@ -214,7 +214,7 @@ def submit_batch(signatures: Iterable[Signature], resources: Resources | dict | 
     celery_app = app_mod.app
     options = {k: v for k, v in (("working_dir", working_dir), ("py_modules", py_modules),
                                  ("excludes", excludes), ("runtime_env", runtime_env)) if v is not None}
-    code = shipping.digest_for(celery_app.backend.client, options)  # the user's modules, uploaded once
+    code = shipping.digest_for(lambda: celery_app.backend.client, options)  # the user's modules, uploaded once
     if code is not None:
         headers[CODE_HEADER] = code
     summary = res.describe()

@@ -95,11 +95,14 @@ def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int =
     ensure_connected()
     options = {k: v for k, v in (("working_dir", working_dir), ("py_modules", py_modules),
                                  ("excludes", excludes), ("runtime_env", runtime_env)) if v is not None}
+    if workdir is not None and options:
+        raise ValueError(f"distributed(): workdir= (a ShippedDir, gpulayer train's) is the job's code already; "
+                         f"drop {', '.join(f'{k}=' for k in options)}")
     try:
         if workdir is not None:  # `gpulayer train`: its working directory is its code, shipped the same way
             code = shipping.upload(app_mod.app.backend.client, workdir.code())
         else:
-            code = shipping.digest_for(app_mod.app.backend.client, options)  # the user's modules, uploaded once
+            code = shipping.digest_for(lambda: app_mod.app.backend.client, options)  # uploaded once
     except BROKER_ERRORS as err:
         raise broker_lost(err, "the distributed job was not started") from err
     try:

@@ -246,7 +246,8 @@ def _import_ref(ref: str) -> Callable:
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as err:
         raise PayloadError(f"cannot load {ref!r} on this worker: {err}; install the package on every "
-                           "worker, or pass the function object itself to send it by value") from err
+                           "worker, ship it with working_dir= or py_modules=, or pass the function object "
+                           "itself to send it by value") from err
     return obj
 
 

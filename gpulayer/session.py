@@ -45,6 +45,9 @@ def connect(settings: Settings) -> Settings:
         raise ConfigError("no cluster secret: set GPULAYER_SECRET to the secret the workers use "
                           "(`gpulayer up` writes one to its state file)")
     app_mod.configure(settings)
+    from .workspace import shipping
+
+    shipping.connected()  # the archives of the user's code go to this cluster's Redis too
     for module in app_mod.app.conf.imports:  # gpulayer's tasks, registered for senders by name, as a worker has them
         importlib.import_module(module)
     global _exit_hooked
@@ -68,7 +71,7 @@ def init(broker_url: str | None = None, *, secret: str | None = None, workers: i
     them: ``handle.logs()``, `gpulayer logs ID`); default ``GPULAYER_LOG_TO_CLIENT``, on.
 
     The user's code travels with every job this process sends (``gpulayer/workspace/``): by default the
-    ``*.py`` files of the script's directory; ``working_dir`` ships that directory instead (every file not
+    ``*.py`` files of the script's directory and of its packages; ``working_dir`` ships that directory instead (every file not
     excluded; ``False``: none), ``py_modules`` more modules or packages (names or paths), ``excludes``
     gitignore-style patterns to leave out (``runtime_env={"working_dir": ...}``, Ray's spelling, works too).
     Workers unpack it once per content and put it first on ``sys.path``.

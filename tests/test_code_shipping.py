@@ -71,9 +71,14 @@ MISSING = textwrap.dedent("""
         import mylib
         return mylib.VALUE
 
+    def unbox(box):
+        return box.n
+
     gpulayer.init(excludes=["mylib.py"])
+    import mylib                          # here, beside the script; left out of the archive
     out = {}
     for name, call in (("submit", lambda: submit.delay(job).get(timeout=90)),
+                       ("argument", lambda: submit.delay(unbox, mylib.Box(1)).get(timeout=90)),
                        ("distributed", lambda: distributed(job, nodes=1, procs_per_node=1).get(timeout=120))):
         try:
             call()
@@ -193,7 +198,7 @@ def test_without_shipping_the_module_is_missing_on_the_workers(far_fleet, projec
 
 def test_a_module_left_out_fails_in_one_line_naming_module_worker_and_fix(far_fleet, project):
     out = run_script(far_fleet, project, MISSING)
-    for name in ("submit", "distributed"):
+    for name in ("submit", "argument", "distributed"):
         text = out[name]
         assert "No module named 'mylib' on worker w-" in text, text
         assert f"it is not in the shipped code (root {project.resolve()})" in text, text
@@ -234,7 +239,37 @@ def test_excludes_gitignore_and_caches_stay_behind(tmp_path):
         (d / rel).write_text("x\n")
     found = archive.build(d, excludes=["data/", "*.ckpt"])
     assert found.files == (".gitignore", "conf.yaml", "main.py", "src/mod.py")
-    assert archive.build(d, python_only=True).files == ("main.py", "src/mod.py")
+    assert archive.build(d, python_only=True).files == ("main.py",)  # src/ is no package: import would not find it
+    (d / "src" / "__init__.py").write_text("")
+    assert archive.build(d, python_only=True).files == ("main.py", "src/__init__.py", "src/mod.py")
+
+
+def test_a_checkout_of_gpulayer_at_the_top_never_travels(tmp_path):
+    (tmp_path / "gpulayer").mkdir()
+    (tmp_path / "gpulayer" / "__init__.py").write_text("")
+    (tmp_path / "sub" / "gpulayer").mkdir(parents=True)
+    (tmp_path / "sub" / "gpulayer" / "m.py").write_text("")
+    (tmp_path / "main.py").write_text("")
+    assert archive.build(tmp_path).files == ("main.py", "sub/gpulayer/m.py")
+
+
+def test_py_modules_by_name_path_or_module_object(tmp_path, monkeypatch):
+    from gpulayer.workspace import shipping
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("X = 1\n")
+    (tmp_path / "pkg" / "data.txt").write_text("d\n")
+    (tmp_path / "single.py").write_text("Y = 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import pkg
+
+    spec = shipping.spec_of(working_dir=False, py_modules=["single", pkg, str(tmp_path / "single.py")])
+    found = archive.build(None, py_modules=list(spec.py_modules))
+    assert found.files == ("pkg/__init__.py", "pkg/data.txt", "single.py")
+    with pytest.raises(Exception, match="py_modules: no module 'nope_not_here'|cannot find module"):
+        archive.build(None, py_modules=["nope_not_here"])
+    with pytest.raises(TypeError, match="list of module names"):
+        shipping.spec_of(py_modules="single")
 
 
 def test_too_large_a_directory_is_refused_with_the_fix(tmp_path):
@@ -258,11 +293,13 @@ def test_rays_runtime_env_spelling_and_its_unsupported_keys(tmp_path):
         shipping.spec_of(working_dir=tmp_path / "nope")
 
 
-def test_the_default_root_is_never_home_root_nor_an_environment(tmp_path):
+def test_the_default_root_is_never_home_root_nor_an_environment(tmp_path, monkeypatch):
     assert not roots.shippable(Path.home().resolve())
     assert not roots.shippable(Path("/"))
     assert not roots.shippable(Path(sys.prefix) / "bin") or not (Path(sys.prefix) / "pyvenv.cfg").exists()
     assert roots.shippable(tmp_path)
+    monkeypatch.setenv("PATH", f"/nowhere{os.pathsep}{tmp_path}")
+    assert not roots.shippable(tmp_path)  # where commands live (pytest's, jupyter's entry points): not a project
 
 
 def test_unpacked_archive_round_trips(tmp_path):
@@ -273,3 +310,61 @@ def test_unpacked_archive_round_trips(tmp_path):
     archive.unpack(found.blob, tmp_path / "out")
     assert (tmp_path / "out" / "mylib.py").read_text() == MYLIB
     assert archive.manifest(tmp_path / "out")["root"] == str(d)
+
+
+# -- a machine's cache (a dictionary stands in for Redis: the unit is the cache's own logic) --------------
+
+class _Redis(dict):
+    def get(self, key):
+        self.reads = getattr(self, "reads", 0) + 1
+        return dict.get(self, key)
+
+
+@pytest.fixture
+def code_cache(tmp_path, monkeypatch):
+    from gpulayer import signing
+    from gpulayer.workspace import cache
+
+    monkeypatch.setattr(signing, "_secret", b"unit-secret")
+    monkeypatch.setattr(cache, "_cluster_root", tmp_path / "root" / "code")
+    monkeypatch.setattr(cache, "_ready", {})
+    yield cache
+    cache._leave()
+
+
+def _shipped(redis, where: Path, value: int) -> str:
+    from gpulayer import signing
+    from gpulayer.store import keys
+
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "mylib_unit.py").write_text(f"VALUE = {value}\n")
+    found = archive.build(where)
+    redis[keys.code_archive(found.digest)] = signing.sign(found.blob)
+    return found.digest
+
+
+def test_the_cache_unpacks_once_switches_cleanly_and_sweeps_what_is_idle(code_cache, tmp_path):
+    redis = _Redis()
+    one, two = _shipped(redis, tmp_path / "v1", 1), _shipped(redis, tmp_path / "v2", 2)
+    code_cache.enter(one, lambda: redis)
+    import mylib_unit
+
+    assert mylib_unit.VALUE == 1 and redis.reads == 1
+    code_cache.enter(one, lambda: pytest.fail("no Redis once the digest is in use"))
+    code_cache.enter(two, lambda: redis)  # another project's version: the first one's module is gone
+    assert "mylib_unit" not in sys.modules
+    import mylib_unit as again
+
+    assert again.VALUE == 2 and redis.reads == 2
+    code_cache.enter(None, lambda: redis)  # a job without code sees neither
+    assert "mylib_unit" not in sys.modules and not any("code" in p and two in p for p in sys.path)
+    base = code_cache.code_root(None)
+    os.utime(base / one, (0, 0))  # used a long time ago
+    assert code_cache.sweep(base) == [one] and (base / two).is_dir()
+    code_cache.enter(one, lambda: redis)  # swept: fetched and unpacked again
+    assert redis.reads == 3 and (base / one / "mylib_unit.py").is_file()
+
+
+def test_an_archive_gone_from_redis_says_to_send_again(code_cache):
+    with pytest.raises(code_cache.CodeMissing, match="not in Redis any more.*send the job again"):
+        code_cache.enter("0" * 32, lambda: _Redis())

@@ -55,22 +55,22 @@ def _worker_id(app) -> str | None:
     return info.id if info else None
 
 
-# Handed in by the worker (worker/main.py): called with a job's request dict in its pool process before the
-# job's body is decoded (its shipped code on sys.path first: the body may hold objects of the user's modules).
-before_decode = None
+# Handed in by the worker (worker/main.py): ``code_scope(request, run, *args)`` runs a job's trace in its pool
+# process with the job's shipped code first on sys.path (its body may hold objects of the user's modules).
+code_scope = None
 
 
 def fast_trace_task(*args, **kwargs):
     """What the pool runs for a job (Celery's ``fast_trace_task``, patched in by :func:`install`)."""
-    if before_decode is not None:
-        before_decode(args[2])
+    if code_scope is not None:
+        return code_scope(args[2], trace_storing_later, _FAST_TRACE, *args, **kwargs)
     return trace_storing_later(_FAST_TRACE, *args, **kwargs)
 
 
 def trace_task_ret(*args, **kwargs):
     """The same for Celery's ``trace_task_ret`` (a pool without the fast tracer)."""
-    if before_decode is not None:
-        before_decode(args[2])
+    if code_scope is not None:
+        return code_scope(args[2], trace_storing_later, _TRACE_RET, *args, **kwargs)
     return trace_storing_later(_TRACE_RET, *args, **kwargs)
 
 

@@ -41,7 +41,7 @@ def main(argv: list[str]) -> int:
     code = os.environ.get(CODE_ENV) or None
     try:
         try:
-            code_cache.enter(code, client)  # the user's modules first on sys.path (workspace/cache.py)
+            code_cache.enter(code, lambda: client)  # the user's modules first on sys.path (workspace/cache.py)
             fn_ref, args, kwargs = signing.loads(store.payload(gang_id))
             fn = resolve_function(fn_ref)
             result = fn(*args, **kwargs)

@@ -7,7 +7,7 @@ from celery import Task, signature, states
 from celery.result import AsyncResult
 from celery.exceptions import Ignore
 from celery.exceptions import TimeoutError as CeleryTimeoutError
-from kombu.exceptions import EncodeError
+from kombu.exceptions import DecodeError, EncodeError
 from kombu.utils.uuid import uuid
 
 from .. import app as app_mod
@@ -223,7 +223,7 @@ class SubmitTask(Task):
         out = output_header(self.app)
         if out is not None:
             headers.setdefault(OUTPUT_HEADER, out)
-        code = shipping.digest_for(self.backend.client, code_options)  # the user's modules (gpulayer/workspace/)
+        code = shipping.digest_for(_results_client, code_options)  # the user's modules (gpulayer/workspace/)
         if code is not None:
             headers[CODE_HEADER] = code
         if not options and producer is None and link is None and link_error is None and shadow is None \
@@ -338,15 +338,30 @@ def _already_done(task) -> bool:
     return bool(client.exists(keys.job_done(task.request.id)))
 
 
-def use_shipped_code(request: dict) -> None:
-    """In a pool process, before a job's body is decoded: its shipped code first on ``sys.path``.
+def _results_client():
+    return app.backend.client
 
-    An error here (its archive expired) is left to the job's own call, which raises it as the job's failure.
+
+def with_shipped_code(request: dict, run, *args, **kwargs):
+    """In a pool process: ``run(*args, **kwargs)`` (the job's trace) with the job's shipped code first on
+    ``sys.path``, made ready before its body is decoded; a module the body's objects need and the worker lacks
+    fails as the job's own call would (``explain``), not as kombu's bare ``DecodeError``.
+
+    An error making the code ready (its archive expired) is left to the job's own call, which raises it.
     """
+    code = request.get(CODE_HEADER)
     try:
-        code_cache.enter(request.get(CODE_HEADER), app.backend.client)
+        code_cache.enter(code, _results_client)
     except Exception:
         pass
+    try:
+        return run(*args, **kwargs)
+    except DecodeError as err:
+        missing = err.__cause__ or err.__context__
+        if not isinstance(missing, ModuleNotFoundError):
+            raise
+        worker = runtime.current_worker()
+        raise code_cache.explain(missing, code, worker.id if worker else None) from None
 
 
 @app.task(bind=True, base=SubmitTask, name=SUBMIT)
@@ -356,7 +371,7 @@ def submit(self, *args, **kwargs):
     if (self.request.delivery_info or {}).get("redelivered") and _already_done(self):
         raise Ignore()  # a rerun of a job whose result is stored: never run twice, never overwrite
     code = self.request.get(CODE_HEADER)
-    code_cache.enter(code, self.backend.client)  # done before the decode already, unless that failed
+    code_cache.enter(code, _results_client)  # done before the decode already, unless that failed
     spec = self.request.get(RESOURCES_HEADER) or {}
     request = self.request
     worker = runtime.current_worker()

@@ -199,9 +199,9 @@ def _start(settings, registry: Registry, worker_id: str, host: str, gpu_ids: lis
     app.steps["consumer"].add(EventPacer)
     app.steps["consumer"].add(PoolBatches)  # several tiny jobs to a pool process at once, under a backlog
     job_request.install(app)  # jobs logged by their summary; successes stored with their acks
-    from ..tasks.submit import use_shipped_code
+    from ..tasks.submit import with_shipped_code
 
-    job_request.before_decode = use_shipped_code  # a job's shipped code on sys.path (workspace/cache.py)
+    job_request.code_scope = with_shipped_code  # a job's shipped code on sys.path (workspace/cache.py)
 
     worker = app.Worker(
         hostname=f"{worker_id}@{host}",

@@ -7,8 +7,10 @@ blake2b of the uncompressed tar, so it names the content, whatever zlib does.
 What is left out: version-control and cache directories, hidden directories, virtual environments
 (any directory holding ``pyvenv.cfg``), ``site-packages``, compiled files, whatever the root's
 ``.gitignore`` names (its simple patterns: names, globs, ``dir/``; negations are ignored), and the
-caller's ``excludes`` (the same pattern syntax). ``python_only`` keeps ``*.py`` files alone (what a
-project's modules need); otherwise every file goes, a file over ``max_file`` bytes left out and named.
+caller's ``excludes`` (the same pattern syntax). ``python_only`` keeps the ``*.py`` files of the root and
+of its packages (directories with ``__init__.py``) alone: what ``import`` finds beside a script, cheap to
+find even when the script sits in a crowded directory (``/tmp``). Otherwise every file goes, a file over
+``max_file`` bytes left out and named.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ SKIP_DIRS = frozenset({".git", ".hg", ".svn", "__pycache__", ".venv", "venv", ".
                        ".pytest_cache", ".ruff_cache", ".tox", ".nox", ".ipynb_checkpoints", "node_modules",
                        "site-packages", "dist-packages", "lightning_logs", "wandb", "mlruns", ".eggs"})
 SKIP_SUFFIXES = (".pyc", ".pyo", ".so.tmp", ".swp")
+# A checkout of gpulayer itself at the top of a project (a clone one works in) never travels: first on a
+# worker's sys.path it would mix with the gpulayer the worker runs.
+NEVER = ("/gpulayer/",)
 MANIFEST = ".gpulayer-code.json"  # inside the archive: where it was packed from, for a worker's messages
 MAX_FILES = 5000
 MAX_BYTES = 16 * 2**20  # uncompressed
@@ -79,7 +84,7 @@ def _skipped_dir(path: Path, name: str) -> bool:
 def collect(root: Path, *, python_only: bool, excludes: list[str] = (), max_file: int = MAX_FILE,
             max_files: int = MAX_FILES, max_bytes: int = MAX_BYTES) -> tuple[list[tuple[str, Path]], list[str]]:
     """The ``(path in the archive, file)`` pairs of ``root``, sorted, and the files left out for their size."""
-    patterns = patterns_of(root) + list(excludes)
+    patterns = patterns_of(root) + list(excludes) + list(NEVER)
     found: list[tuple[str, Path]] = []
     left_out: list[str] = []
     total = seen = 0
@@ -88,7 +93,8 @@ def collect(root: Path, *, python_only: bool, excludes: list[str] = (), max_file
         rel_dir = here.relative_to(root).as_posix()
         prefix = "" if rel_dir == "." else rel_dir + "/"
         dirs[:] = sorted(d for d in dirs if not _skipped_dir(here / d, d)
-                         and not excluded(prefix + d, True, patterns))
+                         and not excluded(prefix + d, True, patterns)
+                         and (not python_only or (here / d / "__init__.py").is_file()))
         seen += len(names) + len(dirs)
         if seen > MAX_SEEN:
             raise ConfigError(f"{root} holds over {MAX_SEEN:,} files and directories: it is not a project directory; "

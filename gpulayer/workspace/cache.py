@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 from .. import signing
 from ..store import keys
@@ -33,7 +34,9 @@ _active_dir: str | None = None
 _ready: dict[str, str] = {}  # digest -> its directory, known complete on this machine
 _cluster_root: Path | None = None
 CODE_DIR = "code"  # in the cluster's root
-IDLE = keys.CODE_TTL  # an unpacked archive no process here took up for this long goes at a sweep
+IDLE = keys.CODE_TTL  # an unpacked archive no process here used for this long goes at a sweep
+TOUCH_EVERY = 3600.0  # a process that keeps using one archive marks it in use this often
+_touched = 0.0
 
 
 class CodeMissing(RuntimeError):
@@ -48,23 +51,36 @@ def code_root(client) -> Path:
     return _cluster_root
 
 
-def enter(digest: str | None, client) -> None:
-    """Make ``digest``'s code importable in this process (None: no shipped code), for the job about to run."""
-    global _active, _active_dir
+def enter(digest: str | None, redis_client: Callable[[], object]) -> None:
+    """Make ``digest``'s code importable in this process (None: no shipped code), for the job about to run.
+
+    ``redis_client()`` gives the cluster's Redis, called only when this process first meets ``digest``.
+    """
+    global _active, _active_dir, _touched
     if digest == _active:
+        if digest is not None and time.monotonic() - _touched > TOUCH_EVERY:
+            _touch(_active_dir)
         return
     where = _ready.get(digest) if digest else None
-    if digest and where is None:
-        where = _ready[digest] = str(ensure(digest, client))
-        try:
-            os.utime(where)  # taken up now: a sweep leaves it for another IDLE seconds
-        except OSError:
-            pass
+    if digest and (where is None or not os.path.isdir(where)):  # new here, or swept since this process used it
+        where = _ready[digest] = str(ensure(digest, redis_client()))
+    if where is not None:
+        _touch(where)
     _leave()
     if where is not None:
         sys.path.insert(0, where)
         importlib.invalidate_caches()
     _active, _active_dir = digest, where
+
+
+def _touch(where: str) -> None:
+    """Mark ``where`` as in use now: a sweep leaves it for another ``IDLE`` seconds."""
+    global _touched
+    _touched = time.monotonic()
+    try:
+        os.utime(where)
+    except OSError:
+        pass
 
 
 def _leave() -> None:

@@ -47,4 +47,14 @@ def shippable(root: Path) -> bool:
         return False
     if (root / "pyvenv.cfg").exists() or any((p / "pyvenv.cfg").exists() for p in root.parents):
         return False  # inside a virtual environment (its bin/, say)
-    return True
+    return not _on_path(root)  # a command's entry point (/usr/bin/pytest, ~/.local/bin/jupyter): not a project
+
+
+def _on_path(root: Path) -> bool:
+    for entry in os.environ.get("PATH", "").split(os.pathsep):
+        try:
+            if entry and Path(entry).resolve() == root:
+                return True
+        except OSError:
+            continue
+    return False

@@ -7,8 +7,8 @@ Redis under ``keys.code_archive(digest)``, signed. What is shipped, in order of 
   ``submit_batch``, ``distributed``);
 - inside a job or a rank, the code of the job that runs (a chain's next step, a job's own jobs);
 - ``gpulayer.init(working_dir=..., py_modules=..., excludes=...)``;
-- by default, the ``*.py`` files of the script's directory (``roots.script_root``); too large a
-  directory is not shipped, with one warning that says how to choose.
+- by default, the ``*.py`` files of the script's directory and of its packages (``roots.script_root``);
+  too large a directory is not shipped, with one warning that says how to choose.
 
 ``working_dir=False`` ships no directory. An explicit ``working_dir`` ships every file of it that is
 not excluded (data files a module reads beside itself too). Each distinct choice is packed once per
@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
 from pathlib import Path
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 from .. import signing
 from ..errors import ConfigError
@@ -50,7 +49,7 @@ class CodeSpec(NamedTuple):
 
 _default = CodeSpec()
 _built: dict[CodeSpec, archive.Archive | None] = {}
-_uploaded: dict[tuple[int, str], float] = {}  # (id of the Redis client's pool, digest) -> when it was put there
+_last_put: dict[str, float] = {}  # digest -> when this process last put it in (or renewed it in) the Redis it uses
 RENEW_EVERY = keys.CODE_TTL / 4  # a client that keeps using an archive renews its expiry this often
 _lock = threading.Lock()
 _warned: set[str] = set()
@@ -170,29 +169,26 @@ def build(spec: CodeSpec) -> archive.Archive | None:
 def _warn_once(key: str, text: str) -> None:
     if key not in _warned:
         _warned.add(key)
-        log.warning(text)
-        print(text, file=sys.stderr)
+        log.warning(text)  # on stderr unless logging is configured (Python's last-resort handler)
 
 
 def upload(client, found: archive.Archive) -> str:
-    """Make sure ``found`` waits in the cluster's Redis (once per process and Redis); returns its digest."""
-    marker = (id(client.connection_pool), found.digest)
-    if time.monotonic() - _uploaded.get(marker, -RENEW_EVERY) < RENEW_EVERY:
-        return found.digest
+    """Put ``found`` in the cluster's Redis, or renew its expiry there if it is there already; its digest."""
     name = keys.code_archive(found.digest)
     pipe = client.pipeline(transaction=False)
     pipe.set(name, signing.sign(found.blob), ex=keys.CODE_TTL, nx=True)
     pipe.expire(name, keys.CODE_TTL)  # one that was there already lives on from now
     pipe.execute()
-    _uploaded[marker] = time.monotonic()
+    _last_put[found.digest] = time.monotonic()
     return found.digest
 
 
-def digest_for(client, options: dict | None = None) -> str | None:
+def digest_for(redis_client: Callable[[], object], options: dict | None = None) -> str | None:
     """The code a job sent now carries (its ``gl_code`` header), uploaded; None: it carries none.
 
     ``options``: the call's own; its ``working_dir`` / ``py_modules`` / ``excludes`` are taken out of it.
-    Once its archive is up, a call costs a few dictionary look-ups (no round trip, no file read).
+    ``redis_client()``: the cluster's Redis. Once its archive is up, a call costs a few dictionary look-ups
+    and a clock read (no round trip, no file read, not even the client's look-up).
     """
     if options and (OPTIONS[0] in options or OPTIONS[1] in options or OPTIONS[2] in options
                     or OPTIONS[3] in options):
@@ -205,10 +201,19 @@ def digest_for(client, options: dict | None = None) -> str | None:
     found = _built.get(spec, _UNBUILT)
     if found is _UNBUILT:
         found = build(spec)
-    return upload(client, found) if found is not None else None
+    if found is None:
+        return None
+    if time.monotonic() - _last_put.get(found.digest, -RENEW_EVERY) < RENEW_EVERY:
+        return found.digest  # put in this cluster's Redis (or renewed) by this process lately
+    return upload(redis_client(), found)
 
 
 _UNBUILT = object()
+
+
+def connected() -> None:
+    """This process now talks to a (maybe other) cluster: each archive is put in its Redis again when next used."""
+    _last_put.clear()
 
 
 def reset() -> None:
@@ -217,5 +222,5 @@ def reset() -> None:
     with _lock:
         _default = CodeSpec()
         _built.clear()
-        _uploaded.clear()
+        _last_put.clear()
         _warned.clear()
