@@ -37,7 +37,7 @@ from .gang import attempts
 from .gang.coordinator import ask
 from .gang.workdir import ShippedDir
 from .output import tail, watch
-from .tasks.submit import as_resources
+from .tasks.submit import as_resources, output_header
 
 log = logging.getLogger(__name__)
 PLACEMENT_LOOK = 0.25  # seconds between reads of a waiting gang's reason (wait_placement)
@@ -94,7 +94,7 @@ def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int =
                         resources=as_resources(resources), backend=backend, launcher=launcher, timeout=timeout,
                         max_restarts=max_restarts, warm=warm, name=function_name(fn) if not isinstance(fn, str) else fn,
                         workdir=workdir.spec() if workdir is not None else None, client=app_mod.client_identity(),
-                        output=watch.output_id(force=on_output is not None))
+                        output=watch.output_id(force=True) if on_output is not None else output_header(app_mod.app))
     except ValueError as err:
         raise ValueError(f"invalid distributed job: {err}") from err
     payload = signing.dumps((pack_function(fn), args, kwargs))

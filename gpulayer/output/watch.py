@@ -34,6 +34,7 @@ RouteFn = Callable[[Source, str, str], None]  # (source, "out" | "err", line)
 _lock = threading.Lock()
 _id: str | None = None
 _thread: threading.Thread | None = None
+_running = False  # the subscriber thread listens (cleared as it ends)
 _stop = threading.Event()
 _routes: dict[str, RouteFn] = {}  # job or gang id -> who takes its lines instead of printing them
 _synced: dict[str, threading.Event] = {}
@@ -42,8 +43,8 @@ _synced: dict[str, threading.Event] = {}
 def _forked() -> None:
     """A forked child has no subscriber (the parent's thread did not come along): it gets an id of its own, or
     every line would be printed by both."""
-    global _id, _thread, _lock, _stop
-    _id, _thread, _lock, _stop = None, None, threading.Lock(), threading.Event()
+    global _id, _thread, _lock, _stop, _running
+    _id, _thread, _lock, _stop, _running = None, None, threading.Lock(), threading.Event(), False
     _routes.clear()
     _synced.clear()
 
@@ -56,7 +57,7 @@ def output_id(force: bool = False) -> str | None:
     ``log_to_client`` is off (unless ``force``: a handle that takes its gang's lines itself)."""
     if not force and not enabled():
         return None
-    if _thread is None or not _thread.is_alive():
+    if not _running:
         _start()
     return _id
 
@@ -68,9 +69,9 @@ def enabled() -> bool:
 
 
 def _start() -> None:
-    global _id, _thread
+    global _id, _thread, _running
     with _lock:
-        if _thread is not None and _thread.is_alive():
+        if _running:
             return
         _id = _id or uuid.uuid4().hex
         client = app_mod.redis_client()
@@ -83,6 +84,7 @@ def _start() -> None:
                 break
         _stop.clear()
         _thread = threading.Thread(target=_run, args=(client, sub), name="gpulayer-output-watch", daemon=True)
+        _running = True
         _thread.start()
         atexit.register(_drain)
 
@@ -100,7 +102,7 @@ def sync(timeout: float = 2.0) -> bool:
     """Wait until every line published on this process's channel before now has been handled (printed or
     routed); False if the subscriber did not get there within ``timeout``. One PUBLISH and a wait: a marker
     on the same channel comes after every line published before it."""
-    if _id is None or _thread is None or not _thread.is_alive():
+    if _id is None or not _running:
         return True
     token = uuid.uuid4().hex
     done = _synced[token] = threading.Event()
@@ -144,6 +146,14 @@ def handle(data) -> None:
 
 
 def _run(client, sub) -> None:
+    try:
+        _listen(client, sub)
+    finally:
+        global _running
+        _running = False
+
+
+def _listen(client, sub) -> None:
     while not _stop.is_set():
         try:
             msg = sub.get_message(timeout=POLL)
