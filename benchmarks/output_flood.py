@@ -95,7 +95,7 @@ def loop(lines: int, stop_key: str, started_key: str, silent: bool) -> int:
 def one_round(mode: str, args, r, round_no: int, fleet) -> tuple[float, float, int | None, int | None]:
     from gpulayer import submit, submit_batch
     from gpulayer.store import keys
-    from gpulayer.output import tail
+    from gpulayer.output import tail, watch
 
     stop_key, started_key = f"bench:flood:stop:{round_no}:{mode}", f"bench:flood:started:{round_no}:{mode}"
     extra, extra_pid = None, None
@@ -122,6 +122,7 @@ def one_round(mode: str, args, r, round_no: int, fleet) -> tuple[float, float, i
             printed = extra.get(timeout=300)
             kept = len(tail.entries(r, extra.id)) if mode == "printer" else None
             r.delete(keys.job_output(extra.id))
+            watch.sync()  # the lines still on their way are printed here, to /dev/null
     return args.jobs / elapsed, used / args.jobs * 1e6, printed, kept
 
 

@@ -19,7 +19,6 @@ import threading
 import uuid
 from typing import Any, Callable
 
-
 from . import app as app_mod
 from . import signing
 from .client import ensure_connected
@@ -101,8 +100,10 @@ def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int =
     try:
         check_gang_fits_fleet(spec, app_mod.registry().current())  # incremental: a submit never pays the full read
         client = app_mod.redis_client()
+        handle = GangHandle(spec, client, on_output, start=False)  # its lines' route set before the gang exists
         GangStore(client).create(spec, payload, signing.sign(workdir.archive) if workdir is not None else None)
-        return GangHandle(spec, client, on_output)
+        handle._begin()
+        return handle
     except BROKER_ERRORS as err:
         raise broker_lost(err, f"distributed job {spec.gang_id} was not started") from err
 
@@ -150,7 +151,7 @@ class GangHandle:
     the record.
     """
 
-    def __init__(self, spec: GangSpec, client, on_output: OutputFn | None = None):
+    def __init__(self, spec: GangSpec, client, on_output: OutputFn | None = None, start: bool = True):
         self.spec = spec
         self.id = spec.gang_id
         self.store = GangStore(client)
@@ -169,10 +170,15 @@ class GangHandle:
         # The watcher's view of a lost broker: it rides out a restart, and get() says so when it gives up.
         self._lost = outage(None, f"distributed job {self.id} was started; the cluster runs it whether or not anyone "
                                   "watches, and its record waits in Redis if the broker comes back with its data")
-        if on_output is not None:  # this process's subscriber is up already (distributed() asked for its id)
+        if on_output is not None:  # before the gang can start: warm ranks print within milliseconds
             watch.route(self.id, lambda source, stream, line: on_output(
                 source.rank, "stdout" if stream == "out" else "stderr", line))
         self._thread = threading.Thread(target=self._drive, name=f"gang-{self.id[:8]}", daemon=True)
+        if start:
+            self._begin()
+
+    def _begin(self) -> None:
+        """Watch the gang (created in Redis by now) and ask a coordinator to place it."""
         self._thread.start()
         self._listening.wait(30)  # subscribed before the coordinator is asked: no event can be missed
         ask(self.id, 0)
