@@ -140,6 +140,7 @@ def cancel_gang(gang_id: str, timeout: float = 30.0) -> dict | None:
 
 
 OutputFn = Callable[[int, str, str], None]  # (rank, "stdout" | "stderr", line)
+OUTPUT_QUIET = 0.2  # seconds without a line for on_output, once the gang has ended, before its output is over
 
 
 class GangHandle:
@@ -293,8 +294,8 @@ class GangHandle:
             # Every line first: each node sent its ranks' last lines before it reported its end, so a marker
             # sent now on this process's channel comes after them all.
             watch.sync()
-            if self._output:
-                watch.unroute(self.id)
+            if self._output:  # and a line read after its rank ended, if any, still goes to on_output
+                watch.unroute(self.id, quiet=OUTPUT_QUIET)
         if self._error is not None:
             raise self._error
         return self._result

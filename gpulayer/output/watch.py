@@ -89,13 +89,26 @@ def _start() -> None:
         atexit.register(_drain)
 
 
+_heard: dict[str, float] = {}  # routed job id -> when its last line was handled (time.monotonic)
+
+
 def route(job_id: str, fn: RouteFn) -> None:
     """Hand ``job_id``'s lines to ``fn`` instead of printing them."""
+    _heard[job_id] = time.monotonic()
     _routes[job_id] = fn
 
 
-def unroute(job_id: str) -> None:
+def unroute(job_id: str, quiet: float = 0.0, limit: float = 5.0) -> None:
+    """Print ``job_id``'s lines again, once none came for ``quiet`` seconds (at most ``limit`` seconds from now):
+    a line its worker read from a rank's pipe after the rank ended still goes to the route's ``fn``."""
+    end = time.monotonic() + limit
+    while quiet and time.monotonic() < end:
+        left = _heard.get(job_id, 0.0) + quiet - time.monotonic()
+        if left <= 0:
+            break
+        time.sleep(min(left, 0.05))
     _routes.pop(job_id, None)
+    _heard.pop(job_id, None)
 
 
 def sync(timeout: float = 2.0) -> bool:
@@ -139,6 +152,8 @@ def handle(data) -> None:
         return
     for source, stream, text in decode_batch(batch):
         fn = _routes.get(source.job, show)
+        if fn is not show:
+            _heard[source.job] = time.monotonic()
         try:
             fn(source, stream, text)
         except Exception:
