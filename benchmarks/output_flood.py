@@ -8,6 +8,7 @@ One Redis (free loopback port) and ``--workers`` x ``--slots`` real workers (wit
 - ``none``: the tiny jobs alone;
 - ``silent``: beside one job that runs the printer's loop (formatting each line) but writes to a local buffer:
   the same slot and CPU taken as the printer's, none of its output;
+- ``printer-not-home`` (with ``--not-home``): the printer, its lines captured and kept but sent to no client;
 - ``printer``: beside one job that ``print``s lines in a tight loop (at least ``--lines``, and on until the
   tiny jobs are done), whose output is captured, rate-limited, sent home and printed by this client (sent
   to /dev/null during the timed part, as every mode's stdout and stderr are).
@@ -42,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gpulayer.lab.fleet import Fleet  # noqa: E402
 
 MODES = ("none", "silent", "printer")
+EXTRA_MODES = ("printer-not-home",)  # --not-home: the printer's lines captured and kept, not sent to this client
 
 
 def square(x):
@@ -96,10 +98,13 @@ def one_round(mode: str, args, r, round_no: int, fleet) -> tuple[float, float, i
     from gpulayer import submit, submit_batch
     from gpulayer.store import keys
     from gpulayer.output import tail, watch
+    from gpulayer.tasks.submit import OUTPUT_HEADER
 
     stop_key, started_key = f"bench:flood:stop:{round_no}:{mode}", f"bench:flood:started:{round_no}:{mode}"
     extra, extra_pid = None, None
-    if mode != "none":
+    if mode == "printer-not-home":  # an empty output id: kept in its tail, sent to no client
+        extra = submit.apply_async((loop, args.lines, stop_key, started_key, False), headers={OUTPUT_HEADER: ""})
+    elif mode != "none":
         extra = submit.delay(loop, args.lines, stop_key, started_key, mode == "silent")
         deadline = time.monotonic() + 60
         while not r.exists(started_key):
@@ -120,7 +125,7 @@ def one_round(mode: str, args, r, round_no: int, fleet) -> tuple[float, float, i
         if extra is not None:
             r.set(stop_key, 1, ex=600)
             printed = extra.get(timeout=300)
-            kept = len(tail.entries(r, extra.id)) if mode == "printer" else None
+            kept = len(tail.entries(r, extra.id)) if mode.startswith("printer") else None
             r.delete(keys.job_output(extra.id))
             watch.sync()  # the lines still on their way are printed here, to /dev/null
     return args.jobs / elapsed, used / args.jobs * 1e6, printed, kept
@@ -134,6 +139,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--slots", type=int, default=2)
+    p.add_argument("--not-home", action="store_true",
+                   help="a fourth mode: the printer's lines captured and kept, but sent to no client")
     p.add_argument("--output", default="output_flood.txt")
     args = p.parse_args()
     out = Report("output_flood")
@@ -148,24 +155,25 @@ def main() -> int:
         submit_batch([submit.s(square, i) for i in range(500)]).get(timeout=120, progress=False)  # warm-up
         out(f"{args.jobs} tiny jobs (submit_batch) on {args.workers} x {args.slots} slots, {os.cpu_count()} cores; "
             f"printer: >= {args.lines} lines in a tight loop; {args.rounds} rounds")
-        rates = {m: [] for m in MODES}
-        cpus = {m: [] for m in MODES}
+        modes = MODES + (EXTRA_MODES if args.not_home else ())
+        rates = {m: [] for m in modes}
+        cpus = {m: [] for m in modes}
         for rnd in range(args.rounds):
-            order = MODES[rnd % 3:] + MODES[:rnd % 3]
+            order = modes[rnd % len(modes):] + modes[:rnd % len(modes)]
             for mode in order:
                 rate, cpu_us, printed, kept = one_round(mode, args, r, rnd, fleet)
                 rates[mode].append(rate)
                 cpus[mode].append(cpu_us)
                 more = f", printed {printed} lines, {kept} kept in its tail" if printed is not None and kept else \
                     (f", formatted {printed} lines" if printed is not None else "")
-                out(f"round {rnd + 1} {mode:>7}: {rate:7.0f} jobs/s, {cpu_us:4.0f} us CPU a job{more}")
+                out(f"round {rnd + 1} {mode:>16}: {rate:7.0f} jobs/s, {cpu_us:4.0f} us CPU a job{more}")
         med = {m: statistics.median(v) for m, v in rates.items()}
         paired_silent = statistics.median(p / s for p, s in zip(rates["printer"], rates["silent"]))
         paired_none = statistics.median(p / n for p, n in zip(rates["printer"], rates["none"]))
         out("")
         cpu_med = {m: statistics.median(v) for m, v in cpus.items()}
-        for m in MODES:
-            out(f"median {m:>7}: {med[m]:7.0f} jobs/s, {cpu_med[m]:4.0f} us CPU a tiny job (client, Redis, "
+        for m in modes:
+            out(f"median {m:>16}: {med[m]:7.0f} jobs/s, {cpu_med[m]:4.0f} us CPU a tiny job (client, Redis, "
                 "workers; the extra job's process left out)")
         out(f"printer / silent: {med['printer'] / med['silent']:.3f} of the medians, {paired_silent:.3f} median of "
             "the rounds' own   (what capturing a flood costs the other jobs)")
@@ -175,7 +183,8 @@ def main() -> int:
                    none_jobs_s=med["none"], silent_jobs_s=med["silent"], printer_jobs_s=med["printer"],
                    printer_over_silent=med["printer"] / med["silent"], printer_over_none=med["printer"] / med["none"],
                    paired_printer_over_silent=paired_silent, paired_printer_over_none=paired_none,
-                   cpu_us_per_job={m: cpu_med[m] for m in MODES})
+                   cpu_us_per_job={m: cpu_med[m] for m in modes},
+                   **({"not_home_jobs_s": med["printer-not-home"]} if args.not_home else {}))
     path = write_results(out.lines, args.output)
     print(f"written to {path}")
     return 0

@@ -134,30 +134,39 @@ def sync(timeout: float = 2.0) -> bool:
 
 def show(source: Source, stream: str, text: str) -> None:
     """Print one line in this process, prefixed with where it came from."""
-    out = sys.stdout if stream == OUT else sys.stderr
+    _write(sys.stdout if stream == OUT else sys.stderr, f"{source.prefix()} {text}\n")
+
+
+def _write(out, text: str) -> None:
     try:
-        out.write(f"{source.prefix()} {text}\n")
+        out.write(text)
         out.flush()
-    except (ValueError, OSError):  # a closed stream (the process is ending): the line is in the job's tail
+    except (ValueError, OSError):  # a closed stream (the process is ending): the lines are in the jobs' tails
         pass
 
 
 def handle(data) -> None:
-    """One message of the channel: a batch of lines, or a sync marker."""
+    """One message of the channel: a batch of lines (printed with one write and one flush a stream), or a
+    sync marker."""
     batch = json.loads(data)
     if isinstance(batch, dict):
         done = _synced.get(batch.get(SYNC))
         if done is not None:
             done.set()
         return
+    printed: dict[str, list[str]] = {}
     for source, stream, text in decode_batch(batch):
-        fn = _routes.get(source.job, show)
-        if fn is not show:
-            _heard[source.job] = time.monotonic()
+        fn = _routes.get(source.job)
+        if fn is None:
+            printed.setdefault(stream, []).append(f"{source.prefix()} {text}\n")
+            continue
+        _heard[source.job] = time.monotonic()
         try:
             fn(source, stream, text)
         except Exception:
             log.exception("gpulayer: an output line of job %s could not be handled", source.job)
+    for stream, lines in printed.items():
+        _write(sys.stdout if stream == OUT else sys.stderr, "".join(lines))
 
 
 def _run(client, sub) -> None:
