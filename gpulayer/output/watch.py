@@ -26,7 +26,7 @@ from .lines import OUT, Source, decode_batch
 
 log = logging.getLogger(__name__)
 
-POLL = 0.05  # seconds the subscriber waits for a message before it looks whether the process is ending
+POLL = 1.0  # seconds the subscriber waits for a message before it looks again (a lost connection, the end)
 SYNC = "sync"  # a marker the process sends itself: every line published before it has been handled
 
 RouteFn = Callable[[Source, str, str], None]  # (source, "out" | "err", line)
@@ -185,24 +185,18 @@ def _listen(client, sub) -> None:
             log.debug("gpulayer: the output subscriber lost its connection: %s", err)
             time.sleep(0.5)
             continue
-        if msg and msg["type"] == "message":
+        # (not once the process is ending: a daemon thread writing to stdout during shutdown can abort it)
+        if msg and msg["type"] == "message" and not _stop.is_set():
             handle(msg["data"])
-    try:  # the process is ending: what is already here is shown, nothing more is waited for
-        while (msg := sub.get_message(timeout=0.01)) is not None:
-            if msg["type"] == "message":
-                handle(msg["data"])
+    try:
+        sub.close()
+        client.close()
     except Exception:
         pass
-    finally:
-        try:
-            sub.close()
-            client.close()
-        except Exception:
-            pass
 
 
 def _drain() -> None:
+    """At exit: the lines already published are printed (one marker's round trip), then the thread is left
+    to die with the process."""
+    sync(1.0)
     _stop.set()
-    thread = _thread
-    if thread is not None:
-        thread.join(1.0)
