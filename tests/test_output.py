@@ -376,3 +376,20 @@ def test_a_cluster_fit_prints_what_a_local_fit_prints(fleet, tmp_path):
     assert text.index("Epoch 1: ") < text.index("fit returned")
     assert "(rank 0" not in text
     wait_until(lambda: GangStore(redis_client()).held() == {}, 30, "every slot to be free after the fit")
+
+
+def test_celerys_task_logger_and_warnings_are_captured_too(fleet):
+    def celery_habits():
+        import warnings
+        from celery.utils.log import get_task_logger
+
+        get_task_logger("mytasks").warning("from a task logger")
+        warnings.warn("careful", UserWarning)
+        return 1
+
+    h = submit.delay(celery_habits)
+    assert h.get(timeout=60) == 1
+    kept = h.logs().splitlines()
+    assert kept[0] == "WARNING mytasks: from a task logger"  # once, though it may reach two loggers
+    assert re.match(r".*: UserWarning: careful$", kept[1])  # as Python prints a warning
+    assert kept.count("WARNING mytasks: from a task logger") == 1
