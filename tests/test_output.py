@@ -393,3 +393,22 @@ def test_celerys_task_logger_and_warnings_are_captured_too(fleet):
     assert kept[0] == "WARNING mytasks: from a task logger"  # once, though it may reach two loggers
     assert re.match(r".*: UserWarning: careful$", kept[1])  # as Python prints a warning
     assert kept.count("WARNING mytasks: from a task logger") == 1
+
+
+def test_a_client_connected_to_another_cluster_gets_its_lines_from_there(fleet, fresh_fleet, capsys):
+    def says(word):
+        print(word)
+        return word
+
+    assert submit.delay(says, "first cluster").get(timeout=60) == "first cluster"
+    fresh_fleet.add_worker("other-1", slots=1, torch=False)
+    fresh_fleet.connect()
+    try:
+        h = submit.delay(says, "second cluster")
+        assert h.get(timeout=60) == "second cluster"
+        seen = []
+        wait_until(lambda: seen.append(capsys.readouterr().out) or "second cluster" in "".join(seen), 30,
+                   "the second cluster's line in this client")
+        assert re.search(r"^\(says pid=\d+ on other-1\) second cluster$", "".join(seen), re.M)
+    finally:
+        fleet.connect()

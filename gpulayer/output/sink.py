@@ -181,6 +181,16 @@ _sink: Sink | None = None
 _sink_lock = threading.Lock()
 
 
+def _forked() -> None:
+    """A forked child (a pool process the worker starts again, after its agent's ranks printed) makes its own
+    sink: the parent's thread did not come along, and its locks may have been held at the fork."""
+    global _sink, _sink_lock
+    _sink, _sink_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 def process_sink(client: Callable[[], redis.Redis], expires: int) -> Sink:
     """This process's sink, made on first use (a forked child makes its own: a parent's lock and thread do not
     survive the fork)."""

@@ -35,7 +35,9 @@ _lock = threading.Lock()
 _id: str | None = None
 _thread: threading.Thread | None = None
 _running = False  # the subscriber thread listens (cleared as it ends)
+_url: str | None = None  # the broker it listens on (a process connected to another cluster listens there)
 _stop = threading.Event()
+_hooked = False
 _routes: dict[str, RouteFn] = {}  # job or gang id -> who takes its lines instead of printing them
 _synced: dict[str, threading.Event] = {}
 
@@ -43,8 +45,8 @@ _synced: dict[str, threading.Event] = {}
 def _forked() -> None:
     """A forked child has no subscriber (the parent's thread did not come along): it gets an id of its own, or
     every line would be printed by both."""
-    global _id, _thread, _lock, _stop, _running
-    _id, _thread, _lock, _stop, _running = None, None, threading.Lock(), threading.Event(), False
+    global _id, _thread, _lock, _stop, _running, _url
+    _id, _thread, _lock, _stop, _running, _url = None, None, threading.Lock(), threading.Event(), False, None
     _routes.clear()
     _synced.clear()
 
@@ -57,9 +59,14 @@ def output_id(force: bool = False) -> str | None:
     ``log_to_client`` is off (unless ``force``: a handle that takes its gang's lines itself)."""
     if not force and not enabled():
         return None
-    if not _running:
+    if not _running or _url != _broker():
         _start()
     return _id
+
+
+def _broker() -> str | None:
+    settings = app_mod.settings()
+    return settings.broker_url if settings is not None else None
 
 
 def enabled() -> bool:
@@ -69,10 +76,12 @@ def enabled() -> bool:
 
 
 def _start() -> None:
-    global _id, _thread, _running
+    global _id, _thread, _running, _url, _stop, _hooked
     with _lock:
-        if _running:
+        url = _broker()
+        if _running and _url == url:
             return
+        _stop.set()  # the subscriber of the cluster this process was connected to before, if any, ends
         _id = _id or uuid.uuid4().hex
         client = app_mod.redis_client()
         sub = client.pubsub()
@@ -82,11 +91,14 @@ def _start() -> None:
             msg = sub.get_message(timeout=0.5)
             if msg and msg["type"] == "subscribe":
                 break
-        _stop.clear()
-        _thread = threading.Thread(target=_run, args=(client, sub), name="gpulayer-output-watch", daemon=True)
-        _running = True
+        _stop = threading.Event()
+        _thread = threading.Thread(target=_run, args=(client, sub, _stop), name="gpulayer-output-watch",
+                                   daemon=True)
+        _running, _url = True, url
         _thread.start()
-        atexit.register(_drain)
+        if not _hooked:
+            atexit.register(_drain)
+            _hooked = True
 
 
 _heard: dict[str, float] = {}  # routed job id -> when its last line was handled (time.monotonic)
@@ -169,16 +181,17 @@ def handle(data) -> None:
         _write(sys.stdout if stream == OUT else sys.stderr, "".join(lines))
 
 
-def _run(client, sub) -> None:
+def _run(client, sub, stop: threading.Event) -> None:
     try:
-        _listen(client, sub)
+        _listen(client, sub, stop)
     finally:
         global _running
-        _running = False
+        if _thread is threading.current_thread():
+            _running = False
 
 
-def _listen(client, sub) -> None:
-    while not _stop.is_set():
+def _listen(client, sub, stop: threading.Event) -> None:
+    while not stop.is_set():
         try:
             msg = sub.get_message(timeout=POLL)
         except Exception as err:  # the broker went away: listen again when it is back (lines meanwhile are lost)
@@ -186,7 +199,7 @@ def _listen(client, sub) -> None:
             time.sleep(0.5)
             continue
         # (not once the process is ending: a daemon thread writing to stdout during shutdown can abort it)
-        if msg and msg["type"] == "message" and not _stop.is_set():
+        if msg and msg["type"] == "message" and not stop.is_set():
             handle(msg["data"])
     try:
         sub.close()
