@@ -204,6 +204,7 @@ bench exit_time 300 -- "$PY" $B/exit_time.py --runs 1
 bench cli_time 300 -- "$PY" $B/cli_time.py --runs 1
 bench slot_back 300 -- "$PY" $B/slot_back.py --kills 5
 bench slow_among_tiny 300 -- "$PY" $B/slow_among_tiny.py --jobs 100 --rate 50 --every 50 --sleep 0.5 --shapes 1x2
+bench output_flood 300 -- "$PY" $B/output_flood.py --jobs 100 --lines 2000 --rounds 1 --not-home
 bench two_clusters 300 -- "$PY" $B/two_clusters.py --seconds 5
 bench soak 400 -- "$PY" $B/soak.py --jobs 300 --workers 2 --slots 1 --kill-every 4 --stall 60
 bench fleet_scale 400 -- "$PY" $B/fleet_scale.py --sizes 10 --processes 1 --steady 1 --submits 10 --jobs 20

@@ -39,7 +39,7 @@ from .gang import attempts
 from .gang.coordinator import ask
 from .gang.workdir import ShippedDir
 from .output import tail, watch
-from .tasks.submit import as_resources
+from .tasks.submit import as_resources, output_header
 from .workspace import shipping
 
 log = logging.getLogger(__name__)
@@ -110,7 +110,8 @@ def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int =
                         resources=as_resources(resources), backend=backend, launcher=launcher, timeout=timeout,
                         max_restarts=max_restarts, warm=warm, name=function_name(fn) if not isinstance(fn, str) else fn,
                         workdir=workdir.spec() if workdir is not None else None, client=app_mod.client_identity(),
-                        output=watch.output_id(force=on_output is not None), code=code)
+                        output=watch.output_id(force=True) if on_output is not None else output_header(app_mod.app),
+                        code=code)
     except ValidationError as err:  # distributed()'s own keywords (the spec's fields): in one line
         raise InvalidRequest(describe_invalid(GangSpec, err, name="distributed"),
                              err.errors(include_url=False)) from None
@@ -118,8 +119,10 @@ def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int =
     try:
         check_gang_fits_fleet(spec, app_mod.registry().current())  # incremental: a submit never pays the full read
         client = app_mod.redis_client()
+        handle = GangHandle(spec, client, on_output, start=False)  # its lines' route set before the gang exists
         GangStore(client).create(spec, payload)
-        return GangHandle(spec, client, on_output)
+        handle._begin()
+        return handle
     except BROKER_ERRORS as err:
         raise broker_lost(err, f"distributed job {spec.gang_id} was not started") from err
 
@@ -156,6 +159,7 @@ def cancel_gang(gang_id: str, timeout: float = 30.0) -> dict | None:
 
 
 OutputFn = Callable[[int, str, str], None]  # (rank, "stdout" | "stderr", line)
+OUTPUT_QUIET = 0.2  # seconds without a line for on_output, once the gang has ended, before its output is over
 
 
 class GangHandle:
@@ -167,7 +171,7 @@ class GangHandle:
     the record.
     """
 
-    def __init__(self, spec: GangSpec, client, on_output: OutputFn | None = None):
+    def __init__(self, spec: GangSpec, client, on_output: OutputFn | None = None, start: bool = True):
         self.spec = spec
         self.id = spec.gang_id
         self.store = GangStore(client)
@@ -186,10 +190,15 @@ class GangHandle:
         # The watcher's view of a lost broker: it rides out a restart, and get() says so when it gives up.
         self._lost = outage(None, f"distributed job {self.id} was started; the cluster runs it whether or not anyone "
                                   "watches, and its record waits in Redis if the broker comes back with its data")
-        if on_output is not None:  # this process's subscriber is up already (distributed() asked for its id)
+        if on_output is not None:  # before the gang can start: warm ranks print within milliseconds
             watch.route(self.id, lambda source, stream, line: on_output(
                 source.rank, "stdout" if stream == "out" else "stderr", line))
         self._thread = threading.Thread(target=self._drive, name=f"gang-{self.id[:8]}", daemon=True)
+        if start:
+            self._begin()
+
+    def _begin(self) -> None:
+        """Watch the gang (created in Redis by now) and ask a coordinator to place it."""
         self._thread.start()
         self._listening.wait(30)  # subscribed before the coordinator is asked: no event can be missed
         ask(self.id, 0)
@@ -304,8 +313,8 @@ class GangHandle:
             # Every line first: each node sent its ranks' last lines before it reported its end, so a marker
             # sent now on this process's channel comes after them all.
             watch.sync()
-            if self._output:
-                watch.unroute(self.id)
+            if self._output:  # and a line read after its rank ended, if any, still goes to on_output
+                watch.unroute(self.id, quiet=OUTPUT_QUIET)
         if self._error is not None:
             raise self._error
         return self._result

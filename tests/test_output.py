@@ -338,3 +338,77 @@ def test_lines_arrive_while_the_job_still_runs(fleet, capsys):
     assert h.get(timeout=30) is True
     r.delete(key)
     assert re.search(r"^\(waits_after_printing pid=\d+ on w-[abc]\) before the wait$", "".join(seen), re.M)
+
+
+def test_a_cluster_fit_prints_what_a_local_fit_prints(fleet, tmp_path):
+    out = _run("""
+        import torch, gpulayer
+        from torch.utils.data import DataLoader, TensorDataset
+        from gpulayer.trainer import Trainer, Module
+
+        class Net(Module):
+            def __init__(self):
+                super().__init__()
+                self.l = torch.nn.Linear(4, 1)
+
+            def training_step(self, batch, i):
+                x, y = batch
+                loss = torch.nn.functional.mse_loss(self.l(x), y)
+                self.log("loss", loss)
+                return loss
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.1)
+
+        def loader():
+            return DataLoader(TensorDataset(torch.randn(32, 4), torch.randn(32, 1)), batch_size=8)
+
+        if __name__ == "__main__":
+            gpulayer.init()
+            Trainer(num_nodes=2, devices=2, accelerator="cpu", max_epochs=2).fit(Net(), train_dataloaders=loader)
+            print("fit returned")
+    """, fleet, tmp_path, timeout=300)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    # rank 0's model summary and one progress line per epoch, as a local fit prints them: untagged, before fit returns
+    assert re.search(r"^\s*\| Name \| Type", text, re.M) and "Total params" in text, text
+    assert re.search(r"^Epoch 0: ", text, re.M) and re.search(r"^Epoch 1: ", text, re.M), text
+    assert text.index("Epoch 1: ") < text.index("fit returned")
+    assert "(rank 0" not in text
+    wait_until(lambda: GangStore(redis_client()).held() == {}, 30, "every slot to be free after the fit")
+
+
+def test_celerys_task_logger_and_warnings_are_captured_too(fleet):
+    def celery_habits():
+        import warnings
+        from celery.utils.log import get_task_logger
+
+        get_task_logger("mytasks").warning("from a task logger")
+        warnings.warn("careful", UserWarning)
+        return 1
+
+    h = submit.delay(celery_habits)
+    assert h.get(timeout=60) == 1
+    kept = h.logs().splitlines()
+    assert kept[0] == "WARNING mytasks: from a task logger"  # once, though it may reach two loggers
+    assert re.match(r".*: UserWarning: careful$", kept[1])  # as Python prints a warning
+    assert kept.count("WARNING mytasks: from a task logger") == 1
+
+
+def test_a_client_connected_to_another_cluster_gets_its_lines_from_there(fleet, fresh_fleet, capsys):
+    def says(word):
+        print(word)
+        return word
+
+    assert submit.delay(says, "first cluster").get(timeout=60) == "first cluster"
+    fresh_fleet.add_worker("other-1", slots=1, torch=False)
+    fresh_fleet.connect()
+    try:
+        h = submit.delay(says, "second cluster")
+        assert h.get(timeout=60) == "second cluster"
+        seen = []
+        wait_until(lambda: seen.append(capsys.readouterr().out) or "second cluster" in "".join(seen), 30,
+                   "the second cluster's line in this client")
+        assert re.search(r"^\(says pid=\d+ on other-1\) second cluster$", "".join(seen), re.M)
+    finally:
+        fleet.connect()

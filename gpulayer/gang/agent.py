@@ -409,8 +409,8 @@ class GangRun:
         """A rank's output line: to the sending client and the rank's tail, limited and batched as a job's."""
         out = self.outputs.get(rank)
         if out is None:
-            out = self.outputs[rank] = JobOutput(lambda: rank_sink(self.url), self.gang_id, self.spec.name, self.worker_info.id, 0,
-                                                 self.spec.output, rank)
+            out = self.outputs[rank] = JobOutput(lambda: rank_sink(self.url), self.gang_id, self.spec.name,
+                                                 self.worker_info.id, 0, self.spec.output, rank)
         out.line(OUT if stream == "stdout" else ERR, line)
 
     def _close_outputs(self) -> None:

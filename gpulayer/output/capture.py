@@ -72,28 +72,35 @@ def _pass_on(original, text: str) -> None:
 
 
 class _Handler(logging.Handler):
-    """On the root logger: a record logged while a job runs is one of its stderr lines (its own handlers, the
-    worker's log among them, still get it)."""
+    """On the root logger and Celery's task logger (``get_task_logger``'s parent, which does not propagate): a
+    record logged while a job runs is one of its stderr lines (its own handlers, the worker's log among them,
+    still get it). A warning (``warnings.warn``, which the worker logs as ``py.warnings``) reads as Python
+    prints it."""
 
     def __init__(self):
         super().__init__(logging.NOTSET)
         self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        self._last = None  # the record last taken: one that reaches both loggers is one line
 
     def emit(self, record: logging.LogRecord) -> None:
         out = _current
-        if out is None or _passing or record.name == "celery.redirected":
+        if out is None or _passing or record.name == "celery.redirected" or record is self._last:
             return
+        self._last = record
         try:
-            text = self.format(record)
+            text = record.getMessage() if record.name == "py.warnings" else self.format(record)
         except Exception:
             return
-        for line in text.split("\n"):
+        for line in text.rstrip("\n").split("\n"):
             out.line(ERR, line)
 
     def handle(self, record):  # no lock: one thread per pool process, and the sink has its own
         if _current is not None:
             self.emit(record)
         return True
+
+
+TASK_LOGGER = "celery.task"  # the parent of celery.utils.log.get_task_logger's loggers
 
 
 def install() -> None:
@@ -106,9 +113,10 @@ def install() -> None:
         sys.stdout = _Stream(sys.stdout, OUT)
     if not isinstance(sys.stderr, _Stream):
         sys.stderr = _Stream(sys.stderr, ERR)
-    root = logging.getLogger()
-    if not any(isinstance(h, _Handler) for h in root.handlers):
-        root.addHandler(_Handler())
+    handler = _Handler()
+    for logger in (logging.getLogger(), logging.getLogger(TASK_LOGGER)):
+        if not any(isinstance(h, _Handler) for h in logger.handlers):
+            logger.addHandler(handler)
 
 
 _client = None  # () -> the redis-py client a pool process's sink sends with (``use``)

@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import threading
-import time
 from typing import Callable
 
 import redis
@@ -24,7 +23,7 @@ from .lines import ERR, OUT, Chunk, LineSplitter, Limiter, Source, TailBudget
 
 log = logging.getLogger(__name__)
 
-FLUSH = 0.1  # seconds a line waits, at most, before it is sent (and so before the client shows it)
+FLUSH = 0.2  # seconds a line waits, at most, before it is sent (and so before the client shows it)
 BATCH_LINES = 1000  # waiting lines that wake the sender at once
 
 
@@ -104,7 +103,8 @@ class Sink:
         self._sending = threading.Lock()  # one send at a time, so a job's lines reach Redis in order
         self._pending: dict[int, tuple[JobOutput, Chunk]] = {}
         self._waiting = 0
-        self._wake = threading.Event()
+        self._wake = threading.Event()  # lines wait: the sender sends them within FLUSH
+        self._full = threading.Event()  # so many wait that the sender sends them at once
         self._thread: threading.Thread | None = None
         self.sent = self.failed = 0  # batches, for tests and benchmarks
 
@@ -117,11 +117,13 @@ class Sink:
                 entry = self._pending[id(out)] = (out, Chunk(out.source, out.channel))
             entry[1].lines.append((stream, text, keep))
             self._waiting += 1
-            many = self._waiting >= BATCH_LINES
+            first, many = self._waiting == 1, self._waiting >= BATCH_LINES
         if self._thread is None:
             self._start()
-        if many:
+        if first:
             self._wake.set()
+        if many:
+            self._full.set()
 
     def flush(self) -> None:
         """Send what waits now (the calling thread does: a job's last lines go before its result)."""
@@ -159,18 +161,34 @@ class Sink:
         self._thread.start()
 
     def _run(self) -> None:
+        # Asleep while no line waits: a process whose job printed once does not wake every FLUSH forever after
+        # (each wake takes the GIL from the jobs it runs next).
         while True:
-            self._wake.wait(FLUSH)
+            self._wake.wait()
             self._wake.clear()
+            self._full.wait(FLUSH)  # the batch's window, cut short by a full one
+            self._full.clear()
             try:
                 self.flush()
             except Exception:  # never let the sender die: the next lines would wait forever
                 log.exception("gpulayer: sending output lines failed")
-            time.sleep(0.001 if self._waiting >= BATCH_LINES else 0)
+            with self._lock:
+                if self._waiting:  # lines added while it sent: their window starts now
+                    self._wake.set()
 
 
 _sink: Sink | None = None
 _sink_lock = threading.Lock()
+
+
+def _forked() -> None:
+    """A forked child (a pool process the worker starts again, after its agent's ranks printed) makes its own
+    sink: the parent's thread did not come along, and its locks may have been held at the fork."""
+    global _sink, _sink_lock
+    _sink, _sink_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def process_sink(client: Callable[[], redis.Redis], expires: int) -> Sink:

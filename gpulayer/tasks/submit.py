@@ -22,7 +22,7 @@ from . import readahead
 from ..errors import PayloadError, UnsupportedOption
 from ..models import Resources
 from ..payload import job_name, pack_function, resolve_function, summarize
-from ..output import capture
+from ..output import capture, watch
 from ..worker import runtime
 from ..workspace import cache as code_cache
 from ..workspace import shipping
@@ -219,8 +219,8 @@ class SubmitTask(Task):
                 raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
             headers[TIMEOUT_HEADER] = float(timeout)
         ensure_connected()
-        headers.setdefault(CLIENT_HEADER, _sender(self.app))  # the transport records it (engine/senders.py)
-        out = output_header(self.app)
+        sender, out = _origin(self.app)
+        headers.setdefault(CLIENT_HEADER, sender)  # the transport records it (engine/senders.py)
         if out is not None:
             headers.setdefault(OUTPUT_HEADER, out)
         code = shipping.digest_for(_results_client, code_options)  # the user's modules (gpulayer/workspace/)
@@ -266,23 +266,21 @@ def _shown_name(ref, kwargs: dict) -> str:
     return job_name(ref)
 
 
-def _sender(celery_app) -> str:
-    """Who sends: this client's identity, or inside a job (a chain's next step, a job's own jobs) the identity
-    that sent that job, so `gpulayer cancel --all-mine` finds the whole of what a client started."""
+def _origin(celery_app) -> tuple[str, str | None]:
+    """Who sends, and where the job's output lines go: this client's identity and output id (``log_to_client``;
+    its subscriber started on the first job), or inside a job (a chain's next step, a job's own jobs) those of
+    the client that sent that job, so `gpulayer cancel --all-mine` finds the whole of what a client started and
+    its jobs' jobs print where it runs."""
     task = celery_app.current_worker_task
-    parent = task.request.get(CLIENT_HEADER) if task is not None else None
-    return parent or app_mod.client_identity()
+    if task is not None:
+        request = task.request
+        return request.get(CLIENT_HEADER) or app_mod.client_identity(), request.get(OUTPUT_HEADER)
+    return app_mod.client_identity(), watch.output_id()
 
 
 def output_header(celery_app) -> str | None:
-    """Where a job's output lines go: this client's output id (its subscriber started on the first job), or
-    inside a job the id of the client that sent that job; None with ``log_to_client`` off."""
-    task = celery_app.current_worker_task
-    if task is not None:
-        return task.request.get(OUTPUT_HEADER)
-    from ..output import watch
-
-    return watch.output_id()
+    """Where a job's output lines go (``_origin``); None with ``log_to_client`` off."""
+    return _origin(celery_app)[1]
 
 
 def direct_publish_applies(celery_app) -> bool:
