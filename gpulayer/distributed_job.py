@@ -19,7 +19,6 @@ import threading
 import uuid
 from typing import Any, Callable
 
-import redis
 from pydantic import ValidationError
 
 from . import app as app_mod
