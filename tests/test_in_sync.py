@@ -116,40 +116,42 @@ def test_status_says_degraded_or_refused():
 
 
 class Sentinel:
-    """Stands in for one sentinel of a group: the primary it names and the replicas it lists (redis-py's parse)."""
+    """Stands in for one sentinel of a group: the replicas it lists (redis-py's parse)."""
 
-    def __init__(self, primary, *replicas):
-        self.primary, self.replicas = primary, list(replicas)
-
-    def sentinel_get_master_addr_by_name(self, service):
-        return self.primary
+    def __init__(self, *replicas):
+        self.replicas = list(replicas)
 
     def sentinel_slaves(self, service):
         return self.replicas
 
 
 def listed(port, *flags):
-    return {"ip": "127.0.0.1", "port": port, **{f"is_{f}": True for f in flags}}
+    return {"ip": "127.0.0.1", "port": port, "runid": f"run-{port}", **{f"is_{f}": True for f in flags}}
 
 
 class GroupPrimary(Primary):
     """A Sentinel group's primary: its pool names the group and its sentinels, as redis-py's does."""
 
-    def __init__(self, sentinel):
+    def __init__(self, sentinel, port=6380):
         super().__init__()
+        self.run_id = f"run-{port}"
         self.connection_pool = type("Pool", (), {"service_name": "gpulayer",
                                                  "sentinel_manager": type("M", (), {"sentinels": [sentinel]})()})()
+
+    def info(self, section):
+        return {"run_id": self.run_id} if section == "server" else super().info(section)
 
 
 def test_after_a_switch_a_write_waits_for_a_replica_the_sentinels_see_coming(monkeypatch):
     waits = durability.Durability(1, 500)
-    # The promoted replica (this primary, 6380) is still listed as one, and the other is up and linked: wait.
-    sentinel = Sentinel(("127.0.0.1", 6380), listed(6380), listed(6382))
+    # The promoted replica (this primary, 6380) is still listed as one (by a sentinel that has not heard of the
+    # switch yet), and the other is up and linked: wait.
+    sentinel = Sentinel(listed(6380), listed(6382))
     primary = GroupPrimary(sentinel)
     with warnings.catch_warnings():
         warnings.simplefilter("error", DurabilityDegraded)
         assert durability.planned(waits, primary) == waits
-    # Only the lost old primary left (unreachable, then down): degraded at once.
+    # Only this primary and the lost old one left (unreachable, then down): degraded at once.
     monkeypatch.setattr(in_sync, "_coming", {})
     sentinel.replicas = [listed(6380), listed(6381, "disconnected"), listed(6382, "sdown", "disconnected")]
     with warnings.catch_warnings(record=True) as seen:
@@ -159,7 +161,7 @@ def test_after_a_switch_a_write_waits_for_a_replica_the_sentinels_see_coming(mon
 
 
 def test_a_replica_coming_is_waited_for_only_so_long(monkeypatch):
-    primary = GroupPrimary(Sentinel(("127.0.0.1", 6380), listed(6382)))
+    primary = GroupPrimary(Sentinel(listed(6382)))
     assert in_sync.coming(primary)
     key = in_sync._key(primary)
     monkeypatch.setitem(in_sync._none_since, key, in_sync._none_since[key] - in_sync.COMING_GRACE)

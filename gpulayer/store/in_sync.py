@@ -83,24 +83,26 @@ def coming(client: redis.Redis) -> bool:
         return False
     if hit is not None and now - hit[0] < CACHE_SECONDS:
         return hit[1]
-    found = _linked_replica(manager, service)
+    try:
+        run_id = client.info("server").get("run_id")
+    except redis.RedisError:
+        return False
+    found = _linked_replica(manager, service, run_id)
     with _lock:
         _coming[key] = (now, found)
     return found
 
 
-def _linked_replica(manager, service: str) -> bool:
+def _linked_replica(manager, service: str, run_id: str | None) -> bool:
     """Does a sentinel of ``manager`` know a replica of ``service`` neither down nor unreachable, other than the
-    primary it names now (during a failover the promoted replica is still listed as one)?"""
+    primary (``run_id``; a sentinel that has not yet heard of the switch still lists the promoted replica)?"""
     for sentinel in manager.sentinels:
         try:
-            primary = sentinel.sentinel_get_master_addr_by_name(service)
             replicas = sentinel.sentinel_slaves(service)
         except redis.RedisError:
             continue  # the next sentinel
-        here = (str(primary[0]), int(primary[1])) if primary else None
         return any(not (r.get("is_sdown") or r.get("is_odown") or r.get("is_disconnected"))
-                   and (str(r.get("ip")), int(r.get("port", 0))) != here for r in replicas)
+                   and r.get("runid") != run_id for r in replicas)
     return False
 
 
