@@ -75,6 +75,8 @@ def _replication(settings: Settings, client) -> dict | None:
     report = replication(client, parse_sentinel_url(settings.broker_url).service)
     report["durability"] = settings.durability_mode()
     report["min_replicas"] = settings.required_replicas()
+    # No replica in sync and none required: writes go on acknowledged by the primary alone (store/durability.py).
+    report["degraded"] = report["durability"] == "replicated" and not report["in_sync"] and not report["min_replicas"]
     return report
 
 

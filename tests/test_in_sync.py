@@ -33,7 +33,8 @@ ONLINE = {"ip": "127.0.0.1", "port": 6381, "state": "online", "offset": 10, "lag
 
 @pytest.fixture(autouse=True)
 def fresh_state(monkeypatch):
-    monkeypatch.setattr(in_sync, "_cache", {})
+    for name in ("_cache", "_coming", "_none_since"):
+        monkeypatch.setattr(in_sync, name, {})
     monkeypatch.setattr(durability, "_degraded", {})
 
 
@@ -112,3 +113,56 @@ def test_status_says_degraded_or_refused():
                for line in describe({**report, "min_replicas": 1}))
     assert "  durability replicated: a write is acknowledged once a replica has it" in describe({**report,
                                                                                                "in_sync": 1})
+
+
+class Sentinel:
+    """Stands in for one sentinel of a group: the replicas it lists (redis-py's parse)."""
+
+    def __init__(self, *replicas):
+        self.replicas = list(replicas)
+
+    def sentinel_slaves(self, service):
+        return self.replicas
+
+
+def listed(port, *flags):
+    return {"ip": "127.0.0.1", "port": port, "runid": f"run-{port}", **{f"is_{f}": True for f in flags}}
+
+
+class GroupPrimary(Primary):
+    """A Sentinel group's primary: its pool names the group and its sentinels, as redis-py's does."""
+
+    def __init__(self, sentinel, port=6380):
+        super().__init__()
+        self.run_id = f"run-{port}"
+        self.connection_pool = type("Pool", (), {"service_name": "gpulayer",
+                                                 "sentinel_manager": type("M", (), {"sentinels": [sentinel]})()})()
+
+    def info(self, section):
+        return {"run_id": self.run_id} if section == "server" else super().info(section)
+
+
+def test_after_a_switch_a_write_waits_for_a_replica_the_sentinels_see_coming(monkeypatch):
+    waits = durability.Durability(1, 500)
+    # The promoted replica (this primary, 6380) is still listed as one (by a sentinel that has not heard of the
+    # switch yet), and the other is up and linked: wait.
+    sentinel = Sentinel(listed(6380), listed(6382))
+    primary = GroupPrimary(sentinel)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DurabilityDegraded)
+        assert durability.planned(waits, primary) == waits
+    # Only this primary and the lost old one left (unreachable, then down): degraded at once.
+    monkeypatch.setattr(in_sync, "_coming", {})
+    sentinel.replicas = [listed(6380), listed(6381, "disconnected"), listed(6382, "sdown", "disconnected")]
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert durability.planned(waits, primary) == durability.NONE
+    assert [w.category for w in seen] == [DurabilityDegraded]
+
+
+def test_a_replica_coming_is_waited_for_only_so_long(monkeypatch):
+    primary = GroupPrimary(Sentinel(listed(6382)))
+    assert in_sync.coming(primary)
+    key = in_sync._key(primary)
+    monkeypatch.setitem(in_sync._none_since, key, in_sync._none_since[key] - in_sync.COMING_GRACE)
+    assert not in_sync.coming(primary)  # it never came in sync: go on degraded

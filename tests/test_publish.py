@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import uuid
+from contextlib import contextmanager
 
 import pytest
+import redis
 from celery import signals
 from kombu.utils.json import dumps
 
@@ -16,7 +18,7 @@ from gpulayer import app as app_mod
 from gpulayer.engine import publish, senders
 from gpulayer.lab.fleet import wait_until
 from gpulayer.payload import pack_function
-from gpulayer.store import keys
+from gpulayer.store import durability, keys
 from gpulayer.store.sent import batch_members, sent_by
 from gpulayer.tasks import readahead
 
@@ -144,3 +146,43 @@ def test_a_batch_sent_again_with_its_ids_stores_each_result_once(fleet):
     assert again.get(timeout=60) == [i * i for i in range(5)]
     mixed = submit_batch([submit.s(square, 7).set(task_id=ids[0]), submit.s(square, 8)])
     assert mixed.ids[0] == ids[0] and mixed.ids[1] not in ids
+
+
+class _ChannelOn:
+    """What publish_chunk needs of kombu's channel: a client of the primary, and what a write waits for."""
+
+    def __init__(self, client):
+        self.client, self.durability = client, durability.NONE
+
+    @contextmanager
+    def conn_or_acquire(self):
+        yield self.client
+
+
+@pytest.mark.parametrize("ran", [True, False], ids=["reply lost", "request lost"])
+def test_a_chunk_cut_mid_call_is_sent_again_only_where_the_primary_lacks_it(fleet, monkeypatch, ran):
+    """A connection broken mid-call (the primary killed, issue 41): the chunk's script ran whole or not at all,
+    so it is sent again only when the primary lacks it, and the queue holds each job once either way."""
+    client = fleet.client()
+    queue, batch_id = f"gl.test.cut.{uuid.uuid4().hex}", uuid.uuid4().hex
+    ids = [f"cut-{i}" for i in range(5)]
+    real, calls = durability.call_script, []
+
+    def cut_once(*args):
+        calls.append(args)
+        if len(calls) == 1:
+            if ran:
+                real(*args)
+            raise redis.ConnectionError("Connection reset by peer")
+        return real(*args)
+
+    monkeypatch.setattr(durability, "call_script", cut_once)
+    try:
+        publish.publish_chunk(_ChannelOn(client), queue, [json.dumps({"id": i}) for i in ids], ids, "cut-test",
+                              batch_id)
+        assert len(calls) == (1 if ran else 2)
+        assert sorted(json.loads(m)["id"] for m in client.lrange(queue, 0, -1)) == ids
+        assert batch_members(client, batch_id) == ids
+    finally:
+        client.delete(queue, keys.bell(queue), keys.batch(batch_id), keys.client_jobs("cut-test"))
+        client.close()

@@ -153,19 +153,18 @@ TRIES = 3
 def _until_landed(client, configured: durability.Durability, send, landed):
     """``send(waits)`` (a script call and its WAIT: ``(reply, acked)``), again after a broken connection unless
     ``landed()`` says the primary has it already; ``(waits, acked)`` for :func:`durability.confirm`."""
-    broke = False
-    for attempt in range(1, TRIES + 1):
+    attempt = 1
+    while True:
         waits = durability.planned(configured, client)  # no replica in sync: go on without (degraded)
         try:
-            if broke and landed():  # (there now, sent before the switch: no WAIT on this connection covers it)
+            if attempt > 1 and landed():  # (there now, sent before the switch: no WAIT on this connection covers it)
                 return durability.NONE, None
             return waits, send(waits)[1]
         except RESEND_ERRORS:
             forget(client)  # the next try may reach another primary: read its replicas again
             if attempt == TRIES:
                 raise
-            broke = True
-    raise AssertionError("unreachable")
+            attempt += 1
 
 
 def publish_one(channel, queue: str, raw: str, job_id: str, sender: str) -> None:

@@ -46,7 +46,7 @@ from time import monotonic, sleep
 import redis
 
 from ..errors import DurabilityDegraded, NotReplicated
-from .in_sync import in_sync
+from .in_sync import coming, in_sync
 from .replication import caught_up
 
 log = logging.getLogger(__name__)
@@ -106,9 +106,9 @@ def planned(durability: Durability, client: redis.Redis | None, warn: bool = Tru
     if not durability or durability.min_replicas > 0 or client is None:
         return durability
     n = in_sync(client)
-    if n is None or n > 0:
-        if n:
-            note_in_sync(client)
+    if n:
+        note_in_sync(client)
+    if n is None or n > 0 or coming(client):  # (a failover's other replicas re-attaching: wait for them)
         return durability
     note_degraded(client, warn)
     return NONE
@@ -171,7 +171,7 @@ def _address(client: redis.Redis | None) -> str:
 def _gone(durability: Durability, client: redis.Redis | None, warn: bool) -> bool:
     """A miss of a write that lets durability degrade (``min_replicas`` 0), read again at once: no replica is in
     sync any more (it went away during the wait), so the write is accepted as degraded."""
-    if durability.min_replicas > 0 or client is None or in_sync(client, fresh=True) != 0:
+    if durability.min_replicas > 0 or client is None or in_sync(client, fresh=True) != 0 or coming(client):
         return False
     note_degraded(client, warn)
     return True
