@@ -155,6 +155,7 @@ def publish_chunk(channel, queue: str, raws: Sequence[str], ids: Sequence[str], 
         sent, members = keys.client_jobs(sender), keys.batch(batch_id)
         pipe.zadd(sent, dict.fromkeys(ids, time()))
         pipe.sadd(members, *ids)
+        pipe.zadd(keys.BATCHES, {batch_id: time()})  # (a short id is looked up there: gpulayer/ids.py)
         pipe.expire(sent, keys.SENT_KEEP_SECONDS)
         pipe.expire(members, keys.SENT_KEEP_SECONDS)
         pipe.sadd(keys.CLIENTS, sender)
