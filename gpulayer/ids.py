@@ -25,7 +25,7 @@ MIN_PREFIX = 6
 KINDS = ("gang", "batch", "job")
 WORDS = {"gang": "distributed job", "batch": "batch", "job": "job"}
 SHOWN = 5  # matches named in an "ambiguous" message
-_COUNT = 5000  # entries per SCAN/ZSCAN step
+_COUNT = 50_000  # entries per SCAN/ZSCAN step: few round trips (benchmarks/id_prefix.py: 5,000 took twice as long)
 
 
 def resolve(text: str, kinds: Sequence[str] = KINDS, r: redis.Redis | None = None) -> str:
