@@ -118,6 +118,9 @@ class BatchHandle(Sweep):
 
         return batch_timeout(self.ids, pending, timeout, self.queue)
 
+    def _stop_how(self) -> str:
+        return "batch.cancel()"
+
     def cancel(self) -> int:
         """Stop every job of the batch that has not finished; returns how many were stopped.
 

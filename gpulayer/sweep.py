@@ -71,6 +71,33 @@ class Sweep:
                     found.append(i)
         return found
 
+    def _look_within(self, deadline: Deadline) -> list[int]:
+        """``_look``, riding out a broker that restarts (up to a minute, never past ``deadline``), as ``get`` does."""
+        from .session import BROKER_ERRORS, outage
+
+        lost = outage(deadline, f"{len(self._sweep_ids())} jobs were sent; their results wait in Redis if the "
+                                "broker comes back with its data: look again then")
+        while True:
+            try:
+                found = self._look()
+            except BROKER_ERRORS as err:
+                lost.lost(err)
+                continue
+            lost.back()
+            return found
+
+    def _nap(self, seconds: float) -> None:
+        """Sleep between looks; Ctrl-C says the jobs run on and how to stop them, without redis-py's frames."""
+        try:
+            time.sleep(seconds)
+        except KeyboardInterrupt:
+            from .cancel import interrupted
+
+            raise interrupted(list(self._sweep_ids()), self._stop_how(), getattr(self, "id", None)) from None
+
+    def _stop_how(self) -> str:
+        return "cancel()"
+
     # -- Celery's GroupResult names ----------------------------------------------------------------------------
     def completed_count(self) -> int:
         """How many jobs *succeeded* (Celery's meaning of "completed"); ``finished_count()`` counts failures too."""
@@ -117,7 +144,7 @@ class Sweep:
         given = [False] * len(metas)
         wait = INTERVAL
         while True:
-            self._look()
+            self._look_within(deadline)
             new = [i for i, meta in enumerate(metas) if meta is not None and not given[i]]
             for i in new:
                 given[i] = True
@@ -128,7 +155,7 @@ class Sweep:
                 ids = self._sweep_ids()
                 raise self._sweep_timeout([ids[i] for i, g in enumerate(given) if not g], timeout)
             wait = INTERVAL if new else min(wait * 1.5, SLOWEST)
-            time.sleep(deadline.left(wait))
+            self._nap(deadline.left(wait))
 
     def wait(self, num_returns: int = 1, timeout: float | None = None) -> tuple[list, list]:
         """``(done, pending)`` as Ray's ``ray.wait``: returns once ``num_returns`` jobs finished or ``timeout``
@@ -141,12 +168,12 @@ class Sweep:
         metas = self._sweep_metas()
         wait = INTERVAL
         while True:
-            new = self._look()
+            new = self._look_within(deadline)
             finished = [i for i, meta in enumerate(metas) if meta is not None]
             if len(finished) >= num_returns or deadline.expired():
                 break
             wait = INTERVAL if new else min(wait * 1.5, SLOWEST)
-            time.sleep(deadline.left(wait))
+            self._nap(deadline.left(wait))
         done = set(finished[:num_returns])
         return ([self._sweep_handle(i, metas[i]) for i in sorted(done)],
                 [self._sweep_handle(i, metas[i]) for i in range(total) if i not in done])
