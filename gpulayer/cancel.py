@@ -110,8 +110,8 @@ class JobGroupResult(Sweep, GroupResult):
     def _sweep_timeout(self, pending: list[str], timeout: float | None) -> Exception:
         return batch_timeout(self._sweep_ids(), pending, timeout, stop="revoke()")
 
-    def _stop_how(self) -> str:
-        return "result.revoke()"
+    def _sweep_interrupted(self) -> KeyboardInterrupt:
+        return interrupted(self._sweep_ids(), "result.revoke()", self.id)
 
     def get(self, timeout=None, propagate=True, interval=0.5, callback=None, no_ack=True, on_message=None,
             disable_sync_subtasks=True, on_interval=None):

@@ -40,21 +40,21 @@ class BatchHandle(Sweep):
     """
 
     def __init__(self, ids: list[str], id: str | None = None, queue: str | None = None,
-                 calls: list[str] | None = None):
+                 calls: list[str] | None = None, metas: list[dict | None] | None = None):
         self.ids = ids
         self.id = id  # submit_batch's: `gpulayer cancel <id>` finds the jobs by it (store/sent.py)
         self.queue = queue  # where the jobs were sent: a timeout's message says how many wait there
         self.calls = calls  # each job's ``fn(args)`` in short, made as it was sent: a failure names its job by it
-        self._metas: list[dict | None] = [None] * len(ids)  # the finished jobs' results, kept across get() calls
+        # the finished jobs' results, kept across get() calls
+        self._metas: list[dict | None] = list(metas) if metas is not None else [None] * len(ids)
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def __getitem__(self, index):
         if isinstance(index, slice):
-            part = BatchHandle(self.ids[index], None, self.queue, self.calls[index] if self.calls else None)
-            part._metas = self._metas[index]
-            return part
+            return BatchHandle(self.ids[index], None, self.queue, self.calls[index] if self.calls else None,
+                               self._metas[index])
         return self._sweep_handle(range(len(self.ids))[index], None)
 
     def __iter__(self):
@@ -118,8 +118,8 @@ class BatchHandle(Sweep):
 
         return batch_timeout(self.ids, pending, timeout, self.queue)
 
-    def _stop_how(self) -> str:
-        return "batch.cancel()"
+    def _sweep_interrupted(self) -> KeyboardInterrupt:
+        return interrupted(self.ids, "batch.cancel()", self.id)
 
     def cancel(self) -> int:
         """Stop every job of the batch that has not finished; returns how many were stopped.

@@ -28,8 +28,8 @@ INTERVAL, SLOWEST = 0.02, 0.2  # seconds between looks: the first, and the longe
 
 class Sweep:
     """The mixin: a subclass gives ``_sweep_ids()`` (its job ids in submission order), ``_sweep_handle(i, meta)``
-    (a handle of job ``i``, primed with its result if known), ``_sweep_backend()``, and ``_sweep_timeout(pending
-    ids, timeout)`` (the ``JobTimeout`` to raise)."""
+    (a handle of job ``i``, primed with its result if known), ``_sweep_backend()``, ``_sweep_timeout(pending
+    ids, timeout)`` (the ``JobTimeout`` to raise) and ``_sweep_interrupted()`` (Ctrl-C's ``KeyboardInterrupt``)."""
 
     # -- what a subclass gives -------------------------------------------------------------------------------
     def _sweep_ids(self) -> Sequence[str]:
@@ -42,6 +42,10 @@ class Sweep:
         raise NotImplementedError
 
     def _sweep_timeout(self, pending: list[str], timeout: float | None) -> Exception:
+        raise NotImplementedError
+
+    def _sweep_interrupted(self) -> KeyboardInterrupt:
+        """What Ctrl-C says: the jobs run on, and how to stop them (``cancel.interrupted``)."""
         raise NotImplementedError
 
     # -- the kept results ------------------------------------------------------------------------------------
@@ -91,12 +95,7 @@ class Sweep:
         try:
             time.sleep(seconds)
         except KeyboardInterrupt:
-            from .cancel import interrupted
-
-            raise interrupted(list(self._sweep_ids()), self._stop_how(), getattr(self, "id", None)) from None
-
-    def _stop_how(self) -> str:
-        return "cancel()"
+            raise self._sweep_interrupted() from None
 
     # -- Celery's GroupResult names ----------------------------------------------------------------------------
     def completed_count(self) -> int:
