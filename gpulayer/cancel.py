@@ -135,7 +135,7 @@ class JobGroupResult(Sweep, GroupResult):
                 ids = self._sweep_ids()
                 if err.job_id in ids:
                     _place(err, ids.index(err.job_id), len(ids))
-                raise
+                raise err.with_traceback(None)  # raised here: no frame of Celery's or vine's shown
             except BROKER_ERRORS as err:
                 lost.lost(err)
             except CeleryTimeoutError:

@@ -92,7 +92,7 @@ class BatchHandle(Sweep):
             if meta["status"] != states.SUCCESS and isinstance(result, JobFailed):
                 result.in_batch(i, len(metas), self.calls[i] if self.calls else None)
             if meta["status"] != states.SUCCESS and propagate:
-                raise result
+                raise result.with_traceback(None) if isinstance(result, BaseException) else result
             out.append(result)
         return out
 
