@@ -110,6 +110,9 @@ class JobGroupResult(Sweep, GroupResult):
     def _sweep_timeout(self, pending: list[str], timeout: float | None) -> Exception:
         return batch_timeout(self._sweep_ids(), pending, timeout, stop="revoke()")
 
+    def _sweep_interrupted(self) -> KeyboardInterrupt:
+        return interrupted(self._sweep_ids(), "result.revoke()", self.id)
+
     def get(self, timeout=None, propagate=True, interval=0.5, callback=None, no_ack=True, on_message=None,
             disable_sync_subtasks=True, on_interval=None):
         # Celery's ResultSet.get, calling the joins below directly: a Ctrl-C shows no engine frame.
@@ -132,7 +135,7 @@ class JobGroupResult(Sweep, GroupResult):
                 ids = self._sweep_ids()
                 if err.job_id in ids:
                     _place(err, ids.index(err.job_id), len(ids))
-                raise
+                raise err.with_traceback(None)  # raised here: no frame of Celery's or vine's shown
             except BROKER_ERRORS as err:
                 lost.lost(err)
             except CeleryTimeoutError:

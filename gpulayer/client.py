@@ -45,21 +45,21 @@ class BatchHandle(Sweep):
     """
 
     def __init__(self, ids: list[str], id: str | None = None, queue: str | None = None,
-                 calls: list[str] | None = None):
+                 calls: list[str] | None = None, metas: list[dict | None] | None = None):
         self.ids = ids
         self.id = id  # submit_batch's: `gpulayer cancel <id>` finds the jobs by it (store/sent.py)
         self.queue = queue  # where the jobs were sent: a timeout's message says how many wait there
         self.calls = calls  # each job's ``fn(args)`` in short, made as it was sent: a failure names its job by it
-        self._metas: list[dict | None] = [None] * len(ids)  # the finished jobs' results, kept across get() calls
+        # the finished jobs' results, kept across get() calls
+        self._metas: list[dict | None] = list(metas) if metas is not None else [None] * len(ids)
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def __getitem__(self, index):
         if isinstance(index, slice):
-            part = BatchHandle(self.ids[index], None, self.queue, self.calls[index] if self.calls else None)
-            part._metas = self._metas[index]
-            return part
+            return BatchHandle(self.ids[index], None, self.queue, self.calls[index] if self.calls else None,
+                               self._metas[index])
         return self._sweep_handle(range(len(self.ids))[index], None)
 
     def __iter__(self):
@@ -97,7 +97,7 @@ class BatchHandle(Sweep):
             if meta["status"] != states.SUCCESS and isinstance(result, JobFailed):
                 result.in_batch(i, len(metas), self.calls[i] if self.calls else None)
             if meta["status"] != states.SUCCESS and propagate:
-                raise result
+                raise result.with_traceback(None) if isinstance(result, BaseException) else result
             out.append(result)
         return out
 
@@ -122,6 +122,9 @@ class BatchHandle(Sweep):
         from .tasks.whereabouts import batch_timeout
 
         return batch_timeout(self.ids, pending, timeout, self.queue)
+
+    def _sweep_interrupted(self) -> KeyboardInterrupt:
+        return interrupted(self.ids, "batch.cancel()", self.id)
 
     def cancel(self) -> int:
         """Stop every job of the batch that has not finished; returns how many were stopped.

@@ -28,8 +28,8 @@ INTERVAL, SLOWEST = 0.02, 0.2  # seconds between looks: the first, and the longe
 
 class Sweep:
     """The mixin: a subclass gives ``_sweep_ids()`` (its job ids in submission order), ``_sweep_handle(i, meta)``
-    (a handle of job ``i``, primed with its result if known), ``_sweep_backend()``, and ``_sweep_timeout(pending
-    ids, timeout)`` (the ``JobTimeout`` to raise)."""
+    (a handle of job ``i``, primed with its result if known), ``_sweep_backend()``, ``_sweep_timeout(pending
+    ids, timeout)`` (the ``JobTimeout`` to raise) and ``_sweep_interrupted()`` (Ctrl-C's ``KeyboardInterrupt``)."""
 
     # -- what a subclass gives -------------------------------------------------------------------------------
     def _sweep_ids(self) -> Sequence[str]:
@@ -42,6 +42,10 @@ class Sweep:
         raise NotImplementedError
 
     def _sweep_timeout(self, pending: list[str], timeout: float | None) -> Exception:
+        raise NotImplementedError
+
+    def _sweep_interrupted(self) -> KeyboardInterrupt:
+        """What Ctrl-C says: the jobs run on, and how to stop them (``cancel.interrupted``)."""
         raise NotImplementedError
 
     # -- the kept results ------------------------------------------------------------------------------------
@@ -70,6 +74,28 @@ class Sweep:
                     metas[i] = meta
                     found.append(i)
         return found
+
+    def _look_within(self, deadline: Deadline) -> list[int]:
+        """``_look``, riding out a broker that restarts (up to a minute, never past ``deadline``), as ``get`` does."""
+        from .session import BROKER_ERRORS, outage
+
+        lost = outage(deadline, f"{len(self._sweep_ids())} jobs were sent; their results wait in Redis if the "
+                                "broker comes back with its data: look again then")
+        while True:
+            try:
+                found = self._look()
+            except BROKER_ERRORS as err:
+                lost.lost(err)
+                continue
+            lost.back()
+            return found
+
+    def _nap(self, seconds: float) -> None:
+        """Sleep between looks; Ctrl-C says the jobs run on and how to stop them, without redis-py's frames."""
+        try:
+            time.sleep(seconds)
+        except KeyboardInterrupt:
+            raise self._sweep_interrupted() from None
 
     # -- Celery's GroupResult names ----------------------------------------------------------------------------
     def completed_count(self) -> int:
@@ -117,7 +143,7 @@ class Sweep:
         given = [False] * len(metas)
         wait = INTERVAL
         while True:
-            self._look()
+            self._look_within(deadline)
             new = [i for i, meta in enumerate(metas) if meta is not None and not given[i]]
             for i in new:
                 given[i] = True
@@ -128,7 +154,7 @@ class Sweep:
                 ids = self._sweep_ids()
                 raise self._sweep_timeout([ids[i] for i, g in enumerate(given) if not g], timeout)
             wait = INTERVAL if new else min(wait * 1.5, SLOWEST)
-            time.sleep(deadline.left(wait))
+            self._nap(deadline.left(wait))
 
     def wait(self, num_returns: int = 1, timeout: float | None = None) -> tuple[list, list]:
         """``(done, pending)`` as Ray's ``ray.wait``: returns once ``num_returns`` jobs finished or ``timeout``
@@ -141,12 +167,12 @@ class Sweep:
         metas = self._sweep_metas()
         wait = INTERVAL
         while True:
-            new = self._look()
+            new = self._look_within(deadline)
             finished = [i for i, meta in enumerate(metas) if meta is not None]
             if len(finished) >= num_returns or deadline.expired():
                 break
             wait = INTERVAL if new else min(wait * 1.5, SLOWEST)
-            time.sleep(deadline.left(wait))
+            self._nap(deadline.left(wait))
         done = set(finished[:num_returns])
         return ([self._sweep_handle(i, metas[i]) for i in sorted(done)],
                 [self._sweep_handle(i, metas[i]) for i in range(total) if i not in done])

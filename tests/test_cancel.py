@@ -298,3 +298,46 @@ def test_ctrl_c_in_train_with_detach_leaves_the_job_running(fleet, tmp_path):
         term.close()
         if job_id:
             cli(fleet, "cancel", job_id)
+
+
+# -- short ids (issue 40, item 6) ---------------------------------------------------------------------------------
+def test_cancel_takes_the_12_characters_status_shows_of_a_job_a_batch_and_a_distributed_job(fleet, me):
+    running = submit.delay(time.sleep, 600)
+    batch = submit_batch([submit.s(time.sleep, 600) for _ in range(3)])
+    job = distributed(nap_gang, 600, nodes=1, procs_per_node=1)
+    gang_running(job)
+    wait_until(lambda: held_by_workers([running.id]), 30, "the job to be taken by a worker")
+    out = cli(fleet, "cancel", running.id[:12], batch.id[:12], job.id[:12])
+    print(out.stdout, out.stderr)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith(f"job {running.id}: cancelled (on worker "), lines
+    assert lines[1].startswith(f"batch {batch.id}: cancelled "), lines
+    assert lines[2] == f"cancelled 1 x 1 job {job.id}; nothing left running", lines
+    with pytest.raises(JobFailed):
+        running.get(timeout=30)
+    assert all(stopped(v) for v in batch.get(timeout=60, propagate=False))
+    with pytest.raises(JobFailed, match="cancelled"):
+        job.get(timeout=30)
+
+
+def test_an_ambiguous_or_too_short_prefix_is_refused_naming_what_it_matches(fleet, me):
+    from gpulayer.errors import AmbiguousId, UnknownId
+    from gpulayer.ids import resolve
+
+    stem = f"ambig{uuid.uuid4().hex[:8]}"
+    first = submit.apply_async((pow, 2, 3), task_id=f"{stem}-one")
+    second = submit.apply_async((pow, 2, 4), task_id=f"{stem}-two")
+    assert (first.get(timeout=30), second.get(timeout=30)) == (8, 16)
+    out = cli(fleet, "cancel", stem, stem[:4], f"{stem}-o")
+    assert out.returncode == 1
+    errs = out.stderr.splitlines()
+    assert errs[0] == f"gpulayer cancel: ambiguous: matches {stem}-one (job), {stem}-two (job); give more of the id"
+    assert errs[1].startswith(f"gpulayer cancel: unknown id {stem[:4]}: ") and "at least 6 characters" in errs[1]
+    assert out.stdout.splitlines() == [f"job {stem}-one: already finished (SUCCESS)"]
+    with pytest.raises(AmbiguousId) as e:
+        resolve(stem)
+    assert e.value.matches == (f"{stem}-one", f"{stem}-two") and isinstance(e.value, LookupError)
+    assert resolve(f"{stem}-tw") == f"{stem}-two" and resolve(f"{stem}-one") == f"{stem}-one"
+    with pytest.raises(UnknownId, match="no job or batch with this id or starting with it"):
+        resolve(uuid.uuid4().hex, kinds=("job", "batch"))

@@ -102,6 +102,7 @@ def test_python_shows_the_remote_traceback_as_the_cause(fleet, tmp_path):
     last = local.rstrip().splitlines()[-1]
     assert last.startswith("gpulayer.errors.JobFailed[RuntimeError]: RuntimeError: the shard is corrupt (job "), err
     assert "trace_task" not in remote, err  # the engine's frames are left out of what is shown
+    assert "vine" not in local and "celery" not in local, err  # and of the client's side: raised from get()
     assert "Exception ignored" not in err, err
 
 

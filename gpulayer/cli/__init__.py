@@ -93,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
 
     ca = sub.add_parser("cancel", help="stop jobs, distributed jobs or batches by id, or all this client sent")
-    ca.add_argument("ids", nargs="*", metavar="ID", help="a job's, distributed job's, batch's or group's id")
+    ca.add_argument("ids", nargs="*", metavar="ID", help="a job's, distributed job's, batch's or group's id, "
+                    "or a unique prefix of it (at least 6 characters)")
     ca.add_argument("--all-mine", action="store_true",
                     help="everything this client identity sent in the last day that has not finished "
                          "(config client_id, default user@host)")

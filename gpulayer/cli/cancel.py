@@ -1,6 +1,7 @@
 """``gpulayer cancel``: stop jobs, distributed jobs and batches from a shell, whoever sent them.
 
-An id is looked up as a distributed job (``gl:gang:<id>``), then as a ``submit_batch`` or Celery group
+An id is a whole id or any unique prefix of at least 6 characters (``gpulayer/ids.py``; an ambiguous one
+names what it matches). It is looked up as a distributed job (``gl:gang:<id>``), then as a ``submit_batch`` or Celery group
 (``gl:batch:<id>``), then as a job (its stored result, or a sender's record: ``store/sent.py``). Jobs stop
 as ``batch.cancel()`` stops them (``cancel.cancel_jobs``), distributed jobs as ``job.cancel()`` does
 (``distributed_job.cancel_gang``). ``--all-mine`` stops what this client identity (config ``client_id``,
@@ -14,7 +15,8 @@ import sys
 
 from celery import states
 
-from ..errors import ClusterUnavailable
+from ..errors import AmbiguousId, ClusterUnavailable, UnknownId
+from ..ids import MIN_PREFIX, resolve
 
 GANG_WAIT = 30.0  # seconds to wait for every node of a cancelled distributed job to report its ranks stopped
 
@@ -35,7 +37,15 @@ def cancel(ids: list[str], all_mine: bool = False, out=None, err=None) -> int:
     code = 0
     if all_mine:
         print(_all_mine(r, app_mod.client_identity()), file=out)
-    for job_id in ids:
+    for given in ids:
+        try:
+            job_id = resolve(given, r=r)  # a whole id, or a unique prefix of at least 6 characters
+        except AmbiguousId as ambiguous:
+            print(f"gpulayer cancel: {ambiguous}", file=err)
+            code = 1
+            continue
+        except UnknownId:
+            job_id = given  # said below, as for any id nothing was sent with
         line, ok = _one(r, job_id)
         print(line if ok else f"gpulayer cancel: {line}", file=out if ok else err)
         code = code if ok else 1
@@ -79,8 +89,9 @@ def _job(r, job_id: str) -> tuple[str, bool]:
         return f"job {job_id}: already finished ({state})", True
     worker = held_by_workers([job_id]).get(job_id)
     if state == states.PENDING and worker is None and not was_sent(r, job_id):
+        short = f"; a short id needs at least {MIN_PREFIX} characters" if len(job_id) < MIN_PREFIX else ""
         return (f"unknown id {job_id}: no job, distributed job or batch with this id was sent in the last day "
-                "(check the id; a finished job's result expires after result_expires)"), False
+                f"(check the id; a finished job's result expires after result_expires{short})"), False
     cancel_jobs([job_id], only_unfinished=False)
     return f"job {job_id}: cancelled ({f'on worker {worker}' if worker else 'queued'})", True
 

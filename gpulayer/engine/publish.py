@@ -195,8 +195,8 @@ def publish_chunk(channel, queue: str, raws: Sequence[str], ids: Sequence[str], 
     with channel.conn_or_acquire() as client:
         script = _script(client, "publish_chunk")
         members = keys.batch(batch_id)
-        script_keys = [queue, keys.bell(queue), keys.client_jobs(sender), members, keys.CLIENTS]
-        args = [len(raws), time(), BELL_TOKENS, keys.SENT_KEEP_SECONDS, sender, *raws, *ids]
+        script_keys = [queue, keys.bell(queue), keys.client_jobs(sender), members, keys.CLIENTS, keys.BATCHES]
+        args = [len(raws), time(), BELL_TOKENS, keys.SENT_KEEP_SECONDS, sender, batch_id, *raws, *ids]
         waits, acked = _until_landed(  # WAIT on the same connection: returns once a replica has the whole chunk
             client, channel.durability, lambda w: durability.call_script(client, script, script_keys, args, w),
             lambda: bool(client.sismember(members, ids[0])))

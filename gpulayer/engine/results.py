@@ -280,6 +280,7 @@ class ResultBackend(RedisBackend):
             # the job's own type where this process can import it.
             meta["result"] = from_record(meta["result"], meta.get("traceback"), meta.get("task_id"),
                                          meta.get("worker"), self.exception_to_python)
+            meta["traceback"] = meta["result"].traceback or meta.get("traceback")  # (AsyncResult.traceback too)
             return meta
         meta = super().meta_from_decoded(meta)
         if meta.get("status") in states.EXCEPTION_STATES and isinstance(meta.get("result"), BaseException):

@@ -59,3 +59,4 @@ def record(pipe, message: dict) -> None:
         if members not in once:
             once.add(members)
             add("expire", members, keys.SENT_KEEP_SECONDS)
+            add("zadd", keys.BATCHES, {group: time()})  # the index of batch ids (gpulayer/ids.py)

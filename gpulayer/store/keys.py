@@ -155,8 +155,7 @@ def inflight(life: str) -> str:
 
 def lives_of(worker_id: str) -> str:
     """SCAN pattern for every life's inflight key of ``worker_id`` (glob characters escaped)."""
-    name = "".join("\\" + c if c in "*?[]\\" else c for c in worker_id)
-    return f"{NAMESPACE}:inflight:{name}:*"
+    return f"{NAMESPACE}:inflight:{glob_escape(worker_id)}:*"
 
 
 # Taking a message (gpulayer/engine/transport.py): a message is always in a queue, or in kombu's unacked hash
@@ -202,9 +201,17 @@ CANCEL_CHANNEL = f"{NAMESPACE}:cancel"
 #   gl:clients                 set    every client identity that sent a job (config ``client_id``, default user@host)
 #   gl:client:<identity>:jobs  zset   job id -> when it was sent (client clock); expires a day after the last send
 #   gl:batch:<id>              set    the job ids of one submit_batch or Celery group (its id); expires in a day
+#   gl:batches                 zset   batch or group id -> when it was sent: the index a short id is looked up in
+#                                     (gpulayer/ids.py), trimmed to the last day when it is read
 # A gang's identity is its spec's ``client`` (gl:gang:<id>), its index gl:gangs.
 CLIENTS = f"{NAMESPACE}:clients"
+BATCHES = f"{NAMESPACE}:batches"
 SENT_KEEP_SECONDS = 86400
+
+
+def glob_escape(text: str) -> str:
+    """``text`` with Redis's glob characters escaped, for a SCAN/ZSCAN ``MATCH`` pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
 
 
 def client_jobs(identity: str) -> str:

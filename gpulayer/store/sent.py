@@ -30,6 +30,7 @@ def record_batch(r: redis.Redis, identity: str, batch_id: str, ids: Sequence[str
         pipe.sadd(keys.batch(batch_id), *chunk)
     pipe.expire(keys.client_jobs(identity), keys.SENT_KEEP_SECONDS)
     pipe.expire(keys.batch(batch_id), keys.SENT_KEEP_SECONDS)
+    pipe.zadd(keys.BATCHES, {batch_id: now})
     pipe.sadd(keys.CLIENTS, identity)
     if waits:
         pipe.execute_command(*waits.command())

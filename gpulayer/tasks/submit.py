@@ -19,7 +19,7 @@ from ..engine import publish
 from ..engine.results import prime_result
 from . import options as job_options
 from . import readahead
-from ..errors import PayloadError, UnsupportedOption
+from ..errors import JobFailed, PayloadError, UnsupportedOption
 from ..models import Resources
 from ..payload import job_name, pack_function, resolve_function, summarize
 from ..output import capture, watch
@@ -81,6 +81,8 @@ class JobHandle(AsyncResult):
                         prime_result(self, meta)
                         primed = True
                     return super().get(max(deadline.left(WAIT_SLICE), 0.001), *args, **kwargs)
+                except JobFailed as err:  # raised here: the traceback shows no frame of Celery's or vine's
+                    raise err.with_traceback(None)
                 except CeleryTimeoutError:
                     lost.back()
                     if deadline.expired():
