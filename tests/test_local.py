@@ -357,3 +357,42 @@ def test_a_job_running_at_down_finishes_first_and_the_next_up_does_not_run_it_ag
         client.close()
     finally:
         assert run_cli("down", env=env).returncode == 0
+
+
+def test_a_session_of_jobs_leaves_no_multiprocessing_directories_in_tmpdir(gpulayer_home, tmp_path):
+    # Each worker life made one pymp-* directory (billiard's pool counters) and ended with os._exit, which skips
+    # multiprocessing's clean-up; the warm template and a Trainer's ranks alike.
+    tmp = tmp_path / "tmpdir"
+    tmp.mkdir()
+    env = dict(os.environ, TMPDIR=str(tmp))
+    script = tmp_path / "session.py"
+    script.write_text(textwrap.dedent("""
+        import os
+        import gpulayer
+        from gpulayer import distributed, submit
+
+        def rank():
+            return int(os.environ["RANK"])
+
+        def die():
+            os._exit(3)  # the pool process goes; a new one takes its place
+
+        gpulayer.init()
+        print(sum(submit.delay(abs, -i).get(timeout=120) for i in range(20)))
+        try:
+            submit.delay(die).get(timeout=120)
+        except gpulayer.JobFailed:
+            print("died")
+        print(distributed(rank, nodes=2, procs_per_node=1).get(timeout=120))
+    """))
+    up = run_cli("up", "--workers", "2", "--slots", "1", env=env)
+    try:
+        assert up.returncode == 0, up.stderr
+        out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == ["190", "died", "[0,", "1]"], out.stdout
+        assert any(p.name.startswith("pymp-") for p in tmp.iterdir())  # in use while the cluster runs
+    finally:
+        down = run_cli("down", env=env)
+    assert down.returncode == 0, down.stderr
+    assert not [p.name for p in tmp.iterdir() if p.name.startswith("pymp-")]
