@@ -18,7 +18,7 @@ from ..deadline import Deadline
 from ..engine import publish
 from ..engine.results import prime_result
 from . import readahead
-from ..errors import PayloadError
+from ..errors import InvalidRequest, PayloadError
 from ..models import Resources
 from ..payload import job_name, pack_function, resolve_function, summarize
 from ..worker import runtime
@@ -169,7 +169,7 @@ class SubmitTask(Task):
         headers[RESOURCES_HEADER] = resources.model_dump(exclude_defaults=True)
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-                raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+                raise InvalidRequest(f"submit(timeout={timeout!r}): timeout must be a positive number of seconds")
             headers[TIMEOUT_HEADER] = float(timeout)
         ensure_connected()
         headers.setdefault(CLIENT_HEADER, _sender(self.app))  # the transport records it (engine/senders.py)
