@@ -10,12 +10,16 @@ task's arguments, a URL); the static files it ships pass untouched.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
+import threading
 import time
 
 from .errors import ConfigError
 from .sentinel_url import is_sentinel_url
 from .masking import MASK, mask_text, secrets_of  # noqa: F401  (MASK, mask_text: the tests' import)
+
+log = logging.getLogger(__name__)
 
 
 def _loopback(address: str) -> bool:
@@ -137,10 +141,34 @@ def run_flower(*, broker: str | None = None, port: int = 5555, address: str = "1
     host = f"[{address}]" if ":" in address else address
     print(flower_line(f"http://{host}:{port}/", basic_auth.split(",")[0], show_secrets), flush=True)
     # Workers send events only once a monitor asks; Flower asks every 5 s from 5 s on: ask now, so the
-    # jobs of its first seconds show too (engine/events.py).
-    app_mod.app.control.enable_events()
+    # jobs of its first seconds show too (engine/events.py). Not held for workers still starting (a broadcast
+    # waits for them, engine/broadcast.py): Flower's own asking reaches them.
+    app_mod.app.control.enable_events(wait_starting=False)
+    ask_heartbeats(app_mod.app.control)
     app_mod.app.start(argv)
     return 0
+
+
+HEARTBEAT_ASKS = (0.25, 0.25, 0.5, 1.0, 2.0, 4.0)  # seconds before each ask, from Flower's start
+
+
+def ask_heartbeats(control, delays=HEARTBEAT_ASKS) -> threading.Thread:
+    """Ask every worker for a heartbeat event now and then while Flower starts, from a thread.
+
+    Flower lists a worker once it hears an event from it, and its event receiver connects after the workers
+    that run already sent their `worker-online`: without this, each is missing from Flower until its next
+    heartbeat event, up to 2 s later (what `gpulayer up --flower` waited for)."""
+    def ask():
+        for delay in delays:
+            time.sleep(delay)
+            try:
+                control.heartbeat()
+            except Exception as err:  # noqa: BLE001  (the broker away: Flower's own heartbeats come anyway)
+                log.debug("gpulayer: asking the workers for a heartbeat failed (%s)", err)
+
+    thread = threading.Thread(target=ask, name="gpulayer-flower-heartbeats", daemon=True)
+    thread.start()
+    return thread
 
 
 # --- Prometheus metrics ----------------------------------------------------------------------------

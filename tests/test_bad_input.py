@@ -52,7 +52,7 @@ def test_negative_or_zero_counts(fleet):
         Resources(gpus=-1)
     with pytest.raises(InvalidRequest, match=r"^distributed\(procs_per_node=0\): procs_per_node must be at least 1$"):
         distributed(square, 1, nodes=1, procs_per_node=0)
-    with pytest.raises(ValueError, match="timeout must be a positive"):
+    with pytest.raises(InvalidRequest, match=r"^submit\(timeout=0\): timeout must be a positive"):
         submit.delay(square, 1, timeout=0)
 
 

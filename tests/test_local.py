@@ -295,8 +295,15 @@ def test_right_after_up_returns_inspect_stats_lists_every_worker_every_time(gpul
     assert heard == [both] * UP_ROUNDS, heard
 
 
-def test_up_fails_naming_the_log_of_a_worker_that_cannot_start_and_leaves_nothing(gpulayer_home):
-    env = dict(os.environ, GPULAYER_HEARTBEAT_INTERVAL="not-a-number")  # the workers refuse their settings
+def test_up_fails_naming_the_log_of_a_worker_that_cannot_start_and_leaves_nothing(gpulayer_home, tmp_path):
+    # Only the workers fail: a sitecustomize that ends every `gpulayer worker` process as it starts.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(textwrap.dedent("""
+        if b"worker" in open("/proc/self/cmdline", "rb").read().split(b"\\0"):
+            raise SystemExit("this worker refuses to start")
+    """))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])]))
     out = run_cli("up", env=env)
     assert out.returncode == 2, out.stdout
     assert "did not answer" in out.stderr and str(gpulayer_home / "logs" / "local-1.log") in out.stderr
@@ -306,6 +313,14 @@ def test_up_fails_naming_the_log_of_a_worker_that_cannot_start_and_leaves_nothin
         if any(str(gpulayer_home) in part for part in p.info["cmdline"] or []):
             left.append(p.pid)
     wait_gone(left)  # the supervisor and its Redis are stopping, or gone
+
+
+def test_up_refuses_a_setting_the_workers_could_not_start_with_in_one_line(gpulayer_home):
+    out = run_cli("up", env=dict(os.environ, GPULAYER_HEARTBEAT_INTERVAL="not-a-number"))
+    assert out.returncode == 2, out.stdout
+    assert out.stderr.startswith("gpulayer up: error: invalid gpulayer settings: heartbeat_interval")
+    assert len(out.stderr.splitlines()) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert not (gpulayer_home / "cluster.json").exists() and not (gpulayer_home / "logs").exists()
 
 
 def test_a_job_running_at_down_finishes_first_and_the_next_up_does_not_run_it_again(gpulayer_home, tmp_path):
@@ -357,3 +372,42 @@ def test_a_job_running_at_down_finishes_first_and_the_next_up_does_not_run_it_ag
         client.close()
     finally:
         assert run_cli("down", env=env).returncode == 0
+
+
+def test_a_session_of_jobs_leaves_no_multiprocessing_directories_in_tmpdir(gpulayer_home, tmp_path):
+    # Each worker life made one pymp-* directory (billiard's pool counters) and ended with os._exit, which skips
+    # multiprocessing's clean-up; the warm template and a Trainer's ranks alike.
+    tmp = tmp_path / "tmpdir"
+    tmp.mkdir()
+    env = dict(os.environ, TMPDIR=str(tmp))
+    script = tmp_path / "session.py"
+    script.write_text(textwrap.dedent("""
+        import os
+        import gpulayer
+        from gpulayer import distributed, submit
+
+        def rank():
+            return int(os.environ["RANK"])
+
+        def die():
+            os._exit(3)  # the pool process goes; a new one takes its place
+
+        gpulayer.init()
+        print(sum(submit.delay(abs, -i).get(timeout=120) for i in range(20)))
+        try:
+            submit.delay(die).get(timeout=120)
+        except gpulayer.JobFailed:
+            print("died")
+        print(distributed(rank, nodes=2, procs_per_node=1).get(timeout=120))
+    """))
+    up = run_cli("up", "--workers", "2", "--slots", "1", env=env)
+    try:
+        assert up.returncode == 0, up.stderr
+        out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split() == ["190", "died", "[0,", "1]"], out.stdout
+        assert any(p.name.startswith("pymp-") for p in tmp.iterdir())  # in use while the cluster runs
+    finally:
+        down = run_cli("down", env=env)
+    assert down.returncode == 0, down.stderr
+    assert not [p.name for p in tmp.iterdir() if p.name.startswith("pymp-")]

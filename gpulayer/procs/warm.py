@@ -51,6 +51,7 @@ import threading
 import time
 
 from ..deadline import Deadline
+from .tempdir import remove_made_here
 
 log = logging.getLogger(__name__)
 
@@ -541,6 +542,7 @@ def main(argv: list[str]) -> int:
     if request is None:  # its worker closed it: nothing to finish, and tearing torch down takes a while
         sys.stdout.flush()
         sys.stderr.flush()
+        remove_made_here()
         os._exit(0)
     return _become_rank(request, fresh_signals, base_path, template_pid)
 

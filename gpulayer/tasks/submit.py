@@ -19,7 +19,7 @@ from ..engine import publish
 from ..engine.results import prime_result
 from . import options as job_options
 from . import readahead
-from ..errors import JobFailed, PayloadError, UnsupportedOption
+from ..errors import InvalidRequest, JobFailed, PayloadError, UnsupportedOption
 from ..models import Resources
 from ..payload import job_name, pack_function, resolve_function, summarize
 from ..output import capture, watch
@@ -218,7 +218,7 @@ class SubmitTask(Task):
             headers[retries.HEADER] = retry
         if timeout is not None:
             if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-                raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+                raise InvalidRequest(f"submit(timeout={timeout!r}): timeout must be a positive number of seconds")
             headers[TIMEOUT_HEADER] = float(timeout)
         ensure_connected()
         sender, out = _origin(self.app)

@@ -23,6 +23,7 @@ import cloudpickle
 
 from gpulayer.procs import warm
 from gpulayer.procs.env import RankLayout, free_port, rank_env
+from gpulayer.procs.tempdir import remove_made_here
 from gpulayer.procs.runner import RankCommand, RankRunner, report_failure
 from gpulayer.trainer.errors import RankFailed, TrainerError
 
@@ -106,9 +107,11 @@ def rank_main(tmp: str) -> None:
     except BaseException as exc:
         report_failure(exc, tb=traceback.format_exc())
         sys.stderr.flush()
+        remove_made_here()
         os._exit(1)
     sys.stdout.flush()
     sys.stderr.flush()
+    remove_made_here()  # multiprocessing's pymp-* directory, if the rank made one (a DataLoader's workers)
     os._exit(0)  # skip interpreter teardown: process-group destructors can hang after the parent has the result
 
 

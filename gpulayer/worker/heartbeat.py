@@ -13,6 +13,7 @@ from ..gang.reconcile import reassert_worker
 from . import runtime
 from ..gang.agent import ordinary_active, slots
 from .early import stop_early
+from .starting import answered
 from .loopstep import LoopStep
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,8 @@ class Heartbeat(LoopStep):
             if self.epoch is not None:
                 log.warning("gpulayer: the broker's primary changed; re-asserted this worker's registry entry "
                             "and its %d gang-held slot(s) there", held)
+                if answered():  # a mark the new primary kept from before this worker answered: no broadcast waits
+                    self.registry.mark_answering(self.worker_info.id)
             self.epoch = epoch
         self.registry.heartbeat(self.worker_info.model_copy(update={"busy": ordinary_active(), "held": slots.held}))
 

@@ -23,6 +23,7 @@ from ..sentinel_url import broker_hosts
 from ..models import WorkerInfo
 from ..procs import ready
 from ..procs.stop import die_with_parent
+from ..procs.tempdir import remove_made_here
 from ..store import keys
 from ..store.connection import client_name
 from ..store.registry import Registry
@@ -244,4 +245,5 @@ def exit_at_once(code: int) -> None:
             stream.flush()
         except (OSError, ValueError):
             pass
+    remove_made_here()  # multiprocessing's pymp-* directory, which the interpreter's exit would have removed
     os._exit(code)

@@ -33,11 +33,17 @@ PING_TIMEOUTS = (0.05, 0.1, 0.2, 0.5)  # each try's wait for its own reply; the 
 
 _importing = threading.RLock()  # held while the preload imports: a fork waits for it (the import's own too)
 _preloaded = threading.Event()
+_answered = threading.Event()
 
 
 def preload_names() -> list[str]:
     """The modules the worker preloads: ``GPULAYER_PRELOAD`` (comma separated; default torch, empty for none)."""
     return [n.strip() for n in os.environ.get("GPULAYER_PRELOAD", "torch").split(",") if n.strip()]
+
+
+def answered() -> bool:
+    """True once this worker answered its own ping (its starting mark is cleared)."""
+    return _answered.is_set()
 
 
 def preloaded() -> bool:
@@ -99,6 +105,7 @@ def _run(consumer, registry, worker_id: str) -> None:
     if not answers(consumer.app, nodename):
         log.warning("gpulayer: %s did not answer its own ping within %.0f s; telling it answers anyway",
                     nodename, ANSWER_WAIT)
+    _answered.set()
     try:
         registry.mark_answering(worker_id)
     except Exception as err:  # noqa: BLE001  (Redis restarting: a broadcast waits for the mark's bound)
