@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+from typing import Callable
 from dataclasses import dataclass
 
 BACKEND_ENV = "GPULAYER_BACKEND"  # a distributed job's backend: the default of gpulayer.init_process_group()
@@ -90,6 +91,11 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+# Set by the worker's start (worker/starting.py): waits up to that many seconds for its background preload.
+preload_wait: Callable[[float], bool] | None = None
+PRELOAD_WAIT = 15.0  # seconds
+
+
 class StoreHost:
     """A distributed job's TCP store, hosted by the process that starts its ranks, as torchrun's agent does.
 
@@ -107,7 +113,11 @@ class StoreHost:
     @classmethod
     def start(cls, host: str, timeout_s: float = 1800.0) -> "StoreHost | None":
         dist = sys.modules.get("torch.distributed")
-        # (Half imported while the worker preloads torch in the background, worker/starting.py: rank 0 then.)
+        if (dist is None or getattr(dist.__spec__, "_initializing", False)) and preload_wait is not None:
+            # The worker preloads torch in the background (worker/starting.py): a gang placed on a worker just
+            # started waits for it here (its ranks need torch anyway), bounded; past the bound rank 0 hosts it.
+            preload_wait(PRELOAD_WAIT)
+            dist = sys.modules.get("torch.distributed")
         if dist is None or getattr(dist.__spec__, "_initializing", False) or not dist.is_available():
             return None
         from datetime import timedelta

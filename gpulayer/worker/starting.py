@@ -33,6 +33,9 @@ PING_TIMEOUTS = (0.05, 0.1, 0.2, 0.5)  # each try's wait for its own reply; the 
 
 _importing = threading.RLock()  # held while the preload imports: a fork waits for it (the import's own too)
 _preloaded = threading.Event()
+from ..procs import env as _procs_env
+
+_procs_env.preload_wait = _preloaded.wait  # a gang's store host waits for the preload (procs/env.py StoreHost)
 _answered = threading.Event()
 
 
