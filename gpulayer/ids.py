@@ -81,6 +81,10 @@ def matches(r: redis.Redis, prefix: str, kinds: Sequence[str] = KINDS) -> list[t
     if "batch" in kinds:
         r.zremrangebyscore(keys.BATCHES, "-inf", time.time() - keys.SENT_KEEP_SECONDS)
         found.update((i, "batch") for i in _zscan(r, keys.BATCHES, pattern) if i not in found)
+    if "gang" in kinds and not found:  # a finished distributed job leaves the index; its record stays a while
+        head = keys.gang("")
+        found.update((k[len(head):], "gang") for k in _scan(r, keys.glob_escape(head) + pattern)
+                     if ":" not in k[len(head):])
     if "job" in kinds:
         jobs = {i for identity in _identities(r) for i in _zscan(r, keys.client_jobs(identity), pattern)}
         if not jobs and not found:  # the slow path: the results of jobs sent more than a day ago

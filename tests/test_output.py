@@ -177,6 +177,8 @@ def test_a_jobs_print_and_logging_lines_reach_the_client_and_its_tail(fleet, tmp
     assert cli.returncode == 0, cli.stderr
     assert cli.stdout == "printed u-7f3a\n"  # stdout to stdout, the rest to stderr, as `docker logs`
     assert cli.stderr == "WARNING app: logged u-7f3a\n"
+    short = _cli(fleet, "logs", job_id[:12])  # the 12 characters `gpulayer status` shows (gpulayer/ids.py)
+    assert (short.returncode, short.stdout) == (0, "printed u-7f3a\n"), short.stderr
 
 
 def test_log_to_client_off_prints_nothing_here_but_keeps_the_tail(fleet, tmp_path):
@@ -291,7 +293,8 @@ def test_a_2x2_distributed_jobs_ranks_are_printed_rank_tagged_and_kept_per_rank(
     job_id = re.search(r"^id (\S+)$", out.stdout, re.M).group(1)
     cli = _cli(fleet, "logs", job_id, "--rank", "1")
     assert cli.stdout == "hello from rank 1\n", cli.stderr
-    every = _cli(fleet, "logs", job_id)
+    every = _cli(fleet, "logs", job_id[:12])  # a distributed job's short id too
+    assert every.returncode == 0, every.stderr
     assert every.stdout.splitlines() == [f"(rank {r}) hello from rank {r}" for r in range(4)]
     wait_until(lambda: GangStore(redis_client()).held() == {}, 30, "every slot to be free after the gang")
 

@@ -12,7 +12,7 @@ import sys
 
 from celery import states
 
-from ..errors import ClusterUnavailable
+from ..errors import AmbiguousId, ClusterUnavailable
 
 
 def logs(job_id: str, follow: bool = False, rank: int | None = None, out=None, err=None) -> int:
@@ -34,7 +34,11 @@ def logs(job_id: str, follow: bool = False, rank: int | None = None, out=None, e
                                  "or start one with `gpulayer up`")
     connect(settings)
     r = app_mod.app.backend.client
-    job_id = _full_id(r, job_id)
+    try:
+        job_id = _full_id(r, job_id)
+    except AmbiguousId as exc:
+        print(f"gpulayer logs: {exc}", file=err)
+        return 1
     store = GangStore(r)
     rec = store.record(job_id)
     if rec["state"] is not None:  # a distributed job
@@ -72,15 +76,14 @@ def logs(job_id: str, follow: bool = False, rank: int | None = None, out=None, e
 
 
 def _full_id(r, given: str) -> str:
-    """A unique prefix as the whole id, where gpulayer/ids.py (issue 40's ids) is there to resolve it."""
+    """The whole id a unique prefix (at least 6 characters) names (gpulayer/ids.py); ``given`` itself where
+    nothing is found, so the caller's own check says it is unknown. ``AmbiguousId`` passes through."""
+    from ..errors import AmbiguousId, UnknownId
+    from ..ids import resolve
+
     try:
-        from .. import ids
-    except ImportError:
-        return given
-    resolve = getattr(ids, "resolve", None)
-    if resolve is None:
-        return given
-    try:
-        return resolve(r, given)
-    except TypeError:
+        return resolve(given, kinds=("gang", "job"), r=r)
+    except AmbiguousId:
+        raise
+    except UnknownId:
         return given
