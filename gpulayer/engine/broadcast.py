@@ -10,7 +10,7 @@ and a ``pattern=`` (hostnames matched by the workers themselves) keeps Celery's 
 A broadcast is a PUBLISH: a worker hears it only if it is subscribed when it is sent. A worker is in the
 registry (and counted) from before it imports Celery's worker machinery, so one that is still starting would
 miss the command, and ``inspect().stats()`` right after ``gpulayer up`` would answer without it. Such a worker
-is marked starting in the registry until it answered its own ping (``worker/starting.py``); a broadcast meant
+is marked starting in the registry until it heard its own control cast (``worker/starting.py``); a broadcast meant
 for it waits, up to ``STARTING_WAIT`` seconds, until it is no longer marked, and is sent then.
 """
 
@@ -77,7 +77,7 @@ class Control(control.Control):
                   limit=None, callback=None, channel=None, pattern=None, matcher=None, *,
                   wait_starting: bool = True, **extra_kwargs):
         """Celery's broadcast, sent once the workers it is for answer control (``wait_starting=False``: at once,
-        what a worker's own ping while it starts uses), awaiting as many replies as there are live workers."""
+        what a worker's cast to itself while it starts uses), awaiting as many replies as there are live workers."""
         waited = self.wait_for_starting(destination) if wait_starting else False
         if reply and limit is None and not pattern:
             limit = self.expected_replies(destination, fresh=waited)
