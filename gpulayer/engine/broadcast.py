@@ -17,6 +17,7 @@ for it waits, up to ``STARTING_WAIT`` seconds, until it is no longer marked, and
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Callable
 
@@ -83,3 +84,31 @@ class Control(control.Control):
             limit = self.expected_replies(destination, fresh=waited)
         return super().broadcast(command, arguments, destination, connection, reply, timeout, limit, callback,
                                  channel, pattern, matcher, **extra_kwargs)
+
+
+HEARD = "gpulayer_heard"  # the control command a starting worker casts to itself (worker/starting.py)
+_listening: dict[str, threading.Event] = {}  # token -> set when this process's worker hears the cast carrying it
+
+
+def _heard(state, token=None):
+    """A starting worker's cast to itself came back through the broker: it hears control broadcasts."""
+    event = _listening.get(token)
+    if event is not None:
+        event.set()
+
+
+def listen_for_own_cast(token: str) -> threading.Event:
+    """In a worker's main process: an event set once its event loop hears the ``HEARD`` cast carrying ``token``."""
+    from celery.worker import control
+
+    if HEARD not in control.Panel.data:
+        control.control_command(name=HEARD)(_heard)
+    return _listening.setdefault(token, threading.Event())
+
+
+def cast_to_self(app, connection, nodename: str, token: str) -> None:
+    """Cast ``HEARD`` to ``nodename``, published on ``connection`` (not through Celery's producer pool, whose
+    connections stay open after), asking no reply (a worker replies through that pool)."""
+    mailbox = app.control.Mailbox(app.conf.control_exchange, type="fanout", accept=app.conf.accept_content,
+                                  serializer=app.conf.task_serializer)
+    mailbox(connection).cast([nodename], HEARD, {"token": token})

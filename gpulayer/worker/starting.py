@@ -4,10 +4,11 @@
    first heartbeat, before it imports Celery's worker machinery: jobs routed to it wait in its queues, and
    a broadcast meant for it waits until it answers (``engine/broadcast.py``) instead of missing it.
 2. **Answering.** Once Celery's consumer runs (``worker_ready``), the worker casts a control command to itself
-   through the broker (``HEARD``, as ``celery control`` would, without a reply) until its event loop hears it: it
-   is subscribed to the control broadcasts then. The cast goes through a connection of its own, closed after,
-   and asks no reply (a reply would go out through Celery's producer pool, whose connections stay open): a
-   worker holds no connection for its start (tests/test_connections.py). It clears its mark and tells whoever started it (``procs/ready.py`` ``CONSUMING``):
+   through the broker (``engine/broadcast.py`` ``HEARD``, as ``celery control`` would, without a reply) until
+   its event loop hears it: it is subscribed to the control broadcasts then. The cast goes through a
+   connection of its own, closed after, and asks no reply (a reply would go out through Celery's producer
+   pool, whose connections stay open): a worker holds no connection for its start (tests/test_connections.py).
+   It clears its mark and tells whoever started it (``procs/ready.py`` ``CONSUMING``):
    ``gpulayer up`` returns then, and every command a user sends next is answered by every worker.
 3. **Preloaded.** torch (``GPULAYER_PRELOAD``) is imported in the main process in the background, while the
    worker already takes jobs; then the pool is restarted (billiard's ``restart``: each pool process exits
@@ -26,6 +27,7 @@ import os
 import threading
 import time
 
+from ..engine import broadcast
 from ..procs import ready
 
 log = logging.getLogger(__name__)
@@ -86,35 +88,14 @@ def answer_then_preload(consumer, registry, worker_id: str) -> threading.Thread:
     return thread
 
 
-HEARD = "gpulayer_heard"  # the control command a starting worker casts to itself (no reply: see answers)
-_heard = threading.Event()
-_token: list[str] = []  # the token of this process's own cast; a cast carrying another is not its own
-
-
-def _register_heard() -> None:
-    from celery.worker import control
-
-    if HEARD in control.Panel.data:
-        return
-
-    @control.control_command(name=HEARD)
-    def gpulayer_heard(state, token=None):
-        """A starting worker's cast to itself came back through the broker: it hears control broadcasts."""
-        if _token and token == _token[0]:
-            _heard.set()
-
-
 def answers(app, nodename: str, limit: float = ANSWER_WAIT) -> bool:
     """Cast to ``nodename`` (this process's own node) until it hears it (True) or ``limit`` seconds pass (False).
 
     Heard here, in this process, rather than answered with a reply: a reply goes out through Celery's producer
     pool, and the cast through a connection of its own, closed after: the worker keeps no connection for it
     (tests/test_connections.py counts them)."""
-    _register_heard()
-    if not _token:
-        _token.append(os.urandom(8).hex())
-    mailbox = app.control.Mailbox(app.conf.control_exchange, type="fanout", accept=app.conf.accept_content,
-                                  serializer=app.conf.task_serializer)  # no producer pool: the cast's connection's
+    token = os.urandom(8).hex()
+    heard = broadcast.listen_for_own_cast(token)
     end = time.monotonic() + limit
     tries = 0
     with app.connection_for_write() as connection:
@@ -122,12 +103,12 @@ def answers(app, nodename: str, limit: float = ANSWER_WAIT) -> bool:
             timeout = PING_TIMEOUTS[min(tries, len(PING_TIMEOUTS) - 1)]
             tries += 1
             try:
-                mailbox(connection).cast([nodename], HEARD, {"token": _token[0]})
+                broadcast.cast_to_self(app, connection, nodename, token)
             except Exception as err:  # noqa: BLE001  (the broker restarting: try again)
                 log.debug("gpulayer: own cast failed (%s)", err)
                 time.sleep(timeout)
                 continue
-            if _heard.wait(timeout):
+            if heard.wait(timeout):
                 return True
     return False
 
