@@ -270,8 +270,8 @@ FULL_ROUNDS = 1  # of them with workers that preload torch (the default); the re
 
 def test_right_after_up_returns_inspect_stats_lists_every_worker_every_time(gpulayer_home, tmp_path):
     # Celery's broadcast is a PUBLISH: a worker that registered but is not subscribed yet misses it, and a
-    # Celery user's first `inspect` after `up` answered without it. `up` now returns once each worker answered
-    # its own ping (worker/starting.py).
+    # Celery user's first `inspect` after `up` answered without it. `up` now returns once each worker heard
+    # its own control cast (worker/starting.py).
     client = subprocess.Popen([sys.executable, "-c", STATS_CLIENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True)
     heard = []

@@ -10,13 +10,14 @@ and a ``pattern=`` (hostnames matched by the workers themselves) keeps Celery's 
 A broadcast is a PUBLISH: a worker hears it only if it is subscribed when it is sent. A worker is in the
 registry (and counted) from before it imports Celery's worker machinery, so one that is still starting would
 miss the command, and ``inspect().stats()`` right after ``gpulayer up`` would answer without it. Such a worker
-is marked starting in the registry until it answered its own ping (``worker/starting.py``); a broadcast meant
+is marked starting in the registry until it heard its own control cast (``worker/starting.py``); a broadcast meant
 for it waits, up to ``STARTING_WAIT`` seconds, until it is no longer marked, and is sent then.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Callable
 
@@ -77,9 +78,37 @@ class Control(control.Control):
                   limit=None, callback=None, channel=None, pattern=None, matcher=None, *,
                   wait_starting: bool = True, **extra_kwargs):
         """Celery's broadcast, sent once the workers it is for answer control (``wait_starting=False``: at once,
-        what a worker's own ping while it starts uses), awaiting as many replies as there are live workers."""
+        what a worker's cast to itself while it starts uses), awaiting as many replies as there are live workers."""
         waited = self.wait_for_starting(destination) if wait_starting else False
         if reply and limit is None and not pattern:
             limit = self.expected_replies(destination, fresh=waited)
         return super().broadcast(command, arguments, destination, connection, reply, timeout, limit, callback,
                                  channel, pattern, matcher, **extra_kwargs)
+
+
+HEARD = "gpulayer_heard"  # the control command a starting worker casts to itself (worker/starting.py)
+_listening: dict[str, threading.Event] = {}  # token -> set when this process's worker hears the cast carrying it
+
+
+def _heard(state, token=None):
+    """A starting worker's cast to itself came back through the broker: it hears control broadcasts."""
+    event = _listening.get(token)
+    if event is not None:
+        event.set()
+
+
+def listen_for_own_cast(token: str) -> threading.Event:
+    """In a worker's main process: an event set once its event loop hears the ``HEARD`` cast carrying ``token``."""
+    from celery.worker import control
+
+    if HEARD not in control.Panel.data:
+        control.control_command(name=HEARD)(_heard)
+    return _listening.setdefault(token, threading.Event())
+
+
+def cast_to_self(app, connection, nodename: str, token: str) -> None:
+    """Cast ``HEARD`` to ``nodename``, published on ``connection`` (not through Celery's producer pool, whose
+    connections stay open after), asking no reply (a worker replies through that pool)."""
+    mailbox = app.control.Mailbox(app.conf.control_exchange, type="fanout", accept=app.conf.accept_content,
+                                  serializer=app.conf.task_serializer)
+    mailbox(connection).cast([nodename], HEARD, {"token": token})

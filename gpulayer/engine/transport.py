@@ -112,6 +112,8 @@ class Channel(Prefetch, SentinelPools, kredis.Channel):
     """kombu's Redis channel, taking with take.lua; its prefetched messages are engine/prefetch.py's, the acks
     and results its scripts carry engine/carry.py's, its pools on a Sentinel group engine/sentinel.py's."""
 
+    _takes_jobs = False  # set once it consumed a job queue (_taking)
+
     QoS = QoS  # engine/qos.py: acks that ride on the next take, and the worker's slot gate
     Message = Message  # a job's body decoded by its pool process only
     connection_class_ssl = TLSConnection  # rediss://: one TLS context per process (engine/redis_tls.py)
@@ -178,9 +180,15 @@ class Channel(Prefetch, SentinelPools, kredis.Channel):
     def _taking(self) -> bool:
         """Does this channel take jobs (the atomic take, with delivery records)? Only the worker's channel that
         consumes job queues: a reply queue read in the worker's process (its own ``ping`` broadcast, an
-        ``inspect`` it sends) is read with kombu's plain BRPOP, and is no sign that kombu reconnected."""
-        return _consumer is not None and not self.global_keyprefix \
-            and any(q.startswith(JOB_QUEUES) for q in self.active_queues)
+        ``inspect`` it sends) is read with kombu's plain BRPOP, and is no sign that kombu reconnected.
+
+        Once a channel consumed job queues it stays a taker: a warm shutdown cancels its consumers (no active
+        queue left) before it closes the channel, and ``close`` must still give back what it prefetched."""
+        if _consumer is None or self.global_keyprefix:
+            return False
+        if not self._takes_jobs and any(q.startswith(JOB_QUEUES) for q in self.active_queues):
+            self._takes_jobs = True
+        return self._takes_jobs
 
     def _records_key(self) -> str | None:
         """This worker life's delivery records (``keys.inflight``); None in a process that does not take."""

@@ -208,7 +208,7 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
                 flower_url = f"http://127.0.0.1:{flower_port}/"
             else:
                 print(f"Flower did not start on port {flower_port}; see {logs / 'flower.log'}", file=sys.stderr)
-        # Each worker says when it answers its own ping through the broker (worker/starting.py), before it
+        # Each worker says when it hears its own control cast through the broker (worker/starting.py), before it
         # imports torch: it takes jobs, and `celery inspect` and app.control hear it, so the cluster is ready.
         missing = wait_ready(pipes, CONSUMING, READY_TIMEOUT)
         if missing:  # the cluster does not start half-way: everything stops, and the starter quotes this log

@@ -7,7 +7,7 @@ file before the line it waits for means the process died on the way.
   named with ``--ready-fd``, once its workers registered and its state file is written.
 - A worker writes to the pipe named in ``GPULAYER_READY_FD`` one line per stage: ``registered`` once it is
   in the registry (jobs routed to it wait in its queues from then on), ``consuming`` once Celery takes
-  messages and the worker answered its own ping through the broker (control broadcasts reach it;
+  messages and the worker heard its own control cast through the broker (control broadcasts reach it;
   ``worker/starting.py``).
 """
 

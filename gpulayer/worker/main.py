@@ -76,7 +76,7 @@ def _die_with_worker(**_) -> None:
 
 @worker_ready.connect
 def _answer_then_preload(sender=None, **_) -> None:
-    """Celery's consumer runs: once this worker answers its own ping, say so, then preload torch (starting.py).
+    """Celery's consumer runs: once this worker hears its own control cast, say so, then preload torch (starting.py).
 
     torch is preloaded so that every pool process forks with it loaded instead of importing it per job;
     importing does not initialise CUDA (that would not survive the fork); GPULAYER_PRELOAD= (empty) skips it.

@@ -3,9 +3,12 @@
 1. **Registered.** Marked starting in the registry (``Registry.mark_starting``), then registered with its
    first heartbeat, before it imports Celery's worker machinery: jobs routed to it wait in its queues, and
    a broadcast meant for it waits until it answers (``engine/broadcast.py``) instead of missing it.
-2. **Answering.** Once Celery's consumer runs (``worker_ready``), the worker pings itself through the broker,
-   as ``celery inspect ping`` would, until its own reply comes back: it is subscribed to the control
-   broadcasts then. It clears its mark and tells whoever started it (``procs/ready.py`` ``CONSUMING``):
+2. **Answering.** Once Celery's consumer runs (``worker_ready``), the worker casts a control command to itself
+   through the broker (``engine/broadcast.py`` ``HEARD``, as ``celery control`` would, without a reply) until
+   its event loop hears it: it is subscribed to the control broadcasts then. The cast goes through a
+   connection of its own, closed after, and asks no reply (a reply would go out through Celery's producer
+   pool, whose connections stay open): a worker holds no connection for its start (tests/test_connections.py).
+   It clears its mark and tells whoever started it (``procs/ready.py`` ``CONSUMING``):
    ``gpulayer up`` returns then, and every command a user sends next is answered by every worker.
 3. **Preloaded.** torch (``GPULAYER_PRELOAD``) is imported in the main process in the background, while the
    worker already takes jobs; then the pool is restarted (billiard's ``restart``: each pool process exits
@@ -24,12 +27,13 @@ import os
 import threading
 import time
 
+from ..engine import broadcast
 from ..procs import ready
 
 log = logging.getLogger(__name__)
 
-ANSWER_WAIT = 60.0  # seconds a worker pings itself at most before it says it answers anyway (and logs why)
-PING_TIMEOUTS = (0.05, 0.1, 0.2, 0.5)  # each try's wait for its own reply; the last repeats
+ANSWER_WAIT = 60.0  # seconds a worker casts to itself at most before it says it answers anyway (and logs why)
+PING_TIMEOUTS = (0.05, 0.1, 0.2, 0.5)  # each try's wait to hear its own cast; the last repeats
 
 _importing = threading.RLock()  # held while the preload imports: a fork waits for it (the import's own too)
 _preloaded = threading.Event()
@@ -45,7 +49,7 @@ def preload_names() -> list[str]:
 
 
 def answered() -> bool:
-    """True once this worker answered its own ping (its starting mark is cleared)."""
+    """True once this worker heard its own cast (its starting mark is cleared)."""
     return _answered.is_set()
 
 
@@ -76,7 +80,7 @@ def preload() -> None:
 
 
 def answer_then_preload(consumer, registry, worker_id: str) -> threading.Thread:
-    """From ``worker_ready``: a thread that waits until this worker answers its own ping, says so (the mark, the
+    """From ``worker_ready``: a thread that waits until this worker hears its own cast, says so (the mark, the
     starter's pipe), then preloads and restarts the pool."""
     thread = threading.Thread(target=_run, args=(consumer, registry, worker_id), name="gpulayer-starting",
                               daemon=True)
@@ -85,28 +89,34 @@ def answer_then_preload(consumer, registry, worker_id: str) -> threading.Thread:
 
 
 def answers(app, nodename: str, limit: float = ANSWER_WAIT) -> bool:
-    """Ping ``nodename`` until it replies (True) or ``limit`` seconds pass (False)."""
+    """Cast to ``nodename`` (this process's own node) until it hears it (True) or ``limit`` seconds pass (False).
+
+    Heard here, in this process, rather than answered with a reply: a reply goes out through Celery's producer
+    pool, and the cast through a connection of its own, closed after: the worker keeps no connection for it
+    (tests/test_connections.py counts them)."""
+    token = os.urandom(8).hex()
+    heard = broadcast.listen_for_own_cast(token)
     end = time.monotonic() + limit
     tries = 0
-    while time.monotonic() < end:
-        timeout = PING_TIMEOUTS[min(tries, len(PING_TIMEOUTS) - 1)]
-        tries += 1
-        try:
-            replies = app.control.broadcast("ping", destination=[nodename], reply=True, timeout=timeout, limit=1,
-                                            wait_starting=False)
-        except Exception as err:  # noqa: BLE001  (the broker restarting: try again)
-            log.debug("gpulayer: own ping failed (%s)", err)
-            time.sleep(timeout)
-            continue
-        if any(nodename in reply for reply in replies or ()):
-            return True
+    with app.connection_for_write() as connection:
+        while time.monotonic() < end:
+            timeout = PING_TIMEOUTS[min(tries, len(PING_TIMEOUTS) - 1)]
+            tries += 1
+            try:
+                broadcast.cast_to_self(app, connection, nodename, token)
+            except Exception as err:  # noqa: BLE001  (the broker restarting: try again)
+                log.debug("gpulayer: own cast failed (%s)", err)
+                time.sleep(timeout)
+                continue
+            if heard.wait(timeout):
+                return True
     return False
 
 
 def _run(consumer, registry, worker_id: str) -> None:
     nodename = consumer.hostname
     if not answers(consumer.app, nodename):
-        log.warning("gpulayer: %s did not answer its own ping within %.0f s; telling it answers anyway",
+        log.warning("gpulayer: %s did not hear its own cast within %.0f s; telling it answers anyway",
                     nodename, ANSWER_WAIT)
     _answered.set()
     try:
