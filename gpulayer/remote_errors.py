@@ -29,6 +29,7 @@ import traceback as tb_module
 from typing import Any
 
 from .errors import GangFailed, JobFailed
+from .masking import mask_text
 
 RECORD_KEY = "gl_exc"  # the key of the pack in Celery's exception record (a dict with exc_type, exc_module, ...)
 PACK_MAX = 64 * 1024  # bytes of a pickled exception kept; a bigger one (it holds a large value) keeps its name
@@ -253,6 +254,11 @@ def typed(base: type[JobFailed], remote_type: type | None, type_name: str, messa
           args: tuple | None = None) -> JobFailed:
     """``base[remote_type]`` with the remote exception's args and attributes, or a plain ``base``."""
     cls = typed_class(base, remote_type)
+    if remote is not None:  # what ``err.exception`` shows, masked as the error's own args
+        try:
+            remote.args = _masked(tuple(remote.args))
+        except Exception:
+            pass
     if cls is None:
         err = base(type_name, message, traceback, job_id, worker)
         err.exception = remote
@@ -262,6 +268,9 @@ def typed(base: type[JobFailed], remote_type: type | None, type_name: str, messa
     else:
         args = tuple(args) if args is not None else (message,)
         init_args, state = args, ({}, {})
+    # The error's repr shows its args, as the message does: a URL's password in them is masked alike.
+    args, init_args = _masked(args), _masked(init_args)
+    state = ({k: _masked_one(v) for k, v in state[0].items()}, {k: _masked_one(v) for k, v in state[1].items()})
     try:
         err = cls.__new__(cls, *args)
     except Exception:
@@ -275,6 +284,15 @@ def typed(base: type[JobFailed], remote_type: type | None, type_name: str, messa
     err._fill(type_name, message, traceback, job_id, worker)
     err.exception = remote
     return err
+
+
+def _masked_one(value: Any) -> Any:
+    return mask_text(value) if isinstance(value, str) else value
+
+
+def _masked(values: tuple) -> tuple:
+    """``values`` with a URL's password in each string masked (``masking.mask_text``), the rest as they are."""
+    return tuple(_masked_one(v) for v in values)
 
 
 def failure(base: type[JobFailed], type_name: str, message: str, traceback: str | None, job_id: str | None,

@@ -196,6 +196,19 @@ def raises_slotted(shard):
     raise err
 
 
+def test_a_typed_failure_masks_a_url_password_in_its_args_as_in_its_message():
+    from gpulayer.remote_errors import typed
+
+    url = "redis://:pw123456@10.0.0.1:6379/0"
+    remote = RuntimeError(f"cannot reach {url}")
+    remote.url = url
+    err = typed(JobFailed, RuntimeError, "RuntimeError", str(remote), None, "j-1", "w-a", remote=remote)
+    assert isinstance(err, RuntimeError) and err.args == ("cannot reach redis://:***@10.0.0.1:6379/0",)
+    assert err.url == "redis://:***@10.0.0.1:6379/0" and err.message == err.args[0]
+    for text in (repr(err), str(err), repr(err.exception), repr(pickle.loads(pickle.dumps(err)))):
+        assert "pw123456" not in text and ":***@" in text
+
+
 def test_a_typed_failure_is_both_and_keeps_args_attributes_and_pickles():
     from gpulayer.remote_errors import typed, typed_class
 

@@ -120,6 +120,13 @@ def test_job_output_is_free_until_it_prints_and_sends_its_last_lines_as_it_ends(
     assert out.source.fn == "print"
 
 
+def test_a_url_a_job_prints_reaches_the_client_with_its_password_masked():
+    sink = RecordingSink()
+    out = JobOutput(lambda: sink, "j1", "f", "w", 1, "c")
+    out.write(L.OUT, "connecting to redis://:pw123456@10.0.0.1:6379/0\nplain line\n")
+    assert sink.lines == [(L.OUT, "connecting to redis://:***@10.0.0.1:6379/0"), (L.OUT, "plain line")]
+
+
 def test_job_output_tells_what_it_dropped_at_the_end():
     sink = RecordingSink()
     out = JobOutput(lambda: sink, "j1", "f", "w", 1, "c")

@@ -116,8 +116,14 @@ class JobRequest(Request):
 
     def _announce_revoked(self, reason, terminated, signum, expired):
         """A running job that ``revoke(terminate=True)`` killed says so, and for how long it ran (Celery's
-        ``terminate`` gives every one the reason "terminated", which reads as a job that never ran)."""
-        if terminated and self.time_start:
+        ``terminate`` gives every one the reason "terminated", which reads as a job that never ran).
+
+        A job revoked while it waited (prefetched here, or handed to the pool but not yet taken by a process)
+        keeps Celery's ``_terminate_on_ack``, and Celery kills it as a process takes it (``on_accepted``: its
+        ``time_start`` is then set, a moment before): that one was cancelled before it ran."""
+        if terminated and self._terminate_on_ack is not None:
+            reason = "revoked"
+        elif terminated and self.time_start:
             reason = f"{STOPPED_WHILE_RUNNING} (after {max(0.0, time.time() - self.time_start):.1f} s)"
         return super()._announce_revoked(reason, terminated, signum, expired)
 

@@ -158,6 +158,7 @@ BORROWED: tuple[Borrowed, ...] = (
     # a revoke(terminate=True) of a running job says how long it ran
     Borrowed("celery.worker.request:Request._announce_revoked", "54aaa988d89bbe4c", _Q, "overrides"),
     Borrowed("celery.worker.request:Request.terminate", "01cef3174fb3a7bd", _Q, "relies on"),
+    Borrowed("celery.worker.request:Request.on_accepted", "2a588d0a50df3d7a", _Q, "relies on"),
     # a revoke(terminate=True) is told by the worker that holds the job, not stored as "revoked" by the others
     Borrowed("celery.worker.control:_revoke", "ff1e7f0e28141b02", _RV, "patches"),
     Borrowed("celery.worker.control:_find_requests_by_id", "e040e2f75b23d31a", _RV, "relies on"),

@@ -18,6 +18,7 @@ from typing import Callable
 
 import redis
 
+from ..masking import mask_text
 from ..store import keys
 from .lines import ERR, OUT, Chunk, LineSplitter, Limiter, Source, TailBudget
 
@@ -73,6 +74,8 @@ class JobOutput:
         self.printed = True
         if note:
             self.sink.add(self, ERR, note)
+        if "://" in text:  # a URL's password a job prints is masked, as in the worker's log (masking.py)
+            text = mask_text(text)
         self.sink.add(self, stream, text)
         return True
 
