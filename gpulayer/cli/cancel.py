@@ -15,8 +15,9 @@ import sys
 
 from celery import states
 
-from ..errors import AmbiguousId, ClusterUnavailable, UnknownId
+from ..errors import AmbiguousId, UnknownId
 from ..ids import MIN_PREFIX, resolve
+from .cluster import connected_client
 
 GANG_WAIT = 30.0  # seconds to wait for every node of a cancelled distributed job to report its ranks stopped
 
@@ -24,16 +25,9 @@ GANG_WAIT = 30.0  # seconds to wait for every node of a cancelled distributed jo
 def cancel(ids: list[str], all_mine: bool = False, out=None, err=None) -> int:
     """The ``gpulayer cancel`` command; returns its exit status."""
     from .. import app as app_mod
-    from ..config import load_settings
-    from ..session import connect
 
     out, err = out or sys.stdout, err or sys.stderr
-    settings = load_settings()
-    if not settings.broker_url:
-        raise ClusterUnavailable("no cluster to cancel on: set GPULAYER_BROKER_URL (and GPULAYER_SECRET), "
-                                 "or start one with `gpulayer up`")
-    connect(settings)
-    r = app_mod.app.backend.client
+    r = connected_client("cancel on")
     code = 0
     if all_mine:
         print(_all_mine(r, app_mod.client_identity()), file=out)

@@ -12,28 +12,22 @@ import sys
 
 from celery import states
 
-from ..errors import AmbiguousId, ClusterUnavailable
+from ..errors import AmbiguousId
+from .cluster import connected_client
 
 
 def logs(job_id: str, follow: bool = False, rank: int | None = None, out=None, err=None) -> int:
     """The ``gpulayer logs`` command; returns its exit status."""
     from .. import app as app_mod
-    from ..config import load_settings
     from ..models import GangState
     from ..output import tail
     from ..output.lines import OUT
-    from ..session import connect
     from ..store import keys
     from ..store.gangs import GangStore
     from ..store.sent import was_sent
 
     out, err = out or sys.stdout, err or sys.stderr
-    settings = load_settings()
-    if not settings.broker_url:
-        raise ClusterUnavailable("no cluster to read from: set GPULAYER_BROKER_URL (and GPULAYER_SECRET), "
-                                 "or start one with `gpulayer up`")
-    connect(settings)
-    r = app_mod.app.backend.client
+    r = connected_client("read from")
     try:
         job_id = _full_id(r, job_id)
     except AmbiguousId as exc:
