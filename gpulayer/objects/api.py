@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 from ..errors import ObjectMissing, ObjectStoreFull, PayloadError
 from . import format as fmt
 from . import lifetimes
+from . import ref as ref_module
 from .backends import Backend, backend_for, normal_url
 from .ref import ObjectRef
 
@@ -159,6 +160,9 @@ def read(ref: ObjectRef) -> Any:
         raise ObjectMissing(f"object {ref.oid[:8]}... ({ref.summary or fmt.human(ref.size)}) is gone from the "
                             f"object store {ref.store}: it was freed (gpulayer.free, h.forget()) or its holders "
                             "expired (result_expires); put the value again and pass the new ref") from None
+
+
+ref_module.reader = read
 
 
 def offload(value: Any, holder: str, client) -> Any:
