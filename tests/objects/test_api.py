@@ -154,3 +154,18 @@ def test_no_store_on_a_cluster_beyond_this_host_is_refused_with_the_fix():
     assert api._on_this_host("redis://:pw@127.0.0.1:6379/0") and api._on_this_host("redis://localhost:1/0")
     assert api._on_this_host("sentinel://127.0.0.1:26379,[::1]:26380/m")
     assert not api._on_this_host("sentinel://127.0.0.1:26379,10.0.0.2:26379/m")
+
+
+def test_a_process_that_keeps_its_ref_renews_its_hold(client):
+    ref = gpulayer.put(torch.ones(50_000))
+    holder = lifetimes.put_holder()
+    client.zadd(keys.obj_holders(ref.oid), {holder: time.time() + 5})  # as if put long ago
+    api._renew()
+    assert ObjectRecords(client).holders(ref.oid)[holder] > time.time() + 3600
+    gpulayer.free(ref)
+
+
+def test_a_ref_to_a_directory_this_host_lacks_says_the_store_must_be_shared(client, tmp_path):
+    ref = objects.ObjectRef("d" * 32, 1000, (tmp_path / "elsewhere").as_uri(), True, "Tensor[10]:float32 1000 B")
+    with pytest.raises(ObjectMissing, match="a directory this host does not have.*GPULAYER_OBJECT_STORE"):
+        ref.get()
