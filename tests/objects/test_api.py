@@ -145,12 +145,17 @@ def test_the_embedded_cluster_uses_one_directory_for_every_process(fresh_fleet, 
         client.close()
 
 
-def test_no_store_on_a_cluster_beyond_this_host_is_refused_with_the_fix():
+def test_no_store_on_a_cluster_beyond_this_host_is_refused_with_the_size_and_the_fix(client, monkeypatch):
     from gpulayer.config import Settings
 
     s = Settings(broker_url="redis://redis.internal:6379/0", secret="x")
     with pytest.raises(PayloadError, match="GPULAYER_OBJECT_STORE to s3://bucket/prefix"):
         api.store_url(object(), s)
+    monkeypatch.setattr(api, "_settings", lambda: s)
+    with pytest.raises(PayloadError, match=r"a 3\.8 MiB value \(over inline_limit_bytes, 1\.0 MiB\) cannot be "
+                                           r"stored: no object store is configured and the cluster's broker is on "
+                                           r"another host.*GPULAYER_OBJECT_STORE"):
+        objects.offload(torch.ones(1_000_000), "arg:j", client)
     assert api._on_this_host("redis://:pw@127.0.0.1:6379/0") and api._on_this_host("redis://localhost:1/0")
     assert api._on_this_host("sentinel://127.0.0.1:26379,[::1]:26380/m")
     assert not api._on_this_host("sentinel://127.0.0.1:26379,10.0.0.2:26379/m")
