@@ -174,3 +174,27 @@ def test_a_ref_to_a_directory_this_host_lacks_says_the_store_must_be_shared(clie
     ref = objects.ObjectRef("d" * 32, 1000, (tmp_path / "elsewhere").as_uri(), True, "Tensor[10]:float32 1000 B")
     with pytest.raises(ObjectMissing, match="a directory this host does not have.*GPULAYER_OBJECT_STORE"):
         ref.get()
+
+
+def _child_reads_and_drops(ref, out) -> None:
+    value = ref.get()  # a pool process reads by the ref's store URL, with the secret it inherited
+    out.put((tuple(value.shape), value[-1].item()))  # (no parallel torch op: a forked child may hang in one)
+    del ref, value
+    gc.collect()  # its copy of the parent's owning ref is collected here: that owns nothing in this process
+    api._at_exit()  # nor does its exit
+
+
+def test_a_forked_process_reads_the_object_and_owns_none_of_its_parents_holds(client):
+    import multiprocessing
+
+    ref = gpulayer.put(torch.ones(100_000))
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_child_reads_and_drops, args=(ref, out))
+    child.start()
+    assert out.get(timeout=60) == ((100_000,), 1.0)
+    child.join(60)
+    assert child.exitcode == 0
+    time.sleep(0.2)
+    assert set(ObjectRecords(client).holders(ref.oid)) == {lifetimes.put_holder()}
+    assert gpulayer.free(ref) == 1
