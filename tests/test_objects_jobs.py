@@ -17,7 +17,7 @@ import torch
 from celery import chain, chord, group
 
 import gpulayer
-from gpulayer import JobFailed, ObjectRef, PayloadError, Resources, submit, submit_batch
+from gpulayer import JobFailed, ObjectRef, ObjectStoreFull, PayloadError, Resources, submit, submit_batch
 from gpulayer.lab.fleet import wait_until
 from gpulayer.store import keys
 from gpulayer.store.objects import ObjectRecords
@@ -156,7 +156,7 @@ def test_a_put_ref_passed_to_8_jobs_on_2_workers_is_written_once(fleet):
     files = _files(fleet)
     ref = gpulayer.put(t)
     assert records.stats()[0] == count + 1 and len(_files(fleet) - files) == 1
-    got = [h.get(timeout=600) for h in [submit.delay(digest, ref, 1.0) for _ in range(8)]]
+    got = [h.get(timeout=600) for h in [submit.delay(digest, ref, 0.5) for _ in range(8)]]
     assert {d for _, d in got} == {want}  # every job saw the same values
     assert {w for w, _ in got} == set(WORKERS)
     assert records.stats()[0] == count + 1 and len(_files(fleet) - files) == 1  # never written again
@@ -201,6 +201,8 @@ def test_a_chain_passes_a_ref_and_a_chord_gathers_refs(fleet):
     n = 7_500_000  # 30 MB
     with redis_growth(fleet) as grown:
         assert chain(submit.s(filled, n, 1.5), submit.s(described)).apply_async().get(timeout=300) == (n, 1.5, 1.5)
+        # a later step's own large argument leaves the first step's message too
+        assert chain(submit.s(filled, 10, 1.0), submit.s(plus, torch.ones(n))).apply_async().get(timeout=300) == n + 10
     assert grown["bytes"] < 5 * MiB, f"Redis grew by {grown['bytes'] / MiB:.1f} MiB"
     body = chord([submit.s(filled, 500_000, float(i)) for i in range(3)])(submit.s(total))
     assert body.get(timeout=300) == [0.0, 500_000.0, 1_000_000.0]
@@ -234,7 +236,8 @@ def test_no_store_for_a_multi_host_cluster_refuses_a_large_argument_before_sendi
 
     monkeypatch.setattr(api, "_on_this_host", lambda url: False)  # the broker as another host's
     monkeypatch.setattr(api, "_stores", {})
-    with pytest.raises(PayloadError, match=r"(?s)8.0 MiB.*GPULAYER_OBJECT_STORE|GPULAYER_OBJECT_STORE.*8.0 MiB") as e:
+    with pytest.raises(PayloadError, match=r"^argument 1 \(Tensor\[2097152\]:float32 8.0 MiB\) .*"
+                                           r"set GPULAYER_OBJECT_STORE") as e:
         submit.apply_async((described, torch.zeros(2 * MiB)), task_id="never-sent-1")
     assert "s3://" in str(e.value)
     assert not was_sent(fleet.client(), "never-sent-1")
@@ -245,7 +248,8 @@ def test_a_full_store_refuses_an_argument_and_fails_a_result_naming_size_and_fix
     monkeypatch.setenv("GPULAYER_OBJECT_STORE_MAX_BYTES", "4MB")
     fleet.connect()
     try:
-        with pytest.raises(PayloadError, match=r"7.6 MiB.*GPULAYER_OBJECT_STORE_MAX_BYTES"):
+        with pytest.raises(ObjectStoreFull, match=r"^argument 1 cannot be stored: a 7.6 MiB value does not fit .*"
+                                                  r"GPULAYER_OBJECT_STORE_MAX_BYTES"):
             submit.delay(described, torch.zeros(2_000_000))
     finally:
         monkeypatch.delenv("GPULAYER_OBJECT_STORE_MAX_BYTES")
@@ -253,7 +257,8 @@ def test_a_full_store_refuses_an_argument_and_fails_a_result_naming_size_and_fix
     fleet.add_worker("o-small", slots=1, env=dict(os.environ, GPULAYER_OBJECT_STORE_MAX_BYTES="4MB"))
     try:
         h = submit.delay(filled, 2_000_000, 1.0, resources=Resources(worker_ids=["o-small"]))
-        with pytest.raises(JobFailed, match=r"7.6 MiB.*GPULAYER_OBJECT_STORE_MAX_BYTES"):
+        with pytest.raises(JobFailed, match=r"the job's result cannot be stored: a 7.6 MiB value does not fit .*"
+                                            r"GPULAYER_OBJECT_STORE_MAX_BYTES"):
             h.get(timeout=120)
     finally:
         fleet.stop_worker("o-small")

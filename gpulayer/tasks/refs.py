@@ -16,7 +16,9 @@ neither large nor a ref.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable
+
+import redis
 
 from ..objects.ref import ObjectRef, refs_in
 from ..payload import PickledFunction
@@ -88,8 +90,9 @@ def for_job(args: tuple, kwargs: dict, job_id: str, client) -> tuple[tuple, dict
     if held:
         objects.hold(client, held, holder, _until())
     try:
-        args = tuple(_offloaded(value, holder, client, held) for value in args)
-        kwargs = {name: _offloaded(value, holder, client, held) for name, value in kwargs.items()}
+        args = tuple(_offloaded(value, holder, client, held, f"argument {i + 1}") for i, value in enumerate(args))
+        kwargs = {name: _offloaded(value, holder, client, held, f"argument {name}=")
+                  for name, value in kwargs.items()}
     except BaseException:
         if held:
             objects.release(client, held, holder)
@@ -97,15 +100,35 @@ def for_job(args: tuple, kwargs: dict, job_id: str, client) -> tuple[tuple, dict
     return args, kwargs
 
 
-def _offloaded(value, holder: str, client, made: list) -> Any:
+def _offloaded(value, holder: str, client, made: list, what: str) -> Any:
     if type(value) is ObjectRef or plain((value,)):
         return value
-    from .. import objects
-
-    out = objects.offload(value, holder, client)
+    out = offload(value, holder, client, what)
     if out is not value:
         made.append(out)
     return out
+
+
+def offload(value, holder: str, client, what: str) -> Any:
+    """``objects.offload``, its refusal naming ``what`` was refused (``argument 2``, ``the job's result``) and its
+    size: the store's own error says why and what to do, but not what was being sent."""
+    from .. import objects
+    from ..errors import GpulayerError, ObjectStoreFull, PayloadError
+    from ..objects import format as fmt
+
+    try:
+        return objects.offload(value, holder, client)
+    except ObjectStoreFull as err:
+        raise ObjectStoreFull(f"{what} cannot be stored: {err}") from err  # (it names the size already)
+    except PayloadError as err:
+        size = fmt.measure(value)
+        shown = fmt.summary(value, size) if size is not None else type(value).__name__
+        raise PayloadError(f"{what} ({shown}) is over inline_limit_bytes, so it goes to the object store: "
+                           f"{err}") from err
+    except (GpulayerError, redis.RedisError, OSError):
+        raise
+    except Exception:  # it does not pickle: left inline, for the message's serializer to say so as for any value
+        return value
 
 
 def for_later(later: tuple | None, client) -> None:
@@ -185,7 +208,7 @@ def for_result(value, job_id: str, client, expires) -> Any:
     inner = refs_in(value)
     if inner:
         objects.hold(client(), inner, holder, time.time() + expires())
-    return objects.offload(value, holder, client())
+    return offload(value, holder, client(), "the job's result")
 
 
 # -- the client: reading results ------------------------------------------------------------------------------
