@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 from ..errors import ObjectMissing, ObjectStoreFull, PayloadError
 from . import format as fmt
 from . import lifetimes
+from . import ref as ref_module
 from .backends import Backend, backend_for, normal_url
 from .ref import ObjectRef
 
@@ -156,9 +157,18 @@ def read(ref: ObjectRef) -> Any:
     try:
         return fmt.load(backend.local_path(ref.oid), _secret())
     except FileNotFoundError:
+        root = getattr(backend, "root", None)
+        if root is not None and not root.exists():
+            raise ObjectMissing(f"object {ref.oid[:8]}... ({ref.summary or fmt.human(ref.size)}) lives in "
+                                f"{ref.store}, a directory this host does not have: the cluster spans hosts, so "
+                                "set GPULAYER_OBJECT_STORE on every host to s3://bucket/prefix or to a directory "
+                                "every host mounts at the same path") from None
         raise ObjectMissing(f"object {ref.oid[:8]}... ({ref.summary or fmt.human(ref.size)}) is gone from the "
                             f"object store {ref.store}: it was freed (gpulayer.free, h.forget()) or its holders "
                             "expired (result_expires); put the value again and pass the new ref") from None
+
+
+ref_module.reader = read
 
 
 def offload(value: Any, holder: str, client) -> Any:
@@ -259,14 +269,41 @@ def _start_dropper() -> None:
                 _dropper.start()
 
 
+RENEW_EVERY = 3600.0  # a process that keeps a put's ref renews its hold this often (it expires after result_expires)
+
+
 def _drop_forever() -> None:
+    renewed = time.monotonic()
     while True:
-        _drop_queued(block=True)
+        _drop_queued(block=True, timeout=RENEW_EVERY / 4)
+        if time.monotonic() - renewed > RENEW_EVERY:
+            _renew()
+            renewed = time.monotonic()
 
 
-def _drop_queued(block: bool) -> None:
+def _renew() -> None:
+    """Hold every ref this process still owns for another ``result_expires``: a notebook's ref outlives a day."""
+    by_client: dict[int, tuple[Any, str, list[str]]] = {}
+    for fin in list(_owned.values()):
+        found = fin.peek()
+        if found is not None:
+            client, oid, holder, _ = found[2]
+            by_client.setdefault(id(client), (client, holder, []))[2].append(oid)
     try:
-        batch = [_drops.get(block=block)]
+        expires = time.time() + _settings().result_expires
+    except Exception:
+        return
+    for client, holder, oids in by_client.values():
+        for oid in oids:  # one by one: an object freed meanwhile does not stop the others' renewal
+            try:
+                lifetimes.hold(client, [oid], holder, expires)
+            except Exception:
+                pass
+
+
+def _drop_queued(block: bool, timeout: float | None = None) -> None:
+    try:
+        batch = [_drops.get(block=block, timeout=timeout)]
     except queue.Empty:
         return
     while True:
