@@ -31,7 +31,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError, GpulayerError
@@ -78,7 +78,7 @@ class S3:
     not in the middle of a job.
     """
 
-    def __init__(self, url: str, cache=None):
+    def __init__(self, url: str):
         self.url = url.rstrip("/")
         self.bucket, self.prefix = parse_url(self.url)
         self._ob, S3Store = _obstore()
@@ -97,7 +97,6 @@ class S3:
         # obstore raises its own classes, and Python's for some (FileNotFoundError for a missing key)
         self._errors = (self._ob.exceptions.BaseError, FileNotFoundError, PermissionError, ConnectionError,
                         TimeoutError)
-        self._cache = cache
         self._check()
 
     def __repr__(self) -> str:
@@ -119,28 +118,39 @@ class S3:
             raise
         self._do(f"upload {oid}", raw.close)  # completes the upload: the object appears whole, now
 
-    def put_file(self, oid: str, source: str | os.PathLike | Callable[[Callable], object]) -> int:
-        """Store ``source`` as ``oid``: a file's path (read in parts, never whole), or ``source(write)`` streaming
-        it through ``writer``. Returns the bytes stored."""
-        if callable(source):
-            with self.writer(oid) as w:
-                source(w.write)
-            return w.written
-        path = Path(source)
-        self._do(f"upload {oid} from {path}", self._ob.put, self._store, oid, path, chunk_size=PART,
+    def put_file(self, oid: str, path: Path) -> None:
+        """Store the file at ``path`` as ``oid``: read and uploaded in parts, never whole in memory."""
+        self._do(f"upload {oid} from {path}", self._ob.put, self._store, oid, Path(path), chunk_size=PART,
                  max_concurrency=CONCURRENCY)
-        return path.stat().st_size
 
     # -- reading --------------------------------------------------------------------------------
     def local_path(self, oid: str) -> Path:
-        """A file on this host holding ``oid``: the host cache's, downloaded by the first process on the host
-        that asks (the others wait for it under the cache's lock, then share the file)."""
-        return self._host_cache().path(oid, lambda dest: self.download(oid, dest))
+        """This host's copy of ``oid`` (``cache.py``), downloaded by the first process on the host that asks; the
+        others wait for it under the cache's lock, then share the file. Each download counts in the object's
+        record (``fetches``: hosts that copied it)."""
+        from ..store.objects import ObjectRecords
+        from .api import cluster_client  # the host cache and the records are the cluster's
+        from .cache import host_cache
 
-    def download(self, oid: str, dest: str | os.PathLike) -> int:
-        """Write object ``oid`` into the file ``dest`` (made or truncated): ``CONCURRENCY`` ranged GETs of
-        ``PART`` bytes at once, each written at its offset; returns its size."""
-        size = self._do(f"read {oid}", self._ob.head, self._store, oid)["size"]
+        client = cluster_client()
+        cache = host_cache(client)
+        if (cache.root / oid).exists():  # cached: no request at all (path() only marks it used)
+            return cache.path(oid, 0, self.download)
+        size = self.size(oid)
+
+        def fetch(dest: Path) -> None:
+            self.download(oid, dest, size)
+            ObjectRecords(client).fetched(oid)
+
+        return cache.path(oid, size, fetch)
+
+    def size(self, oid: str) -> int:
+        return self._do(f"read {oid}", self._ob.head, self._store, oid)["size"]
+
+    def download(self, oid: str, dest: str | os.PathLike, size: int | None = None) -> int:
+        """Write object ``oid`` (of ``size`` bytes, None: ask) into the file ``dest`` (made or truncated):
+        ``CONCURRENCY`` ranged GETs of ``PART`` bytes at once, each written at its offset; returns its size."""
+        size = self.size(oid) if size is None else size
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.ftruncate(fd, size)
@@ -198,13 +208,6 @@ class S3:
         return True
 
     # -- helpers --------------------------------------------------------------------------------
-    def _host_cache(self):
-        if self._cache is None:
-            from .cache import host_cache
-
-            self._cache = host_cache()
-        return self._cache
-
     def _check(self) -> None:
         """One request that every later one needs to succeed: list at most one key under the prefix."""
         self._do("list the objects", lambda: next(iter(self._ob.list(self._store, chunk_size=1)), None))
