@@ -175,13 +175,22 @@ class S3:
 
     # -- lifetimes ------------------------------------------------------------------------------
     def delete(self, oid: str) -> None:
-        """Remove ``oid``; one that is already gone is not an error (deletes are retried by the sweep)."""
+        """Remove ``oid``, and this host's cached copy of it; one that is already gone is not an error (deletes
+        are retried by the sweep). Other hosts' copies go as their caches make room: an object never changes, so
+        a copy is never wrong, and no holder can take a deleted object again."""
         try:
             self._ob.delete(self._store, oid)
         except FileNotFoundError:
             pass
         except self._errors as err:
             raise self._explain(err, f"delete {oid}") from err
+        from .. import app
+
+        if app.is_configured() and _OID.fullmatch(oid):  # (a process with no cluster has no cache either)
+            from .api import cluster_client
+            from .cache import host_cache
+
+            host_cache(cluster_client()).drop(oid)
 
     def list_old(self, older_than_s: float) -> Iterator[tuple[str, float]]:
         """``(oid, mtime)`` of every object under the prefix last written more than ``older_than_s`` ago (keys
