@@ -142,6 +142,9 @@ def agent_orders(worker_id: str) -> str:
 #   gl:job:<id>:history        list   JSON events: {"event": "lost"|"redelivered", "worker", "at"}
 #   gl:janitor                 string lock: one janitor at a time hands back dead workers' messages
 JANITOR_LOCK = f"{NAMESPACE}:janitor"
+#   gl:objs:sweeping           string lock, expiring after a sweep period: one worker at a time sweeps the object
+#                                     store (worker/object_sweep.py), at most once a period across the fleet
+OBJECT_SWEEP_LOCK = f"{NAMESPACE}:objs:sweeping"
 
 
 def life(worker_id: str, pid: int) -> str:
