@@ -34,6 +34,7 @@ class ObjectRecords:
         self._hold = load_script(client, "obj_hold")
         self._release = load_script(client, "obj_release")
         self._forget = load_script(client, "obj_forget")
+        self._fetched = load_script(client, "obj_fetched")
 
     def create(self, oid: str, size: int, store: str, created: float, holder: str, expiry: float) -> bool:
         """Record a new object held by ``holder`` until ``expiry``; False if ``oid`` has a record already."""
@@ -71,6 +72,10 @@ class ObjectRecords:
         """Drop the record of a deleting object whose bytes are gone."""
         return bool(self._forget(keys=[keys.obj(oid), keys.obj_holders(oid), keys.OBJECTS, keys.OBJECTS_STATS],
                                  args=[oid]))
+
+    def fetched(self, oid: str) -> int | None:
+        """One more host copied ``oid`` from a remote store; its count now (None: no record)."""
+        return self._fetched(keys=[keys.obj(oid)])
 
     def record(self, oid: str) -> dict[str, str] | None:
         raw = self.r.hgetall(keys.obj(oid))
