@@ -15,6 +15,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,6 +98,19 @@ def build_tree(side: str, tests_pytorch: Path, files: list[str], root: Path) -> 
     return tests
 
 
+_RUNNING: set[subprocess.Popen] = set()  # the pytest processes run_file is waiting on (several with --jobs)
+_RUNNING_LOCK = threading.Lock()
+
+
+def kill_running() -> int:
+    """Kill the process group of every pytest run_file is waiting on (an interrupted run); how many."""
+    with _RUNNING_LOCK:
+        running = list(_RUNNING)
+    for proc in running:
+        _kill_group(proc)
+    return len(running)
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -122,6 +136,8 @@ def run_file(tests: Path, rel: str, *, python: str, pythonpath: list[str], timeo
     with open(tests / f".lsr-{rel.replace('/', '_')}.log", "w") as stdout:
         proc = subprocess.Popen(cmd, cwd=tests, env=env, stdout=stdout, stderr=subprocess.STDOUT,
                                 start_new_session=True)
+        with _RUNNING_LOCK:
+            _RUNNING.add(proc)
         try:
             run.rc = proc.wait(timeout=file_timeout)
         except subprocess.TimeoutExpired:
@@ -129,6 +145,8 @@ def run_file(tests: Path, rel: str, *, python: str, pythonpath: list[str], timeo
         finally:
             _kill_group(proc)  # also whatever it spawned (DDP workers, data loader workers)
             proc.wait()
+            with _RUNNING_LOCK:
+                _RUNNING.discard(proc)
     run.wall_s = round(time.monotonic() - started, 1)
     prefix = f"tests_pytorch/{rel}::"
     for line in out.read_text(encoding="utf-8").splitlines() if out.exists() else []:
