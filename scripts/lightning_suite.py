@@ -170,6 +170,7 @@ def run(args: argparse.Namespace) -> tuple[list, dict]:
     version = installed_lightning(args.python)
     cache = BaselineCache(args.baseline_cache)
     gpulayer_root = str(args.gpulayer_root.resolve())
+    tested = gpulayer_commit(args.gpulayer_root)  # at the start: what a long run measured, not what came after
 
     def log(message: str) -> None:
         print(message, file=sys.stderr, flush=True)
@@ -242,7 +243,7 @@ def run(args: argparse.Namespace) -> tuple[list, dict]:
 
     results = [done[rel] for rel in files if rel in done]
     header = {"lightning_commit": commit, "lightning_version": version, "gpulayer_root": gpulayer_root,
-              "gpulayer_commit": gpulayer_commit(args.gpulayer_root), "against": args.against,
+              "gpulayer_commit": tested, "against": args.against,
               "run_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "files": files,
               "files_done": [rel for rel in files if rel in done], "jobs": args.jobs,
               "wall_s": round(time.monotonic() - started), "default_set": not (args.files or args.named_set)}
