@@ -246,3 +246,34 @@ def test_the_markdown_table_shows_earlier_runs_as_columns():
     assert "| file | functions | private | skipped | fail under Lightning | counted | passed at abc1234 |" in table
     assert "| f.py | 2 | 0 | 0 | 0 | 2 | 0 | 1 | 50 | 1/2 |" in table
     assert "| **total** | 2 | 0 | 0 | 0 | 2 | 0 | 1 | 50 | 1/2 |" in table
+
+
+def _tests_tree(root: Path, files: list[str]) -> Path:
+    for rel in files:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("def test_x():\n    pass\n")
+    return root
+
+
+def test_the_default_run_is_every_test_file_less_the_written_exclusions(tmp_path):
+    from lightning_compat.suite_files import EXCLUDED, excluded_present, render_exclusions, whole_suite
+
+    tree = _tests_tree(tmp_path, ["test_cli.py", "callbacks/test_a.py", "trainer/flags/test_b.py",
+                                  "accelerators/test_gpu.py", "strategies/test_deepspeed.py", "helpers/datasets.py",
+                                  "callbacks/conftest.py"])
+    # a new file of the checkout runs; a test file the rule names does not; a helper is no test file
+    assert whole_suite(tree) == ["callbacks/test_a.py", "test_cli.py", "trainer/flags/test_b.py"]
+    assert set(excluded_present(tree)) == {"accelerators/test_gpu.py", "strategies/test_deepspeed.py"}
+    listing = render_exclusions(tree)
+    assert "2 files" in listing and "`strategies/test_deepspeed.py`" in listing and "DeepSpeed" in listing
+    assert all(why.strip() for why in EXCLUDED.values())
+
+
+def test_the_named_set_of_issue_26_expands_to_its_files(tmp_path):
+    from lightning_compat.suite_files import NAMED_SETS, expand_files
+
+    tree = _tests_tree(tmp_path, ["models/test_hooks.py", "loops/test_a.py", "loops/test_b.py", "models/test_x.py"])
+    with pytest.raises(SystemExit, match="matches nothing"):  # the real checkout has every one of them
+        expand_files(tree, NAMED_SETS["issue26"])
+    assert expand_files(tree, ["models/test_hooks.py", "loops/*.py", "loops/test_a.py"]) == [
+        "models/test_hooks.py", "loops/test_a.py", "loops/test_b.py"]
