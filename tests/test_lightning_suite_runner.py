@@ -277,3 +277,21 @@ def test_the_named_set_of_issue_26_expands_to_its_files(tmp_path):
         expand_files(tree, NAMED_SETS["issue26"])
     assert expand_files(tree, ["models/test_hooks.py", "loops/*.py", "loops/test_a.py"]) == [
         "models/test_hooks.py", "loops/test_a.py", "loops/test_b.py"]
+
+
+def test_the_markdown_sums_files_by_directory_and_names_the_biggest_gaps():
+    from lightning_compat.tally import render_markdown
+
+    light = _run({"test_a": ("passed", ""), "test_b": ("passed", "")})
+    half = tally_file("callbacks/test_x.py", {"test_a": None, "test_b": None}, light,
+                      _run({"test_a": ("passed", ""), "test_b": ("failed", "AssertionError: assert 1 == 2")}))
+    none = tally_file("test_cli.py", {"test_a": None, "test_b": None}, light,
+                      _run({"test_a": ("failed", "ImportError: no LightningCLI"),
+                            "test_b": ("failed", "ImportError: no LightningCLI")}))
+    table = render_markdown([half, none])
+    assert "| callbacks | 1 | 2 | 0 | 0 | 0 | 2 | 1 | 50 |" in table
+    assert "| . | 1 | 2 | 0 | 0 | 0 | 2 | 0 | 0 |" in table
+    assert "| **total** | 2 | 4 | 0 | 0 | 0 | 4 | 1 | 25 |" in table
+    gaps = table.split("### Biggest gaps")[1].split("###")[0]
+    assert gaps.index("`test_cli.py`: 2 of 2 failing") < gaps.index("`callbacks/test_x.py`: 1 of 2 failing")
+    assert "(2 x): ImportError: no LightningCLI" in gaps
