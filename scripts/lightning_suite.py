@@ -15,6 +15,7 @@ docs/LIGHTNING.md describes it and holds the latest figures.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import hashlib
 import json
 import os
@@ -113,6 +114,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--python", default=sys.executable, help="interpreter with pytest, pytest-timeout and lightning")
     p.add_argument("--timeout", type=float, default=180, help="seconds per test (pytest-timeout; default 180)")
     p.add_argument("--file-timeout", type=float, default=2400, help="seconds per file's pytest process")
+    p.add_argument("--first", nargs="+", default=[], metavar="GLOB",
+                   help="run the chosen files matching these globs first, in this order (the report keeps the\n"
+                        "files' own order): what an interrupted run must have covered")
     p.add_argument("--jobs", type=int, default=1,
                    help="files run at once, each file's sides one after the other (default 1: one pytest at a time)")
     p.add_argument("-k", dest="k", help="pytest -k expression, passed to both sides")
@@ -154,6 +158,13 @@ def chosen_files(args: argparse.Namespace, tests_pytorch: Path) -> list[str]:
     if args.named_set:
         return expand_files(tests_pytorch, NAMED_SETS[args.named_set])
     return whole_suite(tests_pytorch)
+
+
+def run_order(files: list[str], first: list[str]) -> list[str]:
+    """``files`` with those matching a glob of ``first`` moved ahead, by the first glob each matches."""
+    def rank(rel: str) -> int:
+        return next((i for i, pattern in enumerate(first) if fnmatch.fnmatch(rel, pattern)), len(first))
+    return sorted(files, key=rank)  # stable: within a rank, the files' own order
 
 
 def run(args: argparse.Namespace) -> tuple[list, dict]:
@@ -219,7 +230,7 @@ def run(args: argparse.Namespace) -> tuple[list, dict]:
 
         pool = ThreadPoolExecutor(max_workers=max(1, args.jobs), thread_name_prefix="lsr")
         try:
-            futures = [pool.submit(one_file, rel) for rel in files]
+            futures = [pool.submit(one_file, rel) for rel in run_order(files, args.first)]
             for future in futures:
                 future.result()
         except BaseException:
