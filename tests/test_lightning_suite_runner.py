@@ -295,3 +295,12 @@ def test_the_markdown_sums_files_by_directory_and_names_the_biggest_gaps():
     gaps = table.split("### Biggest gaps")[1].split("###")[0]
     assert gaps.index("`test_cli.py`: 2 of 2 failing") < gaps.index("`callbacks/test_x.py`: 1 of 2 failing")
     assert "(2 x): ImportError: no LightningCLI" in gaps
+
+
+def test_first_moves_the_matching_files_ahead_and_keeps_the_rest_in_order():
+    import lightning_suite
+
+    files = ["callbacks/test_a.py", "loggers/test_b.py", "test_cli.py", "tuner/test_c.py", "callbacks/x/test_d.py"]
+    assert lightning_suite.run_order(files, ["tuner/*", "callbacks/*"]) == [
+        "tuner/test_c.py", "callbacks/test_a.py", "callbacks/x/test_d.py", "loggers/test_b.py", "test_cli.py"]
+    assert lightning_suite.run_order(files, []) == files
