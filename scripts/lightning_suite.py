@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from lightning_compat.private_rule import classify_file  # noqa: E402
-from lightning_compat.runner import FileRun, build_tree, kill_running, run_file  # noqa: E402
+from lightning_compat.runner import FileRun, build_tree, kill_running, run_files  # noqa: E402
 from lightning_compat.suite_files import NAMED_SETS, expand_files, render_exclusions, whole_suite  # noqa: E402
 from lightning_compat.tally import (  # noqa: E402
     FileResult, FunctionResult, function_key, per_file_summary, render_markdown, render_text, tally_file, totals)
@@ -119,6 +119,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "files' own order): what an interrupted run must have covered")
     p.add_argument("--jobs", type=int, default=1,
                    help="files run at once, each file's sides one after the other (default 1: one pytest at a time)")
+    p.add_argument("--files-per-process", type=int, default=1, metavar="N",
+                   help="files run in one pytest process (default 1); more saves start-up time on a loaded\n"
+                        "machine; a crash then loses the unfinished files of that process")
     p.add_argument("-k", dest="k", help="pytest -k expression, passed to both sides")
     p.add_argument("--json", type=Path, help="write every function's outcome on both sides here")
     p.add_argument("--markdown", type=Path, help="write the per-file table and the failures grouped by kind here; in a file holding\n"
@@ -142,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         results = [FileResult(e["file"], [FunctionResult(**f) for f in e["functions"]], e.get("note", ""))
                    for e in data["files"]]
         header = {k: data.get(k) for k in ("lightning_commit", "lightning_version", "gpulayer_root", "against",
-                                           "gpulayer_commit", "run_at", "partial", "wall_s", "jobs", "default_set")}
+                                           "gpulayer_commit", "run_at", "partial", "wall_s", "jobs", "files_per_process",
+                                           "default_set")}
     else:
         if args.lightning_src is None:
             raise SystemExit("--lightning-src is required (or --from-json to render a saved run)")
@@ -198,39 +202,55 @@ def run(args: argparse.Namespace) -> tuple[list, dict]:
             if args.against in (side, "both"):
                 trees[side] = build_tree(side, tests_pytorch, files, temp / side)
 
-        def one_file(rel: str) -> None:
+        def one_batch(rels: list[str]) -> None:
+            """Both sides of these files, each side in one pytest process (one file unless --files-per-process)."""
             if stopping.is_set():
                 return
-            source = (tests_pytorch / rel).read_bytes()
-            private = classify_file(source.decode("utf-8"))
-            light = gpu = whole = None
-            if args.baseline_cache:
-                light = cache.get(cache.key(tests_pytorch, rel, args.k, version))
-                if light is None and args.k:  # the whole file's baseline serves any -k
-                    whole = cache.get(cache.key(tests_pytorch, rel, None, version))
-            if light is None and whole is None and "lightning" in trees:
-                log(f"[lightning] {rel}")
-                light = run_file(trees["lightning"], rel, python=args.python, pythonpath=[],
-                                 timeout=args.timeout, file_timeout=args.file_timeout, k=args.k, log=log)
+            side_args = dict(python=args.python, timeout=args.timeout, file_timeout=args.file_timeout, k=args.k,
+                             log=log)
+            light: dict[str, FileRun] = {}
+            whole: dict[str, FileRun] = {}
+            for rel in rels:
+                if args.baseline_cache:
+                    found = cache.get(cache.key(tests_pytorch, rel, args.k, version))
+                    if found is None and args.k:  # the whole file's baseline serves any -k
+                        found = cache.get(cache.key(tests_pytorch, rel, None, version))
+                        if found is not None:
+                            whole[rel] = found
+                    elif found is not None:
+                        light[rel] = found
+            missing = [rel for rel in rels if rel not in light and rel not in whole]
+            if missing and "lightning" in trees:
+                log(f"[lightning] {' '.join(missing)}")
+                fresh = run_files(trees["lightning"], missing, pythonpath=[], **side_args)
                 if stopping.is_set():
                     return  # killed under us: neither a baseline nor a result
-                cache.put(cache.key(tests_pytorch, rel, args.k, version), light)
+                for rel, light_run in fresh.items():
+                    cache.put(cache.key(tests_pytorch, rel, args.k, version), light_run)
+                light.update(fresh)
+            gpu: dict[str, FileRun] = {}
             if "gpulayer" in trees:
-                log(f"[gpulayer] {rel}")
-                gpu = run_file(trees["gpulayer"], rel, python=args.python, pythonpath=[gpulayer_root],
-                               timeout=args.timeout, file_timeout=args.file_timeout, k=args.k, log=log)
+                log(f"[gpulayer] {' '.join(rels)}")
+                gpu = run_files(trees["gpulayer"], rels, pythonpath=[gpulayer_root], **side_args)
                 if stopping.is_set():
                     return
-            if whole is not None:
-                light = whole.restricted_to(gpu.collected) if gpu and gpu.collected else whole
-            if args.k:  # only the functions -k selected
-                selected = {function_key(c) for side_run in (light, gpu) if side_run for c in side_run.collected}
-                private = {key: reason for key, reason in private.items() if key in selected}
-            done[rel] = tally_file(rel, private, light, gpu)
+            for rel in rels:
+                private = classify_file((tests_pytorch / rel).read_text(encoding="utf-8"))
+                light_run, gpu_run = light.get(rel), gpu.get(rel)
+                if rel in whole:
+                    light_run = whole[rel].restricted_to(gpu_run.collected) if gpu_run and gpu_run.collected \
+                        else whole[rel]
+                if args.k:  # only the functions -k selected
+                    selected = {function_key(c) for side_run in (light_run, gpu_run) if side_run
+                                for c in side_run.collected}
+                    private = {key: reason for key, reason in private.items() if key in selected}
+                done[rel] = tally_file(rel, private, light_run, gpu_run)
 
         pool = ThreadPoolExecutor(max_workers=max(1, args.jobs), thread_name_prefix="lsr")
         try:
-            futures = [pool.submit(one_file, rel) for rel in run_order(files, args.first)]
+            order = run_order(files, args.first)
+            per = max(1, args.files_per_process)
+            futures = [pool.submit(one_batch, order[i:i + per]) for i in range(0, len(order), per)]
             for future in futures:
                 future.result()
         except BaseException:
@@ -257,6 +277,7 @@ def run(args: argparse.Namespace) -> tuple[list, dict]:
               "gpulayer_commit": tested, "against": args.against,
               "run_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "files": files,
               "files_done": [rel for rel in files if rel in done], "jobs": args.jobs,
+              "files_per_process": args.files_per_process,
               "wall_s": round(time.monotonic() - started), "default_set": not (args.files or args.named_set)}
     if len(results) < len(files):
         header["partial"] = f"{len(results)} of {len(files)} files finished (the run was interrupted)"
@@ -273,8 +294,9 @@ def report(args: argparse.Namespace, results: list, header: dict) -> None:
         intro = (f"Lightning tests at commit `{header['lightning_commit']}`, reference lightning "
                  f"{header['lightning_version']}, gpulayer at `{header.get('gpulayer_commit') or header['gpulayer_root']}`, "
                  f"`--against {header['against']}`, run {header.get('run_at') or 'at an unrecorded time'}"
-                 + (f" in {header['wall_s'] / 60:.0f} min, {header.get('jobs') or 1} file(s) at a time"
-                    if header.get("wall_s") else "") + ".\n\n")
+                 + (f" in {header['wall_s'] / 60:.0f} min, {header.get('jobs') or 1} process(es) at a time, "
+                    f"{header.get('files_per_process') or 1} file(s) per process" if header.get("wall_s") else "")
+                 + ".\n\n")
         if header.get("partial"):
             intro += f"**Partial run: {header['partial']}.** The figures below are over those files only.\n\n"
         if header.get("default_set"):
