@@ -304,3 +304,26 @@ def test_first_moves_the_matching_files_ahead_and_keeps_the_rest_in_order():
     assert lightning_suite.run_order(files, ["tuner/*", "callbacks/*"]) == [
         "tuner/test_c.py", "callbacks/test_a.py", "callbacks/x/test_d.py", "loggers/test_b.py", "test_cli.py"]
     assert lightning_suite.run_order(files, []) == files
+
+
+def test_files_sharing_one_process_get_their_own_outcomes_and_collection_errors(tmp_path):
+    import shutil
+
+    from lightning_compat.runner import PYTEST_INI, SANDBOX, run_files
+
+    tests = tmp_path / "tests"
+    (tests / "tests_pytorch" / "a").mkdir(parents=True)
+    (tests / "tests_pytorch" / "a" / "test_one.py").write_text(
+        "import pytest\n\n@pytest.mark.parametrize('x', [1, 2])\ndef test_p(x):\n    assert x == 1\n")
+    (tests / "tests_pytorch" / "a" / "test_broken.py").write_text("import no_such_module_here\n")
+    (tests / "tests_pytorch" / "test_two.py").write_text("def test_q():\n    pass\n")
+    shutil.copyfile(SANDBOX / "lsr_plugin.py", tests / "lsr_plugin.py")
+    (tests / "pytest.ini").write_text(PYTEST_INI)
+    runs = run_files(tests, ["a/test_one.py", "a/test_broken.py", "test_two.py"], python=sys.executable,
+                     pythonpath=[], timeout=60, file_timeout=60, k=None)
+    one, broken, two = runs["a/test_one.py"], runs["a/test_broken.py"], runs["test_two.py"]
+    assert one.collected == ["test_p[1]", "test_p[2]"]
+    assert {c: r["outcome"] for c, r in one.cases.items()} == {"test_p[1]": "passed", "test_p[2]": "failed"}
+    assert broken.collected == [] and "no_such_module_here" in broken.collect_errors[0]
+    assert two.collected == ["test_q"] and two.cases["test_q"]["outcome"] == "passed"  # ran despite the error
+    assert not one.collect_errors and not two.collect_errors and not any(r.note for r in runs.values())
