@@ -14,9 +14,12 @@ from gpulayer.trainer.callbacks.gradient_accumulation_scheduler import GradientA
 from gpulayer.trainer.callbacks.lr_monitor import LearningRateMonitor
 from gpulayer.trainer.callbacks.model_checkpoint import ModelCheckpoint
 from gpulayer.trainer.callbacks.prediction_writer import BasePredictionWriter
-from gpulayer.trainer.callbacks.progress import ProgressBar, RichProgressBar, TQDMProgressBar
+from gpulayer.trainer.callbacks.progress import ProgressBar, TQDMProgressBar
+from gpulayer.trainer.callbacks.rich_progress import RichProgressBar
+from gpulayer.trainer.callbacks.model_summary import ModelSummary
+from gpulayer.trainer.callbacks.rich_model_summary import RichModelSummary
 from gpulayer.trainer.callbacks.timer import Timer
 
 __all__ = ["BackboneFinetuning", "BaseFinetuning", "BasePredictionWriter", "Callback", "Checkpoint", "EarlyStopping",
-           "GradientAccumulationScheduler", "LearningRateMonitor", "ModelCheckpoint", "ProgressBar",
-           "RichProgressBar", "TQDMProgressBar", "Timer"]
+           "GradientAccumulationScheduler", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary",
+           "ProgressBar", "RichModelSummary", "RichProgressBar", "TQDMProgressBar", "Timer"]
