@@ -11,6 +11,7 @@ from gpulayer.trainer.callbacks.callback import Callback, Checkpoint
 from gpulayer.trainer.callbacks.early_stopping import EarlyStopping
 from gpulayer.trainer.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from gpulayer.trainer.callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler
+from gpulayer.trainer.callbacks.lambda_function import LambdaCallback
 from gpulayer.trainer.callbacks.lr_monitor import LearningRateMonitor
 from gpulayer.trainer.callbacks.model_checkpoint import ModelCheckpoint
 from gpulayer.trainer.callbacks.prediction_writer import BasePredictionWriter
@@ -18,8 +19,9 @@ from gpulayer.trainer.callbacks.progress import ProgressBar, TQDMProgressBar
 from gpulayer.trainer.callbacks.rich_progress import RichProgressBar
 from gpulayer.trainer.callbacks.model_summary import ModelSummary
 from gpulayer.trainer.callbacks.rich_model_summary import RichModelSummary
+from gpulayer.trainer.callbacks.spike import SpikeDetection
 from gpulayer.trainer.callbacks.timer import Timer
 
 __all__ = ["BackboneFinetuning", "BaseFinetuning", "BasePredictionWriter", "Callback", "Checkpoint", "EarlyStopping",
-           "GradientAccumulationScheduler", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary",
-           "ProgressBar", "RichModelSummary", "RichProgressBar", "TQDMProgressBar", "Timer"]
+           "GradientAccumulationScheduler", "LambdaCallback", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary",
+           "ProgressBar", "RichModelSummary", "RichProgressBar", "SpikeDetection", "TQDMProgressBar", "Timer"]
