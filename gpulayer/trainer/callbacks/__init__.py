@@ -20,8 +20,9 @@ from gpulayer.trainer.callbacks.rich_progress import RichProgressBar
 from gpulayer.trainer.callbacks.model_summary import ModelSummary
 from gpulayer.trainer.callbacks.rich_model_summary import RichModelSummary
 from gpulayer.trainer.callbacks.spike import SpikeDetection
+from gpulayer.trainer.callbacks.throughput_monitor import ThroughputMonitor
 from gpulayer.trainer.callbacks.timer import Timer
 
 __all__ = ["BackboneFinetuning", "BaseFinetuning", "BasePredictionWriter", "Callback", "Checkpoint", "EarlyStopping",
            "GradientAccumulationScheduler", "LambdaCallback", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary",
-           "ProgressBar", "RichModelSummary", "RichProgressBar", "SpikeDetection", "TQDMProgressBar", "Timer"]
+           "ProgressBar", "RichModelSummary", "RichProgressBar", "SpikeDetection", "ThroughputMonitor", "TQDMProgressBar", "Timer"]
