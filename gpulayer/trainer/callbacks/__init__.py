@@ -8,6 +8,7 @@ are written by global rank 0 only.
 """
 
 from gpulayer.trainer.callbacks.callback import Callback, Checkpoint
+from gpulayer.trainer.callbacks.device_stats_monitor import DeviceStatsMonitor
 from gpulayer.trainer.callbacks.early_stopping import EarlyStopping
 from gpulayer.trainer.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from gpulayer.trainer.callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler
@@ -23,6 +24,6 @@ from gpulayer.trainer.callbacks.spike import SpikeDetection
 from gpulayer.trainer.callbacks.throughput_monitor import ThroughputMonitor
 from gpulayer.trainer.callbacks.timer import Timer
 
-__all__ = ["BackboneFinetuning", "BaseFinetuning", "BasePredictionWriter", "Callback", "Checkpoint", "EarlyStopping",
+__all__ = ["BackboneFinetuning", "BaseFinetuning", "BasePredictionWriter", "Callback", "Checkpoint", "DeviceStatsMonitor", "EarlyStopping",
            "GradientAccumulationScheduler", "LambdaCallback", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary",
            "ProgressBar", "RichModelSummary", "RichProgressBar", "SpikeDetection", "ThroughputMonitor", "TQDMProgressBar", "Timer"]

@@ -14,6 +14,7 @@ from typing import Any, Callable
 import torch
 
 from gpulayer.trainer.callbacks.callback import Callback
+from gpulayer.trainer.callbacks.log_steps import eval_log_due, is_stepping_batch, step_at_train_batch_end, train_log_due
 from gpulayer.trainer.states import RunningStage
 from gpulayer.trainer.utilities.rank_zero import rank_zero_warn
 from gpulayer.trainer.utilities.throughput import Throughput, compute_dtype, get_available_flops
@@ -71,13 +72,10 @@ class ThroughputMonitor(Callback):
         if not trainer.is_global_zero:
             return
         self._update(pl_module, batch, RunningStage.TRAINING, trainer)
-        last = batch_idx + 1 == trainer.num_training_batches
-        if (batch_idx + 1) % trainer.accumulate_grad_batches and not last:
+        if not is_stepping_batch(trainer, batch_idx):
             return  # inside an accumulation window: the optimizer has not stepped
-        # the Trainer counted this step already; Lightning's step (and log step) is the one before
-        step = trainer.batches_stepped - 1
-        every = trainer.log_every_n_steps
-        if every and ((step + 1) % every == 0 or trainer.should_stop):
+        step = step_at_train_batch_end(trainer, batch_idx)
+        if train_log_due(trainer, step):
             metrics = self._throughputs[RunningStage.TRAINING].compute()
             self._log(trainer, RunningStage.TRAINING, metrics, step, {"epoch": trainer.current_epoch})
 
@@ -150,8 +148,7 @@ class ThroughputMonitor(Callback):
         self._run_batches[stage] = self._run_batches.get(stage, 0) + 1
         key = (str(trainer.state.fn), stage)  # a fit's validation counts apart from trainer.validate()'s
         self._eval_steps[key] = step = self._eval_steps.get(key, 0) + 1
-        every = trainer.log_every_n_steps
-        if every and (self._run_batches[stage] % every == 0 or trainer.should_stop):
+        if eval_log_due(trainer, self._run_batches[stage] - 1):
             self._log(trainer, stage, self._throughputs[stage].compute(), step, {})
 
     def _log(self, trainer: Any, stage: RunningStage, metrics: dict[str, Any], step: int, extra: dict) -> None:
