@@ -139,6 +139,16 @@ def test_lambda_callback_calls_each_given_hook_with_the_hooks_arguments(tmp_path
     with pytest.raises(TypeError, match="not Callback hooks"):
         LambdaCallback(on_train_batch_ending=print)
 
+    class Failing(BoringModel):
+        def training_step(self, batch, batch_idx):
+            raise RuntimeError("boom")
+
+    errors = []
+    with pytest.raises(RuntimeError, match="boom"):
+        Trainer(default_root_dir=tmp_path, max_steps=1, logger=False, enable_model_summary=False, **QUIET,
+                callbacks=LambdaCallback(on_exception=lambda t, m, err: errors.append(str(err)))).fit(Failing())
+    assert errors == ["boom"]
+
 
 class SpikyLoss(LightningModule):
     """Its loss is 1/(i+1) for batch i, and ``spike`` at batch 4."""

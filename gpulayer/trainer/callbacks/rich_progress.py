@@ -96,7 +96,8 @@ def _build_rich_classes() -> None:
         def stop(self) -> None:
             thread = self.live._refresh_thread
             super().stop()
-            if thread is not None and thread.is_alive():
+            if isinstance(thread, _ChangedRefreshThread):  # Live.stop() stopped it unless stop was replaced
+                thread.stop()
                 thread.join()
 
         def mark_changed(self) -> None:
