@@ -388,6 +388,8 @@ def build_config(**kwargs: Any) -> TrainerConfig:
             tail -= 1
         cfg.callbacks.insert(tail, TQDMProgressBar())
     cfg.enable_progress_bar = bool(bars) or cfg.enable_progress_bar
+    from gpulayer.trainer.callbacks.model_summary import add_default_summary
+    add_default_summary(cfg.callbacks, cfg.enable_model_summary)
     cfg.detect_anomaly = _bool("detect_anomaly", kwargs.get("detect_anomaly", False))
     cfg.barebones = barebones_mode
     from gpulayer.trainer.profilers import resolve_profiler

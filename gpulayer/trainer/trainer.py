@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from gpulayer.trainer import checkpoint, data, evaluate, gcfreeze, optimizers, stage_aids, strategies, summary
+from gpulayer.trainer import checkpoint, data, evaluate, gcfreeze, optimizers, stage_aids, strategies
 from gpulayer.trainer import trainer_logging
 from gpulayer.trainer import loggers as loggers_mod
 from gpulayer.trainer.callbacks import Callback
@@ -408,8 +408,6 @@ class Trainer(TrainerProperties):
         step_fn = self.strategy.setup_module(module)
         self.optimizers, self.lr_scheduler_configs = optimizers.parse(module.configure_optimizers(), module)
         self.lightning_optimizers = [LightningOptimizer._to_lightning_optimizer(o, self) for o in self.optimizers]
-        if cfg.enable_model_summary and self.is_global_zero:
-            summary.print_summary(module)
         hooks.call("on_fit_start")
         loggers_mod.log_hyperparams(self)  # also creates version_N now, as Lightning does
         resume = checkpoint.restore_training_state(self, ckpt) if ckpt is not None else None

@@ -287,7 +287,7 @@ class TrainerProperties:
         self._handled_error = err
         self.state.status = TrainerStatus.INTERRUPTED
         for cb in self.callbacks:
-            if type(cb).on_exception is not Callback.on_exception:
+            if type(cb).on_exception is not Callback.on_exception or "on_exception" in vars(cb):  # LambdaCallback
                 cb.on_exception(self, self.lightning_module, err)
         if self.datamodule is not None and callable(getattr(self.datamodule, "on_exception", None)):
             self.datamodule.on_exception(err)

@@ -346,5 +346,3 @@ class TQDMProgressBar(ProgressBar):
         else:
             active.write(sep.join(map(str, args)))
 
-
-RichProgressBar = TQDMProgressBar  # gpulayer draws one kind of bar; Lightning's rich name gets it

@@ -107,4 +107,76 @@ def is_picklable(obj: Any) -> bool:
         return False
 
 
-__all__ = ["AttributeDict", "collect_hparams", "is_picklable", "parse_class_init_keys", "to_hparams_dict"]
+def clean_namespace(hparams: Any) -> None:
+    """Drop, in place, the values of a dict or ``Namespace`` that cannot be pickled (they could not be saved)."""
+    mapping = vars(hparams) if isinstance(hparams, Namespace) else hparams
+    for key in [k for k, v in mapping.items() if not is_picklable(v)]:
+        del mapping[key]
+
+
+def collect_init_args(frame: types.FrameType, path_args: list[dict[str, Any]], inside: bool = False,
+                      classes: tuple[type, ...] = ()) -> list[dict[str, Any]]:
+    """Append to ``path_args`` the arguments of each ``__init__`` on the stack above ``frame``, innermost first,
+    stopping past the last constructor of that chain; ``classes`` limits it to constructors of those classes."""
+    while frame is not None and frame.f_back is not None:
+        cls = frame.f_locals.get("__class__")
+        _, args = _init_frame_args(frame)
+        if cls is not None and frame.f_code.co_name == "__init__" and (not classes or issubclass(cls, classes)):
+            path_args.append(args)
+            inside = True
+        elif inside:
+            break
+        frame = frame.f_back
+    return path_args
+
+
+def _attr_holders(model: Any, attribute: str) -> list[Any]:
+    """Who holds ``attribute``, in Lightning's order: the model, its ``hparams``, the Trainer's datamodule, its
+    ``hparams``; the last one found is the one read."""
+    trainer = getattr(model, "_trainer", None)
+    datamodule = getattr(trainer, "datamodule", None) if trainer is not None else None
+    holders = []
+    for obj in (model, datamodule):
+        if obj is None:
+            continue
+        if hasattr(obj, attribute):
+            holders.append(obj)
+        hparams = getattr(obj, "hparams", None)
+        if hparams is not None and attribute in hparams:
+            holders.append(hparams)
+    return holders
+
+
+def _missing(attribute: str) -> AttributeError:
+    return AttributeError(f"{attribute} is neither stored in the model namespace nor the `hparams` namespace/dict, "
+                          "nor the datamodule.")
+
+
+def lightning_hasattr(model: Any, attribute: str) -> bool:
+    """Whether ``attribute`` is on the model, in its ``hparams``, or on the Trainer's datamodule (or its hparams)."""
+    return bool(_attr_holders(model, attribute))
+
+
+def lightning_getattr(model: Any, attribute: str) -> Any:
+    """The value of ``attribute`` where ``lightning_hasattr`` finds it (the datamodule's wins over the model's)."""
+    holders = _attr_holders(model, attribute)
+    if not holders:
+        raise _missing(attribute)
+    holder = holders[-1]
+    return holder[attribute] if isinstance(holder, dict) else getattr(holder, attribute)
+
+
+def lightning_setattr(model: Any, attribute: str, value: Any) -> None:
+    """Set ``attribute`` on every holder ``lightning_hasattr`` finds, so the model and its data agree."""
+    holders = _attr_holders(model, attribute)
+    if not holders:
+        raise _missing(attribute)
+    for holder in holders:
+        if isinstance(holder, dict):
+            holder[attribute] = value
+        else:
+            setattr(holder, attribute, value)
+
+
+__all__ = ["AttributeDict", "clean_namespace", "collect_hparams", "collect_init_args", "is_picklable",
+           "lightning_getattr", "lightning_hasattr", "lightning_setattr", "parse_class_init_keys", "to_hparams_dict"]
