@@ -58,7 +58,7 @@ class ExportMixin:
     def example_input_array(self, example: Any) -> None:
         self.__dict__["_example_input_array"] = example
 
-    def _export_input(self, sample: Any) -> Any:
+    def _batch_on_device(self, sample: Any) -> Any:
         """``sample`` as the module would see it as a batch: its transfer hooks applied, on its device."""
         sample = self.on_before_batch_transfer(sample, 0)
         sample = self.transfer_batch_to_device(sample, self.device, 0)
@@ -85,9 +85,9 @@ class ExportMixin:
                                      "`model.example_input_array` to be defined.")
                 example_inputs = self.example_input_array
             if kwargs.get("check_inputs") is not None:
-                kwargs["check_inputs"] = self._export_input(kwargs["check_inputs"])
+                kwargs["check_inputs"] = self._batch_on_device(kwargs["check_inputs"])
             with _jit_scripting():
-                compiled = torch.jit.trace(func=self.eval(), example_inputs=self._export_input(example_inputs),
+                compiled = torch.jit.trace(func=self.eval(), example_inputs=self._batch_on_device(example_inputs),
                                            **kwargs)
         else:
             raise ValueError(f"The 'method' parameter only supports 'script' or 'trace', but value given was: {method}")
@@ -116,7 +116,7 @@ class ExportMixin:
                 raise ValueError("Could not export to ONNX since neither `input_sample` nor "
                                  "`model.example_input_array` attribute is set.")
             input_sample = self.example_input_array
-        input_sample = self._export_input(input_sample)
+        input_sample = self._batch_on_device(input_sample)
         if isinstance(file_path, os.PathLike):
             file_path = os.fspath(file_path)
         exported = torch.onnx.export(self, input_sample, file_path, **kwargs)

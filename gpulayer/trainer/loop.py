@@ -93,12 +93,7 @@ class FitLoop:
         self.epoch_start_rng: dict | None = None
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.optimizer = trainer.optimizers[0] if trainer.optimizers else None
-        # under manual optimization the user steps the schedulers (Lightning never does)
-        scheds = trainer.lr_scheduler_configs if module.automatic_optimization else []
-        self.step_schedulers = [c for c in scheds if c.interval == "step" and not c.reduce_on_plateau]
-        # a plateau scheduler reads a metric validation may log: stepped after the batch's validation (Lightning)
-        self.step_plateaus = [c for c in scheds if c.interval == "step" and c.reduce_on_plateau]
-        self.epoch_schedulers = [c for c in scheds if c.interval == "epoch"]
+        self._split_schedulers()
         # step values are made numbers at log intervals for the logger (log_every_n_steps=0: never); the
         # progress bar reads them itself, only for a line it draws
         self.log_needed = trainer.logger is not None and cfg.log_every_n_steps > 0
@@ -115,6 +110,17 @@ class FitLoop:
         self.loader_restored = False  # a resume gave stateful loaders their position: no replay
         self.batch_idx = -1  # the batch running (or last run) in this epoch
         self.info_once = WarningCache()
+
+    def _split_schedulers(self) -> None:
+        """The schedulers by when they step; read again each epoch, after ``on_train_epoch_start``, where a
+        callback may replace them (``StochasticWeightAveraging`` swaps in its ``SWALR``)."""
+        # under manual optimization the user steps the schedulers (Lightning never does)
+        scheds = self.trainer.lr_scheduler_configs if self.module.automatic_optimization else []
+        self._scheds_seen = list(scheds)
+        self.step_schedulers = [c for c in scheds if c.interval == "step" and not c.reduce_on_plateau]
+        # a plateau scheduler reads a metric validation may log: stepped after the batch's validation (Lightning)
+        self.step_plateaus = [c for c in scheds if c.interval == "step" and c.reduce_on_plateau]
+        self.epoch_schedulers = [c for c in scheds if c.interval == "epoch"]
 
     # -- fit --------------------------------------------------------------------------------
     def run(self) -> None:
@@ -221,6 +227,10 @@ class FitLoop:
         step_scheds, epoch_scheds = bool(self.step_schedulers), bool(self.epoch_schedulers)
         step_plateaus = bool(self.step_plateaus)
         batches, skip = self._batches()  # may reload the loaders: read the counts after it
+        if self.module.automatic_optimization and self._scheds_seen != t.lr_scheduler_configs:
+            self._split_schedulers()
+            step_scheds, epoch_scheds = bool(self.step_schedulers), bool(self.epoch_schedulers)
+            step_plateaus = bool(self.step_plateaus)
         accum, total = cfg.accumulate_grad_batches, self.num_train_batches
         val_every, val_offset = self._val_interval(), self._val_offset()
         self.epoch_done, self.batches_done, self.epoch_scheds_stepped = False, skip, False

@@ -2,7 +2,8 @@
 
 ``Callback``, ``ModelCheckpoint``, ``EarlyStopping``, ``LearningRateMonitor``, the fine-tuning
 ``BaseFinetuning`` / ``BackboneFinetuning``, ``BasePredictionWriter``, ``GradientAccumulationScheduler``,
-``Timer`` and the progress-bar name ``TQDMProgressBar``. A callback overrides only the hooks it
+``Timer``, the progress-bar name ``TQDMProgressBar``, and the weight callbacks ``ModelPruning``,
+``StochasticWeightAveraging``, ``WeightAveraging`` / ``EMAWeightAveraging``. A callback overrides only the hooks it
 needs; the Trainer never calls the others. Callbacks run on every rank; files
 are written by global rank 0 only.
 """
@@ -15,8 +16,12 @@ from gpulayer.trainer.callbacks.lr_monitor import LearningRateMonitor
 from gpulayer.trainer.callbacks.model_checkpoint import ModelCheckpoint
 from gpulayer.trainer.callbacks.prediction_writer import BasePredictionWriter
 from gpulayer.trainer.callbacks.progress import ProgressBar, RichProgressBar, TQDMProgressBar
+from gpulayer.trainer.callbacks.pruning import ModelPruning
+from gpulayer.trainer.callbacks.stochastic_weight_avg import StochasticWeightAveraging
 from gpulayer.trainer.callbacks.timer import Timer
+from gpulayer.trainer.callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
 __all__ = ["BackboneFinetuning", "BaseFinetuning", "BasePredictionWriter", "Callback", "Checkpoint", "EarlyStopping",
            "GradientAccumulationScheduler", "LearningRateMonitor", "ModelCheckpoint", "ProgressBar",
            "RichProgressBar", "TQDMProgressBar", "Timer"]
+__all__ += ["EMAWeightAveraging", "ModelPruning", "StochasticWeightAveraging", "WeightAveraging"]
