@@ -24,9 +24,9 @@ import torch
 
 from gpulayer.trainer import data, dataloader_iter, fit_checks, loader_state, profilers, trainer_logging
 from gpulayer.trainer.optimizers import step_scheduler
-from gpulayer.trainer.errors import MisconfigurationException
 from gpulayer.trainer.evaluate import EvalLoop
 from gpulayer.trainer.loops.closure import NONE_RETURNED, Closure
+from gpulayer.trainer.loops.optimization.manual import ManualResult
 from gpulayer.trainer.prefetch import device_batches
 from gpulayer.trainer.stepping import GeneralStep, _loss_of, transfer_batch
 from gpulayer.trainer.seed import capture_rng, restore_rng
@@ -36,18 +36,7 @@ from gpulayer.trainer.utilities.rank_zero import WarningCache
 def batch_output(out: Any, accum: int, manual: bool) -> dict:
     """What ``on_train_batch_end`` receives, as in Lightning: ``{"loss": detached loss, **other keys}`` (``{}``: skipped)."""
     if manual:
-        if isinstance(out, Mapping):
-            extra = dict(out)
-        elif isinstance(out, torch.Tensor):
-            extra = {"loss": out}
-        elif out is None:
-            extra = {}
-        else:
-            raise MisconfigurationException(
-                "In manual optimization, `training_step` must either return a Tensor or have no return.")
-        if "loss" in extra and isinstance(extra["loss"], torch.Tensor):
-            extra["loss"] = extra["loss"].detach()
-        return extra
+        return ManualResult.from_training_step_output(out).asdict()
     loss = _loss_of(out)
     if loss is None:
         return {}
@@ -266,6 +255,8 @@ class FitLoop:
             if manual:
                 with prec.forward_context():
                     out = step_fn(batch, batch_idx)
+                if not (out is None or isinstance(out, (torch.Tensor, Mapping))):
+                    ManualResult.from_training_step_output(out)  # raises Lightning's error, listened to or not
             elif general:
                 out = self.general_step.run(batch, batch_idx, stepping)
             elif stepping or t.world_size == 1:
