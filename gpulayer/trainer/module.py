@@ -19,6 +19,7 @@ from torch import nn
 
 from gpulayer.trainer import metrics
 from gpulayer.trainer.errors import MisconfigurationException
+from gpulayer.trainer.export import ExportMixin
 from gpulayer.trainer.hparams import HyperparametersMixin
 from gpulayer.trainer.module_logging import ModuleLogging
 from gpulayer.trainer.prefetch import move_data_to_device
@@ -53,7 +54,7 @@ class _restricted_classmethod(classmethod):
         return super().__get__(instance, owner)
 
 
-class Module(HyperparametersMixin, ModuleLogging, nn.Module):
+class Module(ExportMixin, HyperparametersMixin, ModuleLogging, nn.Module):
     """Subclass and write ``training_step`` and ``configure_optimizers``.
 
     >>> class Net(Module):
@@ -74,7 +75,6 @@ class Module(HyperparametersMixin, ModuleLogging, nn.Module):
         self._trainer = None
         self._fabric = None
         self._fabric_optimizers: list = []
-        self._jit_is_scripting = False
         self._current_fx_name: str | None = None  # the hook self.log counts as when the call stack names none
         self._metric_store = None
         self._device = None

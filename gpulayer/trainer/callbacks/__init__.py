@@ -2,7 +2,8 @@
 
 ``Callback``, ``ModelCheckpoint``, ``EarlyStopping``, ``LearningRateMonitor``, the fine-tuning
 ``BaseFinetuning`` / ``BackboneFinetuning``, ``BasePredictionWriter``, ``GradientAccumulationScheduler``,
-``Timer`` and the progress-bar name ``TQDMProgressBar``. A callback overrides only the hooks it
+``Timer``, the progress-bar name ``TQDMProgressBar``, and the weight callbacks ``ModelPruning``,
+``StochasticWeightAveraging``, ``WeightAveraging`` / ``EMAWeightAveraging``. A callback overrides only the hooks it
 needs; the Trainer never calls the others. Callbacks run on every rank; files
 are written by global rank 0 only.
 """
@@ -22,8 +23,12 @@ from gpulayer.trainer.callbacks.model_summary import ModelSummary
 from gpulayer.trainer.callbacks.rich_model_summary import RichModelSummary
 from gpulayer.trainer.callbacks.spike import SpikeDetection
 from gpulayer.trainer.callbacks.throughput_monitor import ThroughputMonitor
+from gpulayer.trainer.callbacks.pruning import ModelPruning
+from gpulayer.trainer.callbacks.stochastic_weight_avg import StochasticWeightAveraging
 from gpulayer.trainer.callbacks.timer import Timer
+from gpulayer.trainer.callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
 __all__ = ["BackboneFinetuning", "BaseFinetuning", "BasePredictionWriter", "Callback", "Checkpoint", "DeviceStatsMonitor", "EarlyStopping",
            "GradientAccumulationScheduler", "LambdaCallback", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary",
            "ProgressBar", "RichModelSummary", "RichProgressBar", "SpikeDetection", "ThroughputMonitor", "TQDMProgressBar", "Timer"]
+__all__ += ["EMAWeightAveraging", "ModelPruning", "StochasticWeightAveraging", "WeightAveraging"]
