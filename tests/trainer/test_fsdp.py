@@ -96,10 +96,10 @@ def _data() -> TensorDataset:
     return TensorDataset(torch.randn(64, 16, generator=g), torch.randn(64, 4, generator=g))
 
 
-def _fit(strategy, devices: int = 2, max_steps: int = STEPS, model: Module | None = None, callbacks=(),
+def _fit(strategy, devices: int = 2, max_steps: int = STEPS, model: type = None, callbacks=(),
          **kw) -> tuple[Module, Trainer, Record]:
     seed_everything(3)
-    model = model or Net()
+    model = (model or Net)()  # after the seed: the same initial weights in every run
     record = Record()
     trainer = Trainer(strategy=strategy, accelerator="cpu", devices=devices, max_steps=max_steps, logger=False,
                       enable_checkpointing=bool(callbacks), enable_progress_bar=False, enable_model_summary=False,
@@ -109,8 +109,14 @@ def _fit(strategy, devices: int = 2, max_steps: int = STEPS, model: Module | Non
     return model, trainer, record
 
 
-def test_each_of_two_ranks_holds_half_of_the_parameters():
-    _, trainer, record = _fit("fsdp", max_steps=1)
+@pytest.fixture(scope="module")
+def fsdp_run():
+    """20 steps on 2 ranks, each Block sharded on its own: the run the other tests compare with."""
+    return _fit(FSDPStrategy(auto_wrap_policy={Block}))
+
+
+def test_each_of_two_ranks_holds_half_of_the_parameters(fsdp_run):
+    _, trainer, record = fsdp_run
     assert record.sharded and len(record.local_bytes) == 2
     for local in record.local_bytes:  # every dimension is even: exactly 1/W each
         assert local == record.full_bytes // 2
@@ -118,9 +124,9 @@ def test_each_of_two_ranks_holds_half_of_the_parameters():
     assert trainer.fit_info["backend"] == "gloo" and trainer.fit_info["world_size"] == 2
 
 
-def test_twenty_steps_lose_what_ddp_loses_and_end_on_the_same_weights():
+def test_twenty_steps_lose_what_ddp_loses_and_end_on_the_same_weights(fsdp_run):
     ddp_model, _, ddp = _fit("ddp")
-    fsdp_model, trainer, fsdp = _fit(FSDPStrategy(auto_wrap_policy={Block}))
+    fsdp_model, trainer, fsdp = fsdp_run
     assert len(fsdp.losses) == len(ddp.losses) == STEPS and trainer.global_step == STEPS
     assert ddp.losses[-1] < ddp.losses[0]  # it trained
     torch.testing.assert_close(torch.tensor(fsdp.losses), torch.tensor(ddp.losses), rtol=0, atol=1e-5)
@@ -136,8 +142,8 @@ def test_gradient_accumulation_syncs_once_per_step_and_still_matches_ddp():
     torch.testing.assert_close(torch.tensor(fsdp.losses), torch.tensor(ddp.losses), rtol=0, atol=1e-5)
 
 
-def test_a_sharded_checkpoint_of_two_ranks_resumes_at_four_with_the_uninterrupted_losses(tmp_path):
-    _, _, whole = _fit("fsdp", devices=2)
+def test_a_sharded_checkpoint_of_two_ranks_resumes_at_four_with_the_uninterrupted_losses(tmp_path, fsdp_run):
+    whole = fsdp_run[2]
     saver = ModelCheckpoint(dirpath=str(tmp_path), filename="half", every_n_train_steps=STEPS // 2, save_top_k=-1)
     _fit(FSDPStrategy(state_dict_type="sharded"), devices=2, max_steps=STEPS // 2, callbacks=[saver])
     saved = tmp_path / "half.ckpt"
@@ -145,8 +151,9 @@ def test_a_sharded_checkpoint_of_two_ranks_resumes_at_four_with_the_uninterrupte
     assert len([f for f in os.listdir(saved) if f.endswith(".distcp")]) == 2  # one file of shards per rank
     _, trainer, resumed = _fit_resumed(str(saved), devices=4)
     assert trainer.global_step == STEPS and trainer.fit_info["world_size"] == 4
-    assert len(resumed.losses) == STEPS // 2
-    torch.testing.assert_close(torch.tensor(resumed.losses), torch.tensor(whole.losses[STEPS // 2:]),
+    # the recorder's own state came back from the checkpoint: the first 10 losses, then the resumed run's 10
+    assert len(resumed.losses) == STEPS and resumed.local_bytes == [resumed.full_bytes // 4] * 4
+    torch.testing.assert_close(torch.tensor(resumed.losses[STEPS // 2:]), torch.tensor(whole.losses[STEPS // 2:]),
                                rtol=0, atol=1e-5)
 
 
@@ -160,8 +167,8 @@ def _fit_resumed(path: str, devices: int, strategy=None) -> tuple[Module, Traine
     return model, trainer, record
 
 
-def test_a_full_state_dict_is_one_file_written_by_rank_zero_that_any_trainer_reads(tmp_path):
-    _, _, whole = _fit("fsdp", devices=2)
+def test_a_full_state_dict_is_one_file_written_by_rank_zero_that_any_trainer_reads(tmp_path, fsdp_run):
+    whole = fsdp_run[2]
     saver = ModelCheckpoint(dirpath=str(tmp_path), filename="full", every_n_train_steps=STEPS // 2)
     model, _, _ = _fit(FSDPStrategy(state_dict_type="full"), max_steps=STEPS // 2, callbacks=[saver])
     path = tmp_path / "full.ckpt"
@@ -175,15 +182,17 @@ def test_a_full_state_dict_is_one_file_written_by_rank_zero_that_any_trainer_rea
     plain.load_state_dict(ckpt["state_dict"])  # a module outside any run reads it
     # and a sharded run resumes from it, here at 4 ranks, with the uninterrupted run's losses
     _, _, resumed = _fit_resumed(str(path), devices=4, strategy="fsdp")
-    torch.testing.assert_close(torch.tensor(resumed.losses), torch.tensor(whole.losses[STEPS // 2:]),
+    torch.testing.assert_close(torch.tensor(resumed.losses[STEPS // 2:]), torch.tensor(whole.losses[STEPS // 2:]),
                                rtol=0, atol=1e-5)
 
 
 def test_configure_model_shards_the_module_itself_under_model_parallel_strategy():
     _, _, ddp = _fit("ddp", max_steps=8)
-    model, trainer, record = _fit(ModelParallelStrategy(), max_steps=8, model=SelfSharded())
+    # Lightning's "auto" would make a 1 x 2 mesh here (data parallel across machines, tensor parallel inside)
+    strategy = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)
+    model, trainer, record = _fit(strategy, max_steps=8, model=SelfSharded)
     assert record.sharded and record.local_bytes == [record.full_bytes // 2] * 2
-    assert trainer.fit_info["strategy"] == "model_parallel" and trainer.fit_info["mesh"] == (1, 2)
+    assert trainer.fit_info["strategy"] == "model_parallel" and trainer.fit_info["mesh"] == (2, 1)
     torch.testing.assert_close(torch.tensor(record.losses), torch.tensor(ddp.losses), rtol=0, atol=1e-5)
 
 
@@ -227,3 +236,14 @@ def test_honoured_arguments_reach_the_plan():
 def test_cpu_offload_on_the_cpu_is_refused_in_the_rank():
     with pytest.raises(RankFailed, match="remove cpu_offload"):
         _fit(FSDPStrategy(cpu_offload=True), max_steps=1)
+
+
+def test_model_parallel_auto_sizes_are_lightnings():
+    from gpulayer.trainer.fsdp_plan import mesh_layout
+    plan = ModelParallelStrategy().sharding_plan
+    assert mesh_layout(plan, world=4, num_nodes=2) == ((2, 2), ("data_parallel", "tensor_parallel"))
+    assert mesh_layout(FSDPStrategy().sharding_plan, 4, 2) == ((4,), ("shard",))
+    assert mesh_layout(FSDPStrategy(sharding_strategy="HYBRID_SHARD").sharding_plan, 4, 2) == ((2, 2),
+                                                                                              ("replicate", "shard"))
+    with pytest.raises(TrainerConfigError, match="product is 4"):
+        mesh_layout(ModelParallelStrategy(data_parallel_size=3).sharding_plan, 4, 2)
