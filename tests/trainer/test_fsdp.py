@@ -247,3 +247,32 @@ def test_model_parallel_auto_sizes_are_lightnings():
                                                                                               ("replicate", "shard"))
     with pytest.raises(TrainerConfigError, match="product is 4"):
         mesh_layout(ModelParallelStrategy(data_parallel_size=3).sharding_plan, 4, 2)
+
+
+@pytest.fixture(scope="module")
+def fsdp_fleet(tmp_path_factory):
+    from gpulayer.app import redis_client
+    from gpulayer.lab.fleet import wait_until
+    from gpulayer.store.gangs import GangStore
+    from tests.fleets import running_fleet
+
+    with running_fleet(tmp_path_factory.mktemp("fsdp-fleet"), {n: dict(slots=2, zone="eu-1a") for n in ("m1", "m2")}) as f:
+        f.connect()
+        yield f
+        wait_until(lambda: GangStore(redis_client()).held() == {}, 20, "every slot to be free after the test")
+
+
+def test_two_machines_of_two_ranks_shard_over_four_on_the_cluster(fsdp_fleet, fsdp_run):
+    seed_everything(3)
+    model, record = Net(), Record()
+    trainer = Trainer(num_nodes=2, devices=2, strategy="fsdp", accelerator="cpu", max_steps=STEPS, logger=False,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      callbacks=[record])
+    trainer.fit(model, lambda: DataLoader(_data(), batch_size=4))  # 4 ranks x 4: the 2-rank run's batches
+    info = trainer.fit_info
+    assert info["strategy"] == "fsdp" and (info["world_size"], info["num_nodes"]) == (4, 2)
+    assert sorted(info["workers"]) == ["m1", "m2"] and info["mesh"] == (4,)
+    assert record.local_bytes == [record.full_bytes // 4] * 4
+    torch.testing.assert_close(torch.tensor(record.losses), torch.tensor(fsdp_run[2].losses), rtol=0, atol=1e-5)
+    for a, b in zip(model.state_dict().values(), fsdp_run[0].state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
