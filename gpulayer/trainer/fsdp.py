@@ -131,7 +131,8 @@ class FSDPStrategy(DDPStrategy):
                 "the LightningModule and apply parallelization there (fully_shard(layer, mesh=self.device_mesh"
                 "['data_parallel']) for each layer, then for the module); or use Trainer(strategy='fsdp'), which "
                 "wraps the module itself")
-        if not sharded_by_user:
+        on_meta = any(p.device.type == "meta" for p in module.parameters())
+        if not sharded_by_user and not on_meta:
             module.to(self.root_device)
         kw: dict[str, Any] = {"mesh": self._shard_mesh, "reshard_after_forward": plan.reshard_after_forward}
         if plan.mixed_precision is not None:
@@ -149,6 +150,8 @@ class FSDPStrategy(DDPStrategy):
         if not isinstance(module, FSDPModule):
             # the root's own parameters (and any the user's configure_model left out) join the sync here
             fully_shard(module, **kw)
+        if on_meta:
+            _materialize(module, self.root_device)
         for name in _STEP_METHODS:
             if callable(getattr(type(module), name, None)):
                 register_fsdp_forward_method(module, name)
@@ -258,6 +261,18 @@ def _to_wrap(module: nn.Module, plan: ShardingPlan) -> list[nn.Module]:
             if plan.wrap_policy(module=sub, recurse=False, nonwrapped_numel=numel):
                 chosen.append(sub)
     return chosen[::-1]  # named_modules lists parents first
+
+
+def _materialize(module: nn.Module, device: torch.device) -> None:
+    """Layers built on the meta device (``configure_model`` under ``torch.device("meta")``, or
+    ``trainer.init_module(empty_init=True)``): each rank allocates only its shards, then every submodule's
+    ``reset_parameters`` initializes them. No rank ever holds the whole model."""
+    module.to_empty(device=device)
+    with torch.no_grad():
+        for sub in module.modules():
+            reset = getattr(sub, "reset_parameters", None)
+            if callable(reset):
+                reset()
 
 
 def _checkpoint_activations(module: nn.Module, classes: tuple[type, ...]) -> None:
