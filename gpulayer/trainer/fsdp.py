@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from gpulayer.trainer import data
+from gpulayer.trainer import allocator, data
 from gpulayer.trainer.errors import TrainerConfigError
 from gpulayer.trainer.fsdp_plan import ShardingPlan, fsdp_plan, mesh_layout, model_parallel_plan
 from gpulayer.trainer.strategies import DDPStrategy
@@ -85,6 +85,8 @@ class FSDPStrategy(DDPStrategy):
                                     timeout=datetime.timedelta(seconds=self.timeout_s))
             self._owns_group = True
         super().setup_environment()
+        if self.root_device.type == "cpu":
+            allocator.return_freed_memory()  # memory is what sharding is for: freed layers go back at once
         from torch.distributed.device_mesh import init_device_mesh
         shape, names = mesh_layout(self.sharding_plan, self.world_size,
                                    int(os.environ.get("GROUP_WORLD_SIZE", self.num_nodes)))
@@ -264,9 +266,9 @@ def _to_wrap(module: nn.Module, plan: ShardingPlan) -> list[nn.Module]:
 
 
 def _materialize(module: nn.Module, device: torch.device) -> None:
-    """Layers built on the meta device (``configure_model`` under ``torch.device("meta")``, or
-    ``trainer.init_module(empty_init=True)``): each rank allocates only its shards, then every submodule's
-    ``reset_parameters`` initializes them. No rank ever holds the whole model."""
+    """Layers built on the meta device (``configure_model`` under ``torch.device("meta")``): each rank
+    allocates only its shards, then every submodule's ``reset_parameters`` initializes them. No rank ever
+    holds the whole model."""
     module.to_empty(device=device)
     with torch.no_grad():
         for sub in module.modules():
