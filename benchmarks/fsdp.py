@@ -5,7 +5,7 @@ gradients and optimizer state in each rank, so its peak memory per rank is well 
 model, for a step time that pays the all-gathers and reduce-scatters over gloo. (Lightning refuses FSDP on
 CPU: lightning#21812.)
 
-    .venv/bin/python benchmarks/fsdp.py [--width 2048] [--depth 12] [--devices 2] [--steps 12] [--warmup 2] [--quick]
+    .venv/bin/python benchmarks/fsdp.py [--width 2048] [--depth 12] [--devices 2] [--steps 12] [--warmup 2] [--accelerator cpu|cuda] [--quick]
 
 The model is ``depth`` blocks of ``Linear(width, width)`` + ReLU (width 2048, depth 12: 201 MB of fp32
 parameters), trained with AdamW on random data, built in ``configure_model``: on the CPU for DDP, on the
@@ -89,8 +89,14 @@ class Measure(Callback):
         self.local_param_mib: list[float] = []
         self.step_s: list[float] = []
         self._last = 0.0
+        self.cuda = False
 
     def setup(self, trainer, pl_module, stage):
+        self.cuda = trainer.strategy.root_device.type == "cuda"
+        if self.cuda:  # on a GPU the figure is the caching allocator's peak of allocated bytes
+            torch.cuda.reset_peak_memory_stats()
+            self.start_kib = torch.cuda.memory_allocated() // 1024
+            return
         try:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")  # VmHWM := VmRSS now: the peak counts from here
@@ -99,16 +105,21 @@ class Measure(Callback):
         self.start_kib = _status_kib("VmRSS")
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if self.cuda:
+            torch.cuda.synchronize()
         self._last = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self.cuda:
+            torch.cuda.synchronize()
         self.step_s.append(time.perf_counter() - self._last)
 
     def on_train_end(self, trainer, pl_module):
         from torch.distributed.tensor import DTensor
         local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() * p.element_size()
                     for p in pl_module.parameters())
-        mine = ((_status_kib("VmHWM") - self.start_kib) / 1024, local / 2**20)
+        peak_kib = torch.cuda.max_memory_allocated() // 1024 if self.cuda else _status_kib("VmHWM")
+        mine = ((peak_kib - self.start_kib) / 1024, local / 2**20)
         every = [None] * dist.get_world_size()
         dist.all_gather_object(every, mine)
         self.peaks_mib = [e[0] for e in every]
@@ -125,7 +136,7 @@ def run(strategy, args, meta: bool) -> Measure:
     seed_everything(0)
     measure = Measure()
     model = Stack(args.width, args.depth, meta)
-    trainer = Trainer(strategy=strategy, accelerator="cpu", devices=args.devices, max_steps=args.steps,
+    trainer = Trainer(strategy=strategy, accelerator=args.accelerator, devices=args.devices, max_steps=args.steps,
                       logger=False, enable_checkpointing=False, enable_progress_bar=False,
                       enable_model_summary=False, num_sanity_val_steps=0, callbacks=[measure])
     width, per_rank = args.width, args.batch
@@ -148,6 +159,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16, help="samples per rank per step")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--accelerator", default="cpu", choices=("cpu", "cuda"),
+                        help="cuda: one GPU per rank, nccl; peak = torch.cuda.max_memory_allocated (not run here yet)")
     parser.add_argument("--quick", action="store_true", help="a small model and 4 steps: checks that it runs")
     args = parser.parse_args()
     if args.quick:
@@ -156,7 +169,7 @@ def main() -> None:
     out = Report("fsdp")
     model_mib = args.depth * (args.width * args.width + args.width) * 4 / 2**20
     out(f"# FSDP2 vs DDP on CPU: {args.depth} x Linear({args.width}, {args.width}) = {model_mib:.0f} MiB fp32, "
-        f"AdamW, {args.devices} ranks (gloo), {args.batch} samples/rank/step, {args.steps} steps "
+        f"AdamW, {args.devices} ranks ({'nccl' if args.accelerator == 'cuda' else 'gloo'}), {args.batch} samples/rank/step, {args.steps} steps "
         f"(first {args.warmup} not timed); cores: {os.cpu_count()}")
     medians = {}
     for case, strategy, meta in (("ddp", "ddp", False),

@@ -174,7 +174,13 @@ class FSDPStrategy(DDPStrategy):
                 m.set_requires_gradient_sync(True, recurse=False)
 
     # -- checkpoints ------------------------------------------------------------------------------
+    def _live(self) -> bool:
+        """Inside the run's ranks, with the module sharded (not the caller's trainer before or after them)."""
+        return dist.is_initialized() and bool(_fsdp_modules(self.lightning_module))
+
     def save_checkpoint(self, ckpt: dict[str, Any], path: str) -> None:
+        if not self._live():  # the caller's whole module after the run: an ordinary file
+            return super().save_checkpoint(ckpt, path)
         from gpulayer.trainer import fsdp_checkpoint
         fsdp_checkpoint.save(self, ckpt, path)
 
@@ -183,6 +189,8 @@ class FSDPStrategy(DDPStrategy):
         return fsdp_checkpoint.load(self, path)
 
     def load_optimizer_state(self, optimizer: Any, state: Any) -> None:
+        if not self._live():
+            return super().load_optimizer_state(optimizer, state)
         from gpulayer.trainer import fsdp_checkpoint
         fsdp_checkpoint.load_optimizer(self, optimizer, state)
 
@@ -195,6 +203,8 @@ class FSDPStrategy(DDPStrategy):
         """The full weights (on global rank 0 after the run; gathered at teardown, while the group lives)."""
         if self._final_state_dict is not None:
             return self._final_state_dict
+        if not self._live():
+            return super().lightning_module_state_dict()
         from gpulayer.trainer import fsdp_checkpoint
         return fsdp_checkpoint.full_model_state(self.lightning_module)
 
@@ -202,8 +212,7 @@ class FSDPStrategy(DDPStrategy):
         self._failed = True  # the other ranks may be gone: no collective at teardown
 
     def teardown(self) -> None:
-        if not self._failed and dist.is_initialized() and self.lightning_module is not None \
-                and _fsdp_modules(self.lightning_module):
+        if not self._failed and self._live():
             from gpulayer.trainer import fsdp_checkpoint
             self._final_state_dict = fsdp_checkpoint.full_model_state(self.lightning_module)
         super().teardown()

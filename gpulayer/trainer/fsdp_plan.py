@@ -30,7 +30,6 @@ import datetime
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import torch
 from torch import nn
 
 from gpulayer.trainer.errors import TrainerConfigError
@@ -210,8 +209,3 @@ def plan_for(value: Any) -> ShardingPlan | None:
         return fsdp_plan()
     plan = getattr(value, "sharding_plan", None)
     return plan if isinstance(plan, ShardingPlan) else None
-
-
-def dtype_of(plan: ShardingPlan) -> torch.dtype | None:
-    """The parameters' dtype inside forward (None: their own)."""
-    return getattr(plan.mixed_precision, "param_dtype", None)
