@@ -276,3 +276,28 @@ def test_two_machines_of_two_ranks_shard_over_four_on_the_cluster(fsdp_fleet, fs
     torch.testing.assert_close(torch.tensor(record.losses), torch.tensor(fsdp_run[2].losses), rtol=0, atol=1e-5)
     for a, b in zip(model.state_dict().values(), fsdp_run[0].state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+class Validated(Net):
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", nn.functional.mse_loss(self.layer_stack(x), y), sync_dist=True)
+
+    def layer_stack(self, x):  # the root's own layers, reached outside forward: unsharded by validation_step's hooks
+        return self.out(self.blocks(self.inp(x)))
+
+
+def test_validate_in_two_sharded_ranks_gives_the_loss_of_the_whole_model():
+    model, trainer, _ = _fit("fsdp", max_steps=2, model=Validated)
+    out = trainer.validate(model, DataLoader(_data(), batch_size=16))
+    x, y = _data().tensors
+    with torch.no_grad():
+        expected = nn.functional.mse_loss(model(x), y)  # the caller's model: whole, with the trained weights
+    assert out[0]["val_loss"] == pytest.approx(float(expected), abs=1e-5)
+
+
+def test_one_device_shards_over_a_group_of_one_in_this_process():
+    _, trainer, record = _fit("fsdp", devices=1, max_steps=3)
+    assert record.sharded and record.local_bytes == [record.full_bytes]
+    assert trainer.global_step == 3 and trainer.fit_info["world_size"] == 1 and len(record.losses) == 3
+    assert not dist.is_initialized()  # the group of one is gone with the fit
