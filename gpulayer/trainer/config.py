@@ -26,7 +26,7 @@ PRECISIONS = {
 ACCELERATORS = ("auto", "cpu", "cuda", "gpu")
 # "ddp" and "ddp_spawn" are one launcher: the calling process starts fresh rank processes (launcher.py) and gets
 # rank 0's weights, counters and metrics back, which is what Lightning's ddp_spawn does (its "ddp" re-runs the script)
-STRATEGIES = ("auto", "single_device", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true")
+STRATEGIES = ("auto", "single_device", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true", "fsdp")
 GRAD_SYNC = ("auto", "two_level", "flat")
 CLIP_ALGORITHMS = ("norm", "value")
 LOGGER_METHODS = ("log_metrics", "log_hyperparams", "log_graph", "save", "finalize")
@@ -79,6 +79,7 @@ class TrainerConfig:
     detect_anomaly: bool = False  # autograd's anomaly detection around every stage (slow: a debugging aid)
     barebones: bool = False  # every feature that costs speed off (barebones.py)
     profiler: Any = None  # a profilers.Profiler; None: PassThroughProfiler (nothing recorded, nothing paid)
+    sharding: Any = None  # strategy "fsdp" / "model_parallel": the fsdp_plan.ShardingPlan every rank builds from
 
     @property
     def multi_process(self) -> bool:
@@ -255,8 +256,10 @@ def build_config(**kwargs: Any) -> TrainerConfig:
             "on CPU use precision='bf16-mixed'"
         )
     cfg.devices, cfg.device_ids = _devices(kwargs.get("devices", "auto"), cfg.accelerator, here)
-    strategy = _strategy_name(kwargs.get("strategy", "auto"))
-    if strategy not in STRATEGIES:
+    from gpulayer.trainer.fsdp_plan import plan_for
+    cfg.sharding = plan_for(kwargs.get("strategy", "auto"))
+    strategy = cfg.sharding.name if cfg.sharding is not None else _strategy_name(kwargs.get("strategy", "auto"))
+    if strategy not in STRATEGIES + ("model_parallel",):
         raise _choices_error("strategy", strategy, STRATEGIES)
     cfg.strategy = strategy
 

@@ -121,6 +121,13 @@ class Module(ExportMixin, HyperparametersMixin, ModuleLogging, nn.Module):
         self._fabric = fabric
 
     @property
+    def device_mesh(self) -> Any:
+        """Lightning's: the ``DeviceMesh`` of a sharded run (``ModelParallelStrategy``, ``"fsdp"``), for
+        ``configure_model`` to parallelize on; None under any other strategy."""
+        strategy = getattr(self._trainer, "strategy", None)
+        return getattr(strategy, "device_mesh", None)
+
+    @property
     def device(self) -> torch.device:
         if self._device is not None:
             return self._device

@@ -446,7 +446,7 @@ class Trainer(TrainerProperties):
         if ckpt_path in ("last", "best"):
             path = self._eval_checkpoint("fit", ckpt_path, model_provided=True)
         self.ckpt_path = path
-        return checkpoint.load(os.fspath(path)) if path is not None else None
+        return self.strategy.load_checkpoint(os.fspath(path)) if path is not None else None
 
     def _position(self) -> dict[str, int]:
         """The counters a stage in other processes starts from, as this trainer would (``_set_position`` there)."""
@@ -486,8 +486,7 @@ class Trainer(TrainerProperties):
                 "Saving a checkpoint is only possible if a model is attached to the Trainer. Did you call "
                 "`Trainer.save_checkpoint()` before calling `Trainer.{fit,validate,test,predict}`?")
         ckpt = checkpoint.dump(self, weights_only)
-        if self.is_global_zero:
-            checkpoint.save(ckpt, os.fspath(filepath))
+        self.strategy.save_checkpoint(ckpt, os.fspath(filepath))  # rank 0's file, or every rank's shards (FSDP)
         if self.world_size > 1:
             self.strategy.barrier()
 
@@ -497,8 +496,7 @@ class Trainer(TrainerProperties):
         return strategies.init_context(self.strategy.root_device, empty_init)
 
     def remove_checkpoint(self, filepath: str | os.PathLike) -> None:
-        if self.is_global_zero and os.path.isfile(filepath):
-            os.remove(filepath)
+        self.strategy.remove_checkpoint(os.fspath(filepath))
 
 
 def fit_rank(config: TrainerConfig, module: Module, train_dataloaders: Any = None, val_dataloaders: Any = None,
@@ -525,7 +523,7 @@ def fit_rank(config: TrainerConfig, module: Module, train_dataloaders: Any = Non
     if trainer._resume_newest:
         trainer.fit_info["resumed_from"] = trainer._resumed_from  # None: no checkpoint yet, started over
     return {
-        "state_dict": {k: v.detach().cpu() for k, v in module.state_dict().items()},
+        "state_dict": {k: v.detach().cpu() for k, v in trainer.strategy.lightning_module_state_dict().items()},
         "global_step": trainer.global_step,
         "current_epoch": trainer.current_epoch,
         "batches_stepped": trainer.batches_stepped,
