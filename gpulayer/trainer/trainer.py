@@ -367,6 +367,8 @@ class Trainer(TrainerProperties):
                     datamodule.prepare_data()
         if self.local_rank == 0 and is_overridden("prepare_data", module, Module):
             module.prepare_data()
+        for logger in self.loggers:  # as Lightning: each logger's experiment exists before the first setup hook
+            getattr(logger, "experiment", None)
         self.strategy.barrier()
         if datamodule is not None and hasattr(datamodule, "setup"):
             with stage_aids.profile_hook(self, datamodule, "setup"):
