@@ -209,8 +209,12 @@ def load_hparams_from_yaml(config_yaml: str | os.PathLike, use_omegaconf: bool =
     if use_omegaconf:
         try:
             from omegaconf import OmegaConf
-            return OmegaConf.create(hparams)
+            from omegaconf.errors import UnsupportedValueType, ValidationError
         except ImportError:
+            return hparams
+        try:
+            return OmegaConf.create(hparams)
+        except (UnsupportedValueType, ValidationError):  # a value OmegaConf cannot hold (a class): the plain dict
             pass
     return hparams
 

@@ -162,3 +162,6 @@ class CSVLogger(Logger):
         state = self.__dict__.copy()
         state["_experiment"] = None
         return state
+
+
+_ExperimentWriter = ExperimentWriter  # the name Lightning's Fabric gives the same writer

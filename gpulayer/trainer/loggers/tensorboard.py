@@ -129,7 +129,15 @@ class TensorBoardLogger(Logger):
             device = next((p.device for p in model.parameters()), torch.device("cpu"))
             moved = input_array.to(device) if isinstance(input_array, torch.Tensor) else \
                 tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in input_array)
-            self.experiment.add_graph(model, moved)
+            # tracing reads every attribute of the module: a module outside a fit must not raise for `trainer`
+            flagged = [m for m in model.modules() if getattr(m, "_jit_is_scripting", None) is False]
+            for m in flagged:
+                m._jit_is_scripting = True
+            try:
+                self.experiment.add_graph(model, moved)
+            finally:
+                for m in flagged:
+                    m._jit_is_scripting = False
 
     def save(self) -> None:
         self.experiment.flush()
