@@ -150,13 +150,14 @@ class Module(HyperparametersMixin, ModuleLogging, nn.Module):
 
     @_restricted_classmethod
     def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
-                             strict: bool | None = None, **kwargs: Any) -> "Module":
+                             strict: bool | None = None, weights_only: bool | None = None,
+                             **kwargs: Any) -> "Module":
         """A new ``cls`` built from the checkpoint's saved hyperparameters (``kwargs`` override them), weights loaded.
 
         >>> model = Net.load_from_checkpoint("epoch=9-step=100.ckpt", lr=1e-4)   # doctest: +SKIP
         """
         from gpulayer.trainer.core.saving import load_from_checkpoint
-        return load_from_checkpoint(cls, checkpoint_path, map_location, hparams_file, strict, **kwargs)
+        return load_from_checkpoint(cls, checkpoint_path, map_location, hparams_file, strict, weights_only, **kwargs)
 
     @property
     def strict_loading(self) -> bool:
