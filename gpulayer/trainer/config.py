@@ -390,7 +390,10 @@ def build_config(**kwargs: Any) -> TrainerConfig:
         cfg.fast_dev_run = n
         cfg.max_epochs, cfg.max_steps, cfg.max_epochs_given = 1, n, True
         cfg.limit_train_batches = cfg.limit_val_batches = cfg.limit_test_batches = cfg.limit_predict_batches = n
-        cfg.num_sanity_val_steps, cfg.loggers = 0, []
+        cfg.num_sanity_val_steps = 0
+        if cfg.loggers:  # as Lightning: a logger that logs nothing stands in for the ones given
+            from gpulayer.trainer.loggers import DummyLogger
+            cfg.loggers = [DummyLogger()]
         cfg.val_check_interval, cfg.check_val_every_n_epoch = 1.0, 1
         cfg.callbacks = [c for c in cfg.callbacks if not isinstance(c, ModelCheckpoint)]
     if cfg.overfit_batches > 0:  # the same first batches for training and validation, whatever the limits say

@@ -150,7 +150,9 @@ class TrainerProperties:
 
     @property
     def log_dir(self) -> str:
-        return self.logger.log_dir if self.logger is not None else self.default_root_dir
+        from gpulayer.trainer.loggers import DummyLogger
+        logger = self.logger
+        return logger.log_dir if logger is not None and not isinstance(logger, DummyLogger) else self.default_root_dir
 
     @property
     def callback_metrics(self) -> dict[str, Any]:

@@ -152,6 +152,14 @@ class DummyLogger(Logger):
     def version(self) -> str:
         return ""
 
+    @property
+    def root_dir(self) -> None:
+        return None  # it writes nowhere
+
+    @property
+    def log_dir(self) -> None:
+        return None
+
     def __getitem__(self, idx: int) -> DummyLogger:
         return self  # trainer.logger[0] where a list of loggers was expected
 
