@@ -410,9 +410,13 @@ class Module(HyperparametersMixin, ModuleLogging, nn.Module):
         return self.train()
 
     def print(self, *args: Any, **kwargs: Any) -> None:
-        """``print`` on global rank 0 only."""
+        """``print`` on global rank 0 only; through the progress bar while one draws, so its line stays intact."""
         if self.global_rank == 0:
-            print(*args, **kwargs)
+            bar = self._trainer.progress_bar_callback if self._trainer is not None else None
+            if bar is not None and getattr(bar, "is_enabled", False):
+                bar.print(*args, **kwargs)
+            else:
+                print(*args, **kwargs)
 
     def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
         if metric is None:

@@ -396,7 +396,7 @@ class TQDMProgressBar(ProgressBar):
 
     def on_validation_end(self, trainer, pl_module) -> None:
         train = self._bars["train"]
-        if train is not None and trainer.state.fn == "fit" and not train.disable:
+        if train is not None and trainer.state.fn == "fit":
             train.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)  # the values validation logged
         if not trainer.sanity_checking:
             self._eval_end("val")
