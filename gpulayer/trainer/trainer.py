@@ -21,6 +21,7 @@ import torch
 from gpulayer.trainer import checkpoint, data, evaluate, gcfreeze, optimizers, stage_aids, strategies
 from gpulayer.trainer import trainer_logging
 from gpulayer.trainer import loggers as loggers_mod
+from gpulayer.trainer.utilities import parsing
 from gpulayer.trainer.callbacks import Callback
 from gpulayer.trainer.config import TrainerConfig, build_config
 from gpulayer.trainer.datamodule import LightningDataModule
@@ -129,12 +130,13 @@ class Trainer(TrainerProperties):
 
     # -- fit ------------------------------------------------------------------------------------
     def fit(self, model: Module, train_dataloaders: Any = None, val_dataloaders: Any = None, datamodule: Any = None,
-            ckpt_path: str | None = None) -> None:
+            ckpt_path: str | None = None, weights_only: bool | None = None) -> None:
         """Train ``model``; loaders may also come from ``model.train_dataloader()`` or a ``datamodule``.
 
         ``ckpt_path`` resumes from a checkpoint (a path, ``"last"`` or ``"best"``),
         restoring weights, optimizers, schedulers, the loss scaler, loop position
-        and random states so the run continues as if never interrupted.
+        and random states so the run continues as if never interrupted. ``weights_only`` is taken for
+        Lightning's signature; a checkpoint the Trainer resumes from is read in full (it holds the loops' state).
         """
         self._begin(TrainerFn.FITTING, RunningStage.TRAINING)
         self.should_stop = False
@@ -167,12 +169,12 @@ class Trainer(TrainerProperties):
 
     # -- validate, test, predict ----------------------------------------------------------------
     def validate(self, model: Module | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
-                 verbose: bool = True, datamodule: Any = None) -> list[dict[str, float]]:
+                 verbose: bool = True, datamodule: Any = None, weights_only: bool | None = None) -> list[dict[str, float]]:
         """One validation pass; returns a dict of the logged epoch metrics per loader (Lightning's value)."""
         return self._evaluate("validate", model, dataloaders, datamodule, ckpt_path, verbose=verbose)
 
     def test(self, model: Module | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
-             verbose: bool = True, datamodule: Any = None) -> list[dict[str, float]]:
+             verbose: bool = True, datamodule: Any = None, weights_only: bool | None = None) -> list[dict[str, float]]:
         """One pass of ``test_step`` over the test loaders; returns the logged metrics per loader.
 
         >>> trainer.fit(model, train_loader); trainer.test(model, test_loader)   # doctest: +SKIP
@@ -181,7 +183,8 @@ class Trainer(TrainerProperties):
         return self._evaluate("test", model, dataloaders, datamodule, ckpt_path, verbose=verbose)
 
     def predict(self, model: Module | None = None, dataloaders: Any = None, datamodule: Any = None,
-                return_predictions: bool | None = None, ckpt_path: str | None = None) -> list | None:
+                return_predictions: bool | None = None, ckpt_path: str | None = None,
+                weights_only: bool | None = None) -> list | None:
         """``predict_step`` (default ``self(batch)``) over the predict loaders; one output per batch.
 
         With several loaders, a list per loader. On ``devices > 1`` each rank predicts
@@ -352,6 +355,9 @@ class Trainer(TrainerProperties):
     def _setup_stage(self, stage: str, module: Module, datamodule: Any) -> Hooks:
         """Lightning's start of every stage: configure_callbacks, prepare_data, setup, configure_model."""
         cfg = self.config
+        hparams = getattr(module, "_hparams", None)  # as Lightning's every run: what cannot be pickled goes
+        if hparams:
+            parsing.clean_namespace(hparams)
         extra = module.configure_callbacks() or []
         cfg.callbacks = cfg.callbacks + [c for c in (extra if isinstance(extra, (list, tuple)) else [extra])
                                          if isinstance(c, Callback) and c not in cfg.callbacks]
@@ -367,6 +373,8 @@ class Trainer(TrainerProperties):
                     datamodule.prepare_data()
         if self.local_rank == 0 and is_overridden("prepare_data", module, Module):
             module.prepare_data()
+        for logger in self.loggers:  # as Lightning: each logger's experiment exists before the first setup hook
+            getattr(logger, "experiment", None)
         self.strategy.barrier()
         if datamodule is not None and hasattr(datamodule, "setup"):
             with stage_aids.profile_hook(self, datamodule, "setup"):

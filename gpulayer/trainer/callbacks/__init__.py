@@ -8,17 +8,18 @@ needs; the Trainer never calls the others. Callbacks run on every rank; files
 are written by global rank 0 only.
 """
 
+from gpulayer.trainer.callbacks.batch_size_finder import BatchSizeFinder
 from gpulayer.trainer.callbacks.callback import Callback, Checkpoint
 from gpulayer.trainer.callbacks.device_stats_monitor import DeviceStatsMonitor
 from gpulayer.trainer.callbacks.early_stopping import EarlyStopping
 from gpulayer.trainer.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from gpulayer.trainer.callbacks.gradient_accumulation_scheduler import GradientAccumulationScheduler
 from gpulayer.trainer.callbacks.lambda_function import LambdaCallback
+from gpulayer.trainer.callbacks.lr_finder import LearningRateFinder
 from gpulayer.trainer.callbacks.lr_monitor import LearningRateMonitor
 from gpulayer.trainer.callbacks.model_checkpoint import ModelCheckpoint
 from gpulayer.trainer.callbacks.prediction_writer import BasePredictionWriter
-from gpulayer.trainer.callbacks.progress import ProgressBar, TQDMProgressBar
-from gpulayer.trainer.callbacks.rich_progress import RichProgressBar
+from gpulayer.trainer.callbacks.progress import ProgressBar, RichProgressBar, TQDMProgressBar
 from gpulayer.trainer.callbacks.model_summary import ModelSummary
 from gpulayer.trainer.callbacks.rich_model_summary import RichModelSummary
 from gpulayer.trainer.callbacks.spike import SpikeDetection
@@ -32,3 +33,4 @@ __all__ = ["BackboneFinetuning", "BaseFinetuning", "BasePredictionWriter", "Call
            "GradientAccumulationScheduler", "LambdaCallback", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary",
            "ProgressBar", "RichModelSummary", "RichProgressBar", "SpikeDetection", "ThroughputMonitor", "TQDMProgressBar", "Timer"]
 __all__ += ["EMAWeightAveraging", "ModelPruning", "StochasticWeightAveraging", "WeightAveraging"]
+__all__ += ["BatchSizeFinder", "LearningRateFinder"]
