@@ -21,7 +21,6 @@ import threading
 import time
 import uuid
 import weakref
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
