@@ -208,6 +208,9 @@ def test_a_chain_passes_a_ref_and_a_chord_gathers_refs(fleet):
     assert body.get(timeout=300) == [0.0, 500_000.0, 1_000_000.0]
     assert [float(t[0]) for t in group(submit.s(filled, 500_000, float(i)) for i in range(2)).apply_async().get(
         timeout=300)] == [0.0, 1.0]
+    big = torch.ones(500_000)  # 2 MB: an auto ref for each job that takes it
+    assert group(submit.s(described, big) for _ in range(2)).apply_async().get(timeout=300) == [(500_000, 1.0, 1.0)] * 2
+    assert submit.map(described, [big, big]).apply_async().get(timeout=300) == [(500_000, 1.0, 1.0)] * 2
 
 
 def test_a_retried_job_keeps_its_arguments_until_its_last_try(fleet, tmp_path):

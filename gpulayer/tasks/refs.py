@@ -172,7 +172,8 @@ def resolve(args, kwargs: dict, job_id: str) -> tuple[tuple, dict]:
     kept for ``job_ended``."""
     from .. import objects
 
-    seen = _held.setdefault(job_id, [])
+    _held.clear()  # one job at a time per process: what is left is a try sent again (its next try holds them)
+    seen = _held[job_id] = []
 
     def value(ref: ObjectRef):
         seen.append(ref)
