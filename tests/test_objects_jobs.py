@@ -223,6 +223,20 @@ def test_a_retried_job_keeps_its_arguments_until_its_last_try(fleet, tmp_path):
     wait_until(lambda: records.stats()[0] == count, 30, "the job's argument to be deleted after its last try")
 
 
+def test_a_cancelled_job_lets_go_of_its_arguments(fleet):
+    from gpulayer.cancel import held_by_workers
+
+    records = _records(fleet)
+    count, _ = records.stats()
+    running = submit.delay(digest, torch.ones(1_000_000), 120.0)  # a 4 MB argument (an auto ref), a long job
+    wait_until(lambda: held_by_workers([running.id]), 60, "the job to run")
+    assert records.stats()[0] == count + 1
+    running.cancel()
+    wait_until(lambda: records.stats()[0] == count, 30, "the cancelled job's argument to be deleted")
+    with pytest.raises(JobFailed):
+        running.get(timeout=60)
+
+
 def flaky_sum(path, t):
     n = int(open(path).read()) + 1 if os.path.exists(path) else 1
     open(path, "w").write(str(n))
