@@ -21,7 +21,6 @@ import threading
 import time
 import uuid
 import weakref
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -79,8 +78,8 @@ def store_url(client, settings=None) -> str:
     url = _stores.get(key)
     if url is None:
         if not _on_this_host(settings.broker_url or ""):
-            raise PayloadError("no object store is configured and the cluster spans hosts (its broker is not on "
-                               "this one), so a large value has nowhere to go; set GPULAYER_OBJECT_STORE to "
+            raise PayloadError("no object store is configured and the cluster's broker is on another host, so a "
+                               "large value has nowhere every host can read it; set GPULAYER_OBJECT_STORE to "
                                "s3://bucket/prefix or to a directory every host mounts at the same path")
         from ..store.cluster import cluster_id, machine_root
         from ..store.objects import ObjectRecords
@@ -112,8 +111,16 @@ def write(value: Any, holder: str, client, store: str | None = None, *, auto: bo
     ``result_expires``). Refused before a byte is written (``ObjectStoreFull``) when it would not fit."""
     settings = _settings()
     prepared = fmt.prepare(value, _secret())
-    return _write_prepared(value, prepared, holder, client, store or store_url(client, settings), auto,
+    return _write_prepared(value, prepared, holder, client, store or _store_for(client, settings, prepared), auto,
                            expires if expires is not None else time.time() + settings.result_expires, settings)
+
+
+def _store_for(client, settings, prepared: fmt.Prepared) -> str:
+    try:
+        return store_url(client, settings)
+    except PayloadError as err:
+        raise PayloadError(f"a {fmt.human(prepared.size)} value (over inline_limit_bytes, "
+                           f"{fmt.human(settings.inline_limit_bytes)}) cannot be stored: {err}") from None
 
 
 def _write_prepared(value, prepared: fmt.Prepared, holder, client, store, auto, expires, settings) -> ObjectRef:
@@ -183,7 +190,7 @@ def offload(value: Any, holder: str, client) -> Any:
     prepared = fmt.prepare(value, _secret())
     if prepared.size <= limit:
         return value
-    return _write_prepared(value, prepared, holder, client, store_url(client, settings), True,
+    return _write_prepared(value, prepared, holder, client, _store_for(client, settings, prepared), True,
                            time.time() + settings.result_expires, settings)
 
 
