@@ -253,7 +253,7 @@ def test_no_store_for_a_multi_host_cluster_refuses_a_large_argument_before_sendi
 
     monkeypatch.setattr(api, "_on_this_host", lambda url: False)  # the broker as another host's
     monkeypatch.setattr(api, "_stores", {})
-    with pytest.raises(PayloadError, match=r"^argument 1 \(Tensor\[2097152\]:float32 8.0 MiB\) .*"
+    with pytest.raises(PayloadError, match=r"^argument 1 \(Tensor\[2097152\]:float32\): a 8.0 MiB value .*"
                                            r"set GPULAYER_OBJECT_STORE") as e:
         submit.apply_async((described, torch.zeros(2 * MiB)), task_id="never-sent-1")
     assert "s3://" in str(e.value)
@@ -265,7 +265,8 @@ def test_a_full_store_refuses_an_argument_and_fails_a_result_naming_size_and_fix
     monkeypatch.setenv("GPULAYER_OBJECT_STORE_MAX_BYTES", "4MB")
     fleet.connect()
     try:
-        with pytest.raises(ObjectStoreFull, match=r"^argument 1 cannot be stored: a 7.6 MiB value does not fit .*"
+        with pytest.raises(ObjectStoreFull, match=r"^argument 1 \(Tensor\[2000000\]:float32\): a 7.6 MiB value does "
+                                                  r"not fit .*"
                                                   r"GPULAYER_OBJECT_STORE_MAX_BYTES"):
             submit.delay(described, torch.zeros(2_000_000))
     finally:
@@ -274,7 +275,8 @@ def test_a_full_store_refuses_an_argument_and_fails_a_result_naming_size_and_fix
     fleet.add_worker("o-small", slots=1, env=dict(os.environ, GPULAYER_OBJECT_STORE_MAX_BYTES="4MB"))
     try:
         h = submit.delay(filled, 2_000_000, 1.0, resources=Resources(worker_ids=["o-small"]))
-        with pytest.raises(JobFailed, match=r"the job's result cannot be stored: a 7.6 MiB value does not fit .*"
+        with pytest.raises(JobFailed, match=r"the job's result \(Tensor\[2000000\]:float32\): a 7.6 MiB value does "
+                                            r"not fit .*"
                                             r"GPULAYER_OBJECT_STORE_MAX_BYTES"):
             h.get(timeout=120)
     finally:

@@ -130,21 +130,17 @@ def _offloaded(value, holder: str, client, made: list, what: str) -> Any:
 
 
 def offload(value, holder: str, client, what: str) -> Any:
-    """``objects.offload``, its refusal naming ``what`` was refused (``argument 2``, ``the job's result``) and its
-    size: the store's own error says why and what to do, but not what was being sent."""
+    """``objects.offload``, its refusal naming ``what`` was refused (``argument 2``, ``the job's result``): the
+    store's own error gives the size, why and what to do, but not what was being sent."""
     from .. import objects
-    from ..errors import GpulayerError, ObjectStoreFull, PayloadError
+    from ..errors import GpulayerError, PayloadError
     from ..objects import format as fmt
 
     try:
         return objects.offload(value, holder, client)
-    except ObjectStoreFull as err:
-        raise ObjectStoreFull(f"{what} cannot be stored: {err}") from err  # (it names the size already)
-    except PayloadError as err:
-        size = fmt.measure(value)
-        shown = fmt.summary(value, size) if size is not None else type(value).__name__
-        raise PayloadError(f"{what} ({shown}) is over inline_limit_bytes, so it goes to the object store: "
-                           f"{err}") from err
+    except PayloadError as err:  # no store to go to, or no room in it: its message has the size and the fix
+        shown = fmt.summary(value, 0).removesuffix(" 0 B")  # what it is: Tensor[2000000]:float32
+        raise type(err)(f"{what} ({shown}): {err}") from err
     except (GpulayerError, redis.RedisError, OSError):
         raise
     except Exception:  # it does not pickle: left inline, for the message's serializer to say so as for any value
