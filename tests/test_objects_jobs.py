@@ -183,6 +183,21 @@ def test_forget_deletes_a_large_result_and_free_waits_for_the_jobs_that_hold_a_r
     wait_until(lambda: records.record(ref.oid) is None, 30, "the freed object to go once its job ended")
 
 
+def put_inside(n: int):
+    return gpulayer.put(torch.full((n,), 4.0))
+
+
+def test_a_job_that_returns_a_put_ref_gives_its_caller_the_ref_held_by_the_result(fleet):
+    records = _records(fleet)
+    h = submit.delay(put_inside, 1000)
+    ref = h.get(timeout=120)
+    assert type(ref) is ObjectRef and not ref.auto and float(ref.get()[999]) == 4.0
+    # the job's own hold went with its process's ref; the stored result's stays until forget()
+    wait_until(lambda: records.holders(ref.oid).keys() == {f"res:{h.id}"}, 30, "the result alone to hold the ref")
+    h.forget()
+    assert records.record(ref.oid) is None
+
+
 def test_submit_batch_with_refs_and_large_arguments(fleet):
     records = _records(fleet)
     count, _ = records.stats()
