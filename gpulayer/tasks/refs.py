@@ -86,7 +86,8 @@ def for_job(args: tuple, kwargs: dict, job_id: str, client) -> tuple[tuple, dict
     from .. import objects
 
     holder = objects.arg_holder(job_id)
-    held: list[ObjectRef] = [ref for value in (*args, *kwargs.values()) for ref in refs_in(value)]
+    held: list[ObjectRef] = list({ref.oid: ref for value in (*args, *kwargs.values()) for ref in refs_in(value)}
+                                 .values())
     if held:
         objects.hold(client, held, holder, _until())
     try:
@@ -189,12 +190,16 @@ def resolve(args, kwargs: dict, job_id: str) -> tuple[tuple, dict]:
     from .. import objects
 
     _held.clear()  # one job at a time per process: what is left is a try sent again (its next try holds them)
-    seen = _held[job_id] = []
+    seen: dict[str, Any] = {}  # oid -> its value: a ref passed twice is read once
+    _held[job_id] = held = []
 
     def value(ref: ObjectRef):
-        seen.append(ref)
+        if ref.oid in seen:
+            return seen[ref.oid]
+        held.append(ref)
         got = objects.read(ref)
-        return swap_refs(got, value) if ref.auto and not plain((got,)) else got
+        got = seen[ref.oid] = swap_refs(got, value) if ref.auto and not plain((got,)) else got
+        return got
 
     return tuple(swap_refs(a, value) for a in args), {k: swap_refs(v, value) for k, v in kwargs.items()}
 
