@@ -183,6 +183,21 @@ def test_forget_deletes_a_large_result_and_free_waits_for_the_jobs_that_hold_a_r
     wait_until(lambda: records.record(ref.oid) is None, 30, "the freed object to go once its job ended")
 
 
+def put_inside(n: int):
+    return gpulayer.put(torch.full((n,), 4.0))
+
+
+def test_a_job_that_returns_a_put_ref_gives_its_caller_the_ref_held_by_the_result(fleet):
+    records = _records(fleet)
+    h = submit.delay(put_inside, 1000)
+    ref = h.get(timeout=120)
+    assert type(ref) is ObjectRef and not ref.auto and float(ref.get()[999]) == 4.0
+    # the job's own hold went with its process's ref; the stored result's stays until forget()
+    wait_until(lambda: records.holders(ref.oid).keys() == {f"res:{h.id}"}, 30, "the result alone to hold the ref")
+    h.forget()
+    assert records.record(ref.oid) is None
+
+
 def test_submit_batch_with_refs_and_large_arguments(fleet):
     records = _records(fleet)
     count, _ = records.stats()
@@ -208,6 +223,9 @@ def test_a_chain_passes_a_ref_and_a_chord_gathers_refs(fleet):
     assert body.get(timeout=300) == [0.0, 500_000.0, 1_000_000.0]
     assert [float(t[0]) for t in group(submit.s(filled, 500_000, float(i)) for i in range(2)).apply_async().get(
         timeout=300)] == [0.0, 1.0]
+    big = torch.ones(500_000)  # 2 MB: an auto ref for each job that takes it
+    assert group(submit.s(described, big) for _ in range(2)).apply_async().get(timeout=300) == [(500_000, 1.0, 1.0)] * 2
+    assert submit.map(described, [big, big]).apply_async().get(timeout=300) == [(500_000, 1.0, 1.0)] * 2
 
 
 def test_a_retried_job_keeps_its_arguments_until_its_last_try(fleet, tmp_path):
@@ -218,6 +236,20 @@ def test_a_retried_job_keeps_its_arguments_until_its_last_try(fleet, tmp_path):
     assert h.get(timeout=120) == 1_000_000.0
     assert h.attempts == 3
     wait_until(lambda: records.stats()[0] == count, 30, "the job's argument to be deleted after its last try")
+
+
+def test_a_cancelled_job_lets_go_of_its_arguments(fleet):
+    from gpulayer.cancel import held_by_workers
+
+    records = _records(fleet)
+    count, _ = records.stats()
+    running = submit.delay(digest, torch.ones(1_000_000), 120.0)  # a 4 MB argument (an auto ref), a long job
+    wait_until(lambda: held_by_workers([running.id]), 60, "the job to run")
+    assert records.stats()[0] == count + 1
+    running.cancel()
+    wait_until(lambda: records.stats()[0] == count, 30, "the cancelled job's argument to be deleted")
+    with pytest.raises(JobFailed):
+        running.get(timeout=60)
 
 
 def flaky_sum(path, t):
@@ -236,7 +268,7 @@ def test_no_store_for_a_multi_host_cluster_refuses_a_large_argument_before_sendi
 
     monkeypatch.setattr(api, "_on_this_host", lambda url: False)  # the broker as another host's
     monkeypatch.setattr(api, "_stores", {})
-    with pytest.raises(PayloadError, match=r"^argument 1 \(Tensor\[2097152\]:float32 8.0 MiB\) .*"
+    with pytest.raises(PayloadError, match=r"^argument 1 \(Tensor\[2097152\]:float32\): a 8.0 MiB value .*"
                                            r"set GPULAYER_OBJECT_STORE") as e:
         submit.apply_async((described, torch.zeros(2 * MiB)), task_id="never-sent-1")
     assert "s3://" in str(e.value)
@@ -248,7 +280,8 @@ def test_a_full_store_refuses_an_argument_and_fails_a_result_naming_size_and_fix
     monkeypatch.setenv("GPULAYER_OBJECT_STORE_MAX_BYTES", "4MB")
     fleet.connect()
     try:
-        with pytest.raises(ObjectStoreFull, match=r"^argument 1 cannot be stored: a 7.6 MiB value does not fit .*"
+        with pytest.raises(ObjectStoreFull, match=r"^argument 1 \(Tensor\[2000000\]:float32\): a 7.6 MiB value does "
+                                                  r"not fit .*"
                                                   r"GPULAYER_OBJECT_STORE_MAX_BYTES"):
             submit.delay(described, torch.zeros(2_000_000))
     finally:
@@ -257,7 +290,8 @@ def test_a_full_store_refuses_an_argument_and_fails_a_result_naming_size_and_fix
     fleet.add_worker("o-small", slots=1, env=dict(os.environ, GPULAYER_OBJECT_STORE_MAX_BYTES="4MB"))
     try:
         h = submit.delay(filled, 2_000_000, 1.0, resources=Resources(worker_ids=["o-small"]))
-        with pytest.raises(JobFailed, match=r"the job's result cannot be stored: a 7.6 MiB value does not fit .*"
+        with pytest.raises(JobFailed, match=r"the job's result \(Tensor\[2000000\]:float32\): a 7.6 MiB value does "
+                                            r"not fit .*"
                                             r"GPULAYER_OBJECT_STORE_MAX_BYTES"):
             h.get(timeout=120)
     finally:

@@ -16,12 +16,14 @@ neither large nor a ref.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Iterable
 
 import redis
 
 from ..objects.ref import ObjectRef, refs_in
 from ..payload import PickledFunction
+from ..store import keys
 
 REFS_DEPTH = 4  # how deep inside containers refs are found (``refs_in``'s default) and replaced
 
@@ -72,8 +74,6 @@ def swap_refs(value: Any, swap, depth: int = REFS_DEPTH) -> Any:
 
 def _until() -> float:
     """When a holder taken now expires unless dropped first: as a result stored now would (``result_expires``)."""
-    import time
-
     from .. import app
 
     return time.time() + app.settings().result_expires
@@ -86,7 +86,8 @@ def for_job(args: tuple, kwargs: dict, job_id: str, client) -> tuple[tuple, dict
     from .. import objects
 
     holder = objects.arg_holder(job_id)
-    held: list[ObjectRef] = [ref for value in (*args, *kwargs.values()) for ref in refs_in(value)]
+    held: list[ObjectRef] = list({ref.oid: ref for value in (*args, *kwargs.values()) for ref in refs_in(value)}
+                                 .values())
     if held:
         objects.hold(client, held, holder, _until())
     try:
@@ -97,7 +98,27 @@ def for_job(args: tuple, kwargs: dict, job_id: str, client) -> tuple[tuple, dict
         if held:
             objects.release(client, held, holder)
         raise
+    if held:  # what a cancel of the job lets go of (``cancelled``)
+        index, pipe = keys.job_objects(job_id), client.pipeline(transaction=False)
+        pipe.sadd(index, *{ref.oid for ref in held})
+        pipe.expire(index, int(_until() - time.time()) + 60)
+        pipe.execute()
     return args, kwargs
+
+
+def cancelled(client, job_ids) -> int:
+    """Jobs cancelled (dropped from their queue, or killed): each lets go of the objects its arguments held, as it
+    would have at its final state. Returns how many objects were deleted."""
+    from .. import objects
+
+    pipe = client.pipeline(transaction=False)
+    for job_id in job_ids:
+        pipe.smembers(keys.job_objects(job_id))
+    deleted = 0
+    for job_id, oids in zip(job_ids, pipe.execute()):
+        if oids:
+            deleted += objects.release(client, [oid.decode() for oid in oids], objects.arg_holder(job_id))
+    return deleted
 
 
 def _offloaded(value, holder: str, client, made: list, what: str) -> Any:
@@ -110,21 +131,17 @@ def _offloaded(value, holder: str, client, made: list, what: str) -> Any:
 
 
 def offload(value, holder: str, client, what: str) -> Any:
-    """``objects.offload``, its refusal naming ``what`` was refused (``argument 2``, ``the job's result``) and its
-    size: the store's own error says why and what to do, but not what was being sent."""
+    """``objects.offload``, its refusal naming ``what`` was refused (``argument 2``, ``the job's result``): the
+    store's own error gives the size, why and what to do, but not what was being sent."""
     from .. import objects
-    from ..errors import GpulayerError, ObjectStoreFull, PayloadError
+    from ..errors import GpulayerError, PayloadError
     from ..objects import format as fmt
 
     try:
         return objects.offload(value, holder, client)
-    except ObjectStoreFull as err:
-        raise ObjectStoreFull(f"{what} cannot be stored: {err}") from err  # (it names the size already)
-    except PayloadError as err:
-        size = fmt.measure(value)
-        shown = fmt.summary(value, size) if size is not None else type(value).__name__
-        raise PayloadError(f"{what} ({shown}) is over inline_limit_bytes, so it goes to the object store: "
-                           f"{err}") from err
+    except PayloadError as err:  # no store to go to, or no room in it: its message has the size and the fix
+        shown = fmt.summary(value, 0).removesuffix(" 0 B")  # what it is: Tensor[2000000]:float32
+        raise type(err)(f"{what} ({shown}): {err}") from err
     except (GpulayerError, redis.RedisError, OSError):
         raise
     except Exception:  # it does not pickle: left inline, for the message's serializer to say so as for any value
@@ -172,12 +189,17 @@ def resolve(args, kwargs: dict, job_id: str) -> tuple[tuple, dict]:
     kept for ``job_ended``."""
     from .. import objects
 
-    seen = _held.setdefault(job_id, [])
+    _held.clear()  # one job at a time per process: what is left is a try sent again (its next try holds them)
+    seen: dict[str, Any] = {}  # oid -> its value: a ref passed twice is read once
+    _held[job_id] = held = []
 
     def value(ref: ObjectRef):
-        seen.append(ref)
+        if ref.oid in seen:
+            return seen[ref.oid]
+        held.append(ref)
         got = objects.read(ref)
-        return swap_refs(got, value) if ref.auto and not plain((got,)) else got
+        got = seen[ref.oid] = swap_refs(got, value) if ref.auto and not plain((got,)) else got
+        return got
 
     return tuple(swap_refs(a, value) for a in args), {k: swap_refs(v, value) for k, v in kwargs.items()}
 
@@ -200,8 +222,6 @@ def for_result(value, job_id: str, client, expires) -> Any:
     ``client`` and ``expires``: callables, called only for a result that is not ``plain``."""
     if type(value) in _FLAT or plain((value,)):
         return value
-    import time
-
     from .. import objects
 
     holder = objects.res_holder(job_id)
