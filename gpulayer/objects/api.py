@@ -21,13 +21,13 @@ import threading
 import time
 import uuid
 import weakref
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import ObjectMissing, ObjectStoreFull, PayloadError
 from . import format as fmt
 from . import lifetimes
+from . import ref as ref_module
 from .backends import Backend, backend_for, normal_url
 from .ref import ObjectRef
 
@@ -78,8 +78,8 @@ def store_url(client, settings=None) -> str:
     url = _stores.get(key)
     if url is None:
         if not _on_this_host(settings.broker_url or ""):
-            raise PayloadError("no object store is configured and the cluster spans hosts (its broker is not on "
-                               "this one), so a large value has nowhere to go; set GPULAYER_OBJECT_STORE to "
+            raise PayloadError("no object store is configured and the cluster's broker is on another host, so a "
+                               "large value has nowhere every host can read it; set GPULAYER_OBJECT_STORE to "
                                "s3://bucket/prefix or to a directory every host mounts at the same path")
         from ..store.cluster import cluster_id, machine_root
         from ..store.objects import ObjectRecords
@@ -111,8 +111,16 @@ def write(value: Any, holder: str, client, store: str | None = None, *, auto: bo
     ``result_expires``). Refused before a byte is written (``ObjectStoreFull``) when it would not fit."""
     settings = _settings()
     prepared = fmt.prepare(value, _secret())
-    return _write_prepared(value, prepared, holder, client, store or store_url(client, settings), auto,
+    return _write_prepared(value, prepared, holder, client, store or _store_for(client, settings, prepared), auto,
                            expires if expires is not None else time.time() + settings.result_expires, settings)
+
+
+def _store_for(client, settings, prepared: fmt.Prepared) -> str:
+    try:
+        return store_url(client, settings)
+    except PayloadError as err:
+        raise PayloadError(f"a {fmt.human(prepared.size)} value (over inline_limit_bytes, "
+                           f"{fmt.human(settings.inline_limit_bytes)}) cannot be stored: {err}") from None
 
 
 def _write_prepared(value, prepared: fmt.Prepared, holder, client, store, auto, expires, settings) -> ObjectRef:
@@ -156,9 +164,18 @@ def read(ref: ObjectRef) -> Any:
     try:
         return fmt.load(backend.local_path(ref.oid), _secret())
     except FileNotFoundError:
+        root = getattr(backend, "root", None)
+        if root is not None and not root.exists():
+            raise ObjectMissing(f"object {ref.oid[:8]}... ({ref.summary or fmt.human(ref.size)}) lives in "
+                                f"{ref.store}, a directory this host does not have: the cluster spans hosts, so "
+                                "set GPULAYER_OBJECT_STORE on every host to s3://bucket/prefix or to a directory "
+                                "every host mounts at the same path") from None
         raise ObjectMissing(f"object {ref.oid[:8]}... ({ref.summary or fmt.human(ref.size)}) is gone from the "
                             f"object store {ref.store}: it was freed (gpulayer.free, h.forget()) or its holders "
                             "expired (result_expires); put the value again and pass the new ref") from None
+
+
+ref_module.reader = read
 
 
 def offload(value: Any, holder: str, client) -> Any:
@@ -173,7 +190,7 @@ def offload(value: Any, holder: str, client) -> Any:
     prepared = fmt.prepare(value, _secret())
     if prepared.size <= limit:
         return value
-    return _write_prepared(value, prepared, holder, client, store_url(client, settings), True,
+    return _write_prepared(value, prepared, holder, client, _store_for(client, settings, prepared), True,
                            time.time() + settings.result_expires, settings)
 
 
@@ -259,14 +276,41 @@ def _start_dropper() -> None:
                 _dropper.start()
 
 
+RENEW_EVERY = 3600.0  # a process that keeps a put's ref renews its hold this often (it expires after result_expires)
+
+
 def _drop_forever() -> None:
+    renewed = time.monotonic()
     while True:
-        _drop_queued(block=True)
+        _drop_queued(block=True, timeout=RENEW_EVERY / 4)
+        if time.monotonic() - renewed > RENEW_EVERY:
+            _renew()
+            renewed = time.monotonic()
 
 
-def _drop_queued(block: bool) -> None:
+def _renew() -> None:
+    """Hold every ref this process still owns for another ``result_expires``: a notebook's ref outlives a day."""
+    by_client: dict[int, tuple[Any, str, list[str]]] = {}
+    for fin in list(_owned.values()):
+        found = fin.peek()
+        if found is not None:
+            client, oid, holder, _ = found[2]
+            by_client.setdefault(id(client), (client, holder, []))[2].append(oid)
     try:
-        batch = [_drops.get(block=block)]
+        expires = time.time() + _settings().result_expires
+    except Exception:
+        return
+    for client, holder, oids in by_client.values():
+        for oid in oids:  # one by one: an object freed meanwhile does not stop the others' renewal
+            try:
+                lifetimes.hold(client, [oid], holder, expires)
+            except Exception:
+                pass
+
+
+def _drop_queued(block: bool, timeout: float | None = None) -> None:
+    try:
+        batch = [_drops.get(block=block, timeout=timeout)]
     except queue.Empty:
         return
     while True:

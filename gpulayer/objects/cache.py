@@ -118,3 +118,17 @@ def host_cache(client, limit_bytes: int | None = None) -> HostCache:
     if cache is None:
         cache = _caches[cid] = HostCache(machine_root(cid) / CACHE_DIR, limit_bytes)
     return cache
+
+
+def cache_for_store(url: str, limit_bytes: int | None = None) -> HostCache:
+    """This host's cache for the remote store ``url``, for a backend that knows only its URL: under the temp root,
+    ``gpulayer-objects-<digest of the URL>/`` (the store names the objects' owner: oids are unique in it)."""
+    import hashlib
+    import tempfile
+
+    key = "url:" + url
+    cache = _caches.get(key)
+    if cache is None:
+        digest = hashlib.blake2b(url.encode(), digest_size=8).hexdigest()
+        cache = _caches[key] = HostCache(Path(tempfile.gettempdir()) / f"gpulayer-objects-{digest}", limit_bytes)
+    return cache

@@ -26,7 +26,6 @@ import pickle
 import struct
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 from .. import payload

@@ -28,6 +28,8 @@ from .ref import ObjectRef
 PUT, ARG, RES = "put:", "arg:", "res:"
 ORPHAN_AGE = 3600.0  # a file this old with no record is a writer's that died before recording it
 STALE_DELETING = 300.0  # a record marked deleting this long ago: its deleter died; a sweep finishes the job
+ORPHANS_EVERY = 600.0  # a process lists a store's files for orphans at most this often (a sweep runs every 30 s)
+_orphans_swept: dict[str, float] = {}  # store URL -> when this process last listed it (monotonic)
 
 _token: str | None = None
 
@@ -104,10 +106,11 @@ class Swept:
     stores: set = field(default_factory=set)
 
 
-def sweep(client, now: float | None = None, stores: Iterable[str] = (), orphan_age: float = ORPHAN_AGE) -> Swept:
+def sweep(client, now: float | None = None, stores: Iterable[str] = (), orphan_age: float = ORPHAN_AGE,
+          orphans_every: float = ORPHANS_EVERY) -> Swept:
     """Prune expired holders of every object and delete what is left with none; finish deletions whose deleter
     died; remove files older than ``orphan_age`` that no record names, in ``stores`` and every store a record
-    names. Safe to run anywhere, any number at once."""
+    names (each listed at most every ``orphans_every`` seconds). Safe to run anywhere, any number at once."""
     now = time.time() if now is None else now
     records = ObjectRecords(client)
     out = Swept(stores={normal_url(s) for s in stores})
@@ -122,7 +125,10 @@ def sweep(client, now: float | None = None, stores: Iterable[str] = (), orphan_a
         out.deleted += delete(records, records.release(((oid, "") for oid in live), now))
         out.deleted += delete(records, stale)
     for store in sorted(out.stores):
-        out.orphans += _sweep_orphans(records, store, orphan_age)
+        last = _orphans_swept.get(store)
+        if last is None or time.monotonic() - last >= orphans_every:
+            _orphans_swept[store] = time.monotonic()
+            out.orphans += _sweep_orphans(records, store, orphan_age)
     return out
 
 

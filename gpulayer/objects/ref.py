@@ -4,9 +4,13 @@ message that carries it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from .format import human
+
+# How a ref reads its value: api.read, set when the package loads (a ref is unpickled through the package,
+# gpulayer/objects/__init__.py, so it is always set before a ref exists). Handed in: api.py imports this module.
+reader: Callable[["ObjectRef"], Any] | None = None
 
 
 @dataclass(frozen=True, eq=True)
@@ -31,9 +35,7 @@ class ObjectRef:
 
     def get(self) -> Any:
         """The value (``gpulayer.get(ref)``)."""
-        from .api import read
-
-        return read(self)
+        return reader(self)
 
     def __repr__(self) -> str:
         return f"ObjectRef({self.oid[:8]}..., {human(self.size)})"

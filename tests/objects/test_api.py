@@ -145,12 +145,56 @@ def test_the_embedded_cluster_uses_one_directory_for_every_process(fresh_fleet, 
         client.close()
 
 
-def test_no_store_on_a_cluster_beyond_this_host_is_refused_with_the_fix():
+def test_no_store_on_a_cluster_beyond_this_host_is_refused_with_the_size_and_the_fix(client, monkeypatch):
     from gpulayer.config import Settings
 
     s = Settings(broker_url="redis://redis.internal:6379/0", secret="x")
     with pytest.raises(PayloadError, match="GPULAYER_OBJECT_STORE to s3://bucket/prefix"):
         api.store_url(object(), s)
+    monkeypatch.setattr(api, "_settings", lambda: s)
+    with pytest.raises(PayloadError, match=r"a 3\.8 MiB value \(over inline_limit_bytes, 1\.0 MiB\) cannot be "
+                                           r"stored: no object store is configured and the cluster's broker is on "
+                                           r"another host.*GPULAYER_OBJECT_STORE"):
+        objects.offload(torch.ones(1_000_000), "arg:j", client)
     assert api._on_this_host("redis://:pw@127.0.0.1:6379/0") and api._on_this_host("redis://localhost:1/0")
     assert api._on_this_host("sentinel://127.0.0.1:26379,[::1]:26380/m")
     assert not api._on_this_host("sentinel://127.0.0.1:26379,10.0.0.2:26379/m")
+
+
+def test_a_process_that_keeps_its_ref_renews_its_hold(client):
+    ref = gpulayer.put(torch.ones(50_000))
+    holder = lifetimes.put_holder()
+    client.zadd(keys.obj_holders(ref.oid), {holder: time.time() + 5})  # as if put long ago
+    api._renew()
+    assert ObjectRecords(client).holders(ref.oid)[holder] > time.time() + 3600
+    gpulayer.free(ref)
+
+
+def test_a_ref_to_a_directory_this_host_lacks_says_the_store_must_be_shared(client, tmp_path):
+    ref = objects.ObjectRef("d" * 32, 1000, (tmp_path / "elsewhere").as_uri(), True, "Tensor[10]:float32 1000 B")
+    with pytest.raises(ObjectMissing, match="a directory this host does not have.*GPULAYER_OBJECT_STORE"):
+        ref.get()
+
+
+def _child_reads_and_drops(ref, out) -> None:
+    value = ref.get()  # a pool process reads by the ref's store URL, with the secret it inherited
+    out.put((tuple(value.shape), value[-1].item()))  # (no parallel torch op: a forked child may hang in one)
+    del ref, value
+    gc.collect()  # its copy of the parent's owning ref is collected here: that owns nothing in this process
+    api._at_exit()  # nor does its exit
+
+
+def test_a_forked_process_reads_the_object_and_owns_none_of_its_parents_holds(client):
+    import multiprocessing
+
+    ref = gpulayer.put(torch.ones(100_000))
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    child = ctx.Process(target=_child_reads_and_drops, args=(ref, out))
+    child.start()
+    assert out.get(timeout=60) == ((100_000,), 1.0)
+    child.join(60)
+    assert child.exitcode == 0
+    time.sleep(0.2)
+    assert set(ObjectRecords(client).holders(ref.oid)) == {lifetimes.put_holder()}
+    assert gpulayer.free(ref) == 1
