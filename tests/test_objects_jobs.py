@@ -208,6 +208,9 @@ def test_a_chain_passes_a_ref_and_a_chord_gathers_refs(fleet):
     assert body.get(timeout=300) == [0.0, 500_000.0, 1_000_000.0]
     assert [float(t[0]) for t in group(submit.s(filled, 500_000, float(i)) for i in range(2)).apply_async().get(
         timeout=300)] == [0.0, 1.0]
+    big = torch.ones(500_000)  # 2 MB: an auto ref for each job that takes it
+    assert group(submit.s(described, big) for _ in range(2)).apply_async().get(timeout=300) == [(500_000, 1.0, 1.0)] * 2
+    assert submit.map(described, [big, big]).apply_async().get(timeout=300) == [(500_000, 1.0, 1.0)] * 2
 
 
 def test_a_retried_job_keeps_its_arguments_until_its_last_try(fleet, tmp_path):
@@ -218,6 +221,20 @@ def test_a_retried_job_keeps_its_arguments_until_its_last_try(fleet, tmp_path):
     assert h.get(timeout=120) == 1_000_000.0
     assert h.attempts == 3
     wait_until(lambda: records.stats()[0] == count, 30, "the job's argument to be deleted after its last try")
+
+
+def test_a_cancelled_job_lets_go_of_its_arguments(fleet):
+    from gpulayer.cancel import held_by_workers
+
+    records = _records(fleet)
+    count, _ = records.stats()
+    running = submit.delay(digest, torch.ones(1_000_000), 120.0)  # a 4 MB argument (an auto ref), a long job
+    wait_until(lambda: held_by_workers([running.id]), 60, "the job to run")
+    assert records.stats()[0] == count + 1
+    running.cancel()
+    wait_until(lambda: records.stats()[0] == count, 30, "the cancelled job's argument to be deleted")
+    with pytest.raises(JobFailed):
+        running.get(timeout=60)
 
 
 def flaky_sum(path, t):

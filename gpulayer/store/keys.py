@@ -140,6 +140,8 @@ def agent_orders(worker_id: str) -> str:
 #                                     janitor burying the old one never touches what the new one holds
 #   gl:job:<id>:lost           string how many deliveries of the job died with their process or worker
 #   gl:job:<id>:history        list   JSON events: {"event": "lost"|"redelivered", "worker", "at"}
+#   gl:job:<id>:objects        set    oids the job's arguments hold (holder arg:<id>, tasks/refs.py), for a cancel
+#                                     to let go of; only for a job that takes refs, expiring with its result
 #   gl:janitor                 string lock: one janitor at a time hands back dead workers' messages
 JANITOR_LOCK = f"{NAMESPACE}:janitor"
 #   gl:objs:sweeping           string lock, expiring after a sweep period: one worker at a time sweeps the object
@@ -170,6 +172,10 @@ def bell(queue_key: str) -> str:
 
 def job_lost(job_id: str) -> str:
     return f"{NAMESPACE}:job:{job_id}:lost"
+
+
+def job_objects(job_id: str) -> str:
+    return f"{NAMESPACE}:job:{job_id}:objects"
 
 
 def job_history(job_id: str) -> str:

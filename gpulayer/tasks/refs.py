@@ -16,12 +16,14 @@ neither large nor a ref.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Iterable
 
 import redis
 
 from ..objects.ref import ObjectRef, refs_in
 from ..payload import PickledFunction
+from ..store import keys
 
 REFS_DEPTH = 4  # how deep inside containers refs are found (``refs_in``'s default) and replaced
 
@@ -72,8 +74,6 @@ def swap_refs(value: Any, swap, depth: int = REFS_DEPTH) -> Any:
 
 def _until() -> float:
     """When a holder taken now expires unless dropped first: as a result stored now would (``result_expires``)."""
-    import time
-
     from .. import app
 
     return time.time() + app.settings().result_expires
@@ -97,7 +97,27 @@ def for_job(args: tuple, kwargs: dict, job_id: str, client) -> tuple[tuple, dict
         if held:
             objects.release(client, held, holder)
         raise
+    if held:  # what a cancel of the job lets go of (``cancelled``)
+        index, pipe = keys.job_objects(job_id), client.pipeline(transaction=False)
+        pipe.sadd(index, *{ref.oid for ref in held})
+        pipe.expire(index, int(_until() - time.time()) + 60)
+        pipe.execute()
     return args, kwargs
+
+
+def cancelled(client, job_ids) -> int:
+    """Jobs cancelled (dropped from their queue, or killed): each lets go of the objects its arguments held, as it
+    would have at its final state. Returns how many objects were deleted."""
+    from .. import objects
+
+    pipe = client.pipeline(transaction=False)
+    for job_id in job_ids:
+        pipe.smembers(keys.job_objects(job_id))
+    deleted = 0
+    for job_id, oids in zip(job_ids, pipe.execute()):
+        if oids:
+            deleted += objects.release(client, [oid.decode() for oid in oids], objects.arg_holder(job_id))
+    return deleted
 
 
 def _offloaded(value, holder: str, client, made: list, what: str) -> Any:
@@ -172,7 +192,8 @@ def resolve(args, kwargs: dict, job_id: str) -> tuple[tuple, dict]:
     kept for ``job_ended``."""
     from .. import objects
 
-    seen = _held.setdefault(job_id, [])
+    _held.clear()  # one job at a time per process: what is left is a try sent again (its next try holds them)
+    seen = _held[job_id] = []
 
     def value(ref: ObjectRef):
         seen.append(ref)
@@ -200,8 +221,6 @@ def for_result(value, job_id: str, client, expires) -> Any:
     ``client`` and ``expires``: callables, called only for a result that is not ``plain``."""
     if type(value) in _FLAT or plain((value,)):
         return value
-    import time
-
     from .. import objects
 
     holder = objects.res_holder(job_id)
