@@ -197,6 +197,7 @@ else
         "$PY" $B/throughput.py --jobs 20 --rounds 1 --warmup-jobs 5 --shapes 1x1
     skip "throughput (Ray side)" "no Ray in $PY: it lives in .venv-bench (make bench-ray); the gpulayer and plain Celery sides ran"
 fi
+bench objects 400 -- "$PY" $B/objects.py --size 16MB --jobs 2 --shards 4 --shard-size 4MB --rounds 1
 bench startup 400 -- "$PY" $B/startup.py --runs 1
 bench gang_placement 300 -- "$PY" $B/gang_placement.py --runs 1
 bench failstop 300 -- "$PY" $B/failstop.py --runs 1

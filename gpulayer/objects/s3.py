@@ -35,6 +35,7 @@ from typing import Iterator
 from urllib.parse import urlsplit
 
 from ..errors import ConfigError, GpulayerError
+from . import s3_helper
 
 PART = 16 * 2**20  # bytes per uploaded part and per ranged GET (S3's minimum part is 5 MiB)
 CONCURRENCY = 8  # parts in flight, either way
@@ -81,8 +82,23 @@ class S3:
     def __init__(self, url: str):
         self.url = url.rstrip("/")
         self.bucket, self.prefix = parse_url(self.url)
-        self._ob, S3Store = _obstore()
         self._endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
+        self._pid: int | None = None  # the process this instance's client was made in (None: not yet)
+        self._setup()
+        if self._via is not None:
+            self._via.call("check", self.url)
+        else:
+            self._check()
+
+    def _setup(self) -> None:
+        """This process's client: obstore's, or the helper where this process forks children (``s3_helper``). An
+        instance inherited through a fork makes its own on first use."""
+        self._pid = os.getpid()
+        self._via = s3_helper.helper() if s3_helper.delegated() else None
+        if self._via is not None:
+            return
+        self._ob, S3Store = _obstore()
+        s3_helper.starting_obstore()
         options = {"connect_timeout": CONNECT_TIMEOUT}
         if self._endpoint.startswith("http://"):
             options["allow_http"] = True  # said by the endpoint itself: a MinIO on a private network, a test server
@@ -97,7 +113,15 @@ class S3:
         # obstore raises its own classes, and Python's for some (FileNotFoundError for a missing key)
         self._errors = (self._ob.exceptions.BaseError, FileNotFoundError, PermissionError, ConnectionError,
                         TimeoutError)
-        self._check()
+
+    def _here(self, op: str | None = None):
+        """The helper for ``op`` in a forking process (None: do it here); refuses a transfer there."""
+        if self._pid != os.getpid():
+            self._setup()
+        if self._via is not None and op is None:
+            raise RuntimeError(f"a worker's main process moves no object bytes ({self.url}): transfers run in its "
+                               "pool processes, so heartbeats never wait behind one")
+        return self._via
 
     def __repr__(self) -> str:
         return f"S3({self.url!r})"
@@ -107,6 +131,7 @@ class S3:
     def writer(self, oid: str) -> Iterator["_Upload"]:
         """A binary file to write the object ``oid`` into; the object exists once the block ends without an error
         (one multipart upload, committed at the end), and not at all if it raises."""
+        self._here()
         raw = self._do(f"upload {oid}", self._ob.open_writer, self._store, oid, buffer_size=PART,
                        max_concurrency=CONCURRENCY)
         upload = _Upload(raw, self._errors, lambda err: self._explain(err, f"upload {oid}"))
@@ -120,6 +145,7 @@ class S3:
 
     def put_file(self, oid: str, path: Path) -> None:
         """Store the file at ``path`` as ``oid``: read and uploaded in parts, never whole in memory."""
+        self._here()
         self._do(f"upload {oid} from {path}", self._ob.put, self._store, oid, Path(path), chunk_size=PART,
                  max_concurrency=CONCURRENCY)
 
@@ -132,6 +158,7 @@ class S3:
         from .api import cluster_client  # the host cache and the records are the cluster's
         from .cache import host_cache
 
+        self._here()
         client = cluster_client()
         cache = host_cache(client)
         if (cache.root / oid).exists():  # cached: no request at all (path() only marks it used)
@@ -145,11 +172,14 @@ class S3:
         return cache.path(oid, size, fetch)
 
     def size(self, oid: str) -> int:
+        if via := self._here("size"):
+            return via.call("size", self.url, oid)
         return self._do(f"read {oid}", self._ob.head, self._store, oid)["size"]
 
     def download(self, oid: str, dest: str | os.PathLike, size: int | None = None) -> int:
         """Write object ``oid`` (of ``size`` bytes, None: ask) into the file ``dest`` (made or truncated):
         ``CONCURRENCY`` ranged GETs of ``PART`` bytes at once, each written at its offset; returns its size."""
+        self._here()
         size = self.size(oid) if size is None else size
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
@@ -178,12 +208,15 @@ class S3:
         """Remove ``oid``, and this host's cached copy of it; one that is already gone is not an error (deletes
         are retried by the sweep). Other hosts' copies go as their caches make room: an object never changes, so
         a copy is never wrong, and no holder can take a deleted object again."""
-        try:
-            self._ob.delete(self._store, oid)
-        except FileNotFoundError:
-            pass
-        except self._errors as err:
-            raise self._explain(err, f"delete {oid}") from err
+        if via := self._here("delete"):
+            via.call("delete", self.url, oid)
+        else:
+            try:
+                self._ob.delete(self._store, oid)
+            except FileNotFoundError:
+                pass
+            except self._errors as err:
+                raise self._explain(err, f"delete {oid}") from err
         from .. import app
 
         if app.is_configured() and _OID.fullmatch(oid):  # (a process with no cluster has no cache either)
@@ -195,6 +228,9 @@ class S3:
     def list_old(self, older_than_s: float) -> Iterator[tuple[str, float]]:
         """``(oid, mtime)`` of every object under the prefix last written more than ``older_than_s`` ago (keys
         not shaped like an oid, and anything below a further ``/``, are someone else's and left out)."""
+        if via := self._here("list_old"):
+            yield from (tuple(x) for x in via.call("list_old", self.url, older_than_s))
+            return
         cutoff = time.time() - older_than_s
         pages = iter(self._do("list the objects", self._ob.list, self._store, chunk_size=1000))
         while (page := self._do("list the objects", next, pages, None)) is not None:
@@ -208,6 +244,8 @@ class S3:
         return None
 
     def exists(self, oid: str) -> bool:
+        if via := self._here("exists"):
+            return via.call("exists", self.url, oid)
         try:
             self._ob.head(self._store, oid)
         except FileNotFoundError:
@@ -219,6 +257,7 @@ class S3:
     # -- helpers --------------------------------------------------------------------------------
     def _check(self) -> None:
         """One request that every later one needs to succeed: list at most one key under the prefix."""
+        self._here("check")
         self._do("list the objects", lambda: next(iter(self._ob.list(self._store, chunk_size=1)), None))
 
     def _do(self, doing: str, fn, *args, **kwargs):

@@ -147,3 +147,61 @@ def test_without_obstore_the_error_names_the_extra(monkeypatch):
 def test_a_malformed_url_says_what_one_looks_like(url):
     with pytest.raises(ConfigError, match="give s3://bucket or s3://bucket/prefix"):
         s3mod.parse_url(url)
+
+
+# -- fork: obstore's runtime does not survive one (objects/s3_helper.py) ------------------------------------------
+
+FORKING = textwrap.dedent("""
+    import os, sys
+    from gpulayer.objects import s3_helper
+    from gpulayer.objects.s3 import S3
+    s3_helper.forking_process()  # as a worker's main process does
+    url, oid = sys.argv[1], sys.argv[2]
+    parent = S3(url)
+    assert not parent.exists(oid) and list(parent.list_old(-60)) == []
+    assert "obstore" not in sys.modules  # never started here: the helper made the requests
+    pid = os.fork()
+    if pid == 0:  # a pool process: its own obstore, through the instance it inherited
+        with parent.writer(oid) as f:
+            f.write(b"from the child")
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert status == 0, status
+    assert parent.exists(oid) and [name for name, _ in parent.list_old(-60)] == [oid]
+    parent.delete(oid)
+    assert not parent.exists(oid)
+    try:
+        with parent.writer(oid) as f:
+            pass
+    except RuntimeError as err:
+        print("refused:", err)
+""")
+
+FORKED_AFTER_USE = textwrap.dedent("""
+    import os, sys
+    from gpulayer.objects.s3 import S3
+    S3(sys.argv[1])  # obstore's runtime starts here
+    pid = os.fork()
+    if pid == 0:
+        try:
+            S3(sys.argv[1])
+        except Exception as err:
+            print(type(err).__name__, err, flush=True)
+        os._exit(0)
+    os.waitpid(pid, 0)
+""")
+
+
+def test_a_forking_process_sends_its_requests_to_the_helper_and_its_children_use_s3(s3_env):
+    out = subprocess.run([sys.executable, "-c", FORKING, s3_url(), OID], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "refused: a worker's main process moves no object bytes" in out.stdout
+
+
+def test_a_child_forked_after_its_parent_used_s3_is_told_why_instead_of_hanging(s3_env):
+    out = subprocess.run([sys.executable, "-c", FORKED_AFTER_USE, s3_url()], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("ObjectStoreUnavailable this process")
+    assert "'spawn' or 'forkserver'" in out.stdout
