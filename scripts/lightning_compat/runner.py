@@ -167,6 +167,24 @@ def run_files(tests: Path, rels: list[str], *, python: str, pythonpath: list[str
             with _RUNNING_LOCK:
                 _RUNNING.discard(proc)
     wall_s = round(time.monotonic() - started, 1)
+    read_outcomes(out, runs)
+    if rc not in (0, 1, 5, None) and not note:
+        tail = (tests / f".lsr-{name}.log").read_text(errors="replace").strip().splitlines()[-3:]
+        note = f"pytest exited with {rc}: " + " | ".join(tail)[-300:]
+    for rel, run in runs.items():
+        run.rc, run.wall_s = rc, round(wall_s / len(rels), 1)
+        finished = len(rels) > 1 and run.collected and all(case in run.cases for case in run.collected)
+        if note and not finished:
+            run.note = note
+        if log:
+            shared = f" (1/{len(rels)} of one process)" if len(rels) > 1 else ""
+            log(f"  {rel}: rc={run.rc} {len(run.collected)} cases in {run.wall_s}s{shared} {run.note}")
+    return runs
+
+
+def read_outcomes(out: Path, runs: dict[str, FileRun]) -> None:
+    """Fill each file's FileRun (keyed by its path under tests_pytorch) from the plugin's JSON lines in ``out``."""
+    rels = list(runs)
     for line in out.read_text(encoding="utf-8").splitlines() if out.exists() else []:
         try:
             record = json.loads(line)
@@ -189,15 +207,3 @@ def run_files(tests: Path, rels: list[str], *, python: str, pythonpath: list[str
                 if previous is None or previous["outcome"] == "passed" or \
                         (previous["outcome"] == "skipped" and record["outcome"] == "failed"):
                     run.cases[case] = {"outcome": record["outcome"], "cause": record["cause"], "when": record["when"]}
-    if rc not in (0, 1, 5, None) and not note:
-        tail = (tests / f".lsr-{name}.log").read_text(errors="replace").strip().splitlines()[-3:]
-        note = f"pytest exited with {rc}: " + " | ".join(tail)[-300:]
-    for rel, run in runs.items():
-        run.rc, run.wall_s = rc, round(wall_s / len(rels), 1)
-        finished = len(rels) > 1 and run.collected and all(case in run.cases for case in run.collected)
-        if note and not finished:
-            run.note = note
-        if log:
-            shared = f" (1/{len(rels)} of one process)" if len(rels) > 1 else ""
-            log(f"  {rel}: rc={run.rc} {len(run.collected)} cases in {run.wall_s}s{shared} {run.note}")
-    return runs
