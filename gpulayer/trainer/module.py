@@ -136,6 +136,14 @@ class Module(ExportMixin, HyperparametersMixin, ModuleLogging, nn.Module):
         return torch.device("cpu")
 
     @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the module's floating-point parameters (torch's default when it has none)."""
+        for p in self.parameters():
+            if p.is_floating_point():
+                return p.dtype
+        return torch.get_default_dtype()
+
+    @property
     def global_step(self) -> int:
         return self._trainer.global_step if self._trainer is not None else 0
 
