@@ -202,6 +202,7 @@ bench gang_placement 300 -- "$PY" $B/gang_placement.py --runs 1
 bench failstop 300 -- "$PY" $B/failstop.py --runs 1
 bench exit_time 300 -- "$PY" $B/exit_time.py --runs 1
 bench cli_time 300 -- "$PY" $B/cli_time.py --runs 1
+bench fsdp 300 -- "$PY" $B/fsdp.py --quick
 bench slot_back 300 -- "$PY" $B/slot_back.py --kills 5
 bench slow_among_tiny 300 -- "$PY" $B/slow_among_tiny.py --jobs 100 --rate 50 --every 50 --sleep 0.5 --shapes 1x2
 bench output_flood 300 -- "$PY" $B/output_flood.py --jobs 100 --lines 2000 --rounds 1 --not-home

@@ -30,6 +30,7 @@ from .errors import JobFailed
 from .session import BROKER_ERRORS, broker_lost, outage
 from .store import keys
 from .sweep import Sweep
+from .tasks.refs import value_of
 from .tasks.whereabouts import batch_timeout, holders, unfinished  # noqa: F401 (unfinished: also cancel's API)
 
 log = logging.getLogger(__name__)
@@ -130,7 +131,7 @@ class JobGroupResult(Sweep, GroupResult):
                               on_interval=on_interval)
                 for i, value in enumerate(values or ()):  # propagate=False: each failure in its place, named
                     _place(value, i, len(self.results))
-                return values
+                return [value_of(value) for value in values] if values else values  # large results: values
             except JobFailed as err:  # the failure raised: name its job's place in the group
                 ids = self._sweep_ids()
                 if err.job_id in ids:

@@ -421,8 +421,9 @@ class FitLoop:
                 if s.reduce_on_plateau and (t.current_epoch + 1) % s.frequency == 0:
                     step_scheduler(t, s)
         t.should_stop = self.strategy.any(t.should_stop) if t.world_size > 1 else t.should_stop
-        if t.logger is not None and t.is_global_zero:
-            t.logger.save()
+        if t.is_global_zero:
+            for logger in t.loggers:
+                logger.save()
         store.context = store.TRAIN_STEP
 
     # -- validation ---------------------------------------------------------------------------

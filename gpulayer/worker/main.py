@@ -185,6 +185,7 @@ def _start(settings, registry: Registry, worker_id: str, host: str, gpu_ids: lis
     from ..masking import mask_logs, secrets_of
     from .heartbeat import Heartbeat
     from .janitor import Janitor
+    from .object_sweep import ObjectSweep
     from .reaper import Reaper
     from .wake import WakeOnSignal
 
@@ -194,6 +195,7 @@ def _start(settings, registry: Registry, worker_id: str, host: str, gpu_ids: lis
     app.steps["worker"].add(GangAgent)
     app.steps["worker"].add(ControlStep)  # the coordinator's queue, served outside the job slots
     app.steps["worker"].add(Janitor)
+    app.steps["worker"].add(ObjectSweep)  # the janitor's round over the object store, in its own thread
     app.steps["worker"].add(Reaper)
     app.steps["worker"].add(WakeOnSignal)  # SIGTERM starts the warm shutdown at once
     app.steps["consumer"].add(SlotGate)

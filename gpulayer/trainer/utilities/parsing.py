@@ -66,13 +66,17 @@ def _init_frame_args(frame: types.FrameType) -> tuple[Any, dict[str, Any]]:
     return local_vars.get(self_name), {k: v for k, v in args.items() if k not in skip}
 
 
-def collect_hparams(obj: Any, frame: types.FrameType) -> dict[str, Any]:
-    """The constructor arguments of ``obj``, from ``frame`` up through the ``__init__`` chain that built it."""
+def collect_hparams(obj: Any, frame: types.FrameType, classes: tuple[type, ...] = ()) -> dict[str, Any]:
+    """The constructor arguments of ``obj``, from ``frame`` up through the ``__init__`` chain that built it.
+
+    With ``classes``, the chain goes on through the constructors of enclosing objects of those classes too
+    (Lightning's rule: a module built inside another module's ``__init__`` saves that one's arguments as well);
+    it stops at the first constructor of anything else."""
     found: list[dict[str, Any]] = []
     inside = False
     while frame is not None and frame.f_back is not None:
         owner, args = _init_frame_args(frame)
-        if owner is obj:
+        if owner is obj or (owner is not None and classes and isinstance(owner, classes)):
             found.append(args)
             inside = True
         elif inside:
@@ -107,4 +111,81 @@ def is_picklable(obj: Any) -> bool:
         return False
 
 
-__all__ = ["AttributeDict", "collect_hparams", "is_picklable", "parse_class_init_keys", "to_hparams_dict"]
+def clean_namespace(hparams: Any) -> None:
+    """Drop, in place and with a warning, the values of a dict or ``Namespace`` that ``pickle`` cannot save: a
+    checkpoint must hold what it records."""
+    from gpulayer.trainer.utilities.rank_zero import rank_zero_warn
+
+    mapping = vars(hparams) if isinstance(hparams, Namespace) else hparams
+    for key in [k for k, v in mapping.items() if not is_picklable(v)]:
+        rank_zero_warn(f"Attribute '{key}' removed from hparams because it cannot be pickled. You can suppress this "
+                       f"warning by setting `self.save_hyperparameters(ignore=['{key}'])`.")
+        del mapping[key]
+
+
+def collect_init_args(frame: types.FrameType, path_args: list[dict[str, Any]], inside: bool = False,
+                      classes: tuple[type, ...] = ()) -> list[dict[str, Any]]:
+    """Append to ``path_args`` the arguments of each ``__init__`` on the stack above ``frame``, innermost first,
+    stopping past the last constructor of that chain; ``classes`` limits it to constructors of those classes."""
+    while frame is not None and frame.f_back is not None:
+        cls = frame.f_locals.get("__class__")
+        _, args = _init_frame_args(frame)
+        if cls is not None and frame.f_code.co_name == "__init__" and (not classes or issubclass(cls, classes)):
+            path_args.append(args)
+            inside = True
+        elif inside:
+            break
+        frame = frame.f_back
+    return path_args
+
+
+def _attr_holders(model: Any, attribute: str) -> list[Any]:
+    """Who holds ``attribute``, in Lightning's order: the model, its ``hparams``, the Trainer's datamodule, its
+    ``hparams``; the last one found is the one read."""
+    trainer = getattr(model, "_trainer", None)
+    datamodule = getattr(trainer, "datamodule", None) if trainer is not None else None
+    holders = []
+    for obj in (model, datamodule):
+        if obj is None:
+            continue
+        if hasattr(obj, attribute):
+            holders.append(obj)
+        hparams = getattr(obj, "hparams", None)
+        if hparams is not None and attribute in hparams:
+            holders.append(hparams)
+    return holders
+
+
+def _missing(attribute: str) -> AttributeError:
+    return AttributeError(f"{attribute} is neither stored in the model namespace nor the `hparams` namespace/dict, "
+                          "nor the datamodule.")
+
+
+def lightning_hasattr(model: Any, attribute: str) -> bool:
+    """Whether ``attribute`` is on the model, in its ``hparams``, or on the Trainer's datamodule (or its hparams)."""
+    return bool(_attr_holders(model, attribute))
+
+
+def lightning_getattr(model: Any, attribute: str) -> Any:
+    """The value of ``attribute`` where ``lightning_hasattr`` finds it (the datamodule's wins over the model's)."""
+    holders = _attr_holders(model, attribute)
+    if not holders:
+        raise _missing(attribute)
+    holder = holders[-1]
+    return holder[attribute] if isinstance(holder, dict) else getattr(holder, attribute)
+
+
+def lightning_setattr(model: Any, attribute: str, value: Any) -> None:
+    """Set ``attribute`` on every holder ``lightning_hasattr`` finds, so the model and its data agree."""
+    holders = _attr_holders(model, attribute)
+    if not holders:
+        raise _missing(attribute)
+    for holder in holders:
+        if isinstance(holder, dict):
+            holder[attribute] = value
+        else:
+            setattr(holder, attribute, value)
+
+
+__all__ = ["AttributeDict", "clean_namespace", "collect_hparams", "collect_init_args", "is_picklable",
+           "lightning_getattr", "lightning_hasattr", "lightning_setattr", "parse_class_init_keys", "to_hparams_dict"]
