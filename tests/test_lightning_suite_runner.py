@@ -327,3 +327,22 @@ def test_files_sharing_one_process_get_their_own_outcomes_and_collection_errors(
     assert broken.collected == [] and "no_such_module_here" in broken.collect_errors[0]
     assert two.collected == ["test_q"] and two.cases["test_q"]["outcome"] == "passed"  # ran despite the error
     assert not one.collect_errors and not two.collect_errors and not any(r.note for r in runs.values())
+
+
+def test_a_test_module_another_imports_is_laid_out_beside_it(tmp_path):
+    from lightning_compat.runner import build_tree
+
+    src = tmp_path / "src"
+    for rel, text in {"__init__.py": "", "conftest.py": "", "helpers/__init__.py": "",
+                      "helpers/boring.py": "", "models/__init__.py": "",
+                      "models/test_onnx.py": "from tests_pytorch.utilities.test_model_summary import UnorderedModel\n",
+                      "utilities/__init__.py": "", "utilities/conftest.py": "",
+                      "utilities/test_model_summary.py": "import tests_pytorch.utilities.shapes\n",
+                      "utilities/shapes.py": "", "utilities/test_other.py": ""}.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(text)
+    tests = build_tree("lightning", src, ["models/test_onnx.py"], tmp_path / "out")
+    laid = {p.relative_to(tests / "tests_pytorch").as_posix() for p in (tests / "tests_pytorch").rglob("*.py")}
+    # the borrowed module and what it borrows in turn, with their packages; not the rest of their directory
+    assert {"utilities/__init__.py", "utilities/test_model_summary.py", "utilities/shapes.py"} <= laid
+    assert not {"utilities/test_other.py", "utilities/conftest.py"} & laid

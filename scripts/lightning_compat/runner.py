@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -66,6 +67,30 @@ def _copy(src: Path, dst: Path, transform) -> None:
         shutil.copyfile(src, dst)
 
 
+_TEST_MODULE_IMPORT = re.compile(r"^\s*(?:from|import)\s+tests_pytorch\.([\w.]+)", re.MULTILINE)
+
+
+def imported_test_modules(tests_pytorch: Path, files: list[str]) -> set[Path]:
+    """The other test modules the files import (``from tests_pytorch.utilities.test_model_summary import
+    UnorderedModel`` in ``models/test_onnx.py``), transitively, with their packages' ``__init__.py``: a file
+    must collect whether or not the module it borrows from is among those run. Their tests are not run."""
+    found: set[Path] = set()
+    todo = [Path(rel) for rel in files]
+    while todo:
+        src = tests_pytorch / todo.pop()
+        if not src.is_file():
+            continue
+        for dotted in _TEST_MODULE_IMPORT.findall(src.read_text(encoding="utf-8")):
+            rel = Path(*dotted.split(".")).with_suffix(".py")
+            if rel.parts[0] == "helpers" or rel in found or not (tests_pytorch / rel).is_file():
+                continue
+            found.add(rel)
+            found |= {parent / "__init__.py" for parent in rel.parents
+                      if (tests_pytorch / parent / "__init__.py").is_file()}
+            todo.append(rel)
+    return found
+
+
 def build_tree(side: str, tests_pytorch: Path, files: list[str], root: Path) -> Path:
     """Lay out ``root/tests/tests_pytorch`` for ``side`` ("lightning" or "gpulayer"); return ``root/tests``."""
     tests = root / "tests"
@@ -79,6 +104,7 @@ def build_tree(side: str, tests_pytorch: Path, files: list[str], root: Path) -> 
             for name in ("__init__.py", "conftest.py"):
                 if (tests_pytorch / parent / name).exists():
                     wanted.add(parent / name)
+    wanted |= imported_test_modules(tests_pytorch, files)
     for rel in sorted(wanted):
         if (tests_pytorch / rel).exists():
             _copy(tests_pytorch / rel, dst / rel, transform)

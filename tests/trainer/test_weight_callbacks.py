@@ -239,3 +239,29 @@ def test_weight_averaging_checkpoint_holds_the_average_and_resumes_the_trained_w
     again = net(L)
     L.Trainer(max_epochs=2, callbacks=[resumed], **QUIET).fit(again, loader(), ckpt_path=path)
     assert int(resumed._average_model.n_averaged) == 8
+
+
+def test_swa_resumed_inside_its_phase_ends_as_the_uninterrupted_fit(tmp_path):
+    def run(L):
+        class Crash(L.Callback):
+            def on_train_epoch_start(self, trainer, pl_module):
+                if trainer.current_epoch == 3:
+                    raise RuntimeError("crash")
+
+        def fit(model, extra, run, **kwargs):
+            swa = callbacks(L).StochasticWeightAveraging(swa_lrs=0.05, swa_epoch_start=2, annealing_epochs=2)
+            ckpt = L.ModelCheckpoint(dirpath=tmp_path / L.name / run, save_last=True)
+            trainer = L.Trainer(max_epochs=4, callbacks=[swa, ckpt, *extra], **{**QUIET, "enable_checkpointing": True})
+            trainer.fit(model, loader(), **kwargs)
+            return swa
+
+        whole = net(L, scheduler=True)
+        fit(whole, [], "whole")
+        with pytest.raises(RuntimeError, match="crash"):
+            fit(net(L, scheduler=True), [Crash()], "crashed")  # last.ckpt: the end of epoch 2, inside SWA
+        resumed = net(L, scheduler=True)
+        swa = fit(resumed, [], "resumed", ckpt_path=str(tmp_path / L.name / "crashed" / "last.ckpt"))
+        assert weights(resumed) == weights(whole)
+        return weights(resumed), int(swa.n_averaged)
+
+    assert both(run)[1] == 3
