@@ -263,6 +263,7 @@ def fsdp_fleet(tmp_path_factory):
 
 
 def test_two_machines_of_two_ranks_shard_over_four_on_the_cluster(fsdp_fleet, fsdp_run):
+    fsdp_fleet.wait_workers(["m1", "m2"])  # both live now (a loaded host can delay a heartbeat)
     seed_everything(3)
     model, record = Net(), Record()
     trainer = Trainer(num_nodes=2, devices=2, strategy="fsdp", accelerator="cpu", max_steps=STEPS, logger=False,
