@@ -263,6 +263,7 @@ def fsdp_fleet(tmp_path_factory):
 
 
 def test_two_machines_of_two_ranks_shard_over_four_on_the_cluster(fsdp_fleet, fsdp_run):
+    fsdp_fleet.wait_workers(["m1", "m2"])  # both live now (a loaded host can delay a heartbeat)
     seed_everything(3)
     model, record = Net(), Record()
     trainer = Trainer(num_nodes=2, devices=2, strategy="fsdp", accelerator="cpu", max_steps=STEPS, logger=False,
@@ -301,3 +302,18 @@ def test_one_device_shards_over_a_group_of_one_in_this_process():
     assert record.sharded and record.local_bytes == [record.full_bytes]
     assert trainer.global_step == 3 and trainer.fit_info["world_size"] == 1 and len(record.losses) == 3
     assert not dist.is_initialized()  # the group of one is gone with the fit
+
+
+def test_fsdp1_wrap_policies_choose_the_submodules_to_shard_children_first():
+    import functools
+
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
+
+    from gpulayer.trainer.fsdp import _to_wrap
+    net = Net()
+    by_class = _to_wrap(net, FSDPStrategy(auto_wrap_policy=ModuleWrapPolicy({Block})).sharding_plan)
+    assert by_class == list(net.blocks)[::-1]
+    by_size = FSDPStrategy(auto_wrap_policy=functools.partial(size_based_auto_wrap_policy, min_num_params=1000))
+    chosen = _to_wrap(net, by_size.sharding_plan)
+    assert net.blocks in chosen and chosen.index(net.blocks[0].linear) < chosen.index(net.blocks)  # children first
+    assert net not in chosen  # the root is sharded last, by the strategy itself
