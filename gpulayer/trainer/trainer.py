@@ -418,6 +418,7 @@ class Trainer(TrainerProperties):
         self.lightning_optimizers = [LightningOptimizer._to_lightning_optimizer(o, self) for o in self.optimizers]
         if cfg.enable_model_summary and self.is_global_zero:
             summary.print_summary(module)
+        self.loaders.fit_given = (train, val)
         hooks.call("on_fit_start")
         loggers_mod.log_hyperparams(self)  # also creates version_N now, as Lightning does
         resume = checkpoint.restore_training_state(self, ckpt) if ckpt is not None else None

@@ -13,7 +13,7 @@ import torch
 from gpulayer.trainer.errors import MisconfigurationException
 from gpulayer.trainer.profilers import PassThroughProfiler
 from gpulayer.trainer.tuner import attributes
-from gpulayer.trainer.tuner.lr_finder import LRFinder, LRSearch, lr_schedule
+from gpulayer.trainer.tuner.lr_finder import LRFinder, LRSearch, lr_schedule, rng_kept
 from gpulayer.trainer.utilities.rank_zero import rank_zero_info
 
 METHODS = ("fit", "validate", "test", "predict")
@@ -52,12 +52,16 @@ class Tuner:
             raise ValueError("Tuning is currently not supported with distributed strategies: tune with devices=1, "
                              "then train with the values found.")
         weights = copy.deepcopy(model.state_dict())
-        attached = model._trainer
+        # what a run attaches to the module: a search inside a running fit (the callbacks) hands them back to it
+        attached = {name: getattr(model, name, None) for name in ("_trainer", "_metric_store", "_device")}
         try:
             return search()
         finally:
             model.load_state_dict(weights)
-            model._trainer = attached
+            if attached["_trainer"] is not None:
+                model.trainer = attached["_trainer"]  # the setter reaches nested modules too
+            for name, value in attached.items():
+                setattr(model, name, value)
 
     # -- learning rate -----------------------------------------------------------------------------
     def lr_find(self, model: Any, train_dataloaders: Any = None, val_dataloaders: Any = None, dataloaders: Any = None,
@@ -84,8 +88,10 @@ class Tuner:
             if trial.global_step < num_training:
                 rank_zero_info(f"LR finder stopped early after {trial.global_step} steps due to diverging loss.")
 
-        self._guarded(model, run)
+        with rng_kept():  # the search leaves the random state as it found it: a second call finds the same
+            self._guarded(model, run)
         finder.results = {"lr": search.lrs[:len(search.losses)], "loss": search.losses}
+        finder._total_batch_idx = search.batches - 1  # Lightning's count: the last training batch's index
         if update_attr:
             lr = finder.suggestion()
             if lr is not None:
