@@ -126,13 +126,10 @@ class Tuner:
         """
         _check_method(method, train_dataloaders, val_dataloaders, dataloaders)
         check_batch_size_search(self._trainer, model, datamodule, mode, margin, batch_arg_name,
-                                given=(train_dataloaders, val_dataloaders, dataloaders))
+                                given=(train_dataloaders, val_dataloaders, dataloaders), method=method)
         if self._trainer.fast_dev_run:
             warnings.warn("Skipping batch size scaler since `fast_dev_run` is enabled.", UserWarning, stacklevel=2)
             return None
-        if method != "fit" and self._eval_loader_count(model, datamodule, method) > 1:
-            stage = {"validate": "val"}.get(method, method)
-            raise MisconfigurationException(f"The Batch size finder cannot be used with multiple {stage} dataloaders.")
         from gpulayer.trainer.tuner.batch_size_scaling import BatchSizeProbe, search_batch_size
 
         def trial(size: int) -> None:
@@ -178,9 +175,10 @@ class Tuner:
         source = _hook_source(owner, hook)
         return source() if source is not None else None
 
-    def _eval_loader_count(self, model: Any, datamodule: Any, method: str) -> int:
+    @staticmethod
+    def _eval_loader_count(model: Any, datamodule: Any, method: str) -> int:
         hook = {"validate": "val_dataloader"}.get(method, f"{method}_dataloader")
-        loaders = self._request(datamodule if datamodule is not None else model, hook)
+        loaders = Tuner._request(datamodule if datamodule is not None else model, hook)
         return len(loaders) if isinstance(loaders, (list, tuple)) else 1
 
     @staticmethod
@@ -196,7 +194,7 @@ class Tuner:
 
 
 def check_batch_size_search(trainer: Any, model: Any, datamodule: Any, mode: str, margin: float, batch_arg_name: str,
-                            given: tuple = ()) -> None:
+                            given: tuple = (), method: str | None = None) -> None:
     """What Lightning refuses (or warns of) before a batch-size search, with its messages."""
     if mode not in ("power", "binsearch"):
         raise ValueError("`mode` should be either of ('power', 'binsearch')")
@@ -208,6 +206,9 @@ def check_batch_size_search(trainer: Any, model: Any, datamodule: Any, mode: str
         raise MisconfigurationException(
             "The Batch size finder cannot be used with dataloaders passed directly to `.fit()`. Please disable the "
             "feature or incorporate the dataloader into your LightningModule or LightningDataModule.")
+    if method not in (None, "fit") and Tuner._eval_loader_count(model, datamodule, method) > 1:
+        stage = {"validate": "val"}.get(method, method)
+        raise MisconfigurationException(f"The Batch size finder cannot be used with multiple {stage} dataloaders.")
     if not attributes.holders(model, datamodule, batch_arg_name):
         raise MisconfigurationException(f"Field {batch_arg_name} not found in `model`, `datamodule`, nor their "
                                         "`hparams` attributes.")
