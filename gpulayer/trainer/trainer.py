@@ -416,6 +416,7 @@ class Trainer(TrainerProperties):
         step_fn = self.strategy.setup_module(module)
         self.optimizers, self.lr_scheduler_configs = optimizers.parse(module.configure_optimizers(), module)
         self.lightning_optimizers = [LightningOptimizer._to_lightning_optimizer(o, self) for o in self.optimizers]
+        self.loaders.fit_given = (train, val)
         hooks.call("on_fit_start")
         loggers_mod.log_hyperparams(self)  # also creates version_N now, as Lightning does
         resume = checkpoint.restore_training_state(self, ckpt) if ckpt is not None else None

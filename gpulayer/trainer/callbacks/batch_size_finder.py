@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 from gpulayer.trainer.callbacks.callback import Callback
-from gpulayer.trainer.errors import MisconfigurationException
 
 
 class BatchSizeFinder(Callback):
@@ -31,14 +30,7 @@ class BatchSizeFinder(Callback):
     def setup(self, trainer: Any, pl_module: Any, stage: str | None = None) -> None:
         from gpulayer.trainer.tuner.tuning import check_batch_size_search
         check_batch_size_search(trainer, pl_module, getattr(trainer, "datamodule", None), self._mode, self._margin,
-                                self._batch_arg_name)
-        if stage not in (None, "fit"):
-            from gpulayer.trainer.tuner.tuning import Tuner
-            method = {"validate": "validate"}.get(stage, stage)
-            if Tuner(trainer)._eval_loader_count(pl_module, trainer.datamodule, method) > 1:
-                prefix = "val" if stage == "validate" else stage
-                raise MisconfigurationException(
-                    f"The Batch size finder cannot be used with multiple {prefix} dataloaders.")
+                                self._batch_arg_name, method=stage)
 
     def scale_batch_size(self, trainer: Any, pl_module: Any, method: str = "fit") -> None:
         from gpulayer.trainer.tuner.tuning import Tuner

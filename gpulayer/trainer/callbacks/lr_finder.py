@@ -1,41 +1,16 @@
 """``LearningRateFinder``: the Tuner's learning-rate range test as a callback (Lightning's ``callbacks.lr_finder``).
 
-When the fit starts it runs the test (as ``Tuner.lr_find``) and, with ``update_attr``, writes the
+When the fit starts it runs the test (as ``Tuner.lr_find``, on the loaders the fit was given, leaving the
+random state as it was) and, with ``update_attr``, writes the
 suggestion to the model's ``lr`` / ``learning_rate`` and to the optimizers the fit already made, so
 the fit trains at it. ``optimal_lr`` is the ``LRFinder`` (``results``, ``suggestion()``, ``plot()``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import random
-from typing import Any, Iterator
-
-import torch
+from typing import Any
 
 from gpulayer.trainer.callbacks.callback import Callback
-
-
-@contextlib.contextmanager
-def _rng_kept() -> Iterator[None]:
-    """The random states (Python's, torch's, numpy's when installed) as they were before: the range test draws
-    batches and dropout masks the fit would otherwise draw."""
-    py, cpu = random.getstate(), torch.get_rng_state()
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-    try:
-        import numpy as np
-        np_state = np.random.get_state()
-    except ImportError:
-        np, np_state = None, None
-    try:
-        yield
-    finally:
-        random.setstate(py)
-        torch.set_rng_state(cpu)
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)
-        if np is not None:
-            np.random.set_state(np_state)
 
 
 class LearningRateFinder(Callback):
@@ -54,12 +29,11 @@ class LearningRateFinder(Callback):
 
     def lr_find(self, trainer: Any, pl_module: Any) -> None:
         from gpulayer.trainer.tuner.tuning import Tuner
-        with _rng_kept():
-            self.optimal_lr = Tuner(trainer).lr_find(
-                pl_module, datamodule=trainer.datamodule, min_lr=self._min_lr, max_lr=self._max_lr,
-                num_training=self._num_training_steps, mode=self._mode,
-                early_stop_threshold=self._early_stop_threshold, update_attr=self._update_attr,
-                attr_name=self._attr_name)
+        train, val = trainer.loaders.fit_given if trainer.datamodule is None else (None, None)
+        self.optimal_lr = Tuner(trainer).lr_find(
+            pl_module, train_dataloaders=train, val_dataloaders=val, datamodule=trainer.datamodule,
+            min_lr=self._min_lr, max_lr=self._max_lr, num_training=self._num_training_steps, mode=self._mode,
+            early_stop_threshold=self._early_stop_threshold, update_attr=self._update_attr, attr_name=self._attr_name)
         lr = self.optimal_lr.suggestion() if self._update_attr and self.optimal_lr is not None else None
         if lr is not None:  # the fit's optimizers exist already (configure_optimizers ran): they take it too
             for optimizer in trainer.optimizers:

@@ -13,7 +13,7 @@ import torch
 from gpulayer.trainer.errors import MisconfigurationException
 from gpulayer.trainer.profilers import PassThroughProfiler
 from gpulayer.trainer.tuner import attributes
-from gpulayer.trainer.tuner.lr_finder import LRFinder, LRSearch, lr_schedule
+from gpulayer.trainer.tuner.lr_finder import LRFinder, LRSearch, lr_schedule, rng_kept
 from gpulayer.trainer.utilities.rank_zero import rank_zero_info
 
 METHODS = ("fit", "validate", "test", "predict")
@@ -52,12 +52,16 @@ class Tuner:
             raise ValueError("Tuning is currently not supported with distributed strategies: tune with devices=1, "
                              "then train with the values found.")
         weights = copy.deepcopy(model.state_dict())
-        attached = model._trainer
+        # what a run attaches to the module: a search inside a running fit (the callbacks) hands them back to it
+        attached = {name: getattr(model, name, None) for name in ("_trainer", "_metric_store", "_device")}
         try:
             return search()
         finally:
             model.load_state_dict(weights)
-            model._trainer = attached
+            if attached["_trainer"] is not None:
+                model.trainer = attached["_trainer"]  # the setter reaches nested modules too
+            for name, value in attached.items():
+                setattr(model, name, value)
 
     # -- learning rate -----------------------------------------------------------------------------
     def lr_find(self, model: Any, train_dataloaders: Any = None, val_dataloaders: Any = None, dataloaders: Any = None,
@@ -84,8 +88,10 @@ class Tuner:
             if trial.global_step < num_training:
                 rank_zero_info(f"LR finder stopped early after {trial.global_step} steps due to diverging loss.")
 
-        self._guarded(model, run)
+        with rng_kept():  # the search leaves the random state as it found it: a second call finds the same
+            self._guarded(model, run)
         finder.results = {"lr": search.lrs[:len(search.losses)], "loss": search.losses}
+        finder._total_batch_idx = search.batches - 1  # Lightning's count: the last training batch's index
         if update_attr:
             lr = finder.suggestion()
             if lr is not None:
@@ -120,13 +126,10 @@ class Tuner:
         """
         _check_method(method, train_dataloaders, val_dataloaders, dataloaders)
         check_batch_size_search(self._trainer, model, datamodule, mode, margin, batch_arg_name,
-                                given=(train_dataloaders, val_dataloaders, dataloaders))
+                                given=(train_dataloaders, val_dataloaders, dataloaders), method=method)
         if self._trainer.fast_dev_run:
             warnings.warn("Skipping batch size scaler since `fast_dev_run` is enabled.", UserWarning, stacklevel=2)
             return None
-        if method != "fit" and self._eval_loader_count(model, datamodule, method) > 1:
-            stage = {"validate": "val"}.get(method, method)
-            raise MisconfigurationException(f"The Batch size finder cannot be used with multiple {stage} dataloaders.")
         from gpulayer.trainer.tuner.batch_size_scaling import BatchSizeProbe, search_batch_size
 
         def trial(size: int) -> None:
@@ -172,9 +175,10 @@ class Tuner:
         source = _hook_source(owner, hook)
         return source() if source is not None else None
 
-    def _eval_loader_count(self, model: Any, datamodule: Any, method: str) -> int:
+    @staticmethod
+    def _eval_loader_count(model: Any, datamodule: Any, method: str) -> int:
         hook = {"validate": "val_dataloader"}.get(method, f"{method}_dataloader")
-        loaders = self._request(datamodule if datamodule is not None else model, hook)
+        loaders = Tuner._request(datamodule if datamodule is not None else model, hook)
         return len(loaders) if isinstance(loaders, (list, tuple)) else 1
 
     @staticmethod
@@ -190,7 +194,7 @@ class Tuner:
 
 
 def check_batch_size_search(trainer: Any, model: Any, datamodule: Any, mode: str, margin: float, batch_arg_name: str,
-                            given: tuple = ()) -> None:
+                            given: tuple = (), method: str | None = None) -> None:
     """What Lightning refuses (or warns of) before a batch-size search, with its messages."""
     if mode not in ("power", "binsearch"):
         raise ValueError("`mode` should be either of ('power', 'binsearch')")
@@ -202,6 +206,9 @@ def check_batch_size_search(trainer: Any, model: Any, datamodule: Any, mode: str
         raise MisconfigurationException(
             "The Batch size finder cannot be used with dataloaders passed directly to `.fit()`. Please disable the "
             "feature or incorporate the dataloader into your LightningModule or LightningDataModule.")
+    if method not in (None, "fit") and Tuner._eval_loader_count(model, datamodule, method) > 1:
+        stage = {"validate": "val"}.get(method, method)
+        raise MisconfigurationException(f"The Batch size finder cannot be used with multiple {stage} dataloaders.")
     if not attributes.holders(model, datamodule, batch_arg_name):
         raise MisconfigurationException(f"Field {batch_arg_name} not found in `model`, `datamodule`, nor their "
                                         "`hparams` attributes.")
