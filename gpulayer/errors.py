@@ -103,6 +103,10 @@ class ObjectStoreFull(PayloadError):
     """A value does not fit in the object store (its size limit, or its disk's free space): nothing was written."""
 
 
+class ObjectStoreUnavailable(GpulayerError, ConnectionError):
+    """The object store's server (S3-compatible) did not answer, or answered with an error we did not expect."""
+
+
 class ObjectMissing(GpulayerError, LookupError):
     """An object a ref names is gone from the store (freed, or its last holder expired)."""
 

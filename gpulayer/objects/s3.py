@@ -20,6 +20,7 @@ process there, memory-mapped from the cached file.
 
 Errors name what to fix: a missing bucket, no credentials, an endpoint that does not answer (bounded retries,
 seconds rather than obstore's default three minutes), and obstore not installed (``pip install 'gpulayer[s3]'``).
+obstore does not survive a fork: ``s3_helper.py`` says how each process of a worker stays clear of that.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Iterator
 from urllib.parse import urlsplit
 
-from ..errors import ConfigError, GpulayerError
+from ..errors import ConfigError, ObjectStoreUnavailable
 from . import s3_helper
 
 PART = 16 * 2**20  # bytes per uploaded part and per ranged GET (S3's minimum part is 5 MiB)
@@ -46,10 +47,6 @@ INSTALL = "pip install 'gpulayer[s3]'"
 _OID = re.compile(r"[0-9a-f]{32}")  # only keys shaped like ours are listed for the sweep
 _CREDENTIAL_VARS = ("AWS_ACCESS_KEY_ID", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
                     "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_SKIP_SIGNATURE")
-
-
-class ObjectStoreUnavailable(GpulayerError, ConnectionError):
-    """The S3-compatible server did not answer, or answered with an error we did not expect."""
 
 
 def parse_url(url: str) -> tuple[str, str]:

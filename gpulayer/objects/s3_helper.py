@@ -24,6 +24,8 @@ import subprocess
 import sys
 import threading
 
+from ..errors import ConfigError, ObjectStoreUnavailable
+
 _forking = False  # this process forks children: its S3 requests go to the helper
 _started_in: int | None = None  # the pid whose obstore runtime is running in this process's memory
 _forked_from: int | None = None  # set in a child forked after its parent started obstore
@@ -47,8 +49,6 @@ def starting_obstore() -> None:
     """Before this process's first obstore request: note it, or refuse in a child of a process that used it."""
     global _started_in
     if _forked_from is not None:
-        from .s3 import ObjectStoreUnavailable
-
         raise ObjectStoreUnavailable(
             f"this process ({os.getpid()}) was forked from process {_forked_from} after that one had used the S3 "
             "object store, and obstore's runtime does not survive a fork (its threads are not copied); start "
@@ -94,8 +94,6 @@ class Helper:
             except OSError:
                 line = ""
         if not line:
-            from .s3 import ObjectStoreUnavailable
-
             raise ObjectStoreUnavailable(f"the S3 helper process (pid {self.proc.pid}) exited "
                                          f"({self.proc.poll()}) before answering {op} for {url}; the next request "
                                          "starts a new one")
@@ -106,9 +104,6 @@ class Helper:
 
 
 def _error(kind: str, message: str) -> Exception:
-    from ..errors import ConfigError
-    from .s3 import ObjectStoreUnavailable
-
     return {"ConfigError": ConfigError, "FileNotFoundError": FileNotFoundError}.get(
         kind, ObjectStoreUnavailable)(message)
 

@@ -12,9 +12,9 @@ import textwrap
 
 import pytest
 
-from gpulayer.errors import ConfigError
+from gpulayer.errors import ConfigError, ObjectStoreUnavailable
 from gpulayer.objects import s3 as s3mod
-from gpulayer.objects.s3 import CONCURRENCY, PART, S3, ObjectStoreUnavailable
+from gpulayer.objects.s3 import CONCURRENCY, PART, S3
 from gpulayer.lab.s3_server import closed_port_url
 from tests.objects.servers import BUCKET, s3_env, s3_server, s3_url  # noqa: F401 (fixtures)
 
