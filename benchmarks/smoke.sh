@@ -197,11 +197,13 @@ else
         "$PY" $B/throughput.py --jobs 20 --rounds 1 --warmup-jobs 5 --shapes 1x1
     skip "throughput (Ray side)" "no Ray in $PY: it lives in .venv-bench (make bench-ray); the gpulayer and plain Celery sides ran"
 fi
+bench objects 400 -- "$PY" $B/objects.py --size 16MB --jobs 2 --shards 4 --shard-size 4MB --rounds 1
 bench startup 400 -- "$PY" $B/startup.py --runs 1
 bench gang_placement 300 -- "$PY" $B/gang_placement.py --runs 1
 bench failstop 300 -- "$PY" $B/failstop.py --runs 1
 bench exit_time 300 -- "$PY" $B/exit_time.py --runs 1
 bench cli_time 300 -- "$PY" $B/cli_time.py --runs 1
+bench fsdp 300 -- "$PY" $B/fsdp.py --quick
 bench slot_back 300 -- "$PY" $B/slot_back.py --kills 5
 bench slow_among_tiny 300 -- "$PY" $B/slow_among_tiny.py --jobs 100 --rate 50 --every 50 --sleep 0.5 --shapes 1x2
 bench output_flood 300 -- "$PY" $B/output_flood.py --jobs 100 --lines 2000 --rounds 1 --not-home

@@ -20,10 +20,12 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name load
 
     from .client import BatchHandle, connect, init, submit_batch, wait_for_workers
     from .errors import (ClusterUnavailable, ConfigError, DurabilityDegraded, GangFailed, GpulayerError, InvalidRequest,
-                         JobFailed, JobRejected, JobStopped, JobTimeout, NotReplicated, PayloadError, PayloadRejected,
-                         UnsupportedOption)
+                         JobFailed, JobRejected, JobStopped, JobTimeout, NotReplicated, ObjectMissing, ObjectStoreFull,
+                         PayloadError, PayloadRejected, UnsupportedOption)
     from .distributed_job import GangHandle, distributed, init_process_group
     from .models import Resources, WorkerInfo
+    from .objects.api import free, get, put
+    from .objects.ref import ObjectRef
     from .tasks.submit import submit
     from .worker.runtime import current_job, current_worker
 
@@ -34,10 +36,12 @@ _WHERE = {
     **dict.fromkeys(("ClusterUnavailable", "ConfigError", "DurabilityDegraded", "GangFailed", "GpulayerError",
                      "InvalidRequest", "JobFailed", "JobRejected",
                      "JobStopped", "JobTimeout", "NotReplicated", "PayloadError", "PayloadRejected",
-                     "UnsupportedOption"), "gpulayer.errors"),
+                     "ObjectMissing", "ObjectStoreFull", "UnsupportedOption"), "gpulayer.errors"),
     **dict.fromkeys(("GangHandle", "distributed", "init_process_group"), "gpulayer.distributed_job"),
     **dict.fromkeys(("Resources", "WorkerInfo"), "gpulayer.models"),
     "submit": "gpulayer.tasks.submit",
+    **dict.fromkeys(("put", "get", "free"), "gpulayer.objects.api"),
+    "ObjectRef": "gpulayer.objects.ref",
     **dict.fromkeys(("current_job", "current_worker"), "gpulayer.worker.runtime"),
 }
 
@@ -45,6 +49,7 @@ __all__ = [
     "BatchHandle", "ClusterUnavailable", "DurabilityDegraded", "GangHandle", "distributed", "init_process_group", "ConfigError", "GpulayerError", "InvalidRequest", "JobFailed", "JobRejected",
     "NotReplicated", "PayloadError", "PayloadRejected", "UnsupportedOption", "GangFailed", "JobStopped", "JobTimeout", "Resources", "WorkerInfo", "connect", "current_job", "current_worker",
     "group", "init", "submit", "submit_batch", "wait_for_workers",
+    "ObjectMissing", "ObjectRef", "ObjectStoreFull", "free", "get", "put",
 ]
 __version__ = "0.1.0"
 

@@ -30,6 +30,7 @@ from .errors import JobFailed
 from .session import BROKER_ERRORS, broker_lost, outage
 from .store import keys
 from .sweep import Sweep
+from .tasks.refs import cancelled as release_cancelled, value_of
 from .tasks.whereabouts import batch_timeout, holders, unfinished  # noqa: F401 (unfinished: also cancel's API)
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,8 @@ def cancel_jobs(ids: Sequence[str], only_unfinished: bool = True) -> int:
             app_mod.app.control.revoke(chunk)  # queued: every worker drops them on sight
             pipe.publish(keys.CANCEL_CHANNEL, "\n".join(chunk))  # running: their workers' reapers kill them
         pipe.execute()
+        for start in range(0, len(targets), _CHUNK):  # the objects their arguments held go with them
+            release_cancelled(client, targets[start:start + _CHUNK])
     except BROKER_ERRORS as err:
         raise broker_lost(err, f"nothing was cancelled ({len(ids)} job(s) asked for): cancel again once it is back"
                           ) from err
@@ -130,7 +133,7 @@ class JobGroupResult(Sweep, GroupResult):
                               on_interval=on_interval)
                 for i, value in enumerate(values or ()):  # propagate=False: each failure in its place, named
                     _place(value, i, len(self.results))
-                return values
+                return [value_of(value) for value in values] if values else values  # large results: values
             except JobFailed as err:  # the failure raised: name its job's place in the group
                 ids = self._sweep_ids()
                 if err.job_id in ids:

@@ -28,6 +28,7 @@ from .errors import JobFailed
 from .store.sent import record_batch
 from .sweep import Sweep
 from .tasks import options as job_options
+from .tasks import refs
 from .tasks.submit import OUTPUT_HEADER, as_resources, build_job, output_header, send_job, submit
 from .workspace import shipping
 from .workspace.shipping import CODE_HEADER
@@ -98,8 +99,13 @@ class BatchHandle(Sweep):
                 result.in_batch(i, len(metas), self.calls[i] if self.calls else None)
             if meta["status"] != states.SUCCESS and propagate:
                 raise result.with_traceback(None) if isinstance(result, BaseException) else result
-            out.append(result)
+            out.append(refs.value_of(result))  # a large result (an auto ref): its value
         return out
+
+    def forget(self) -> None:
+        """Delete every job's stored result, and the objects only they held (large results, refs returned)."""
+        for handle in self:
+            handle.forget()
 
     # -- the Sweep's parts (gpulayer/sweep.py) --------------------------------------------------------------
     def _sweep_ids(self) -> list[str]:
@@ -259,7 +265,10 @@ def _jobs(signatures, packed, headers: dict):
         # A signature's own id (``submit.s(...).set(task_id=...)``, as Celery's) is kept: a batch that raised
         # NotReplicated or ClusterUnavailable is sent again with the same ids, and each job's result is stored once.
         job_id = options.get("task_id") or uuid()
-        yield job_id, packed[id(fn)][1], args, kwargs, summarize(fn, args, kwargs), job_headers
+        text = summarize(fn, args, kwargs)
+        if not refs.plain_call(args, kwargs):  # large values to the object store, refs held: before it is sent
+            args, kwargs = refs.for_job(args, kwargs, job_id, app_mod.app.backend.client)
+        yield job_id, packed[id(fn)][1], args, kwargs, text, job_headers
 
 
 def _own_options(options: dict, headers: dict) -> dict:

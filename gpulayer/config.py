@@ -64,8 +64,25 @@ class Settings(BaseModel):
     worker_dead_after: float = Field(default=5.0, gt=0, description="seconds of silence before a worker is dead")
     registry_cache_seconds: float = Field(default=1.0, ge=0, description="how long a client reuses a registry snapshot")
     batch_chunk_size: int = Field(default=1000, gt=0, description="jobs per pipelined publish in submit_batch")
-    result_expires: int = Field(default=7 * 86400, gt=0, description="seconds a job's result is kept")
+    result_expires: int = Field(default=86400, gt=0, description="seconds a job's result is kept (and the "
+                                                                 "objects it holds in the object store)")
     max_payload_bytes: int = Field(default=64 * 2**20, gt=0, description="largest signed message body")
+    object_store: str | None = Field(default=None, description="where values over inline_limit_bytes go: "
+                                                              "s3://bucket/prefix, file:///path or a plain path "
+                                                              "(a directory every host mounts at that path); "
+                                                              "unset: the embedded cluster's own directory while "
+                                                              "the broker is on this host, else none (a large "
+                                                              "value is refused)")
+    inline_limit_bytes: int = Field(default=2**20, gt=0, description="an argument or result larger than this "
+                                                                      "travels as a reference to the object store, "
+                                                                      "not inside its message")
+    object_store_max_bytes: int | None = Field(default=None, gt=0, description="most bytes the object store may "
+                                                                               "hold; unset: its disk's free "
+                                                                               "space")
+    object_cache_bytes: int | None = Field(default=None, gt=0, description="most bytes each host keeps of "
+                                                                           "objects copied from a remote store "
+                                                                           "(s3://); unset: 20% of the free "
+                                                                           "disk space, at least 1 GiB")
     connect_timeout: float = Field(default=3.0, gt=0, description="seconds to wait for Redis before giving up")
     events: bool = Field(default=False, description="workers send Celery's task and worker-heartbeat events from "
                                                     "start; off, they send them once a monitor asks (Flower does, "
@@ -162,8 +179,16 @@ class Settings(BaseModel):
     @field_validator("*", mode="before")
     @classmethod
     def _sizes(cls, value: Any, info) -> Any:
-        """Every ``*_bytes`` setting takes a size with its unit (``400MB``, ``64MiB``) as well as a count of bytes."""
-        return parse_size(value, info.field_name) if info.field_name.endswith("_bytes") else value
+        """Every ``*_bytes`` setting takes a size with its unit (``400MB``, ``64MiB``) as well as a count of bytes;
+        empty (the example config's way to leave one unset) is None."""
+        if not info.field_name.endswith("_bytes"):
+            return value
+        return None if isinstance(value, str) and not value.strip() else parse_size(value, info.field_name)
+
+    @field_validator("object_store")
+    @classmethod
+    def _store_or_none(cls, value: str | None) -> str | None:
+        return value.strip() if value and value.strip() else None
 
     def __repr_args__(self):
         # repr and str (a notebook shows what init() returns) mask the broker URL's password; the secret is a

@@ -99,6 +99,14 @@ class PayloadRejected(GpulayerError):
     """A message body failed signature verification and was not unpickled."""
 
 
+class ObjectStoreFull(PayloadError):
+    """A value does not fit in the object store (its size limit, or its disk's free space): nothing was written."""
+
+
+class ObjectMissing(GpulayerError, LookupError):
+    """An object a ref names is gone from the store (freed, or its last holder expired)."""
+
+
 class JobTimeout(GpulayerError, TimeoutError):
     """A wait for a job's result (``get(timeout=...)``) ran out; the message says what the job is doing.
 

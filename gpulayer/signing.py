@@ -69,8 +69,11 @@ def dumps(obj) -> bytes:
         raise PayloadError(f"cannot pickle the job's payload: {type(err).__name__}: {err}; "
                            "pass plain data, tensors or picklable objects") from err
     if len(data) > _max_bytes:
-        raise PayloadError(f"payload is {len(data) / 2**20:.1f} MiB, over the {_max_bytes / 2**20:.0f} MiB limit; "
-                           "put large data in shared storage and pass its path, or raise GPULAYER_MAX_PAYLOAD_BYTES")
+        # Values gpulayer can size (tensors, arrays, bytes, str, containers of them) over inline_limit_bytes go to
+        # the object store on their own (tasks/refs.py); what is left here is an object it could not size.
+        raise PayloadError(f"payload is {len(data) / 2**20:.1f} MiB, over the {_max_bytes / 2**20:.0f} MiB limit of "
+                           "a message; send large data through the object store: ref = gpulayer.put(value), then "
+                           "pass ref (a job may return one too), or raise GPULAYER_MAX_PAYLOAD_BYTES")
     return sign(data)
 
 

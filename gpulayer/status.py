@@ -80,6 +80,20 @@ def _replication(settings: Settings, client) -> dict | None:
     return report
 
 
+def _objects(settings: Settings, client) -> dict:
+    """The object store as its records count it (``gpulayer/objects/``): objects, their bytes, and the store new
+    ones go to (``object_store``, else the embedded cluster's own directory once something was stored; None:
+    none yet)."""
+    from .store.objects import ObjectRecords
+
+    count, size = ObjectRecords(client).stats()
+    store = settings.object_store
+    if store is None:
+        recorded = client.get(keys.OBJECTS_DEFAULT_STORE)
+        store = recorded.decode() if recorded else None
+    return {"count": count, "bytes": size, "store": store}
+
+
 SUMMARY_ABOVE = 50  # a fleet of more live workers is shown as a summary unless --all is asked
 TOP = 10  # busiest workers the summary lists
 
@@ -125,6 +139,7 @@ def _collect(settings: Settings, registry: Registry, full: bool | None, top: int
         "workers": [_row(w, held, ages) for w in shown],
         "summary": summarize(workers, held, registry.dead(), busiest),
         "queues": lengths,
+        "objects": _objects(settings, client),
         "unread_queues": sorted(q for q, n in lengths.items() if n and q not in read),
         "gangs": [
             {"id": g["gang_id"], "name": g.get("spec", {}).get("name"), "state": g["state"], "reason": g["reason"],
@@ -243,6 +258,8 @@ def renderables(report: dict, full: bool | None = None) -> list:
                           [_WORKER_COLUMNS, *map(_worker_cells, report["workers"])]))
     else:
         out.extend(_summary_tables(report))
+    if report.get("objects") is not None:
+        out.append(_Lines(_objects_line(report["objects"])))
     unread = set(report.get("unread_queues", ()))
     rows, quiet = [], 0
     for name, n in sorted(report["queues"].items()):
@@ -264,6 +281,15 @@ def renderables(report: dict, full: bool | None = None) -> list:
              job["state"] + (f" (#{job['in_line']} in line)" if job.get("in_line") else ""),
              ", ".join(job["workers"]) or "-", job["reason"]) for job in report["gangs"])]))
     return out
+
+
+def _objects_line(objects: dict) -> str:
+    """``objects: 3, 1.2 GiB in file:///...``: what the object store holds (large arguments and results, put
+    values)."""
+    from .objects.format import human
+
+    where = f" in {objects['store']}" if objects["store"] else " (no object store in use yet)"
+    return f"objects: {objects['count']}, {human(objects['bytes'])}{where}"
 
 
 _WORKER_COLUMNS = ("worker", "address", "zone", "region", "cuda", "used/slots", "heartbeat")

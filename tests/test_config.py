@@ -179,6 +179,20 @@ def test_sizes_take_their_unit_from_the_config_file(gpulayer_home):
     assert load_settings().max_payload_bytes == 1000
 
 
+def test_the_object_store_settings_and_their_defaults(gpulayer_home, monkeypatch):
+    s = load_settings()
+    assert (s.object_store, s.inline_limit_bytes, s.object_store_max_bytes, s.object_cache_bytes) == \
+        (None, 2**20, None, None)
+    assert s.result_expires == 86400  # a day, as Celery keeps results
+    monkeypatch.setenv("GPULAYER_INLINE_LIMIT_BYTES", "400MB")
+    monkeypatch.setenv("GPULAYER_OBJECT_STORE_MAX_BYTES", "2GiB")
+    monkeypatch.setenv("GPULAYER_OBJECT_CACHE_BYTES", "")
+    monkeypatch.setenv("GPULAYER_OBJECT_STORE", " s3://bucket/prefix ")
+    s = load_settings()
+    assert (s.object_store, s.inline_limit_bytes, s.object_store_max_bytes, s.object_cache_bytes) == \
+        ("s3://bucket/prefix", 400_000_000, 2 * 2**30, None)
+
+
 def test_a_bad_size_is_one_line_naming_the_variable_and_the_units(gpulayer_home):
     import os
     import subprocess

@@ -246,3 +246,103 @@ def test_the_markdown_table_shows_earlier_runs_as_columns():
     assert "| file | functions | private | skipped | fail under Lightning | counted | passed at abc1234 |" in table
     assert "| f.py | 2 | 0 | 0 | 0 | 2 | 0 | 1 | 50 | 1/2 |" in table
     assert "| **total** | 2 | 0 | 0 | 0 | 2 | 0 | 1 | 50 | 1/2 |" in table
+
+
+def _tests_tree(root: Path, files: list[str]) -> Path:
+    for rel in files:
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text("def test_x():\n    pass\n")
+    return root
+
+
+def test_the_default_run_is_every_test_file_less_the_written_exclusions(tmp_path):
+    from lightning_compat.suite_files import EXCLUDED, excluded_present, render_exclusions, whole_suite
+
+    tree = _tests_tree(tmp_path, ["test_cli.py", "callbacks/test_a.py", "trainer/flags/test_b.py",
+                                  "accelerators/test_gpu.py", "strategies/test_deepspeed.py", "helpers/datasets.py",
+                                  "callbacks/conftest.py"])
+    # a new file of the checkout runs; a test file the rule names does not; a helper is no test file
+    assert whole_suite(tree) == ["callbacks/test_a.py", "test_cli.py", "trainer/flags/test_b.py"]
+    assert set(excluded_present(tree)) == {"accelerators/test_gpu.py", "strategies/test_deepspeed.py"}
+    listing = render_exclusions(tree)
+    assert "2 files" in listing and "`strategies/test_deepspeed.py`" in listing and "DeepSpeed" in listing
+    assert all(why.strip() for why in EXCLUDED.values())
+
+
+def test_the_named_set_of_issue_26_expands_to_its_files(tmp_path):
+    from lightning_compat.suite_files import NAMED_SETS, expand_files
+
+    tree = _tests_tree(tmp_path, ["models/test_hooks.py", "loops/test_a.py", "loops/test_b.py", "models/test_x.py"])
+    with pytest.raises(SystemExit, match="matches nothing"):  # the real checkout has every one of them
+        expand_files(tree, NAMED_SETS["issue26"])
+    assert expand_files(tree, ["models/test_hooks.py", "loops/*.py", "loops/test_a.py"]) == [
+        "models/test_hooks.py", "loops/test_a.py", "loops/test_b.py"]
+
+
+def test_the_markdown_sums_files_by_directory_and_names_the_biggest_gaps():
+    from lightning_compat.tally import render_markdown
+
+    light = _run({"test_a": ("passed", ""), "test_b": ("passed", "")})
+    half = tally_file("callbacks/test_x.py", {"test_a": None, "test_b": None}, light,
+                      _run({"test_a": ("passed", ""), "test_b": ("failed", "AssertionError: assert 1 == 2")}))
+    none = tally_file("test_cli.py", {"test_a": None, "test_b": None}, light,
+                      _run({"test_a": ("failed", "ImportError: no LightningCLI"),
+                            "test_b": ("failed", "ImportError: no LightningCLI")}))
+    table = render_markdown([half, none])
+    assert "| callbacks | 1 | 2 | 0 | 0 | 0 | 2 | 1 | 50 |" in table
+    assert "| . | 1 | 2 | 0 | 0 | 0 | 2 | 0 | 0 |" in table
+    assert "| **total** | 2 | 4 | 0 | 0 | 0 | 4 | 1 | 25 |" in table
+    gaps = table.split("### Biggest gaps")[1].split("###")[0]
+    assert gaps.index("`test_cli.py`: 2 of 2 failing") < gaps.index("`callbacks/test_x.py`: 1 of 2 failing")
+    assert "(2 x): ImportError: no LightningCLI" in gaps
+
+
+def test_first_moves_the_matching_files_ahead_and_keeps_the_rest_in_order():
+    import lightning_suite
+
+    files = ["callbacks/test_a.py", "loggers/test_b.py", "test_cli.py", "tuner/test_c.py", "callbacks/x/test_d.py"]
+    assert lightning_suite.run_order(files, ["tuner/*", "callbacks/*"]) == [
+        "tuner/test_c.py", "callbacks/test_a.py", "callbacks/x/test_d.py", "loggers/test_b.py", "test_cli.py"]
+    assert lightning_suite.run_order(files, []) == files
+
+
+def test_files_sharing_one_process_get_their_own_outcomes_and_collection_errors(tmp_path):
+    import shutil
+
+    from lightning_compat.runner import PYTEST_INI, SANDBOX, run_files
+
+    tests = tmp_path / "tests"
+    (tests / "tests_pytorch" / "a").mkdir(parents=True)
+    (tests / "tests_pytorch" / "a" / "test_one.py").write_text(
+        "import pytest\n\n@pytest.mark.parametrize('x', [1, 2])\ndef test_p(x):\n    assert x == 1\n")
+    (tests / "tests_pytorch" / "a" / "test_broken.py").write_text("import no_such_module_here\n")
+    (tests / "tests_pytorch" / "test_two.py").write_text("def test_q():\n    pass\n")
+    shutil.copyfile(SANDBOX / "lsr_plugin.py", tests / "lsr_plugin.py")
+    (tests / "pytest.ini").write_text(PYTEST_INI)
+    runs = run_files(tests, ["a/test_one.py", "a/test_broken.py", "test_two.py"], python=sys.executable,
+                     pythonpath=[], timeout=60, file_timeout=60, k=None)
+    one, broken, two = runs["a/test_one.py"], runs["a/test_broken.py"], runs["test_two.py"]
+    assert one.collected == ["test_p[1]", "test_p[2]"]
+    assert {c: r["outcome"] for c, r in one.cases.items()} == {"test_p[1]": "passed", "test_p[2]": "failed"}
+    assert broken.collected == [] and "no_such_module_here" in broken.collect_errors[0]
+    assert two.collected == ["test_q"] and two.cases["test_q"]["outcome"] == "passed"  # ran despite the error
+    assert not one.collect_errors and not two.collect_errors and not any(r.note for r in runs.values())
+
+
+def test_a_test_module_another_imports_is_laid_out_beside_it(tmp_path):
+    from lightning_compat.runner import build_tree
+
+    src = tmp_path / "src"
+    for rel, text in {"__init__.py": "", "conftest.py": "", "helpers/__init__.py": "",
+                      "helpers/boring.py": "", "models/__init__.py": "",
+                      "models/test_onnx.py": "from tests_pytorch.utilities.test_model_summary import UnorderedModel\n",
+                      "utilities/__init__.py": "", "utilities/conftest.py": "",
+                      "utilities/test_model_summary.py": "import tests_pytorch.utilities.shapes\n",
+                      "utilities/shapes.py": "", "utilities/test_other.py": ""}.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(text)
+    tests = build_tree("lightning", src, ["models/test_onnx.py"], tmp_path / "out")
+    laid = {p.relative_to(tests / "tests_pytorch").as_posix() for p in (tests / "tests_pytorch").rglob("*.py")}
+    # the borrowed module and what it borrows in turn, with their packages; not the rest of their directory
+    assert {"utilities/__init__.py", "utilities/test_model_summary.py", "utilities/shapes.py"} <= laid
+    assert not {"utilities/test_other.py", "utilities/conftest.py"} & laid

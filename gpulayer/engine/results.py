@@ -164,9 +164,9 @@ class ResultBackend(RedisBackend):
         return self.ensure(self._store_once, (key, job_id, value, self._expires(state), final))
 
     def _expires(self, state) -> int:
-        """Seconds a stored result of ``state`` is kept (Celery's ``result_expires``, or a week)."""
+        """Seconds a stored result of ``state`` is kept (Celery's ``result_expires``, or a day)."""
         expires = self.failure_expires if state == states.FAILURE and self.failure_expires else self.expires
-        return int(expires or 7 * 86400)
+        return int(expires or 86400)
 
     def _store_result(self, task_id, result, state, traceback=None, request=None, **kwargs):
         """Celery's, without its read of the stored result first (one round trip per job): store_once.lua

@@ -227,7 +227,7 @@ def rank_sink(url: str):
         return _sink_clients[url]
 
     settings = app_settings()
-    return process_sink(client, settings.result_expires if settings else 7 * 86400)
+    return process_sink(client, settings.result_expires if settings else 86400)
 
 
 class GangRun:

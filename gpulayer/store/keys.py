@@ -140,8 +140,13 @@ def agent_orders(worker_id: str) -> str:
 #                                     janitor burying the old one never touches what the new one holds
 #   gl:job:<id>:lost           string how many deliveries of the job died with their process or worker
 #   gl:job:<id>:history        list   JSON events: {"event": "lost"|"redelivered", "worker", "at"}
+#   gl:job:<id>:objects        set    oids the job's arguments hold (holder arg:<id>, tasks/refs.py), for a cancel
+#                                     to let go of; only for a job that takes refs, expiring with its result
 #   gl:janitor                 string lock: one janitor at a time hands back dead workers' messages
 JANITOR_LOCK = f"{NAMESPACE}:janitor"
+#   gl:objs:sweeping           string lock, expiring after a sweep period: one worker at a time sweeps the object
+#                                     store (worker/object_sweep.py), at most once a period across the fleet
+OBJECT_SWEEP_LOCK = f"{NAMESPACE}:objs:sweeping"
 
 
 def life(worker_id: str, pid: int) -> str:
@@ -167,6 +172,10 @@ def bell(queue_key: str) -> str:
 
 def job_lost(job_id: str) -> str:
     return f"{NAMESPACE}:job:{job_id}:lost"
+
+
+def job_objects(job_id: str) -> str:
+    return f"{NAMESPACE}:job:{job_id}:objects"
 
 
 def job_history(job_id: str) -> str:
@@ -234,3 +243,25 @@ RECONCILED = f"{NAMESPACE}:reconciled"
 RECONCILED_CLAIMS = f"{RECONCILED}:claims"
 PRIMARY_SEEN = f"{NAMESPACE}:broker:seen"
 GANGS_AUDITED = f"{NAMESPACE}:broker:audited"
+
+
+# The object store (gpulayer/objects/): large values live in a store beside Redis; Redis holds only records.
+#   gl:obj:<oid>               hash   size, store (URL), created (unix time), state (live|deleting), deleting_at,
+#                                     fetches (hosts that copied it from a remote store)
+#   gl:obj:<oid>:holders       zset   holder -> expiry (unix time): put:<process token>, arg:<job id>,
+#                                     res:<job id>; an object left with no unexpired holder is deleted
+#   gl:objs                    set    every oid with a record (the sweep's index)
+#   gl:objs:stats              hash   count, bytes: the objects with a record, live or being deleted
+#   gl:objs:store              string the embedded cluster's default store URL, set once (NX) by the first
+#                                     process that needed one, so all of its processes use the same directory
+OBJECTS = f"{NAMESPACE}:objs"
+OBJECTS_STATS = f"{OBJECTS}:stats"
+OBJECTS_DEFAULT_STORE = f"{OBJECTS}:store"
+
+
+def obj(oid: str) -> str:
+    return f"{NAMESPACE}:obj:{oid}"
+
+
+def obj_holders(oid: str) -> str:
+    return f"{obj(oid)}:holders"

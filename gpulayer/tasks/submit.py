@@ -19,6 +19,7 @@ from ..engine import publish
 from ..engine.results import prime_result
 from . import options as job_options
 from . import readahead
+from . import refs
 from ..errors import InvalidRequest, JobFailed, PayloadError, UnsupportedOption
 from ..models import Resources
 from ..payload import job_name, pack_function, resolve_function, summarize
@@ -80,7 +81,8 @@ class JobHandle(AsyncResult):
                             meta = readahead.wait_briefly(self.backend, self.id, deadline)
                         prime_result(self, meta)
                         primed = True
-                    return super().get(max(deadline.left(WAIT_SLICE), 0.001), *args, **kwargs)
+                    # an auto ref (a large result, kept in the object store) is the value it holds
+                    return refs.value_of(super().get(max(deadline.left(WAIT_SLICE), 0.001), *args, **kwargs))
                 except JobFailed as err:  # raised here: the traceback shows no frame of Celery's or vine's
                     raise err.with_traceback(None)
                 except CeleryTimeoutError:
@@ -97,7 +99,12 @@ class JobHandle(AsyncResult):
             raise interrupted([self.id], "handle.cancel()") from None  # not redis-py's frames: the job runs on
 
     def forget(self) -> None:
+        """Delete the job's stored result, and the objects only it held (a large result, refs it returned)."""
         readahead.forget(self.id)
+        try:
+            refs.forget_result(self)
+        except BROKER_ERRORS as err:
+            raise broker_lost(err, f"the result of job {self.id} was not forgotten") from err
         super().forget()
 
     def cancel(self) -> None:
@@ -191,6 +198,11 @@ class SubmitTask(Task):
 
         return explicit(self, exc if exc is not None else sys.exc_info()[1], countdown, max_retries)
 
+    def after_return(self, status, retval, task_id, args, kwargs, einfo):
+        """The job reached its final state (Celery skips this for a try that is sent again): the objects its
+        arguments held are released (``tasks/refs.py``)."""
+        refs.job_ended(task_id, _results_client)
+
     def apply(self, *args, **kwargs):
         raise PayloadError("submit runs jobs on workers, not in this process: sig.apply() (eager) is not "
                            "supported; use sig.delay(...) or sig.apply_async(...), then .get()")
@@ -228,6 +240,15 @@ class SubmitTask(Task):
         code = shipping.digest_for(_results_client, code_options)  # the user's modules (gpulayer/workspace/)
         if code is not None:
             headers[CODE_HEADER] = code
+        later = (options.get("chain"), options.get("chord"), link, link_error) if options or link or link_error \
+            else None  # the steps its message carries, whose arguments travel in it too
+        if not refs.plain_call(args, kwargs) or (later and any(later)):  # (a tiny job: a type check per argument)
+            task_id = task_id or uuid()
+            try:  # large values to the object store, refs held for the job: before anything is sent
+                args, kwargs = refs.for_job(args, kwargs, task_id, _results_client())
+                refs.for_later(later, _results_client())
+            except BROKER_ERRORS as err:
+                raise broker_lost(err, f"job {task_id} was not sent") from err
         if not options and producer is None and link is None and link_error is None and shadow is None \
                 and direct_publish_applies(self.app):
             job_id = task_id or uuid()
@@ -379,7 +400,10 @@ def submit(self, *args, **kwargs):
             capture.job(request.id, fn, worker.id if worker else "?", request.get(OUTPUT_HEADER)):
         try:
             func = fn if callable(fn) else resolve_function(fn)
-            return func(*args, **kwargs)
+            if not refs.plain_call(args, kwargs):  # refs to values, read here in the pool process
+                args, kwargs = refs.resolve(args, kwargs, request.id)
+            # a large result goes to the object store, kept as long as the result is: its ref is what is stored
+            return refs.for_result(func(*args, **kwargs), request.id, _results_client, _expires)
         except BaseException as exc:  # (a try block costs nothing while nothing raises: no per-job work here)
             if isinstance(exc, ModuleNotFoundError) and not code_cache.explained(exc):  # name module, worker, fix
                 told = code_cache.explain(exc, code, worker.id if worker else None).with_traceback(exc.__traceback__)

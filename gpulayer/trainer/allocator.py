@@ -38,6 +38,15 @@ def keep_freed_memory() -> bool:
     return bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
 
 
+def return_freed_memory() -> bool:
+    """glibc's own thresholds again (128 KiB): big blocks are mapped and unmapped one by one. For a sharded fit,
+    whose all-gathered layers come and go in turn, a kept heap would hold them all, fragmented."""
+    libc = _libc()
+    if libc is None:
+        return False
+    return bool(libc.mallopt(_M_MMAP_THRESHOLD, 128 << 10)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, 128 << 10))
+
+
 def release() -> None:
     """Give free heap memory back to the kernel (end of fit)."""
     libc = _libc()

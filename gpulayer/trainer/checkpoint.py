@@ -278,7 +278,7 @@ def restore_training_state(trainer, ckpt: dict[str, Any]) -> dict[str, Any]:
         raise TrainerError(f"the checkpoint has {len(states)} optimizer state(s) but configure_optimizers returned "
                            f"{len(trainer.optimizers)}")
     for opt, state in zip(trainer.optimizers, states):
-        opt.load_state_dict(state)
+        trainer.strategy.load_optimizer_state(opt, state)  # FSDP: into this world's shards
     for cfg, state in zip(trainer.lr_scheduler_configs, ckpt.get("lr_schedulers", [])):
         cfg.scheduler.load_state_dict(state)
     scaler = ckpt.get(SCALER_KEY) or ckpt.get(_LEGACY_SCALER_KEY)

@@ -26,7 +26,7 @@ PRECISIONS = {
 ACCELERATORS = ("auto", "cpu", "cuda", "gpu")
 # "ddp" and "ddp_spawn" are one launcher: the calling process starts fresh rank processes (launcher.py) and gets
 # rank 0's weights, counters and metrics back, which is what Lightning's ddp_spawn does (its "ddp" re-runs the script)
-STRATEGIES = ("auto", "single_device", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true")
+STRATEGIES = ("auto", "single_device", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true", "fsdp")
 GRAD_SYNC = ("auto", "two_level", "flat")
 CLIP_ALGORITHMS = ("norm", "value")
 LOGGER_METHODS = ("log_metrics", "log_hyperparams", "log_graph", "save", "finalize")
@@ -67,7 +67,7 @@ class TrainerConfig:
     log_every_n_steps: int = 50
     num_sanity_val_steps: int = 2
     callbacks: list = field(default_factory=list)
-    logger: Any = None
+    loggers: list = field(default_factory=list)
     enable_checkpointing: bool = True
     enable_progress_bar: bool = False
     default_root_dir: str = "."
@@ -79,6 +79,7 @@ class TrainerConfig:
     detect_anomaly: bool = False  # autograd's anomaly detection around every stage (slow: a debugging aid)
     barebones: bool = False  # every feature that costs speed off (barebones.py)
     profiler: Any = None  # a profilers.Profiler; None: PassThroughProfiler (nothing recorded, nothing paid)
+    sharding: Any = None  # strategy "fsdp" / "model_parallel": the fsdp_plan.ShardingPlan every rank builds from
 
     @property
     def multi_process(self) -> bool:
@@ -225,8 +226,8 @@ def _devices(value: Any, accelerator: str, here: bool = True) -> tuple[int, list
 
 def build_config(**kwargs: Any) -> TrainerConfig:
     """Validate Trainer keyword arguments; unknown names get a did-you-mean error."""
-    known = set(TrainerConfig.__dataclass_fields__) - {"device_ids", "max_epochs_given"}  # derived, not arguments
-    known |= {"fast_dev_run"}
+    known = set(TrainerConfig.__dataclass_fields__) - {"device_ids", "max_epochs_given", "loggers"}  # derived
+    known |= {"fast_dev_run", "logger"}
     for name in kwargs:
         if name not in known:
             close = difflib.get_close_matches(name, sorted(known), n=1)
@@ -255,8 +256,10 @@ def build_config(**kwargs: Any) -> TrainerConfig:
             "on CPU use precision='bf16-mixed'"
         )
     cfg.devices, cfg.device_ids = _devices(kwargs.get("devices", "auto"), cfg.accelerator, here)
-    strategy = _strategy_name(kwargs.get("strategy", "auto"))
-    if strategy not in STRATEGIES:
+    from gpulayer.trainer.fsdp_plan import plan_for
+    cfg.sharding = plan_for(kwargs.get("strategy", "auto"))
+    strategy = cfg.sharding.name if cfg.sharding is not None else _strategy_name(kwargs.get("strategy", "auto"))
+    if strategy not in STRATEGIES + ("model_parallel",):
         raise _choices_error("strategy", strategy, STRATEGIES)
     cfg.strategy = strategy
 
@@ -354,24 +357,7 @@ def build_config(**kwargs: Any) -> TrainerConfig:
     cfg.default_root_dir = os.fspath(kwargs.get("default_root_dir") or os.getcwd())
     if cfg.num_nodes > 1:  # the ranks run elsewhere, in another working directory: a relative path means nothing
         cfg.default_root_dir = os.path.abspath(os.path.expanduser(cfg.default_root_dir))
-    logger = kwargs.get("logger", True)
-    from gpulayer.trainer.loggers import CSVLogger, Logger
-    if logger is True or logger is None:
-        logger = CSVLogger(cfg.default_root_dir)
-    elif logger is False:
-        logger = None
-    elif isinstance(logger, (list, tuple)):
-        if len(logger) != 1:
-            raise TrainerConfigError("Trainer(logger=[...]) accepts one logger; pass the logger itself")
-        logger = logger[0]
-    # Lightning takes any object with its Logger's methods (it checks nothing); these are the ones the Trainer calls
-    missing = [m for m in LOGGER_METHODS if not callable(getattr(logger, m, None))] if logger is not None \
-        and not isinstance(logger, Logger) else []
-    if missing:
-        raise TrainerConfigError(
-            f"Trainer(logger={type(logger).__name__}) must be True, False, a gpulayer.trainer logger (CSVLogger, "
-            f"TensorBoardLogger) or an object with a Logger's methods; it lacks {missing}")
-    cfg.logger = logger
+    cfg.loggers = _loggers(kwargs.get("logger", True), cfg.default_root_dir)
     progress = kwargs.get("enable_progress_bar")
     cfg.enable_progress_bar = True if progress is None else _bool("enable_progress_bar", progress)
     from gpulayer.trainer.callbacks import ProgressBar, TQDMProgressBar
@@ -409,7 +395,10 @@ def build_config(**kwargs: Any) -> TrainerConfig:
         cfg.fast_dev_run = n
         cfg.max_epochs, cfg.max_steps, cfg.max_epochs_given = 1, n, True
         cfg.limit_train_batches = cfg.limit_val_batches = cfg.limit_test_batches = cfg.limit_predict_batches = n
-        cfg.num_sanity_val_steps, cfg.logger = 0, None
+        cfg.num_sanity_val_steps = 0
+        if cfg.loggers:  # as Lightning: a logger that logs nothing stands in for the ones given
+            from gpulayer.trainer.loggers import DummyLogger
+            cfg.loggers = [DummyLogger()]
         cfg.val_check_interval, cfg.check_val_every_n_epoch = 1.0, 1
         cfg.callbacks = [c for c in cfg.callbacks if not isinstance(c, ModelCheckpoint)]
     if cfg.overfit_batches > 0:  # the same first batches for training and validation, whatever the limits say
@@ -462,3 +451,21 @@ def _bool(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise _choices_error(name, value, [True, False])
     return value
+
+
+def _loggers(logger: Any, default_root_dir: str) -> list:
+    """``Trainer(logger=...)``: True/None (a CSVLogger in ``default_root_dir``), False, one logger or a list of them."""
+    from gpulayer.trainer.loggers import CSVLogger, Logger
+    if logger is True or logger is None:
+        return [CSVLogger(default_root_dir)]
+    if logger is False:
+        return []
+    loggers = list(logger) if isinstance(logger, (list, tuple)) else [logger]
+    for lg in loggers:
+        # Lightning takes any object with its Logger's methods (it checks nothing); these are the ones the Trainer calls
+        missing = [] if isinstance(lg, Logger) else [m for m in LOGGER_METHODS if not callable(getattr(lg, m, None))]
+        if missing:
+            raise TrainerConfigError(
+                f"Trainer(logger={type(lg).__name__}) must be True, False, a gpulayer.trainer logger (CSVLogger, "
+                f"TensorBoardLogger), an object with a Logger's methods or a list of them; it lacks {missing}")
+    return loggers

@@ -91,7 +91,7 @@ def num_batches(loader: Iterable, limit: int | float, stage: str = "train") -> f
         flat = loader.flattened
         loader.limits = [num_batches(dl, limit, stage) for dl in flat]
         try:
-            return len(loader)
+            return loader._total()
         except TypeError:
             return math.inf
     try:

@@ -20,7 +20,7 @@ import torch
 from gpulayer.trainer import data, dataloader_iter, metrics, profilers, trainer_logging
 from gpulayer.trainer.predict_state import PredictState
 from gpulayer.trainer.prefetch import device_batches
-from gpulayer.trainer.states import RunningStage
+from gpulayer.trainer.states import RunningStage, TrainerFn
 from gpulayer.trainer.stepping import transfer_batch
 from gpulayer.trainer.utilities.model_helpers import is_overridden
 
@@ -54,8 +54,10 @@ class EvalLoop:
         return n
 
     def run(self) -> list:
-        # the whole stage, its start and end hooks too, runs without gradients (Lightning's loops do)
-        with torch.inference_mode() if self.trainer.config.inference_mode else torch.no_grad():
+        # the whole stage, its start and end hooks too, runs without gradients (Lightning's loops do); a fit's
+        # validation under no_grad only, as Lightning's: a tensor its hooks make (a pruning mask) trains after it
+        inference = self.trainer.config.inference_mode and self.trainer.state.fn != TrainerFn.FITTING
+        with torch.inference_mode() if inference else torch.no_grad():
             return self._run()
 
     def _run(self) -> list:

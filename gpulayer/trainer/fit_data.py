@@ -34,6 +34,7 @@ class Loaders:
     train_source: Source | None = None  # a zero-argument function that requests it again
     fit_val_batches: list = dataclasses.field(default_factory=list)  # num_val_batches of the fit's val loaders
     stages: dict = dataclasses.field(default_factory=dict)  # "validate" / "test" / "predict" -> the loaders used
+    fit_given: tuple = (None, None)  # the train and val loaders fit() was given (trial fits of the tuner's callbacks)
 
 
 def _hook_source(owner: Any, name: str) -> Source | None:

@@ -37,7 +37,7 @@ class HyperparametersMixin:
         if is_dataclass(self):
             init_args = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
         else:
-            init_args = collect_hparams(self, frame)
+            init_args = collect_hparams(self, frame, classes=(HyperparametersMixin,))
         if ignore is None:
             ignore = []
         elif isinstance(ignore, str):

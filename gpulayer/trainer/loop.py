@@ -24,9 +24,9 @@ import torch
 
 from gpulayer.trainer import data, dataloader_iter, fit_checks, loader_state, profilers, trainer_logging
 from gpulayer.trainer.optimizers import step_scheduler
-from gpulayer.trainer.errors import MisconfigurationException
 from gpulayer.trainer.evaluate import EvalLoop
 from gpulayer.trainer.loops.closure import NONE_RETURNED, Closure
+from gpulayer.trainer.loops.optimization.manual import ManualResult
 from gpulayer.trainer.prefetch import device_batches
 from gpulayer.trainer.stepping import GeneralStep, _loss_of, transfer_batch
 from gpulayer.trainer.seed import capture_rng, restore_rng
@@ -36,18 +36,7 @@ from gpulayer.trainer.utilities.rank_zero import WarningCache
 def batch_output(out: Any, accum: int, manual: bool) -> dict:
     """What ``on_train_batch_end`` receives, as in Lightning: ``{"loss": detached loss, **other keys}`` (``{}``: skipped)."""
     if manual:
-        if isinstance(out, Mapping):
-            extra = dict(out)
-        elif isinstance(out, torch.Tensor):
-            extra = {"loss": out}
-        elif out is None:
-            extra = {}
-        else:
-            raise MisconfigurationException(
-                "In manual optimization, `training_step` must either return a Tensor or have no return.")
-        if "loss" in extra and isinstance(extra["loss"], torch.Tensor):
-            extra["loss"] = extra["loss"].detach()
-        return extra
+        return ManualResult.from_training_step_output(out).asdict()
     loss = _loss_of(out)
     if loss is None:
         return {}
@@ -93,12 +82,7 @@ class FitLoop:
         self.epoch_start_rng: dict | None = None
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.optimizer = trainer.optimizers[0] if trainer.optimizers else None
-        # under manual optimization the user steps the schedulers (Lightning never does)
-        scheds = trainer.lr_scheduler_configs if module.automatic_optimization else []
-        self.step_schedulers = [c for c in scheds if c.interval == "step" and not c.reduce_on_plateau]
-        # a plateau scheduler reads a metric validation may log: stepped after the batch's validation (Lightning)
-        self.step_plateaus = [c for c in scheds if c.interval == "step" and c.reduce_on_plateau]
-        self.epoch_schedulers = [c for c in scheds if c.interval == "epoch"]
+        self._split_schedulers()
         # step values are made numbers at log intervals for the logger (log_every_n_steps=0: never); the
         # progress bar reads them itself, only for a line it draws
         self.log_needed = trainer.logger is not None and cfg.log_every_n_steps > 0
@@ -115,6 +99,17 @@ class FitLoop:
         self.loader_restored = False  # a resume gave stateful loaders their position: no replay
         self.batch_idx = -1  # the batch running (or last run) in this epoch
         self.info_once = WarningCache()
+
+    def _split_schedulers(self) -> None:
+        """The schedulers by when they step; read again each epoch, after ``on_train_epoch_start``, where a
+        callback may replace them (``StochasticWeightAveraging`` swaps in its ``SWALR``)."""
+        # under manual optimization the user steps the schedulers (Lightning never does)
+        scheds = self.trainer.lr_scheduler_configs if self.module.automatic_optimization else []
+        self._scheds_seen = list(scheds)
+        self.step_schedulers = [c for c in scheds if c.interval == "step" and not c.reduce_on_plateau]
+        # a plateau scheduler reads a metric validation may log: stepped after the batch's validation (Lightning)
+        self.step_plateaus = [c for c in scheds if c.interval == "step" and c.reduce_on_plateau]
+        self.epoch_schedulers = [c for c in scheds if c.interval == "epoch"]
 
     # -- fit --------------------------------------------------------------------------------
     def run(self) -> None:
@@ -221,6 +216,10 @@ class FitLoop:
         step_scheds, epoch_scheds = bool(self.step_schedulers), bool(self.epoch_schedulers)
         step_plateaus = bool(self.step_plateaus)
         batches, skip = self._batches()  # may reload the loaders: read the counts after it
+        if self.module.automatic_optimization and self._scheds_seen != t.lr_scheduler_configs:
+            self._split_schedulers()
+            step_scheds, epoch_scheds = bool(self.step_schedulers), bool(self.epoch_schedulers)
+            step_plateaus = bool(self.step_plateaus)
         accum, total = cfg.accumulate_grad_batches, self.num_train_batches
         val_every, val_offset = self._val_interval(), self._val_offset()
         self.epoch_done, self.batches_done, self.epoch_scheds_stepped = False, skip, False
@@ -256,6 +255,8 @@ class FitLoop:
             if manual:
                 with prec.forward_context():
                     out = step_fn(batch, batch_idx)
+                if not (out is None or isinstance(out, (torch.Tensor, Mapping))):
+                    ManualResult.from_training_step_output(out)  # raises Lightning's error, listened to or not
             elif general:
                 out = self.general_step.run(batch, batch_idx, stepping)
             elif stepping or t.world_size == 1:
@@ -420,8 +421,9 @@ class FitLoop:
                 if s.reduce_on_plateau and (t.current_epoch + 1) % s.frequency == 0:
                     step_scheduler(t, s)
         t.should_stop = self.strategy.any(t.should_stop) if t.world_size > 1 else t.should_stop
-        if t.logger is not None and t.is_global_zero:
-            t.logger.save()
+        if t.is_global_zero:
+            for logger in t.loggers:
+                logger.save()
         store.context = store.TRAIN_STEP
 
     # -- validation ---------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from torch import nn
 
 from gpulayer.trainer import metrics
 from gpulayer.trainer.errors import MisconfigurationException
+from gpulayer.trainer.export import ExportMixin
 from gpulayer.trainer.hparams import HyperparametersMixin
 from gpulayer.trainer.module_logging import ModuleLogging
 from gpulayer.trainer.prefetch import move_data_to_device
@@ -53,7 +54,7 @@ class _restricted_classmethod(classmethod):
         return super().__get__(instance, owner)
 
 
-class Module(HyperparametersMixin, ModuleLogging, nn.Module):
+class Module(ExportMixin, HyperparametersMixin, ModuleLogging, nn.Module):
     """Subclass and write ``training_step`` and ``configure_optimizers``.
 
     >>> class Net(Module):
@@ -74,7 +75,6 @@ class Module(HyperparametersMixin, ModuleLogging, nn.Module):
         self._trainer = None
         self._fabric = None
         self._fabric_optimizers: list = []
-        self._jit_is_scripting = False
         self._current_fx_name: str | None = None  # the hook self.log counts as when the call stack names none
         self._metric_store = None
         self._device = None
@@ -121,6 +121,13 @@ class Module(HyperparametersMixin, ModuleLogging, nn.Module):
         self._fabric = fabric
 
     @property
+    def device_mesh(self) -> Any:
+        """Lightning's: the ``DeviceMesh`` of a sharded run (``ModelParallelStrategy``, ``"fsdp"``), for
+        ``configure_model`` to parallelize on; None under any other strategy."""
+        strategy = getattr(self._trainer, "strategy", None)
+        return getattr(strategy, "device_mesh", None)
+
+    @property
     def device(self) -> torch.device:
         if self._device is not None:
             return self._device
@@ -158,13 +165,14 @@ class Module(HyperparametersMixin, ModuleLogging, nn.Module):
 
     @_restricted_classmethod
     def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
-                             strict: bool | None = None, **kwargs: Any) -> "Module":
+                             strict: bool | None = None, weights_only: bool | None = None,
+                             **kwargs: Any) -> "Module":
         """A new ``cls`` built from the checkpoint's saved hyperparameters (``kwargs`` override them), weights loaded.
 
         >>> model = Net.load_from_checkpoint("epoch=9-step=100.ckpt", lr=1e-4)   # doctest: +SKIP
         """
         from gpulayer.trainer.core.saving import load_from_checkpoint
-        return load_from_checkpoint(cls, checkpoint_path, map_location, hparams_file, strict, **kwargs)
+        return load_from_checkpoint(cls, checkpoint_path, map_location, hparams_file, strict, weights_only, **kwargs)
 
     @property
     def strict_loading(self) -> bool:
@@ -417,9 +425,13 @@ class Module(HyperparametersMixin, ModuleLogging, nn.Module):
         return self.train()
 
     def print(self, *args: Any, **kwargs: Any) -> None:
-        """``print`` on global rank 0 only."""
+        """``print`` on global rank 0 only; through the progress bar while one draws, so its line stays intact."""
         if self.global_rank == 0:
-            print(*args, **kwargs)
+            bar = self._trainer.progress_bar_callback if self._trainer is not None else None
+            if bar is not None and getattr(bar, "is_enabled", False):
+                bar.print(*args, **kwargs)
+            else:
+                print(*args, **kwargs)
 
     def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
         if metric is None:

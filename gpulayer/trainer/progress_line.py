@@ -53,11 +53,14 @@ class LineBar:
 
     # -- tqdm's names ---------------------------------------------------------------------------
     def reset(self, total: int | None = None) -> None:
-        self.n, self.total = 0, total
+        """Back to 0 (tqdm's): ``total`` is replaced only when one is given."""
+        self.n = 0
+        if total is not None:
+            self.total = total
         self._start = self._last = time.monotonic()
 
-    def set_description(self, desc: str, refresh: bool = False) -> None:
-        self.desc = desc
+    def set_description(self, desc: str | None = None, refresh: bool = False) -> None:
+        self.desc = f"{desc}: " if desc else ""  # tqdm keeps the separator in ``desc``
 
     def set_postfix(self, values: dict[str, Any] | None = None, refresh: bool = True, **kwargs: Any) -> None:
         self.postfix = {**(values or {}), **kwargs}
@@ -101,28 +104,37 @@ class LineBar:
         self._shown = False
 
     def close(self) -> None:
-        """Done: keep the last line (``leave``) or clear it from the terminal."""
-        if self.disable or not self._shown:
+        """Done: keep the last line (``leave``) or clear it from the terminal; a closed bar draws no more (tqdm's)."""
+        if self.disable:
             return
-        if self.leave:
-            self.end_line()
-        else:
-            self._draw_at_row("\r\033[K")
-            self.stream.flush()
+        if self._shown:
+            if self.leave:
+                self.end_line()
+            else:
+                self._draw_at_row("\r\033[K")
+                self.stream.flush()
         self._shown = False
+        self.disable = True
 
-    def write(self, text: str) -> None:
-        """Print a line without breaking the bar (it is drawn again below on the next refresh)."""
+    def clear_line(self) -> None:
+        """Take the bar off the terminal (it is drawn again on the next refresh)."""
         if self.terminal and self._shown:
             self._draw_at_row("\r\033[K")
             self._shown = False
-        self.stream.write(text + "\n")
-        self.stream.flush()
+
+    def write(self, text: str, **kwargs: Any) -> None:
+        """Print a line without breaking the bar (it is drawn again below on the next refresh)."""
+        self.clear_line()
+        print(text, **{"file": self.stream, "flush": True, **kwargs})
 
     # -- what is drawn ---------------------------------------------------------------------------
     def line(self) -> str:
         elapsed = max(time.monotonic() - self._start, 1e-9)
         rate = (self.n - self.initial) / elapsed
         total = f"/{self.total}" if self.total is not None else ""
-        shown = ", ".join(f"{k}={_fmt(v)}" for k, v in self.postfix.items())
-        return f"{self.desc}: {self.n}{total} [{elapsed:.0f}s, {rate:.2f}it/s{', ' + shown if shown else ''}]"
+        shown = ", ".join(f"{k}={self._format_value(v)}" for k, v in self.postfix.items())
+        desc = self.desc if not self.desc or self.desc.endswith(": ") else f"{self.desc}: "
+        return f"{desc}{self.n}{total} [{elapsed:.0f}s, {rate:.2f}it/s{', ' + shown if shown else ''}]"
+
+    def _format_value(self, value: Any) -> str:
+        return _fmt(value)

@@ -40,6 +40,27 @@ class Strategy:
     def on_exception(self, exception: BaseException) -> None:
         """Called when a stage ends with an error (after the callbacks' ``on_exception``); nothing to undo here."""
 
+    # checkpoints: global rank 0 writes and reads whole files (a sharded strategy overrides these: fsdp.py)
+    def save_checkpoint(self, ckpt: dict[str, Any], path: str) -> None:
+        from gpulayer.trainer import checkpoint
+        if self.is_global_zero:
+            checkpoint.save(ckpt, path)
+
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        from gpulayer.trainer import checkpoint
+        return checkpoint.load(path)
+
+    def load_optimizer_state(self, optimizer: Any, state: dict[str, Any]) -> None:
+        optimizer.load_state_dict(state)
+
+    def remove_checkpoint(self, path: str) -> None:
+        if self.is_global_zero and os.path.isfile(path):
+            os.remove(path)
+
+    def lightning_module_state_dict(self) -> dict[str, torch.Tensor]:
+        """The module's whole weights, as the caller of a multi-process fit gets them back."""
+        return self.lightning_module.state_dict()
+
 
 class SingleDeviceStrategy(Strategy):
     """One process, one device."""
@@ -221,6 +242,11 @@ def strategy_for(config: Any) -> SingleDeviceStrategy:
     of the planned world outside one), else a single device."""
     cuda = config.accelerator == "cuda"
     device = torch.device("cuda", config.device_ids[0] if config.device_ids else 0) if cuda else torch.device("cpu")
+    if getattr(config, "sharding", None) is not None:  # FSDP2, also with one device (fsdp.py)
+        from gpulayer.trainer import fsdp
+        if cuda and config.device_ids:
+            device = torch.device("cuda", config.device_ids[int(os.environ.get("LOCAL_RANK", "0"))])
+        return fsdp.strategy_for(config.sharding, config, device if cuda else None)
     if not config.multi_process:
         return SingleDeviceStrategy(device)
     if cuda and config.device_ids:
@@ -245,6 +271,14 @@ def init_context(device: torch.device, empty_init: bool | None = None) -> Any:
     """Tensors created inside land on ``device``; ``empty_init=True`` also skips their initialization."""
     with device, (_SkipInit() if empty_init else contextlib.nullcontext()):
         yield
+
+
+def __getattr__(name: str) -> Any:
+    """``FSDPStrategy`` and ``ModelParallelStrategy`` where Lightning users import them, loaded on first use."""
+    if name in ("FSDPStrategy", "ModelParallelStrategy"):
+        from gpulayer.trainer import fsdp
+        return getattr(fsdp, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # Lightning's path of the base class is ``<package>.strategies.strategy``: the same module under that name

@@ -21,6 +21,7 @@ import torch
 from gpulayer.trainer import checkpoint, data, evaluate, gcfreeze, optimizers, stage_aids, strategies
 from gpulayer.trainer import trainer_logging
 from gpulayer.trainer import loggers as loggers_mod
+from gpulayer.trainer.utilities import parsing
 from gpulayer.trainer.callbacks import Callback
 from gpulayer.trainer.config import TrainerConfig, build_config
 from gpulayer.trainer.datamodule import LightningDataModule
@@ -129,12 +130,13 @@ class Trainer(TrainerProperties):
 
     # -- fit ------------------------------------------------------------------------------------
     def fit(self, model: Module, train_dataloaders: Any = None, val_dataloaders: Any = None, datamodule: Any = None,
-            ckpt_path: str | None = None) -> None:
+            ckpt_path: str | None = None, weights_only: bool | None = None) -> None:
         """Train ``model``; loaders may also come from ``model.train_dataloader()`` or a ``datamodule``.
 
         ``ckpt_path`` resumes from a checkpoint (a path, ``"last"`` or ``"best"``),
         restoring weights, optimizers, schedulers, the loss scaler, loop position
-        and random states so the run continues as if never interrupted.
+        and random states so the run continues as if never interrupted. ``weights_only`` is taken for
+        Lightning's signature; a checkpoint the Trainer resumes from is read in full (it holds the loops' state).
         """
         self._begin(TrainerFn.FITTING, RunningStage.TRAINING)
         self.should_stop = False
@@ -167,12 +169,12 @@ class Trainer(TrainerProperties):
 
     # -- validate, test, predict ----------------------------------------------------------------
     def validate(self, model: Module | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
-                 verbose: bool = True, datamodule: Any = None) -> list[dict[str, float]]:
+                 verbose: bool = True, datamodule: Any = None, weights_only: bool | None = None) -> list[dict[str, float]]:
         """One validation pass; returns a dict of the logged epoch metrics per loader (Lightning's value)."""
         return self._evaluate("validate", model, dataloaders, datamodule, ckpt_path, verbose=verbose)
 
     def test(self, model: Module | None = None, dataloaders: Any = None, ckpt_path: str | None = None,
-             verbose: bool = True, datamodule: Any = None) -> list[dict[str, float]]:
+             verbose: bool = True, datamodule: Any = None, weights_only: bool | None = None) -> list[dict[str, float]]:
         """One pass of ``test_step`` over the test loaders; returns the logged metrics per loader.
 
         >>> trainer.fit(model, train_loader); trainer.test(model, test_loader)   # doctest: +SKIP
@@ -181,7 +183,8 @@ class Trainer(TrainerProperties):
         return self._evaluate("test", model, dataloaders, datamodule, ckpt_path, verbose=verbose)
 
     def predict(self, model: Module | None = None, dataloaders: Any = None, datamodule: Any = None,
-                return_predictions: bool | None = None, ckpt_path: str | None = None) -> list | None:
+                return_predictions: bool | None = None, ckpt_path: str | None = None,
+                weights_only: bool | None = None) -> list | None:
         """``predict_step`` (default ``self(batch)``) over the predict loaders; one output per batch.
 
         With several loaders, a list per loader. On ``devices > 1`` each rank predicts
@@ -352,6 +355,9 @@ class Trainer(TrainerProperties):
     def _setup_stage(self, stage: str, module: Module, datamodule: Any) -> Hooks:
         """Lightning's start of every stage: configure_callbacks, prepare_data, setup, configure_model."""
         cfg = self.config
+        hparams = getattr(module, "_hparams", None)  # as Lightning's every run: what cannot be pickled goes
+        if hparams:
+            parsing.clean_namespace(hparams)
         extra = module.configure_callbacks() or []
         cfg.callbacks = cfg.callbacks + [c for c in (extra if isinstance(extra, (list, tuple)) else [extra])
                                          if isinstance(c, Callback) and c not in cfg.callbacks]
@@ -367,6 +373,8 @@ class Trainer(TrainerProperties):
                     datamodule.prepare_data()
         if self.local_rank == 0 and is_overridden("prepare_data", module, Module):
             module.prepare_data()
+        for logger in self.loggers:  # as Lightning: each logger's experiment exists before the first setup hook
+            getattr(logger, "experiment", None)
         self.strategy.barrier()
         if datamodule is not None and hasattr(datamodule, "setup"):
             with stage_aids.profile_hook(self, datamodule, "setup"):
@@ -408,6 +416,7 @@ class Trainer(TrainerProperties):
         step_fn = self.strategy.setup_module(module)
         self.optimizers, self.lr_scheduler_configs = optimizers.parse(module.configure_optimizers(), module)
         self.lightning_optimizers = [LightningOptimizer._to_lightning_optimizer(o, self) for o in self.optimizers]
+        self.loaders.fit_given = (train, val)
         hooks.call("on_fit_start")
         loggers_mod.log_hyperparams(self)  # also creates version_N now, as Lightning does
         resume = checkpoint.restore_training_state(self, ckpt) if ckpt is not None else None
@@ -446,7 +455,7 @@ class Trainer(TrainerProperties):
         if ckpt_path in ("last", "best"):
             path = self._eval_checkpoint("fit", ckpt_path, model_provided=True)
         self.ckpt_path = path
-        return checkpoint.load(os.fspath(path)) if path is not None else None
+        return self.strategy.load_checkpoint(os.fspath(path)) if path is not None else None
 
     def _position(self) -> dict[str, int]:
         """The counters a stage in other processes starts from, as this trainer would (``_set_position`` there)."""
@@ -486,8 +495,7 @@ class Trainer(TrainerProperties):
                 "Saving a checkpoint is only possible if a model is attached to the Trainer. Did you call "
                 "`Trainer.save_checkpoint()` before calling `Trainer.{fit,validate,test,predict}`?")
         ckpt = checkpoint.dump(self, weights_only)
-        if self.is_global_zero:
-            checkpoint.save(ckpt, os.fspath(filepath))
+        self.strategy.save_checkpoint(ckpt, os.fspath(filepath))  # rank 0's file, or every rank's shards (FSDP)
         if self.world_size > 1:
             self.strategy.barrier()
 
@@ -497,8 +505,7 @@ class Trainer(TrainerProperties):
         return strategies.init_context(self.strategy.root_device, empty_init)
 
     def remove_checkpoint(self, filepath: str | os.PathLike) -> None:
-        if self.is_global_zero and os.path.isfile(filepath):
-            os.remove(filepath)
+        self.strategy.remove_checkpoint(os.fspath(filepath))
 
 
 def fit_rank(config: TrainerConfig, module: Module, train_dataloaders: Any = None, val_dataloaders: Any = None,
@@ -525,7 +532,7 @@ def fit_rank(config: TrainerConfig, module: Module, train_dataloaders: Any = Non
     if trainer._resume_newest:
         trainer.fit_info["resumed_from"] = trainer._resumed_from  # None: no checkpoint yet, started over
     return {
-        "state_dict": {k: v.detach().cpu() for k, v in module.state_dict().items()},
+        "state_dict": {k: v.detach().cpu() for k, v in trainer.strategy.lightning_module_state_dict().items()},
         "global_step": trainer.global_step,
         "current_epoch": trainer.current_epoch,
         "batches_stepped": trainer.batches_stepped,

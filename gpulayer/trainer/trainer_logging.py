@@ -14,7 +14,7 @@ def log_step_metrics(trainer: Any) -> None:
     """The training loop's latest step values (at a ``log_every_n_steps`` boundary)."""
     metrics = trainer.metric_store.step_metrics("train")
     if metrics:
-        send_to_loggers(trainer, {**metrics, "epoch": trainer.current_epoch}, trainer.batches_stepped - 1)
+        _send_at_own_step(trainer, metrics, trainer.batches_stepped - 1)
 
 
 def log_epoch_metrics(trainer: Any, metrics: dict[str, float]) -> None:
@@ -24,7 +24,17 @@ def log_epoch_metrics(trainer: Any, metrics: dict[str, float]) -> None:
         # a validate/test on its own logs at the count the trainer holds
         in_fit = trainer.loop is not None and trainer.state_stage == "fit"
         step = trainer.batches_stepped - 1 if in_fit else trainer.batches_stepped
-        send_to_loggers(trainer, {**metrics, "epoch": trainer.current_epoch}, max(step, 0))
+        _send_at_own_step(trainer, metrics, max(step, 0))
+
+
+def _send_at_own_step(trainer: Any, metrics: dict[str, float], step: int) -> None:
+    """A value logged as ``"step"`` is the step these values go out at (Lightning's rule), else ``step`` with the
+    epoch added."""
+    if "step" in metrics:
+        metrics = dict(metrics)
+        send_to_loggers(trainer, metrics, int(metrics.pop("step")))
+    else:
+        send_to_loggers(trainer, {**metrics, "epoch": trainer.current_epoch}, step)
 
 
 def log_eval_step_metrics(trainer: Any, acc_name: str) -> None:

@@ -122,8 +122,23 @@ class TrainerProperties:
         return list(self.config.device_ids) if self.config.device_ids else list(range(self.config.devices))
 
     # -- callbacks and loggers ----------------------------------------------------------------------
-    logger = property(lambda self: self.config.logger)
-    loggers = property(lambda self: [self.config.logger] if self.config.logger is not None else [])
+    @property
+    def logger(self) -> Any:
+        """The first logger (None without any), as Lightning's; setting it replaces them all."""
+        return self.config.loggers[0] if self.config.loggers else None
+
+    @logger.setter
+    def logger(self, logger: Any) -> None:
+        self.config.loggers = [] if logger is None else [logger]
+
+    @property
+    def loggers(self) -> list:
+        return self.config.loggers
+
+    @loggers.setter
+    def loggers(self, loggers: list | None) -> None:
+        self.config.loggers = list(loggers or [])
+
     checkpoint_callbacks = property(lambda self: [c for c in self.callbacks if isinstance(c, ModelCheckpoint)])
     checkpoint_callback = property(lambda self: next(iter(self.checkpoint_callbacks), None))
     early_stopping_callbacks = property(lambda self: [c for c in self.callbacks if isinstance(c, EarlyStopping)])
@@ -135,7 +150,9 @@ class TrainerProperties:
 
     @property
     def log_dir(self) -> str:
-        return self.logger.log_dir if self.logger is not None else self.default_root_dir
+        from gpulayer.trainer.loggers import DummyLogger
+        logger = self.logger
+        return logger.log_dir if logger is not None and not isinstance(logger, DummyLogger) else self.default_root_dir
 
     @property
     def callback_metrics(self) -> dict[str, Any]:

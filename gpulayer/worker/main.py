@@ -183,17 +183,23 @@ def _start(settings, registry: Registry, worker_id: str, host: str, gpu_ids: lis
     from ..gang.agent import GangAgent, SlotGate
     from ..gang.consumer import ControlStep
     from ..masking import mask_logs, secrets_of
+    from ..objects import s3_helper
     from .heartbeat import Heartbeat
     from .janitor import Janitor
+    from .object_sweep import ObjectSweep
     from .reaper import Reaper
     from .wake import WakeOnSignal
 
     consume_as(worker_id)  # take messages atomically, recorded under this life of the worker
+    # This process forks pool processes all along: its own S3 requests (the object sweep's) go to a helper
+    # process, so obstore's runtime, which a fork does not copy, never starts here (objects/s3_helper.py).
+    s3_helper.forking_process()
     runtime.registry = registry
     app.steps["worker"].add(Heartbeat)
     app.steps["worker"].add(GangAgent)
     app.steps["worker"].add(ControlStep)  # the coordinator's queue, served outside the job slots
     app.steps["worker"].add(Janitor)
+    app.steps["worker"].add(ObjectSweep)  # the janitor's round over the object store, in its own thread
     app.steps["worker"].add(Reaper)
     app.steps["worker"].add(WakeOnSignal)  # SIGTERM starts the warm shutdown at once
     app.steps["consumer"].add(SlotGate)

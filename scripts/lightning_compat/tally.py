@@ -206,12 +206,49 @@ def per_file_summary(results: list[FileResult]) -> dict:
     return {fr.file: {"counted": file_row(fr)["counted"], "passed": file_row(fr)["passed"]} for fr in results}
 
 
+def directory(rel: str) -> str:
+    """The top directory under tests_pytorch a file belongs to (``.`` for test_cli.py and the like)."""
+    return rel.split("/", 1)[0] if "/" in rel else "."
+
+
+def render_by_directory(results: list[FileResult]) -> list[str]:
+    """One row per top directory: what the per-file table says, summed."""
+    groups: dict[str, list[FileResult]] = defaultdict(list)
+    for fr in results:
+        groups[directory(fr.file)].append(fr)
+    out = ["| directory | files | functions | private | skipped | fail under Lightning | counted | gpulayer passed "
+           "| % |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, frs in sorted(groups.items()) + [("**total**", results)]:
+        t = totals(frs)
+        pct = f"{t['percent']:.0f}" if t["counted"] else "-"
+        out.append(f"| {name} | {len(frs)} | {t['functions']} | {t['private']} | {t['skipped']} | "
+                   f"{t['lightning_failed']} | {t['counted']} | {t['passed']} | {pct} |")
+    return out
+
+
+def render_biggest_gaps(results: list[FileResult], limit: int = 15) -> list[str]:
+    """The files with the most counted functions failing under gpulayer, each with its most common cause."""
+    gaps = []
+    for fr in results:
+        failing = [f for f in fr.functions if f.counted and f.gpulayer != "passed"]
+        if failing:
+            cause, n = Counter(_normalized(f.gpulayer_cause) for f in failing).most_common(1)[0]
+            gaps.append((len(failing), fr.file, file_row(fr)["counted"], cause, n))
+    gaps.sort(key=lambda g: (-g[0], g[1]))
+    return [f"- `{rel}`: {n} of {counted} failing; most common ({k} x): {_short(cause, 160).replace('|', '/')}"
+            for n, rel, counted, cause, k in gaps[:limit]]
+
+
 def render_markdown(results: list[FileResult], before: list[tuple[str, dict]] | None = None) -> str:
-    """The per-file table (with a "passed at X" column per (label, saved summary) in ``before``), then the most
-    common causes, the failures by kind, the skips, Lightning's own failures and the private rules."""
+    """By directory, the biggest gaps, the per-file table (with a "passed at X" column per (label, saved summary)
+    in ``before``), then the most common causes, the failures by kind, the skips, Lightning's own failures and
+    the private rules."""
     before = before or []
     extra = "".join(f" passed at {label} |" for label, _ in before)
-    out = ["| file | functions | private | skipped | fail under Lightning | counted |" + extra
+    out = ["### By directory", "", *render_by_directory(results), "",
+           "### Biggest gaps (files by counted functions failing under gpulayer)", "",
+           *render_biggest_gaps(results), "", "### By file", "",
+           "| file | functions | private | skipped | fail under Lightning | counted |" + extra
            + " gpulayer passed | % | cases |",
            "|---|---:|---:|---:|---:|---:|" + "---:|" * len(before) + "---:|---:|---:|"]
     for fr in results + [None]:

@@ -12,7 +12,7 @@ from gpulayer.trainer import Trainer
 from gpulayer.trainer.demos.boring_classes import BoringModel, RandomDataset
 from gpulayer.trainer.errors import MisconfigurationException
 from gpulayer.trainer.tuner import Tuner
-from gpulayer.trainer.tuner.batch_size import search_batch_size
+from gpulayer.trainer.tuner.batch_size_scaling import BatchSizeProbe, search_batch_size
 from gpulayer.trainer.tuner.lr_finder import LRFinder, lr_schedule
 from tests.trainer.twin import both, needs_lightning
 
@@ -56,20 +56,41 @@ def test_batch_size_search_finds_what_lightning_finds(mode, fits_up_to):
     assert found == kept
 
 
-def test_search_is_pure_and_bisects_after_the_first_failure():
-    tried = []
+def _probe(fits_up_to: int | None, dataset_length: float | None = None, error: str = "CUDA out of memory."):
+    held = {"size": 2, "tried": []}
 
     def trial(size):
-        tried.append(size)
-        if size > 100:
-            raise RuntimeError("CUDA out of memory.")
+        held["tried"].append(size)
+        if fits_up_to is None or size > fits_up_to:
+            raise RuntimeError(error)
 
-    found = search_batch_size(trial, lambda: float("inf"), "binsearch", 2, 25, 0.0, 8192,
-                              lambda e: "out of memory" in str(e))
-    assert found == 100 and tried[:7] == [2, 4, 8, 16, 32, 64, 128]
+    probe = BatchSizeProbe(trial=trial, current=lambda: held["size"], put=lambda s: held.update(size=s),
+                           dataset_length=lambda: dataset_length)
+    return probe, held
+
+
+def test_search_is_pure_and_bisects_after_the_first_failure():
+    probe, held = _probe(fits_up_to=100)
+    found = search_batch_size(probe, "binsearch", 2, 25, 0.0, 8192)
+    # doubles until 128 fails, then bisects between the largest success and the smallest failure
+    assert found == 100 and held["tried"][:7] == [2, 4, 8, 16, 32, 64, 128] and held["size"] == 100
+    probe, held = _probe(fits_up_to=100)
+    assert search_batch_size(probe, "power", 2, 25, 0.0, 8192) == 64  # power: halves back after the failure
+    probe, _ = _probe(fits_up_to=None, error="not memory")
     with pytest.raises(RuntimeError, match="not memory"):
-        search_batch_size(lambda s: (_ for _ in ()).throw(RuntimeError("not memory")), lambda: 9.0, "power", 2, 5,
-                          0.0, 64, lambda e: False)
+        search_batch_size(probe, "power", 2, 5, 0.0, 64)
+
+
+def test_search_stops_at_the_dataset_length_max_val_and_max_trials():
+    probe, held = _probe(fits_up_to=10_000, dataset_length=64)
+    assert search_batch_size(probe, "power", 8, 25, 0.0, 8192) == 64 and held["tried"] == [8, 16, 32, 64]
+    probe, held = _probe(fits_up_to=10_000)
+    assert search_batch_size(probe, "power", 2, 25, 0.0, 8) == 8 and held["tried"] == [2, 4]
+    probe, held = _probe(fits_up_to=10_000)
+    # power counts every trial; binsearch counts successes and takes the margin off (int(8 * 0.95) = 7)
+    assert search_batch_size(probe, "power", 2, 3, 0.0, 8192) == 8 and held["tried"] == [2, 4, 8]
+    probe, held = _probe(fits_up_to=10_000)
+    assert search_batch_size(probe, "binsearch", 2, 3, 0.05, 8192) == 7 and held["size"] == 7
 
 
 def test_lr_find_restores_weights_sets_the_suggestion_and_records_every_step():

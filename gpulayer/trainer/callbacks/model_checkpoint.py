@@ -386,6 +386,10 @@ class ModelCheckpoint(Callback):
         trainer.save_checkpoint(filepath, self.save_weights_only)
         self._last_global_step_saved = trainer.global_step
         self._last_checkpoint_saved = filepath
+        for logger in trainer.loggers:  # loggers that upload checkpoints hear of each one (Lightning's hook)
+            hook = getattr(logger, "after_save_checkpoint", None)  # a duck-typed logger may lack it
+            if callable(hook):
+                hook(self)
 
     @staticmethod
     def _link_checkpoint(trainer, filepath: str, linkpath: str) -> None:

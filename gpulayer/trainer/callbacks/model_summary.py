@@ -58,7 +58,7 @@ def add_default_summary(callbacks: list, enabled: bool) -> None:
     if not enabled or any(isinstance(c, ModelSummary) for c in callbacks):
         return
     from gpulayer.trainer.callbacks.model_checkpoint import ModelCheckpoint
-    from gpulayer.trainer.callbacks.rich_progress import RichProgressBar
+    from gpulayer.trainer.callbacks.progress.rich_progress import RichProgressBar
 
     if any(isinstance(c, RichProgressBar) for c in callbacks):
         from gpulayer.trainer.callbacks.rich_model_summary import RichModelSummary

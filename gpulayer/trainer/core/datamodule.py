@@ -45,10 +45,10 @@ class LightningDataModule(HyperparametersMixin):
 
     @_restricted_classmethod
     def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
-                             **kwargs: Any) -> "LightningDataModule":
+                             weights_only: bool | None = None, **kwargs: Any) -> "LightningDataModule":
         """A new ``cls`` from the datamodule hyperparameters the checkpoint saved (``kwargs`` override them)."""
         from gpulayer.trainer.core.saving import load_from_checkpoint
-        return load_from_checkpoint(cls, checkpoint_path, map_location, hparams_file, None, **kwargs)
+        return load_from_checkpoint(cls, checkpoint_path, map_location, hparams_file, None, weights_only, **kwargs)
 
     def prepare_data(self) -> None: ...
     def setup(self, stage: str) -> None: ...

@@ -15,6 +15,7 @@ import csv
 import inspect
 import os
 from argparse import Namespace
+from enum import Enum
 from typing import Any
 
 import torch
@@ -35,18 +36,20 @@ def _map_cpu_when_absent(storage: Any, location: str) -> Any:
     return None
 
 
-def load_file(path_or_buffer: Any, map_location: Any = None) -> dict[str, Any]:
-    """``torch.load`` of a path, URL-less file object or buffer, as Lightning's ``pl_load`` (full pickle)."""
+def load_file(path_or_buffer: Any, map_location: Any = None, weights_only: bool | None = None) -> dict[str, Any]:
+    """``torch.load`` of a path, URL-less file object or buffer, as Lightning's ``pl_load`` (full pickle unless
+    ``weights_only=True``)."""
+    weights_only = bool(weights_only)
     if isinstance(path_or_buffer, (str, os.PathLike)):
         with open(path_or_buffer, "rb") as f:
-            return torch.load(f, map_location=map_location, weights_only=False)
-    return torch.load(path_or_buffer, map_location=map_location, weights_only=False)
+            return torch.load(f, map_location=map_location, weights_only=weights_only)
+    return torch.load(path_or_buffer, map_location=map_location, weights_only=weights_only)
 
 
 def load_from_checkpoint(cls: type, checkpoint_path: Any, map_location: Any = None, hparams_file: Any = None,
-                         strict: bool | None = None, **kwargs: Any) -> Any:
+                         strict: bool | None = None, weights_only: bool | None = None, **kwargs: Any) -> Any:
     Module, LightningDataModule = trainer_base(cls, "Module"), trainer_base(cls, "LightningDataModule")
-    ckpt = load_file(checkpoint_path, map_location=map_location or _map_cpu_when_absent)
+    ckpt = load_file(checkpoint_path, map_location=map_location or _map_cpu_when_absent, weights_only=weights_only)
     key = cls.CHECKPOINT_HYPER_PARAMS_KEY
     if hparams_file is not None:
         ext = str(hparams_file).rsplit(".", 1)[-1].lower()
@@ -145,6 +148,7 @@ def save_hparams_to_yaml(config_yaml: str | os.PathLike, hparams: Any, use_omega
     for k, v in hparams.items():
         try:
             v = vars(v) if isinstance(v, Namespace) else v
+            v = v.name if isinstance(v, Enum) else v  # an Enum member by its name (Lightning's file)
             yaml.dump(v) if yaml is not None else _plain_yaml(v)
         except Exception:
             rank_zero_warn(f"Skipping '{k}' parameter because it is not possible to safely dump to YAML.")
@@ -209,8 +213,12 @@ def load_hparams_from_yaml(config_yaml: str | os.PathLike, use_omegaconf: bool =
     if use_omegaconf:
         try:
             from omegaconf import OmegaConf
-            return OmegaConf.create(hparams)
+            from omegaconf.errors import UnsupportedValueType, ValidationError
         except ImportError:
+            return hparams
+        try:
+            return OmegaConf.create(hparams)
+        except (UnsupportedValueType, ValidationError):  # a value OmegaConf cannot hold (a class): the plain dict
             pass
     return hparams
 

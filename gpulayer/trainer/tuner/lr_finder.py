@@ -9,9 +9,11 @@ the smoothed loss falls fastest.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-from typing import Any
+import random
+from typing import Any, Iterator
 
 import torch
 
@@ -21,6 +23,28 @@ from gpulayer.trainer.errors import MisconfigurationException
 log = logging.getLogger(__name__)
 
 MODES = ("exponential", "linear")
+
+
+@contextlib.contextmanager
+def rng_kept() -> Iterator[None]:
+    """The random states (Python's, torch's, numpy's when installed) as they were before: the range test draws
+    batches and dropout masks the fit would otherwise draw."""
+    py, cpu = random.getstate(), torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        import numpy as np
+        np_state = np.random.get_state()
+    except ImportError:
+        np, np_state = None, None
+    try:
+        yield
+    finally:
+        random.setstate(py)
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+        if np is not None:
+            np.random.set_state(np_state)
 
 
 def lr_schedule(mode: str, lr_min: float, lr_max: float, num_training: int) -> list[float]:
@@ -95,6 +119,12 @@ class LRSearch(Callback):
         self._avg = 0.0
         self._best = math.inf
         self._step = 0  # optimizer steps taken in this search
+        self.batches = 0  # training batches seen (several per step when gradients accumulate)
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        # the range test sets each step's learning rate itself: the module's schedulers (a ReduceLROnPlateau
+        # waiting for a validation metric this fit does not compute) take no part, as in Lightning
+        trainer.lr_scheduler_configs = []
 
     def on_train_start(self, trainer, pl_module) -> None:
         if len(trainer.optimizers) != 1:
@@ -113,6 +143,7 @@ class LRSearch(Callback):
         self.lrs.append(lr)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.batches += 1
         if not self._stepping(trainer, batch_idx) or len(self.losses) >= len(self.lrs):
             return
         self._step += 1

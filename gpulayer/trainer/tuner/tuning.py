@@ -13,18 +13,10 @@ import torch
 from gpulayer.trainer.errors import MisconfigurationException
 from gpulayer.trainer.profilers import PassThroughProfiler
 from gpulayer.trainer.tuner import attributes
-from gpulayer.trainer.tuner.lr_finder import LRFinder, LRSearch, lr_schedule
+from gpulayer.trainer.tuner.lr_finder import LRFinder, LRSearch, lr_schedule, rng_kept
 from gpulayer.trainer.utilities.rank_zero import rank_zero_info
 
 METHODS = ("fit", "validate", "test", "predict")
-_OOM_TEXTS = ("out of memory", "CUDNN_STATUS_NOT_SUPPORTED", "CUDNN_STATUS_EXECUTION_FAILED",
-              "can't allocate memory")
-
-
-def is_oom(err: BaseException) -> bool:
-    """A failure of memory (CUDA's or the CPU allocator's), which a smaller batch avoids."""
-    return isinstance(err, torch.cuda.OutOfMemoryError) or \
-        isinstance(err, RuntimeError) and any(text in str(err) for text in _OOM_TEXTS)
 
 
 def _check_method(method: str, train: Any, val: Any, dataloaders: Any) -> None:
@@ -49,7 +41,7 @@ class Tuner:
     def _trial(self, model: Any, callbacks: list, **overrides: Any) -> Any:
         """A Trainer for one trial: the user's settings, but quiet (no logger, checkpoints, bar, summary)."""
         from gpulayer.trainer.trainer import Trainer
-        cfg = dataclasses.replace(self._trainer.config, callbacks=list(callbacks), logger=None,
+        cfg = dataclasses.replace(self._trainer.config, callbacks=list(callbacks), loggers=[],
                                   enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                                   num_sanity_val_steps=0, profiler=PassThroughProfiler(), **overrides)
         return Trainer.from_config(cfg)
@@ -60,12 +52,16 @@ class Tuner:
             raise ValueError("Tuning is currently not supported with distributed strategies: tune with devices=1, "
                              "then train with the values found.")
         weights = copy.deepcopy(model.state_dict())
-        attached = model._trainer
+        # what a run attaches to the module: a search inside a running fit (the callbacks) hands them back to it
+        attached = {name: getattr(model, name, None) for name in ("_trainer", "_metric_store", "_device")}
         try:
             return search()
         finally:
             model.load_state_dict(weights)
-            model._trainer = attached
+            if attached["_trainer"] is not None:
+                model.trainer = attached["_trainer"]  # the setter reaches nested modules too
+            for name, value in attached.items():
+                setattr(model, name, value)
 
     # -- learning rate -----------------------------------------------------------------------------
     def lr_find(self, model: Any, train_dataloaders: Any = None, val_dataloaders: Any = None, dataloaders: Any = None,
@@ -92,8 +88,10 @@ class Tuner:
             if trial.global_step < num_training:
                 rank_zero_info(f"LR finder stopped early after {trial.global_step} steps due to diverging loss.")
 
-        self._guarded(model, run)
+        with rng_kept():  # the search leaves the random state as it found it: a second call finds the same
+            self._guarded(model, run)
         finder.results = {"lr": search.lrs[:len(search.losses)], "loss": search.losses}
+        finder._total_batch_idx = search.batches - 1  # Lightning's count: the last training batch's index
         if update_attr:
             lr = finder.suggestion()
             if lr is not None:
@@ -127,24 +125,14 @@ class Tuner:
         success and the failure, and takes ``margin`` off the result.
         """
         _check_method(method, train_dataloaders, val_dataloaders, dataloaders)
-        if mode not in ("power", "binsearch"):
-            raise ValueError(f"scale_batch_size(mode={mode!r}) should be either of `power` or `binsearch`")
-        if not 0.0 <= margin < 1.0:
-            raise ValueError(f"`margin` should be between 0 and 1. Found margin={margin}")
+        check_batch_size_search(self._trainer, model, datamodule, mode, margin, batch_arg_name,
+                                given=(train_dataloaders, val_dataloaders, dataloaders), method=method)
         if self._trainer.fast_dev_run:
             warnings.warn("Skipping batch size scaler since `fast_dev_run` is enabled.", UserWarning, stacklevel=2)
             return None
-        if train_dataloaders is not None or val_dataloaders is not None or dataloaders is not None:
-            raise MisconfigurationException(
-                "The batch scaling feature cannot be used with dataloaders passed directly to `.fit()`. Please disable "
-                "the feature or incorporate the dataloader into your LightningModule or LightningDataModule.")
-        if not attributes.holders(model, datamodule, batch_arg_name):
-            raise MisconfigurationException(f"Field {batch_arg_name} not found in `model`, `datamodule`, nor their "
-                                            "`hparams` attributes.")
-        from gpulayer.trainer.tuner.batch_size import search_batch_size
+        from gpulayer.trainer.tuner.batch_size_scaling import BatchSizeProbe, search_batch_size
 
         def trial(size: int) -> None:
-            attributes.put(model, datamodule, batch_arg_name, size)
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
@@ -156,22 +144,76 @@ class Tuner:
                 runner = getattr(self._trial(model, [], **limits), method)
                 runner(model, datamodule=datamodule, **({} if method == "predict" else {"verbose": False}))
 
-        def run() -> int:
-            return search_batch_size(trial, lambda: self._dataset_length(model, datamodule, method), mode, init_val,
-                                     max_trials, margin, max_val, is_oom)
-
-        size = self._guarded(model, run)
+        probe = BatchSizeProbe(trial=trial, current=lambda: attributes.get(model, datamodule, batch_arg_name),
+                               put=lambda size: attributes.put(model, datamodule, batch_arg_name, size),
+                               dataset_length=lambda: self._dataset_length(model, datamodule, method))
+        size = self._guarded(model, lambda: search_batch_size(probe, mode, init_val, max_trials, margin, max_val))
         attributes.put(model, datamodule, batch_arg_name, size)
+        self._refresh_loaders(model, datamodule, method)
         rank_zero_info(f"Finished batch size finder, will continue with full run using batch size {size}")
         return size
 
+    def _refresh_loaders(self, model: Any, datamodule: Any, method: str) -> None:
+        """The trainer's loaders of ``method`` requested again at the size found (Lightning resets them)."""
+        trainer = self._trainer
+        owner = datamodule if datamodule is not None else model
+        if datamodule is not None:
+            trainer.datamodule = datamodule
+        hook = {"fit": "train_dataloader", "validate": "val_dataloader"}.get(method, f"{method}_dataloader")
+        loader = self._request(owner, hook)
+        if method == "fit":
+            trainer.loaders.train = loader
+            val = self._request(owner, "val_dataloader")
+            if val is not None:
+                trainer.loaders.stages["validate"] = val
+        elif loader is not None:
+            trainer.loaders.stages[method] = loader
+
     @staticmethod
-    def _dataset_length(model: Any, datamodule: Any, method: str) -> float:
-        """Samples in the data of ``method`` (inf when unknown): a batch size beyond it tests nothing new."""
+    def _request(owner: Any, hook: str) -> Any:
+        from gpulayer.trainer.fit_data import _hook_source
+        source = _hook_source(owner, hook)
+        return source() if source is not None else None
+
+    @staticmethod
+    def _eval_loader_count(model: Any, datamodule: Any, method: str) -> int:
+        hook = {"validate": "val_dataloader"}.get(method, f"{method}_dataloader")
+        loaders = Tuner._request(datamodule if datamodule is not None else model, hook)
+        return len(loaders) if isinstance(loaders, (list, tuple)) else 1
+
+    @staticmethod
+    def _dataset_length(model: Any, datamodule: Any, method: str) -> float | None:
+        """Samples in the data of ``method`` (None when unknown): a batch size beyond it tests nothing new."""
         hook = {"fit": "train_dataloader", "validate": "val_dataloader"}.get(method, f"{method}_dataloader")
         owner = datamodule if datamodule is not None else model
         try:
             loader = getattr(owner, hook)()
             return float(len(loader.dataset))
         except Exception:  # no such hook, an iterable dataset, no dataset attribute: unknown
-            return float("inf")
+            return None
+
+
+def check_batch_size_search(trainer: Any, model: Any, datamodule: Any, mode: str, margin: float, batch_arg_name: str,
+                            given: tuple = (), method: str | None = None) -> None:
+    """What Lightning refuses (or warns of) before a batch-size search, with its messages."""
+    if mode not in ("power", "binsearch"):
+        raise ValueError("`mode` should be either of ('power', 'binsearch')")
+    if not 0.0 <= margin < 1.0:
+        raise ValueError(f"`margin` should be between 0 and 1. Found margin={margin}")
+    if trainer.config.multi_process:
+        raise MisconfigurationException("The Batch size finder is not supported with distributed strategies.")
+    if any(x is not None for x in given):
+        raise MisconfigurationException(
+            "The Batch size finder cannot be used with dataloaders passed directly to `.fit()`. Please disable the "
+            "feature or incorporate the dataloader into your LightningModule or LightningDataModule.")
+    if method not in (None, "fit") and Tuner._eval_loader_count(model, datamodule, method) > 1:
+        stage = {"validate": "val"}.get(method, method)
+        raise MisconfigurationException(f"The Batch size finder cannot be used with multiple {stage} dataloaders.")
+    if not attributes.holders(model, datamodule, batch_arg_name):
+        raise MisconfigurationException(f"Field {batch_arg_name} not found in `model`, `datamodule`, nor their "
+                                        "`hparams` attributes.")
+    hparams = getattr(model, "hparams", None) if attributes._has_hparams(model) else None
+    if batch_arg_name in getattr(model, "__dict__", {}) and hparams is not None and batch_arg_name in hparams:
+        warnings.warn(f"Field `model.{batch_arg_name}` and `model.hparams.{batch_arg_name}` are mutually exclusive! "
+                      f"`model.{batch_arg_name}` will be used as the initial batch size for scaling. If this is not "
+                      "the intended behavior, please remove either one.", UserWarning, stacklevel=3)

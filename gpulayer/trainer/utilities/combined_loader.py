@@ -123,6 +123,13 @@ class CombinedLoader(Iterable):
         return lengths
 
     def __len__(self) -> int:
+        """Batches of one pass in this mode: known once ``iter(combined_loader)`` was called (as in Lightning)."""
+        if self._iterator is None:
+            raise RuntimeError("Please call `iter(combined_loader)` first.")
+        return self._total()
+
+    def _total(self) -> int:
+        """Batches of one pass in this mode (the Trainer counts before it iterates); TypeError when unsized."""
         lengths = self._lengths()
         if not lengths:
             return 0
@@ -135,6 +142,16 @@ class CombinedLoader(Iterable):
         if total == math.inf:
             raise TypeError(f"{type(self).__name__} has no len(): an iterable in it is unsized")
         return int(total)
+
+    def _dataset_length(self) -> int:
+        """Samples of the datasets behind the iterables, combined as the mode combines batches (min, max or sum);
+        datasets without a length are left out."""
+        from gpulayer.trainer.utilities.data import sized_len
+        lengths = [n for n in (sized_len(getattr(dl, "dataset", None)) for dl in self._flattened) if n is not None]
+        if not lengths:
+            raise NotImplementedError("All datasets are iterable-style datasets.")
+        return min(lengths) if self._mode == "min_size" else sum(lengths) if self._mode == "sequential" \
+            else max(lengths)
 
     def __iter__(self) -> Iterator[tuple[Any, int, int]]:
         self._iterator = _CombinedIterator(self._flattened, self._spec, self._mode, self._lengths())
@@ -164,6 +181,22 @@ class _CombinedIterator(Iterator):
             self.iterators = [iter(it) for it in iterables]
             self.done = [n == 0 for n in lengths]
             self.counts = [0] * len(iterables)
+
+    @property
+    def _consumed(self) -> list[bool]:
+        """Per iterable: read to its end at least once (Lightning's name)."""
+        return self.done
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a DataLoader's iterator holds worker processes and cannot be pickled: a copy starts that one over
+        from torch.utils.data.dataloader import _BaseDataLoaderIter
+        state = self.__dict__.copy()
+        for key in ("iterators", "iterator"):
+            if key in state:
+                value = state[key]
+                state[key] = [None if isinstance(v, _BaseDataLoaderIter) else v for v in value] \
+                    if isinstance(value, list) else None if isinstance(value, _BaseDataLoaderIter) else value
+        return state
 
     def __next__(self) -> tuple[Any, int, int]:
         if self.mode == "sequential":

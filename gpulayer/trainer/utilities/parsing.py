@@ -66,13 +66,17 @@ def _init_frame_args(frame: types.FrameType) -> tuple[Any, dict[str, Any]]:
     return local_vars.get(self_name), {k: v for k, v in args.items() if k not in skip}
 
 
-def collect_hparams(obj: Any, frame: types.FrameType) -> dict[str, Any]:
-    """The constructor arguments of ``obj``, from ``frame`` up through the ``__init__`` chain that built it."""
+def collect_hparams(obj: Any, frame: types.FrameType, classes: tuple[type, ...] = ()) -> dict[str, Any]:
+    """The constructor arguments of ``obj``, from ``frame`` up through the ``__init__`` chain that built it.
+
+    With ``classes``, the chain goes on through the constructors of enclosing objects of those classes too
+    (Lightning's rule: a module built inside another module's ``__init__`` saves that one's arguments as well);
+    it stops at the first constructor of anything else."""
     found: list[dict[str, Any]] = []
     inside = False
     while frame is not None and frame.f_back is not None:
         owner, args = _init_frame_args(frame)
-        if owner is obj:
+        if owner is obj or (owner is not None and classes and isinstance(owner, classes)):
             found.append(args)
             inside = True
         elif inside:
@@ -108,9 +112,14 @@ def is_picklable(obj: Any) -> bool:
 
 
 def clean_namespace(hparams: Any) -> None:
-    """Drop, in place, the values of a dict or ``Namespace`` that cannot be pickled (they could not be saved)."""
+    """Drop, in place and with a warning, the values of a dict or ``Namespace`` that ``pickle`` cannot save: a
+    checkpoint must hold what it records."""
+    from gpulayer.trainer.utilities.rank_zero import rank_zero_warn
+
     mapping = vars(hparams) if isinstance(hparams, Namespace) else hparams
     for key in [k for k, v in mapping.items() if not is_picklable(v)]:
+        rank_zero_warn(f"Attribute '{key}' removed from hparams because it cannot be pickled. You can suppress this "
+                       f"warning by setting `self.save_hyperparameters(ignore=['{key}'])`.")
         del mapping[key]
 
 

@@ -60,9 +60,13 @@ def rank_zero_warn(message: str | Warning, stacklevel: int = 4, category: type[W
     warnings.warn(message, category=category, stacklevel=stacklevel, **kwargs)
 
 
+class LightningDeprecationWarning(DeprecationWarning):
+    """A name or argument of Lightning's API that a later Lightning removes (users filter on this class)."""
+
+
 @rank_zero_only
 def rank_zero_deprecation(message: str | Warning, stacklevel: int = 5, **kwargs: Any) -> None:
-    warnings.warn(message, category=DeprecationWarning, stacklevel=stacklevel, **kwargs)
+    warnings.warn(message, category=LightningDeprecationWarning, stacklevel=stacklevel, **kwargs)
 
 
 def rank_prefixed_message(message: str, rank: int | None) -> str:

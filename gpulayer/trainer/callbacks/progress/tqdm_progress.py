@@ -1,10 +1,14 @@
-"""Progress-bar callbacks (Lightning's ``callbacks.progress``): ``ProgressBar`` and the default ``TQDMProgressBar``.
+"""Progress-bar callbacks (Lightning's ``callbacks.progress.tqdm_progress``): ``ProgressBar`` and the default
+``TQDMProgressBar``, drawing ``Tqdm`` bars.
 
 The Trainer adds a ``TQDMProgressBar`` when ``enable_progress_bar=True`` (the default)
-and none is in ``callbacks``; ``trainer.progress_bar_callback`` is that object. It draws
-gpulayer's own line bar (``progress.py``): in place on a terminal, a few times a second
-at most; elsewhere one line per training epoch. What it shows comes from
-``get_metrics``, read only when a line is drawn, so the bar adds no device sync per step.
+and none is in ``callbacks``; ``trainer.progress_bar_callback`` is that object. Its bars are
+``Tqdm``: gpulayer's own line bar (progress_line.py) with tqdm's names, in place on a terminal,
+a few times a second at most; elsewhere one line per training epoch. What a batch's update shows
+comes from ``get_metrics``, read only when a line is drawn, so the bar adds no device sync per
+step (Lightning reads it at every update); at the end of a validation and of a training epoch it
+is read, as Lightning does. The bars are made through this module's ``Tqdm`` name at the time, so a
+subclass (or a test's stand-in) put there is used.
 """
 
 from __future__ import annotations
@@ -18,6 +22,55 @@ from typing import Any
 from gpulayer.trainer.callbacks.callback import Callback
 from gpulayer.trainer.errors import TrainerConfigError
 from gpulayer.trainer.progress_line import LineBar
+
+_PAD_SIZE = 5  # a float in the bar is padded with zeros to this many characters ("1.000", "0.100")
+
+
+class Tqdm(LineBar):
+    """A bar with tqdm's constructor, attributes and methods (``n``, ``total``, ``desc``, ``reset``,
+    ``set_postfix``, ``write``); ``format_num`` pads floats so the postfix does not jitter."""
+
+    def __init__(self, *args: Any, desc: str | None = None, total: int | None = None, leave: bool = True,
+                 file: Any = None, disable: bool = False, position: int | None = None, **kwargs: Any) -> None:
+        if args:  # tqdm's positional order: iterable, desc, total, leave, file
+            desc = args[1] if len(args) > 1 else desc
+        super().__init__(desc=desc or "", total=total, leave=leave, disable=disable, stream=file,
+                         position=position or 0)
+
+    @staticmethod
+    def format_num(n: Any) -> str:
+        """tqdm's compact number (3 significant digits or ``str``, whichever is shorter), a float (or a string of
+        one) padded with zeros to 5 characters unless it is in exponent form."""
+        padded = isinstance(n, (float, str))
+        if not isinstance(n, str):
+            compact = f"{n:.3g}".replace("+0", "+").replace("-0", "-")
+            n = compact if len(compact) < len(str(n)) else str(n)
+        if padded and "e" not in n:
+            if "." not in n and len(n) < _PAD_SIZE:
+                try:
+                    float(n)
+                except ValueError:
+                    return n
+                n += "."
+            n += "0" * (_PAD_SIZE - len(n))
+        return n
+
+    def _format_value(self, value: Any) -> str:
+        if hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1:
+            value = value.item()
+        return self.format_num(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+            else str(value)
+
+    def write(self, s: str, **kwargs: Any) -> None:
+        """Print ``s`` without breaking the bar: the line is cleared first and drawn again on the next refresh. The
+        text goes through ``tqdm.write`` when tqdm is installed (so tqdm bars of other code stay intact too)."""
+        self.clear_line()
+        try:
+            import tqdm
+        except ImportError:
+            print(s, **kwargs)
+            return
+        tqdm.tqdm.write(s, **kwargs)
 
 
 class ProgressBar(Callback):
@@ -164,7 +217,7 @@ class TQDMProgressBar(ProgressBar):
         self._process_position = process_position
         self._enabled = True
         self._leave = leave
-        self._bars: dict[str, LineBar | None] = {"train": None, "val": None, "test": None, "predict": None}
+        self._bars: dict[str, Tqdm | None] = {"train": None, "val": None, "test": None, "predict": None}
 
     @staticmethod
     def _resolve_refresh_rate(refresh_rate: int) -> int:
@@ -194,13 +247,13 @@ class TQDMProgressBar(ProgressBar):
     def enable(self) -> None:
         self._enabled = True
 
-    def _bar(self, kind: str) -> LineBar:
+    def _bar(self, kind: str) -> Tqdm:
         bar = self._bars[kind]
         if bar is None:
             raise TypeError(f"The `{type(self).__name__}.{kind}_progress_bar` reference has not been set yet.")
         return bar
 
-    def _set_bar(self, kind: str, bar: LineBar | None) -> None:
+    def _set_bar(self, kind: str, bar: Tqdm | None) -> None:
         self._bars[kind] = bar
 
     train_progress_bar = property(lambda self: self._bar("train"), lambda self, b: self._set_bar("train", b))
@@ -208,23 +261,26 @@ class TQDMProgressBar(ProgressBar):
     test_progress_bar = property(lambda self: self._bar("test"), lambda self, b: self._set_bar("test", b))
     predict_progress_bar = property(lambda self: self._bar("predict"), lambda self, b: self._set_bar("predict", b))
 
-    def _new_bar(self, desc: str, leave: bool) -> LineBar:
-        return LineBar(desc=desc, leave=leave, disable=self.is_disabled, stream=sys.stdout,
-                       position=self.process_position)
+    def _new_bar(self, desc: str, leave: bool) -> Tqdm:
+        import gpulayer.trainer.callbacks.progress.tqdm_progress as this  # the name as it is now (patchable)
+        # one line per process (validation passes over the training line), so the k-th process draws k lines down
+        return this.Tqdm(desc=desc, position=self.process_position, disable=self.is_disabled, leave=leave,
+                         dynamic_ncols=True, file=sys.stdout)
 
-    def init_sanity_tqdm(self) -> LineBar:
+    def init_sanity_tqdm(self) -> Tqdm:
         return self._new_bar(self.sanity_check_description, leave=False)
 
-    def init_train_tqdm(self) -> LineBar:
+    def init_train_tqdm(self) -> Tqdm:
         return self._new_bar(self.train_description, leave=True)
 
-    def init_validation_tqdm(self) -> LineBar:
-        return self._new_bar(self.validation_description, leave=False)
+    def init_validation_tqdm(self) -> Tqdm:
+        has_main_bar = self.trainer.state.fn != "validate"  # under a training bar: it passes
+        return self._new_bar(self.validation_description, leave=not has_main_bar)
 
-    def init_test_tqdm(self) -> LineBar:
+    def init_test_tqdm(self) -> Tqdm:
         return self._new_bar(self.test_description, leave=True)
 
-    def init_predict_tqdm(self) -> LineBar:
+    def init_predict_tqdm(self) -> Tqdm:
         return self._new_bar(self.predict_description, leave=True)
 
     def _should_update(self, current: int, total: int | None) -> bool:
@@ -238,17 +294,20 @@ class TQDMProgressBar(ProgressBar):
         if self._leave:  # each epoch's bar is its own, kept when the epoch ends (Lightning's)
             self.train_progress_bar = self.init_train_tqdm()
         bar = self.train_progress_bar
-        bar.reset(total=_total(self.total_train_batches))
+        bar.reset()
+        bar.total = _total(self.total_train_batches)
         bar.initial = 0
         bar.set_description(f"Epoch {trainer.current_epoch}")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         n = batch_idx + 1
         bar = self._bars["train"]
-        if bar is not None and self._should_update(n, bar.total):
+        if bar is not None and self._should_update(n, bar.total) and not bar.disable:
             bar.n = n
             if bar.due():  # the metrics are read (and made numbers) only for a line that is drawn
                 bar.set_postfix(self.get_metrics(trainer, pl_module))
+            else:
+                bar.refresh()
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         bar = self.train_progress_bar
@@ -268,19 +327,35 @@ class TQDMProgressBar(ProgressBar):
         self.reset_dataloader_idx_tracker()
         self._set_bar(kind, init())
 
+    def _eval_batch_start(self, kind: str, total_fn, dataloader_idx: int) -> None:
+        bar = self._bars[kind]
+        if bar is None or not self.has_dataloader_changed(dataloader_idx):
+            return
+        bar.reset()
+        bar.total = _total(total_fn())
+        suffix = f" DataLoader {dataloader_idx}" if self._many_loaders(kind) else ""
+        bar.set_description(f"{self._description(kind)}{suffix}")
+
     def _eval_batch_end(self, kind: str, total_fn, trainer, pl_module, batch_idx: int, dataloader_idx: int) -> None:
         bar = self._bars[kind]
-        if bar is None or not self.is_enabled:
+        if bar is None:
             return
-        if self.has_dataloader_changed(dataloader_idx):
-            bar.reset(total=_total(total_fn()))
-            suffix = f" DataLoader {dataloader_idx}" if self._many_loaders(kind) else ""
-            bar.set_description(f"{self._description(kind)}{suffix}")
         n = batch_idx + 1
-        if self._should_update(n, bar.total):
+        if self._should_update(n, bar.total) and not bar.disable:
             bar.n = n
             if bar.due():
                 bar.set_postfix(self.get_metrics(trainer, pl_module) if kind != "predict" else {})
+            else:
+                bar.refresh()
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        self._eval_batch_start("val", lambda: self.total_val_batches_current_dataloader, dataloader_idx)
+
+    def on_test_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        self._eval_batch_start("test", lambda: self.total_test_batches_current_dataloader, dataloader_idx)
+
+    def on_predict_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        self._eval_batch_start("predict", lambda: self.total_predict_batches_current_dataloader, dataloader_idx)
 
     def _description(self, kind: str) -> str:
         if kind == "val" and self.trainer.sanity_checking:
@@ -301,9 +376,15 @@ class TQDMProgressBar(ProgressBar):
 
     def on_sanity_check_start(self, trainer, pl_module) -> None:
         self._eval_start("val", self.init_sanity_tqdm)
+        if self._bars["train"] is None:  # as Lightning: a training bar that draws nothing until training starts
+            self._set_bar("train", self._new_bar(self.train_description, leave=False))
+            self._bars["train"].disable = True
 
     def on_sanity_check_end(self, trainer, pl_module) -> None:
         self._eval_end("val")
+        train = self._bars["train"]
+        if train is not None and train.disable:
+            train.close()
 
     def on_validation_start(self, trainer, pl_module) -> None:
         if not trainer.sanity_checking:
@@ -314,6 +395,9 @@ class TQDMProgressBar(ProgressBar):
                              dataloader_idx)
 
     def on_validation_end(self, trainer, pl_module) -> None:
+        train = self._bars["train"]
+        if train is not None and trainer.state.fn == "fit":
+            train.set_postfix(self.get_metrics(trainer, pl_module), refresh=False)  # the values validation logged
         if not trainer.sanity_checking:
             self._eval_end("val")
 
@@ -338,11 +422,13 @@ class TQDMProgressBar(ProgressBar):
         self._eval_end("predict")
 
     def print(self, *args: Any, sep: str = " ", **kwargs: Any) -> None:
-        """Print without breaking the bar that is being drawn."""
-        active = next((b for b in (self._bars["val"], self._bars["test"], self._bars["predict"], self._bars["train"])
+        """Print without breaking the bar that is being drawn (through its ``write``; ``print`` when none is)."""
+        active = next((b for b in (self._bars["train"], self._bars["val"], self._bars["test"], self._bars["predict"])
                        if b is not None and not b.disable), None)
         if active is None:
             print(*args, sep=sep, **kwargs)
         else:
-            active.write(sep.join(map(str, args)))
+            active.write(sep.join(map(str, args)), **kwargs)
 
+
+__all__ = ["ProgressBar", "TQDMProgressBar", "Tqdm"]

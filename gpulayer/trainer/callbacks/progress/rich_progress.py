@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from gpulayer.trainer.callbacks.progress import ProgressBar
+from gpulayer.trainer.callbacks.progress.progress_bar import ProgressBar
 from gpulayer.trainer.utilities.collections import apply_to_collection
 from gpulayer.trainer.utilities.imports import _RICH_AVAILABLE
 
@@ -471,5 +471,3 @@ class RichProgressBar(ProgressBar):
         return {**super().__getstate__(), "progress": None, "_console": None, "_metric_component": None}
 
 
-# Lightning's path for this module (``callbacks.progress`` is a module here, not a package)
-sys.modules.setdefault("gpulayer.trainer.callbacks.progress.rich_progress", sys.modules[__name__])
