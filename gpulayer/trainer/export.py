@@ -46,7 +46,10 @@ class ExportMixin:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        cls.__jit_unused_properties__ = _own_properties(cls)
+        # what the class body lists itself (Lightning users extend the list) and what the bases left out stay out
+        inherited = {name for base in cls.__mro__[1:] for name in getattr(base, "__jit_unused_properties__", [])}
+        declared = set(vars(cls).get("__jit_unused_properties__", []))
+        cls.__jit_unused_properties__ = sorted(inherited | declared | set(_own_properties(cls)))
 
     @property
     def example_input_array(self) -> Any:

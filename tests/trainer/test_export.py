@@ -61,6 +61,20 @@ def test_torchscript_of_a_fitted_module_answers_as_it_does_in_eval_mode(method, 
         assert not hasattr(script, "training_step")
 
 
+def test_a_property_the_module_lists_as_unused_is_left_out_of_the_script():
+    class Listed(Net):
+        __jit_unused_properties__ = ["broken"]
+
+        @property
+        def broken(self) -> dict:
+            return {"kind": type(self).__mro__}  # Python only: TorchScript cannot compile it
+
+    with pytest.warns(LightningDeprecationWarning):
+        script = Listed().to_torchscript()
+    assert hasattr(script, "width") and not hasattr(script, "broken")
+    assert {"broken", "trainer", "global_step"} <= set(Listed.__jit_unused_properties__)
+
+
 def test_trace_input_goes_through_the_batch_hooks():
     model = Doubling().eval()
     seen = []
