@@ -434,6 +434,8 @@ class Trainer(TrainerProperties):
         if found is None:
             return None
         path, ckpt = found
+        if os.path.isdir(path):  # a sharded checkpoint: its weights are read here, into this world's shards
+            ckpt = self.strategy.load_checkpoint(path)
         self.ckpt_path = path
         self._resumed_from = {"path": path, "global_step": ckpt["global_step"], "epoch": ckpt["epoch"]}
         return ckpt

@@ -336,3 +336,29 @@ def test_save_last_writes_a_sharded_last_that_ckpt_path_last_resumes(tmp_path):
                       callbacks=[saver(), record])
     trainer.fit(Net(), lambda: DataLoader(_data(), batch_size=8), ckpt_path="last")
     assert trainer.global_step == 6 and record.start_step == 4  # it went on from the last directory
+
+
+class FailsOnce(Net):
+    """Rank 3 of the first attempt fails right after the sharded checkpoint of step 10 is whole."""
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0 and self.global_step == STEPS // 2 \
+                and self.global_rank == 3:
+            raise ValueError("rank three fails once")
+
+
+def test_a_restarted_cluster_fit_resumes_from_its_sharded_checkpoint(fsdp_fleet, fsdp_run, tmp_path):
+    fsdp_fleet.wait_workers(["m1", "m2"])
+    seed_everything(3)
+    model, record = FailsOnce(), Record()
+    saver = ModelCheckpoint(dirpath=str(tmp_path), every_n_train_steps=5, save_last=True)
+    trainer = Trainer(num_nodes=2, devices=2, strategy=FSDPStrategy(state_dict_type="sharded"), accelerator="cpu",
+                      max_steps=STEPS, max_restarts=1, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, callbacks=[record, saver])
+    trainer.fit(model, lambda: DataLoader(_data(), batch_size=4))
+    info = trainer.fit_info
+    assert info["restarts"] == 1 and [a["outcome"] for a in info["attempts"]] == ["failed", "succeeded"]
+    assert info["resumed_from"]["global_step"] == STEPS // 2 and os.path.isdir(info["resumed_from"]["path"])
+    assert record.start_step == STEPS // 2  # attempt 1 began at the checkpoint
+    # steps 1-10 (restored with the recorder's state) then 11-20 of attempt 1: the uninterrupted run's losses
+    torch.testing.assert_close(torch.tensor(record.losses), torch.tensor(fsdp_run[2].losses), rtol=0, atol=1e-5)
