@@ -208,12 +208,19 @@ def newest_of_fit(dirs: list[str], fit_id: str) -> tuple[str, dict[str, Any]] | 
     files = {os.path.join(d, f) for d in dirs if os.path.isdir(d) for f in os.listdir(d) if f.endswith(".ckpt")}
     for path in sorted(files, key=mtime, reverse=True):
         try:
-            ckpt = load(path)
+            ckpt = load(path) if not os.path.isdir(path) else _sharded_record(path)
         except Exception:  # not a checkpoint torch can read (another tool's file): not ours either
             continue
         if fit_id_of(ckpt) == fit_id and "optimizer_states" in ckpt:
             return path, ckpt
     return None
+
+
+def _sharded_record(path: str) -> dict[str, Any]:
+    """What a sharded checkpoint directory (``fsdp_checkpoint.py``) holds besides its shards; its optimizer
+    states stand as placeholders until the strategy reads them."""
+    from gpulayer.trainer import fsdp_checkpoint
+    return fsdp_checkpoint.record(path)
 
 
 def _position(trainer, ckpt: dict[str, Any]) -> dict[str, Any]:

@@ -100,14 +100,11 @@ def load(strategy: Any, path: str) -> dict[str, Any]:
                                  "gpulayer wrote (pass the directory ModelCheckpoint or save_checkpoint made)")
     import torch.distributed.checkpoint as dcp
 
-    ckpt = torch.load(meta_path, map_location="cpu", weights_only=False)
+    ckpt = record(path)
     # the shapes to read into: the module as it is now (whole, or already sharded by configure_model)
     target = {"state_dict": {k: v.detach().clone() for k, v in strategy.lightning_module.state_dict().items()}}
     dcp.load(target, checkpoint_id=path)
     ckpt["state_dict"] = target["state_dict"]
-    count = ckpt.pop(_OPTIMIZER_COUNT, 0)
-    if count:
-        ckpt["optimizer_states"] = [ShardedOptimizerState(path, i) for i in range(count)]
     return ckpt
 
 
@@ -120,6 +117,15 @@ def _as_shards(module: nn.Module, weights: dict[str, Any]) -> None:
             # every rank read the whole file: each cuts its own piece, nothing is sent
             weights[name] = distribute_tensor(weights[name].to(live.device), live.device_mesh, live.placements,
                                               src_data_rank=None)
+
+
+def record(path: str) -> dict[str, Any]:
+    """A sharded directory's ``meta.pt``, its optimizer states as placeholders: all but the weights."""
+    ckpt = torch.load(os.path.join(path, META_FILE), map_location="cpu", weights_only=False)
+    count = ckpt.pop(_OPTIMIZER_COUNT, 0)
+    if count:
+        ckpt["optimizer_states"] = [ShardedOptimizerState(path, i) for i in range(count)]
+    return ckpt
 
 
 def load_optimizer(strategy: Any, optimizer: Any, state: Any) -> None:

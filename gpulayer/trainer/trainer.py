@@ -258,7 +258,7 @@ class Trainer(TrainerProperties):
                                  "the best model (run fit first, or pass a checkpoint file).")
             return self.checkpoint_callback.best_model_path
         if ckpt_path == "last":
-            found = [p for p in self._last_candidates() if os.path.isfile(p)]
+            found = [p for p in self._last_candidates() if os.path.exists(p)]  # a file, or a sharded directory
             if not found:
                 warnings.warn(f'.{fn}(ckpt_path="last") is set, but there is no last checkpoint available. No checkpoint '
                               "will be loaded. HINT: Set `ModelCheckpoint(..., save_last=True)`.", stacklevel=4)
@@ -441,6 +441,8 @@ class Trainer(TrainerProperties):
         if found is None:
             return None
         path, ckpt = found
+        if os.path.isdir(path):  # a sharded checkpoint: its weights are read here, into this world's shards
+            ckpt = self.strategy.load_checkpoint(path)
         self.ckpt_path = path
         self._resumed_from = {"path": path, "global_step": ckpt["global_step"], "epoch": ckpt["epoch"]}
         return ckpt

@@ -68,9 +68,11 @@ class Record(Callback):
         self.local_bytes: list[int] = []
         self.full_bytes = 0
         self.sharded = False
+        self.start_step = 0
 
     def on_train_start(self, trainer, pl_module):
         from torch.distributed.tensor import DTensor
+        self.start_step = trainer.global_step  # > 0: the run resumed
         params = list(pl_module.parameters())
         self.sharded = all(isinstance(p, DTensor) for p in params)
         local = sum((p.to_local() if isinstance(p, DTensor) else p).numel() * p.element_size() for p in params)
@@ -85,7 +87,7 @@ class Record(Callback):
 
     def state_dict(self):
         return {"losses": self.losses, "local_bytes": self.local_bytes, "full_bytes": self.full_bytes,
-                "sharded": self.sharded}
+                "sharded": self.sharded, "start_step": self.start_step}
 
     def load_state_dict(self, state):
         self.__dict__.update(state)
@@ -317,3 +319,46 @@ def test_fsdp1_wrap_policies_choose_the_submodules_to_shard_children_first():
     chosen = _to_wrap(net, by_size.sharding_plan)
     assert net.blocks in chosen and chosen.index(net.blocks[0].linear) < chosen.index(net.blocks)  # children first
     assert net not in chosen  # the root is sharded last, by the strategy itself
+
+
+def test_save_last_writes_a_sharded_last_that_ckpt_path_last_resumes(tmp_path):
+    def saver():
+        return ModelCheckpoint(dirpath=str(tmp_path), save_last=True, every_n_train_steps=2, save_top_k=1)
+
+    _fit(FSDPStrategy(state_dict_type="sharded"), max_steps=4, callbacks=[saver()])
+    assert (tmp_path / "last.ckpt" / META_FILE).is_file()
+    kept = [p for p in os.listdir(tmp_path) if p != "last.ckpt"]
+    assert kept == ["epoch=0-step=4.ckpt"]  # top-1: the directory of step 2 was removed
+    seed_everything(3)
+    record = Record()
+    trainer = Trainer(strategy=FSDPStrategy(state_dict_type="sharded"), accelerator="cpu", devices=2, max_steps=6,
+                      logger=False, enable_progress_bar=False, enable_model_summary=False,
+                      callbacks=[saver(), record])
+    trainer.fit(Net(), lambda: DataLoader(_data(), batch_size=8), ckpt_path="last")
+    assert trainer.global_step == 6 and record.start_step == 4  # it went on from the last directory
+
+
+class FailsOnce(Net):
+    """Rank 3 of the first attempt fails right after the sharded checkpoint of step 10 is whole."""
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0 and self.global_step == STEPS // 2 \
+                and self.global_rank == 3:
+            raise ValueError("rank three fails once")
+
+
+def test_a_restarted_cluster_fit_resumes_from_its_sharded_checkpoint(fsdp_fleet, fsdp_run, tmp_path):
+    fsdp_fleet.wait_workers(["m1", "m2"])
+    seed_everything(3)
+    model, record = FailsOnce(), Record()
+    saver = ModelCheckpoint(dirpath=str(tmp_path), every_n_train_steps=5, save_last=True)
+    trainer = Trainer(num_nodes=2, devices=2, strategy=FSDPStrategy(state_dict_type="sharded"), accelerator="cpu",
+                      max_steps=STEPS, max_restarts=1, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, callbacks=[record, saver])
+    trainer.fit(model, lambda: DataLoader(_data(), batch_size=4))
+    info = trainer.fit_info
+    assert info["restarts"] == 1 and [a["outcome"] for a in info["attempts"]] == ["failed", "succeeded"]
+    assert info["resumed_from"]["global_step"] == STEPS // 2 and os.path.isdir(info["resumed_from"]["path"])
+    assert record.start_step == STEPS // 2  # attempt 1 began at the checkpoint
+    # steps 1-10 (restored with the recorder's state) then 11-20 of attempt 1: the uninterrupted run's losses
+    torch.testing.assert_close(torch.tensor(record.losses), torch.tensor(fsdp_run[2].losses), rtol=0, atol=1e-5)
