@@ -133,8 +133,6 @@ def save_hparams_to_yaml(config_yaml: str | os.PathLike, hparams: Any, use_omega
         raise RuntimeError(f"Missing folder: {folder}.")
     if isinstance(hparams, Namespace):
         hparams = vars(hparams)
-    if not isinstance(hparams, dict):
-        raise TypeError("hparams must be dictionary")
     try:
         from omegaconf import OmegaConf
         from omegaconf.dictconfig import DictConfig
@@ -144,6 +142,8 @@ def save_hparams_to_yaml(config_yaml: str | os.PathLike, hparams: Any, use_omega
             return
     except ImportError:
         pass
+    if not isinstance(hparams, dict):
+        raise TypeError("hparams must be dictionary")
     kept: dict[str, Any] = {}
     for k, v in hparams.items():
         try:

@@ -210,7 +210,7 @@ class _CombinedIterator(Iterator):
         out = []
         for i, it in enumerate(self.iterators):
             out.append(self._next_of(i))
-        if self.mode != "max_size" and all(self.done):
+        if all(self.done):  # every iterable ran out (how unsized ones end; in max_size, a batch of Nones)
             raise StopIteration
         idx, self.idx = self.idx, self.idx + 1
         return _unflatten(out, self.spec), idx, 0
