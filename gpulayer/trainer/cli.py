@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterable
 from functools import partial, update_wrapper
 from types import MethodType
 from typing import Any, Callable, Optional, Union
@@ -40,9 +41,14 @@ from gpulayer.trainer.cli_trainer import _trainer
 from gpulayer.trainer.trainer import Trainer
 from gpulayer.trainer.utilities.rank_zero import rank_zero_warn
 
+# jsonargparse imported (its `signatures` extra, docstring-parser, only improves help): tests and user code
+# guard their imports of `lazy_instance` on this flag, as they do under Lightning
+_JSONARGPARSE_SIGNATURES_AVAILABLE = True
+
 ArgsType = Optional[Union[list[str], dict[str, Any], Namespace]]
 
-__all__ = ["ArgsType", "LightningArgumentParser", "LightningCLI", "ReduceLROnPlateau", "SaveConfigCallback"]
+__all__ = ["ArgsType", "LRSchedulerCallable", "LightningArgumentParser", "LightningCLI", "OptimizerCallable",
+           "ReduceLROnPlateau", "SaveConfigCallback", "instantiate_class"]
 
 
 class ReduceLROnPlateau(torch.optim.lr_scheduler.ReduceLROnPlateau):
@@ -55,6 +61,12 @@ class ReduceLROnPlateau(torch.optim.lr_scheduler.ReduceLROnPlateau):
 
 LRSchedulerTypeTuple = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
 LRSchedulerTypeUnion = Union[torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau]
+LRSchedulerType = Union[type[torch.optim.lr_scheduler.LRScheduler], type[torch.optim.lr_scheduler.ReduceLROnPlateau]]
+
+# types for a module's arguments that jsonargparse fills with a class path and init args, and the module calls
+# with its parameters (or optimizer) in configure_optimizers: `def __init__(self, optimizer: OptimizerCallable)`
+OptimizerCallable = Callable[[Iterable], Optimizer]
+LRSchedulerCallable = Callable[[Optimizer], LRSchedulerTypeUnion]
 
 
 def _is_overridden(name: str, instance: Any, parent: type) -> bool:
@@ -78,7 +90,8 @@ class LightningArgumentParser(ArgumentParser):
         function returning one) to a nested key of the parser."""
         if isinstance(lightning_class, type) and issubclass(lightning_class, Trainer) \
                 and lightning_class.__init__ is Trainer.__init__:
-            lightning_class = _trainer  # Trainer takes **kwargs: its typed twin gives the arguments
+            # Trainer takes **kwargs: its typed twin gives the arguments
+            lightning_class = class_from_function(_trainer, func_return=lightning_class)
         if callable(lightning_class) and not isinstance(lightning_class, type):
             lightning_class = class_from_function(lightning_class)
         if isinstance(lightning_class, type) and issubclass(
@@ -254,8 +267,8 @@ class LightningCLI:
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
         """Method that instantiates the argument parser."""
-        from gpulayer import __version__
-        kwargs.setdefault("dump_header", [f"gpulayer=={__version__}"])
+        from gpulayer.trainer import __version__  # the Lightning version whose behaviour this is
+        kwargs.setdefault("dump_header", [f"gpulayer.trainer=={__version__}"])
         parser = self.parser_class(**kwargs)
         parser.add_argument(
             "-c", "--config", action=ActionConfigFile, help="Path to a configuration file in json or yaml format."
