@@ -13,13 +13,17 @@ hooks here are Lightning's). jsonargparse is an optional extra: ``pip install gp
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import sys
+from collections.abc import Iterable
 from functools import partial, update_wrapper
 from types import MethodType
 from typing import Any, Callable, Optional, Union
 
 import torch
+import yaml
 from torch.optim import Optimizer
 
 try:
@@ -34,15 +38,21 @@ except ImportError as err:  # the cli extra is not installed
 from gpulayer.trainer.callbacks import Callback
 from gpulayer.trainer.datamodule import LightningDataModule
 from gpulayer.trainer.errors import MisconfigurationException
+from gpulayer.trainer.hparams import given_hyperparameters
 from gpulayer.trainer.module import LightningModule
 from gpulayer.trainer.seed import seed_everything
 from gpulayer.trainer.cli_trainer import _trainer
 from gpulayer.trainer.trainer import Trainer
 from gpulayer.trainer.utilities.rank_zero import rank_zero_warn
 
+# jsonargparse imported (its `signatures` extra, docstring-parser, only improves help): tests and user code
+# guard their imports of `lazy_instance` on this flag, as they do under Lightning
+_JSONARGPARSE_SIGNATURES_AVAILABLE = True
+
 ArgsType = Optional[Union[list[str], dict[str, Any], Namespace]]
 
-__all__ = ["ArgsType", "LightningArgumentParser", "LightningCLI", "ReduceLROnPlateau", "SaveConfigCallback"]
+__all__ = ["ArgsType", "LRSchedulerCallable", "LightningArgumentParser", "LightningCLI", "OptimizerCallable",
+           "ReduceLROnPlateau", "SaveConfigCallback", "instantiate_class"]
 
 
 class ReduceLROnPlateau(torch.optim.lr_scheduler.ReduceLROnPlateau):
@@ -53,8 +63,23 @@ class ReduceLROnPlateau(torch.optim.lr_scheduler.ReduceLROnPlateau):
         self.monitor = monitor
 
 
-LRSchedulerTypeTuple = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
-LRSchedulerTypeUnion = Union[torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau]
+# the ReduceLROnPlateau above, not torch's: `--lr_scheduler ReduceLROnPlateau` must name one class, the one with
+# the `monitor` that configure_optimizers returns
+LRSchedulerTypeTuple = (torch.optim.lr_scheduler.LRScheduler, ReduceLROnPlateau)
+LRSchedulerTypeUnion = Union[torch.optim.lr_scheduler.LRScheduler, ReduceLROnPlateau]
+LRSchedulerType = Union[type[torch.optim.lr_scheduler.LRScheduler], type[ReduceLROnPlateau]]
+
+# types for a module's arguments that jsonargparse fills with a class path and init args, and the module calls
+# with its parameters (or optimizer) in configure_optimizers: `def __init__(self, optimizer: OptimizerCallable)`
+OptimizerCallable = Callable[[Iterable], Optimizer]
+LRSchedulerCallable = Callable[[Optimizer], LRSchedulerTypeUnion]
+
+
+@functools.lru_cache(maxsize=None)
+def _typed_trainer_class(trainer_class: type) -> type:
+    """A class jsonargparse reads the Trainer's arguments from (``Trainer`` takes ``**kwargs``); made once per
+    class, as jsonargparse registers each under its name."""
+    return class_from_function(_trainer, func_return=trainer_class, name=f"_{trainer_class.__name__}_typed")
 
 
 def _is_overridden(name: str, instance: Any, parent: type) -> bool:
@@ -78,7 +103,7 @@ class LightningArgumentParser(ArgumentParser):
         function returning one) to a nested key of the parser."""
         if isinstance(lightning_class, type) and issubclass(lightning_class, Trainer) \
                 and lightning_class.__init__ is Trainer.__init__:
-            lightning_class = _trainer  # Trainer takes **kwargs: its typed twin gives the arguments
+            lightning_class = _typed_trainer_class(lightning_class)
         if callable(lightning_class) and not isinstance(lightning_class, type):
             lightning_class = class_from_function(lightning_class)
         if isinstance(lightning_class, type) and issubclass(
@@ -208,6 +233,7 @@ class LightningCLI:
         args: ArgsType = None,
         run: bool = True,
         auto_configure_optimizers: bool = True,
+        load_from_checkpoint_support: bool = True,
     ) -> None:
         """Parse the arguments, instantiate the classes and (``run=True``) run the chosen subcommand.
 
@@ -215,7 +241,9 @@ class LightningCLI:
         subclass, given with ``--model=MyModel``), ``save_config_callback`` (``None``: no config.yaml in the
         log dir), ``trainer_defaults``, ``seed_everything_default``, ``parser_kwargs``, ``args`` (a list of
         command line arguments, a dict or a Namespace instead of ``sys.argv``), ``run`` (``False``: only
-        instantiate, then ``cli.trainer.fit(cli.model)``), ``auto_configure_optimizers``.
+        instantiate, then ``cli.trainer.fit(cli.model)``), ``auto_configure_optimizers``,
+        ``load_from_checkpoint_support`` (the model and datamodule save their config as hyperparameters, class paths
+        included, so ``Model.load_from_checkpoint`` builds them again as the CLI did).
         """
         self.save_config_callback = save_config_callback
         self.save_config_kwargs = save_config_kwargs or {}
@@ -239,6 +267,8 @@ class LightningCLI:
         self._parse_ckpt_path()
         self.subcommand = self.config["subcommand"] if run else None
         self._set_seed()
+        if load_from_checkpoint_support:
+            self._add_instantiators()
         self.before_instantiate_classes()
         self.instantiate_classes()
         self.after_instantiate_classes()
@@ -254,8 +284,8 @@ class LightningCLI:
 
     def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
         """Method that instantiates the argument parser."""
-        from gpulayer import __version__
-        kwargs.setdefault("dump_header", [f"gpulayer=={__version__}"])
+        from gpulayer.trainer import __version__  # the Lightning version whose behaviour this is
+        kwargs.setdefault("dump_header", [f"gpulayer.trainer=={__version__}"])
         parser = self.parser_class(**kwargs)
         parser.add_argument(
             "-c", "--config", action=ActionConfigFile, help="Path to a configuration file in json or yaml format."
@@ -381,6 +411,19 @@ class LightningCLI:
             raise
 
     # -- instantiation ------------------------------------------------------------------------
+    def _add_instantiators(self) -> None:
+        for key, klass, subclasses in (("model", self._model_class, self.subclass_mode_model),
+                                       ("data", self._datamodule_class, self.subclass_mode_data)):
+            self.parser.add_instantiator(_ConfigHparamsInstantiator(self, key), _returned_type(klass),
+                                         subclasses=subclasses)
+
+    def _config_dump(self) -> dict[str, Any]:
+        """The parsed config as plain YAML values (class paths, not classes), of the subcommand when there is one."""
+        if not hasattr(self, "config_dump"):
+            dump = yaml.safe_load(self.parser.dump(self.config, skip_link_targets=False, skip_none=False, format="yaml"))
+            self.config_dump = dump[self.config.subcommand] if "subcommand" in self.config else dump
+        return self.config_dump
+
     def before_instantiate_classes(self) -> None:
         """Implement to run some code before instantiating the classes."""
 
@@ -542,6 +585,64 @@ def instantiate_class(args: Union[Any, tuple[Any, ...]], init: dict[str, Any]) -
         args = (args,)
     module_name, class_name = init["class_path"].rsplit(".", 1)
     return getattr(importlib.import_module(module_name), class_name)(*args, **kwargs)
+
+
+def _returned_type(value: Union[Callable[..., Any], type]) -> type:
+    return value if isinstance(value, type) else inspect.signature(value).return_annotation
+
+
+class _ConfigHparamsInstantiator:
+    """Builds the model (or datamodule) of ``key`` with its config as what ``save_hyperparameters`` stores.
+
+    The config holds class paths and init args where the object receives instances (an optimizer callable, an
+    encoder module); stored that way, ``load_from_checkpoint`` rebuilds them through ``instantiate_module``.
+    """
+
+    def __init__(self, cli: LightningCLI, key: str) -> None:
+        self.cli = cli
+        self.key = key
+
+    def __call__(self, class_type: type, *args: Any, applied_instantiation_links: dict[str, Any],
+                 **kwargs: Any) -> Any:
+        hparams = self.cli._config_dump().get(self.key, {})
+        if "class_path" in hparams:
+            # the same keys with or without subclass mode: the arguments flat, the class apart
+            hparams = {"_class_path": hparams["class_path"], **hparams.get("init_args", {}),
+                       **hparams.get("dict_kwargs", {})}
+        prefix = self.key + "."
+        for target, value in applied_instantiation_links.items():  # values linked at instantiation
+            if target.startswith(prefix):
+                path = target[len(prefix):]
+                path = path[len("init_args."):] if path.startswith("init_args.") else path
+                _set_nested(hparams, path.split("."), value)
+        token = given_hyperparameters.set({**hparams, "_instantiator": INSTANTIATOR})
+        try:
+            return class_type(*args, **kwargs)
+        finally:
+            given_hyperparameters.reset(token)
+
+
+def _set_nested(data: dict[str, Any], keys: list[str], value: Any) -> None:
+    for key in keys[:-1]:
+        data = data.setdefault(key, {})
+    data[keys[-1]] = value
+
+
+def instantiate_module(class_type: type, config: dict[str, Any]) -> Any:
+    """Builds ``class_type`` (a module or datamodule) from hyperparameters saved through LightningCLI: what
+    ``load_from_checkpoint`` calls for a checkpoint whose ``_instantiator`` names this function."""
+    parser = ArgumentParser(exit_on_error=False)
+    if "_class_path" in config:
+        parser.add_subclass_arguments(class_type, "module", fail_untyped=False)
+        config = {"class_path": config["_class_path"],
+                  "dict_kwargs": {k: v for k, v in config.items() if k != "_class_path"}}
+    else:
+        parser.add_class_arguments(class_type, "module", fail_untyped=False)
+    instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes
+    return instantiate(parser.parse_object({"module": config})).module
+
+
+INSTANTIATOR = f"{__name__}.{instantiate_module.__name__}"
 
 
 def _get_short_description(component: object) -> Optional[str]:

@@ -7,12 +7,14 @@ has the same arguments with their types, defaults and help, and builds the Train
 from __future__ import annotations
 
 import inspect
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Optional, Union
 
 from gpulayer.trainer.callbacks import Callback
 from gpulayer.trainer.loggers import Logger
 from gpulayer.trainer.profilers import Profiler
-from gpulayer.trainer.trainer import Trainer
+
+if TYPE_CHECKING:
+    from gpulayer.trainer.trainer import Trainer
 
 
 def _trainer(
@@ -102,9 +104,20 @@ def _trainer(
         detect_anomaly: autograd's anomaly detection (slow; names the operation that produced a NaN).
         barebones: turn off everything that costs speed (checkpoints, logging, progress bar, summary...).
     """
+    from gpulayer.trainer.trainer import Trainer  # trainer.py reads this module's signature at import
+
     given = locals()
     # arguments left at their defaults are not passed: Trainer applies the same ones, and barebones=True
     # refuses an explicit enable_checkpointing=True or log_every_n_steps=50
     defaults = {name: p.default for name, p in inspect.signature(_trainer).parameters.items()}
     return Trainer(**{k: v for k, v in given.items() if not (v is defaults[k] or type(v) is type(defaults[k])
                                                               and v == defaults[k])})
+
+
+def init_signature() -> inspect.Signature:
+    """``Trainer.__init__``'s signature as ``inspect`` reports it: ``self`` and the typed arguments above."""
+    self_param = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    # annotations resolved here: a reader of Trainer.__init__ evaluates them in trainer.py, which lacks these names
+    params = [p.replace(annotation=eval(p.annotation, globals())) if isinstance(p.annotation, str) else p
+              for p in inspect.signature(_trainer).parameters.values()]
+    return inspect.Signature([self_param, *params], return_annotation=None)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import inspect
 import types
+from contextvars import ContextVar
 from dataclasses import fields, is_dataclass
 from typing import Any, Sequence
 
@@ -19,6 +20,10 @@ from torch import nn
 
 from gpulayer.trainer.utilities.parsing import AttributeDict, collect_hparams, to_hparams_dict
 from gpulayer.trainer.utilities.rank_zero import rank_zero_warn
+
+# Set by LightningCLI while it builds a module: its arguments as the config gave them (class paths and init args
+# where the object got instances), which save_hyperparameters stores instead of the objects
+given_hyperparameters: ContextVar[dict[str, Any] | None] = ContextVar("given_hyperparameters", default=None)
 
 
 class HyperparametersMixin:
@@ -30,11 +35,14 @@ class HyperparametersMixin:
         self._log_hyperparams = logger
         if len(args) == 1 and not isinstance(args[0], str) and not args[0]:
             return  # an empty dict / Namespace: nothing to save, as Lightning
+        given = given_hyperparameters.get()
         if frame is None:
             frame = inspect.currentframe().f_back
-        if not isinstance(frame, types.FrameType):
+        if given is not None:
+            init_args = dict(given)
+        elif not isinstance(frame, types.FrameType):
             raise AttributeError("There is no `frame` available while being required.")
-        if is_dataclass(self):
+        elif is_dataclass(self):
             init_args = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
         else:
             init_args = collect_hparams(self, frame, classes=(HyperparametersMixin,))

@@ -11,9 +11,11 @@ their own keys.
 from __future__ import annotations
 
 import ast
+import importlib
 import csv
 import inspect
 import os
+import sys
 from argparse import Namespace
 from enum import Enum
 from typing import Any
@@ -113,11 +115,34 @@ def _instantiate(cls: type, ckpt: dict[str, Any], new_kwargs: dict[str, Any]) ->
         if name and name in init_names:
             loaded = {name: loaded}  # save_hyperparameters(one_object): the object goes back into its argument
     init_kwargs = {**loaded, **new_kwargs}
-    init_kwargs.pop("_instantiator", None)  # written by LightningCLI; gpulayer builds the class directly
-    init_kwargs.pop("_class_path", None)
+    instantiator = _trusted_instantiator(cls, init_kwargs.pop("_instantiator", None), init_kwargs.get("_class_path"))
+    if instantiator is None:
+        init_kwargs.pop("_class_path", None)
     if var_kwargs is None:
-        init_kwargs = {k: v for k, v in init_kwargs.items() if k in init_names}
-    return cls(**init_kwargs)
+        init_kwargs = {k: v for k, v in init_kwargs.items() if k in init_names or k == "_class_path"}
+    return instantiator(cls, init_kwargs) if instantiator else cls(**init_kwargs)
+
+
+# what a checkpoint's `_instantiator` may name (LightningCLI writes it): a name from a file must not run any code
+ALLOWED_INSTANTIATORS = {"gpulayer.trainer.cli.instantiate_module"}
+
+
+def _trusted_instantiator(cls: type, path: Any, class_path: Any) -> Any:
+    """The function a checkpoint names to build ``cls`` from its hyperparameters, once checked as trusted."""
+    if path is None:
+        return None
+    if path not in ALLOWED_INSTANTIATORS:
+        raise ValueError(f"The checkpoint's instantiator {path!r} is not one of {sorted(ALLOWED_INSTANTIATORS)}, "
+                         "so it was not run; if you trust this checkpoint, add it to "
+                         "gpulayer.trainer.core.saving.ALLOWED_INSTANTIATORS before loading.")
+    if class_path is not None:
+        module_name, _, name = str(class_path).rpartition(".")
+        target = getattr(sys.modules.get(module_name), name, None)  # sys.modules only: loading imports nothing
+        if not (isinstance(target, type) and issubclass(target, cls)):
+            raise ValueError(f"The checkpoint asks for class {class_path!r}, which is not an imported subclass of "
+                             f"{cls.__name__}, so it was not built; import the module that defines it first.")
+    module_name, name = path.rsplit(".", 1)
+    return getattr(importlib.import_module(module_name), name)
 
 
 # -- hparams files -------------------------------------------------------------------------------

@@ -12,6 +12,8 @@ import sys
 _FACT = re.compile(r"^_(IS_WINDOWS|IS_MACOS|IS_LINUX|\w+_AVAILABLE|TORCH_GREATER_EQUAL_\w+|TORCH_LESS_EQUAL_\w+"
                    r"|TORCHMETRICS_GREATER_EQUAL_\w+|PYTHON_GREATER_EQUAL_\w+)$")
 _DISTRIBUTIONS = {"TORCHMETRICS": "torchmetrics", "TORCH": "torch"}
+# facts that name a package with an extra: the modules that extra installs
+_EXTRAS = {"JSONARGPARSE_SIGNATURES": ("jsonargparse", "docstring_parser", "typeshed_client")}
 
 
 def is_fact(name):
@@ -47,5 +49,6 @@ def __getattr__(name):
                 return False
             have = have[:len(wanted)]
         return have >= wanted if direction == "GREATER" else have <= wanted
-    package = name[1:-len("_AVAILABLE")].lower()
-    return importlib.util.find_spec(package) is not None
+    package = name[1:-len("_AVAILABLE")]
+    modules = _EXTRAS.get(package, (package.lower(),))
+    return all(importlib.util.find_spec(module) is not None for module in modules)
