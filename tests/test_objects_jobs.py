@@ -208,6 +208,9 @@ def test_submit_batch_with_refs_and_large_arguments(fleet):
     assert batch.get(timeout=300, progress=False) == [1e7 if i % 3 == 0 else 5e6 + 5e5 * i for i in range(9)]
     # each job's own argument is deleted once it ended; the put ref stays while its ref lives here
     wait_until(lambda: records.stats()[0] == count + 1, 30, "the batch's own arguments to be deleted")
+    client = fleet.client()
+    wait_until(lambda: not client.exists(*(keys.job_objects(i) for i in batch.ids)), 30,
+               "the jobs' indexes of what they held to go")
     gpulayer.free(ref)
     assert records.stats()[0] == count
 

@@ -212,7 +212,9 @@ def job_ended(job_id: str, client) -> None:
     if held:
         from .. import objects
 
-        objects.release(client(), held, objects.arg_holder(job_id))
+        r = client()
+        objects.release(r, held, objects.arg_holder(job_id))
+        r.delete(keys.job_objects(job_id))  # (a cancel has nothing left to let go of)
 
 
 def for_result(value, job_id: str, client, expires) -> Any:
