@@ -10,8 +10,8 @@ import pytest
 
 from gpulayer.trainer import Trainer
 from gpulayer.trainer.callbacks import ProgressBar, RichProgressBar
-from gpulayer.trainer.callbacks.progress import rich_progress  # Lightning's path, the same module
-from gpulayer.trainer.callbacks.rich_progress import RichProgressBarTheme
+from gpulayer.trainer.callbacks.progress import rich_progress
+from gpulayer.trainer.callbacks.progress.rich_progress import RichProgressBarTheme
 from gpulayer.trainer.demos.boring_classes import BoringModel
 
 
