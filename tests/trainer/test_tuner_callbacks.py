@@ -51,12 +51,24 @@ def test_after_a_search_the_trainers_loaders_have_the_size_found_and_the_message
 
 
 def test_binsearch_counts_successes_and_bisects_from_the_first_failure():
-    model = Sized(16, fail_over=100)
+    class Long(Sized):
+        def train_dataloader(self):
+            return DataLoader(RandomDataset(32, 1000), batch_size=self.batch_size)
+
+    model = Long(16, fail_over=100)
     model.validation_step = None
     size = Tuner(Trainer(max_epochs=1, **QUIET)).scale_batch_size(
         model, mode="binsearch", init_val=500, max_trials=10, steps_per_trial=1)
     # 500, 250, 125 fail; 63 works; then between 63 and 125 up to 100; 5% margin: int(100 * 0.95)
     assert size == 95 == model.batch_size
+
+
+def test_a_failed_size_at_or_over_the_dataset_length_still_shrinks():
+    model = Sized(16, fail_over=40)
+    model.validation_step = None
+    size = Tuner(Trainer(max_epochs=1, **QUIET)).scale_batch_size(model, mode="binsearch", init_val=500, margin=0.0,
+                                                                  steps_per_trial=1)
+    assert size == 40  # 500 fails although the data has 64 samples: 250, 125, 63 fail, then 32 works, up to 40
 
 
 def test_refusals_and_the_duplicate_field_warning_are_lightnings():
@@ -136,7 +148,8 @@ def test_learning_rate_finder_callback_trains_at_the_suggestion_on_the_fits_own_
     seed_everything(3)
     pairs = torch.utils.data.TensorDataset(torch.randn(256, 8), torch.randn(256, 8))
     finder = LearningRateFinder(num_training_steps=30)
-    trainer = Trainer(max_epochs=1, callbacks=[finder, EarlyStopping("train_loss_epoch", patience=5)], **QUIET)
+    trainer = Trainer(max_epochs=1, limit_val_batches=0, callbacks=[finder, EarlyStopping("train_loss_epoch", patience=5)],
+                      **QUIET)
     trainer.fit(PairModel(), DataLoader(pairs, batch_size=16))
     suggestion = finder.optimal_lr.suggestion()
     assert suggestion is not None and trainer.optimizers[0].param_groups[0]["lr"] == pytest.approx(suggestion)

@@ -5,7 +5,8 @@ Lightning's rules, step by step (its tests count the messages): the search start
 it runs at most ``max_trials`` trials. ``binsearch`` doubles the same way until a failure, then bisects
 between the largest success and the smallest failure; ``max_trials`` counts its successes, and ``margin``
 is taken off the result as a safety buffer. A size that reaches the dataset's length (a bigger batch
-tests nothing new) or ``max_val`` ends the search.
+tests nothing new) or ``max_val`` ends the search. A size that failed always shrinks (Lightning's step keeps a
+size at or above the dataset's length even after it failed, and tries it again for ever).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def _adjust(probe: BatchSizeProbe, factor: float = 1.0, value: int | None = None
             max_val: int = 8192) -> tuple[int, bool]:
     """The next size to try (and whether it differs from the current one), logged as Lightning logs it."""
     size = probe.current()
-    length = probe.dataset_length()
+    length = probe.dataset_length() if desc != "failed" else None  # a failed size must shrink, whatever the data
     if length is not None and size >= length:
         rank_zero_info(f"The batch size {size} is greater or equal than the length of your dataset: {int(length)}.")
         return size, False
