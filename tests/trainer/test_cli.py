@@ -255,8 +255,8 @@ def test_the_cli_offers_every_trainer_argument():
     from gpulayer.trainer.config import TrainerConfig
     offered = set(inspect.signature(_trainer).parameters)
     # derived from other arguments (device_ids, loggers, sharding, max_epochs_given), or a Resources
-    expected = set(TrainerConfig.__dataclass_fields__) - {"device_ids", "cluster_resources", "max_epochs_given", "loggers",
-                                                          "sharding"}
+    derived = {"device_ids", "cluster_resources", "max_epochs_given", "loggers", "sharding"}
+    expected = set(TrainerConfig.__dataclass_fields__) - derived
     assert expected - offered == set()
 
 
