@@ -420,7 +420,8 @@ class LightningCLI:
     def _config_dump(self) -> dict[str, Any]:
         """The parsed config as plain YAML values (class paths, not classes), of the subcommand when there is one."""
         if not hasattr(self, "config_dump"):
-            dump = yaml.safe_load(self.parser.dump(self.config, skip_link_targets=False, skip_none=False, format="yaml"))
+            text = self.parser.dump(self.config, skip_link_targets=False, skip_none=False, format="yaml")
+            dump = yaml.safe_load(text)
             self.config_dump = dump[self.config.subcommand] if "subcommand" in self.config else dump
         return self.config_dump
 
@@ -448,14 +449,20 @@ class LightningCLI:
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
         key = "callbacks"
-        if config.get(key) is None:
+        if key not in config:  # a trainer class whose __init__ has no `callbacks`
+            rank_zero_warn(f"The `{self.trainer_class.__qualname__}` class does not expose the `{key}` argument so "
+                           "they will not be included.")
+            return self.trainer_class(**config)
+        if config[key] is None:
             config[key] = []
         elif not isinstance(config[key], list):
             config[key] = [config[key]]
         config[key].extend(callbacks)
         if key in self.trainer_defaults:
             value = self.trainer_defaults[key]
-            config[key] += value if isinstance(value, list) else [value]
+            value = value if isinstance(value, list) else [value]
+            # the defaults skip the parser: a callback given as {"class_path": ..., "init_args": ...} is built here
+            config[key] += [instantiate_class((), v) if isinstance(v, dict) and "class_path" in v else v for v in value]
         if self.save_config_callback and not config.get("fast_dev_run", False):
             config[key].append(self.save_config_callback(
                 self._parser(self.subcommand), self.config.get(str(self.subcommand), self.config),

@@ -390,7 +390,7 @@ def build_config(**kwargs: Any) -> TrainerConfig:
 
     if not isinstance(fast_dev_run, int) or fast_dev_run < 0:  # bool is an int: True means 1 batch
         raise TrainerConfigError(f"fast_dev_run={fast_dev_run!r} is not a valid configuration. It should be >= 0.")
-    if fast_dev_run:  # Lightning: n batches of train and val, no logger, no checkpoints
+    if fast_dev_run:  # Lightning: n batches of train and val, no logger, no checkpoints saved
         n = int(fast_dev_run)
         cfg.fast_dev_run = n
         cfg.max_epochs, cfg.max_steps, cfg.max_epochs_given = 1, n, True
@@ -400,7 +400,7 @@ def build_config(**kwargs: Any) -> TrainerConfig:
             from gpulayer.trainer.loggers import DummyLogger
             cfg.loggers = [DummyLogger()]
         cfg.val_check_interval, cfg.check_val_every_n_epoch = 1.0, 1
-        cfg.callbacks = [c for c in cfg.callbacks if not isinstance(c, ModelCheckpoint)]
+        # a ModelCheckpoint given stays in trainer.callbacks, as Lightning's: it saves nothing under fast_dev_run
     if cfg.overfit_batches > 0:  # the same first batches for training and validation, whatever the limits say
         cfg.limit_train_batches = cfg.limit_val_batches = cfg.overfit_batches
     return cfg

@@ -10,6 +10,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
+
+from gpulayer.trainer.demos.boring_classes import BoringModel
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -251,5 +254,93 @@ def test_the_cli_offers_every_trainer_argument():
     from gpulayer.trainer.cli import _trainer
     from gpulayer.trainer.config import TrainerConfig
     offered = set(inspect.signature(_trainer).parameters)
-    expected = set(TrainerConfig.__dataclass_fields__) - {"device_ids", "cluster_resources", "max_epochs_given"}  # derived; a Resources
+    # derived from other arguments (device_ids, loggers, sharding, max_epochs_given), or a Resources
+    derived = {"device_ids", "cluster_resources", "max_epochs_given", "loggers", "sharding"}
+    expected = set(TrainerConfig.__dataclass_fields__) - derived
     assert expected - offered == set()
+
+
+def test_trainer_init_signature_is_the_typed_one():
+    # inspect (and LightningCLI's --help) see the Trainer's arguments, not **kwargs
+    import inspect
+    from gpulayer.trainer import Trainer
+    params = inspect.signature(Trainer.__init__).parameters
+    assert "kwargs" not in params
+    assert {"self", "max_epochs", "callbacks", "logger", "devices"} <= set(params)
+
+
+
+
+# module level, so jsonargparse resolves them by class path ("tests.trainer.test_cli.Encoder")
+class Encoder(torch.nn.Module):
+    def __init__(self, width: int = 4):
+        super().__init__()
+        self.width = width
+
+
+class WithEncoder(BoringModel):
+    def __init__(self, encoder: torch.nn.Module, out: int = 2):
+        super().__init__()
+        self.save_hyperparameters()
+        self.encoder = encoder
+
+def test_cli_saves_the_config_as_hyperparameters_and_load_from_checkpoint_rebuilds_it(tmp_path):
+    # the encoder is an object; the checkpoint keeps its class path and init args, and loading builds it again
+    from gpulayer.trainer.cli import LightningCLI
+    args = ["fit", f"--trainer.default_root_dir={tmp_path}", "--trainer.max_steps=1", "--trainer.logger=false",
+            "--trainer.limit_val_batches=0", "--trainer.enable_progress_bar=false",
+            "--model.encoder=tests.trainer.test_cli.Encoder", "--model.encoder.width=7"]
+    cli = LightningCLI(WithEncoder, args=args, save_config_callback=None)
+    hparams = cli.model.hparams
+    assert hparams["encoder"] == {"class_path": "tests.trainer.test_cli.Encoder", "init_args": {"width": 7}}
+    assert hparams["_instantiator"] == "gpulayer.trainer.cli.instantiate_module"
+    path = tmp_path / "m.ckpt"
+    cli.trainer.save_checkpoint(path)
+    loaded = WithEncoder.load_from_checkpoint(path)
+    assert isinstance(loaded.encoder, Encoder) and loaded.encoder.width == 7
+
+
+def test_load_from_checkpoint_refuses_an_untrusted_instantiator(tmp_path):
+    import torch
+    from gpulayer.trainer import Trainer
+    from gpulayer.trainer.demos.boring_classes import BoringModel
+    trainer = Trainer(default_root_dir=tmp_path, max_steps=1, logger=False, enable_progress_bar=False,
+                      limit_val_batches=0)
+    trainer.fit(BoringModel())
+    path = tmp_path / "m.ckpt"
+    trainer.save_checkpoint(path)
+    ckpt = torch.load(path, weights_only=False)
+    ckpt["hyper_parameters"] = {"_instantiator": "os.system"}
+    torch.save(ckpt, path)
+    with pytest.raises(ValueError, match="instantiator 'os.system' is not one of"):
+        BoringModel.load_from_checkpoint(path)
+
+
+def test_cli_trainer_defaults_callbacks_as_class_path_and_a_trainer_without_callbacks(tmp_path):
+    from gpulayer.trainer import Trainer
+    from gpulayer.trainer.callbacks import LearningRateMonitor
+    from gpulayer.trainer.cli import LightningCLI
+    from gpulayer.trainer.demos.boring_classes import BoringModel
+    defaults = {"callbacks": {"class_path": "gpulayer.trainer.callbacks.LearningRateMonitor",
+                              "init_args": {"logging_interval": "epoch"}}, "default_root_dir": str(tmp_path)}
+    cli = LightningCLI(BoringModel, run=False, args=[], trainer_defaults=defaults)
+    monitors = [c for c in cli.trainer.callbacks if isinstance(c, LearningRateMonitor)]
+    assert len(monitors) == 1 and monitors[0].logging_interval == "epoch"
+
+    class NoCallbacksTrainer(Trainer):
+        def __init__(self, max_steps: int = 1):
+            super().__init__(max_steps=max_steps, default_root_dir=str(tmp_path))
+
+    with pytest.warns(UserWarning, match="does not expose the `callbacks` argument"):
+        LightningCLI(BoringModel, run=False, args=[], trainer_class=NoCallbacksTrainer)
+
+
+def test_fast_dev_run_keeps_a_given_model_checkpoint_which_saves_nothing(tmp_path):
+    from gpulayer.trainer import Trainer
+    from gpulayer.trainer.callbacks import ModelCheckpoint
+    from gpulayer.trainer.demos.boring_classes import BoringModel
+    checkpoint = ModelCheckpoint(dirpath=tmp_path / "ckpts")
+    trainer = Trainer(fast_dev_run=True, callbacks=[checkpoint], enable_progress_bar=False)
+    trainer.fit(BoringModel())
+    assert checkpoint in trainer.callbacks
+    assert not (tmp_path / "ckpts").exists() or not list((tmp_path / "ckpts").iterdir())
