@@ -331,3 +331,7 @@ class _Upload:
 def _first_line(err: Exception) -> str:
     """obstore's message without its multi-line debug dump."""
     return str(err).split("\n\nDebug source:")[0].strip().splitlines()[0] if str(err) else type(err).__name__
+
+
+if __name__ == "__main__":  # the helper process of a process that forks children (s3_helper.py)
+    s3_helper.serve(S3)
