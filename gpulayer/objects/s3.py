@@ -41,6 +41,9 @@ from . import s3_helper
 PART = 16 * 2**20  # bytes per uploaded part and per ranged GET (S3's minimum part is 5 MiB)
 CONCURRENCY = 8  # parts in flight, either way
 CONNECT_TIMEOUT = "5s"
+# A request's whole time, body included: obstore's 30 s default cut off the completion of a 200 MB multipart
+# upload on a loaded server (the retry then found the upload gone: NoSuchUpload).
+REQUEST_TIMEOUT = "600s"
 RETRIES = 4  # 0.1 + 0.2 + 0.4 + 0.8 s of backoff: an endpoint that is down is reported within seconds
 RETRY_TIMEOUT = dt.timedelta(seconds=60)
 INSTALL = "pip install 'gpulayer[s3]'"
@@ -96,7 +99,7 @@ class S3:
             return
         self._ob, S3Store = _obstore()
         s3_helper.starting_obstore()
-        options = {"connect_timeout": CONNECT_TIMEOUT}
+        options = {"connect_timeout": CONNECT_TIMEOUT, "timeout": REQUEST_TIMEOUT}
         if self._endpoint.startswith("http://"):
             options["allow_http"] = True  # said by the endpoint itself: a MinIO on a private network, a test server
         retry = {"max_retries": RETRIES, "retry_timeout": RETRY_TIMEOUT,
@@ -286,6 +289,10 @@ class S3:
             return ObjectStoreUnavailable(
                 f"cannot {doing} in {where}: {endpoint} does not answer; check AWS_ENDPOINT_URL (the "
                 f"S3-compatible server's URL, e.g. http://minio:9000) and that the server is up ({seen})")
+        if isinstance(err, FileNotFoundError) and doing.startswith("upload"):
+            return ObjectStoreUnavailable(f"cannot {doing} in {where}: the server no longer knows the multipart "
+                                          f"upload (a completion that timed out and was retried?); nothing was "
+                                          f"stored, try again ({seen})")
         if isinstance(err, FileNotFoundError):
             return FileNotFoundError(f"cannot {doing} in {where}: it is not there (freed, or swept as an orphan); "
                                      "a ref must be held (by a job's arguments or result, or gpulayer.put's ref) "
@@ -324,3 +331,7 @@ class _Upload:
 def _first_line(err: Exception) -> str:
     """obstore's message without its multi-line debug dump."""
     return str(err).split("\n\nDebug source:")[0].strip().splitlines()[0] if str(err) else type(err).__name__
+
+
+if __name__ == "__main__":  # the helper process of a process that forks children (s3_helper.py)
+    s3_helper.serve(S3)

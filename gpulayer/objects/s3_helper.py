@@ -8,7 +8,7 @@ the preload, a replacement for a killed one, a fresh one per CUDA job), so:
 
 - the worker's main process calls ``forking_process()`` at its start: its own S3 requests (the object sweep's
   listings and deletes, a janitor releasing a dead job's objects) go to a helper, ``python -m
-  gpulayer.objects.s3_helper``, started on first use and tied to it (``die_with_parent``), one JSON line per
+  gpulayer.objects.s3``, started on first use and tied to it (``die_with_parent``), one JSON line per
   request; obstore never starts in the main process, and every child forked from it can use it;
 - a process forked after obstore started in its parent gets ``ObjectStoreUnavailable`` naming the cause and the
   fix (the spawn start method) instead of hanging.
@@ -32,6 +32,7 @@ _forked_from: int | None = None  # set in a child forked after its parent starte
 _helper: Helper | None = None
 _helper_lock = threading.Lock()
 OPS = ("check", "list_old", "delete", "exists", "size")
+HELPER_MODULE = "gpulayer.objects.s3"  # run as a program, it serves this module's requests with its S3 class
 
 
 def forking_process() -> None:
@@ -81,7 +82,7 @@ class Helper:
     def __init__(self):
         from ..procs.stop import die_with_parent
 
-        self.proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, "-m", HELPER_MODULE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, preexec_fn=die_with_parent)
         self.lock = threading.Lock()
 
@@ -108,24 +109,19 @@ def _error(kind: str, message: str) -> Exception:
         kind, ObjectStoreUnavailable)(message)
 
 
-def serve(lines=sys.stdin, out=sys.stdout) -> None:
-    """The helper's loop: one request per line until its parent closes the pipe."""
-    from .s3 import S3
-
-    stores: dict[str, S3] = {}
+def serve(make_store, lines=sys.stdin, out=sys.stdout) -> None:
+    """The helper's loop: one request per line until its parent closes the pipe; ``make_store(url)`` gives the
+    backend (s3.py's ``S3``, handed in: this module sits below it)."""
+    stores: dict = {}
     for line in lines:
         op, url, *args = json.loads(line)
         try:
             if op not in OPS:
                 raise ValueError(f"unknown request {op!r}")
-            store = stores.get(url) or stores.setdefault(url, S3(url))
+            store = stores.get(url) or stores.setdefault(url, make_store(url))
             value = None if op == "check" else getattr(store, op)(*args)
             answer = {"ok": list(value) if op == "list_old" else value}
         except Exception as err:
             answer = {"error": type(err).__name__, "message": str(err)}
         out.write(json.dumps(answer) + "\n")
         out.flush()
-
-
-if __name__ == "__main__":
-    serve()
