@@ -29,7 +29,10 @@ def has_iterable_dataset(dataloader: object) -> bool:
 
 def sized_len(dataloader: object) -> int | None:
     """``len(dataloader)``, or None when it has no length."""
+    from gpulayer.trainer.utilities.combined_loader import CombinedLoader
     try:
+        if isinstance(dataloader, CombinedLoader):  # counted before it is iterated (its len() wants iter() first)
+            return dataloader._total()
         return len(dataloader)  # type: ignore[arg-type]
     except (TypeError, NotImplementedError):
         return None
