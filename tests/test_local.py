@@ -154,21 +154,29 @@ def test_a_script_with_an_embedded_cluster_leaves_nothing_running_once_it_has_ex
         import json, os, psutil
         import gpulayer
         from gpulayer import submit
-        from gpulayer.app import registry
+        from gpulayer.app import app, registry
+        from gpulayer.objects import store_url
 
         gpulayer.init()
         assert submit.delay(abs, -2).get(timeout=120) == 2
+        kept = submit.delay(bytes, 2_000_000)  # a result kept in the object store, and a put ref never freed
+        assert len(kept.get(timeout=120)) == 2_000_000 and gpulayer.put(b"x" * 2_000_000).size > 2_000_000
         tree = [p.pid for p in psutil.Process().children(recursive=True)]
-        print(json.dumps({"tree": tree, "my_pgid": os.getpgid(0),
+        print(json.dumps({"tree": tree, "my_pgid": os.getpgid(0), "store": store_url(app.backend.client),
                           "pgids": sorted({os.getpgid(p) for p in tree}),
                           "places": {w.id: [w.zone, w.region] for w in registry().snapshot()}}))
     """))
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180,
-                         env=dict(os.environ))
+                         env=dict(os.environ, TMPDIR=str(tmp)))
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout.strip().splitlines()[-1])
     alive = [p for p in result["tree"] if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"still running after the script exited: {alive}"
+    # Its Redis is gone, and so its objects, their store and the unpacked code: nothing of it stays in TMPDIR.
+    assert result["store"].startswith(f"file://{tmp}/gpulayer-")
+    assert sorted(p.name for p in tmp.glob("gpulayer-*")) == []
     assert "Exception ignored" not in out.stderr and "Traceback" not in out.stderr, out.stderr
     # The script's Ctrl-C is its own: the cluster runs in another process group, so it is still there
     # for the script to cancel its jobs.
@@ -411,3 +419,19 @@ def test_a_session_of_jobs_leaves_no_multiprocessing_directories_in_tmpdir(gpula
         down = run_cli("down", env=env)
     assert down.returncode == 0, down.stderr
     assert not [p.name for p in tmp.iterdir() if p.name.startswith("pymp-")]
+
+
+def test_a_test_fleet_takes_its_objects_and_its_clusters_root_with_it_when_it_stops(tmp_path):
+    """A fleet's Redis lives in the test's workdir: once it stops, the objects it recorded are no one's."""
+    import gpulayer
+    from gpulayer import local
+    from tests.fleets import running_fleet
+
+    with running_fleet(tmp_path / "fleet", connect=True) as fleet:
+        ref = gpulayer.put(b"x" * 2_000_000)
+        client = fleet.client()
+        root = local.cluster_root(client)
+        client.close()
+        stored = root / "objects" / ref.oid
+        assert stored.is_file() and ref.store == (root / "objects").as_uri()
+    assert not root.exists(), sorted(p.name for p in root.rglob("*"))

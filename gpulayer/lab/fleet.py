@@ -209,9 +209,24 @@ class Fleet:
         self.workers.clear()
 
     def stop(self) -> None:
+        root = self._machine_root()
         self.stop_workers()
         self.stop_redis()
+        # Its Redis (in the test's workdir) is gone for good: so is what its workers kept in the cluster's
+        # root on this machine (objects of kept results, unpacked code), which no other cluster would sweep.
+        local.remove_cluster_root(root)
         Fleet.live.discard(self)
+
+    def _machine_root(self) -> Path | None:
+        if self.redis_proc is None or self.redis_proc.poll() is not None:
+            return None
+        client = connect_redis(self.url, socket_connect_timeout=2, socket_timeout=2)
+        try:
+            return local.cluster_root(client)
+        except redis.RedisError:
+            return None
+        finally:
+            client.close()
 
     def __enter__(self) -> Fleet:
         self.start_redis()

@@ -19,6 +19,7 @@ broker URL and the cluster secret from their environment.
 - ``supervisor.py``    the supervisor process (``python -m gpulayer.local``) and its state file.
 - ``cluster.py``       ``up`` / ``down``, ``start_for_process`` and ``LocalCluster``, for its users.
 - ``events.py``        what the supervisor sleeps on: signals and its children's exits (pidfds).
+- ``leftovers.py``     a cluster's root on this machine (objects, code), removed when its Redis ends for good.
 
 Names load on first use (PEP 562): ``gpulayer down`` imports ``cluster.py`` alone, not Redis's client,
 the supervisor or the settings.
@@ -32,6 +33,7 @@ _WHERE = {
     "stop_process": "..procs.stop",
     **dict.fromkeys(("LocalCluster", "default_shape", "down", "start_for_process", "up"), ".cluster"),
     **dict.fromkeys(("DEFAULT_ZONES", "region_of", "worker_places"), ".places"),
+    **dict.fromkeys(("cluster_root", "remove_cluster_root"), ".leftovers"),
     **dict.fromkeys(("find_redis_server", "start_redis", "wait_for_redis", "write_redis_conf"), ".redis_server"),
     **dict.fromkeys(("main", "supervise"), ".supervisor"),
     **dict.fromkeys(("start_flower", "start_worker", "wait_for_port"), ".workers"),

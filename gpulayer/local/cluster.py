@@ -25,6 +25,7 @@ from ..masking import mask_url
 from ..procs.stop import kill_now, stop_process
 from ..procs.ready import READY
 from ..state_file import STATE_FILE_NAME, home_dir, proc_start_time, read_state
+from .leftovers import remove_cluster_root
 
 
 @dataclass
@@ -185,11 +186,15 @@ def start_for_process(workers: int | None = None, slots: int | None = None, zone
     cluster = _spawn_supervisor(home, workers, slots, parent=os.getpid(), timeout=60.0, zones=zones,
                                 regions=regions, replicas=replicas, sentinels=sentinels)
 
+    # Its Redis ends with it, so its objects and code in the cluster's root on this machine go too (leftovers.py).
+    root = (read_state(home / STATE_FILE_NAME) or {}).get("machine_root")
+
     def _stop():
         # The supervisor would do the same on SIGTERM, but only after waking up; killing its whole tree
         # from here saves that, and the script's exit waits for nothing that needs to end gracefully.
         kill_now([cluster.supervisor])
         shutil.rmtree(home, ignore_errors=True)
+        remove_cluster_root(Path(root) if root else None)
 
     atexit.register(_stop)
     return cluster

@@ -25,6 +25,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -144,6 +145,7 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
     port = free_port()
     url = f"redis://:{password}@127.0.0.1:{port}/0"
     group = None
+    root = None  # a process-scoped cluster's root on this machine, once its Redis answers
     if sentinels:  # a dead server waits a few down-afters before it is started again, so a failover can be seen
         from .sentinel_group import SentinelGroup
 
@@ -220,13 +222,16 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
         if flower_url and not flower_hears(flower_url, flower_auth, list(places), flower):
             print(f"Flower did not hear every worker within 30 s; jobs sent now may be missing from it; "
                   f"see {logs / 'flower.log'}", file=sys.stderr)
+        # A process-scoped cluster's Redis ends with it: what its workers keep in the cluster's root on this
+        # machine (objects, code) is removed with it (leftovers.py), by whichever of the two ends it.
+        root = _cluster_root(url) if parent is not None else None
         state = {"broker_url": url, "secret": secret, "home": str(home), "supervisor_pid": os.getpid(),
                  "supervisor_start": proc_start_time(os.getpid()), "redis_pid": redis_proc.pid,
                  "worker_pids": {n: p.pid for n, p in procs.items()}, "workers": workers, "slots": slots,
                  "places": {n: {"zone": z, "region": r} for n, (z, r) in places.items()},
                  "started_at": time.time(), "flower_url": flower_url,
                  "flower_pid": flower.pid if flower_url else None, "flower_auth": flower_auth if flower_url else None,
-                 "redis": deaths.record()}
+                 "redis": deaths.record(), "machine_root": str(root) if root else None}
         write_state(state_file, state)
         if group is not None:
             record_group(state_file, state, group)
@@ -295,10 +300,30 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
         # its script to quote (the script's own exit removes the home).
         if parent is not None and not gave_up:
             shutil.rmtree(home, ignore_errors=True)
+        if root is not None:
+            from .leftovers import remove_cluster_root
+
+            remove_cluster_root(root)
         # Nothing is left to free: the interpreter's last collection (over Redis's client) would only delay the
         # exit that `gpulayer down` waits for (as session.py does for a client).
         gc.freeze()
     return 0
+
+
+def _cluster_root(url: str) -> Path | None:
+    """This cluster's root on this machine; its id is made now if no worker made it yet (``store/cluster.py``)."""
+    from ..store.cluster import cluster_id, machine_root
+    from ..store.connection import connect_redis
+
+    client = connect_redis(url, socket_connect_timeout=5, socket_timeout=5)
+    try:
+        return machine_root(cluster_id(client))
+    except Exception as err:  # noqa: BLE001  (a cluster without the cleanup still runs)
+        print(f"could not read the cluster id ({err}); its objects will stay in {tempfile.gettempdir()}",
+              file=sys.stderr)
+        return None
+    finally:
+        client.close()
 
 
 READY_TIMEOUT = 120.0  # seconds the workers may take to register (a loaded machine importing Celery)
