@@ -13,6 +13,7 @@ judged by Redis's clock in both.
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import logging
 import os
@@ -62,8 +63,14 @@ class Script(redis.commands.core.Script):
 
 
 def load_script(client: redis.Redis, name: str) -> Script:
-    """A registered Lua script from ``store/lua/<name>.lua``."""
-    return Script(client, _res.files(__package__).joinpath("lua", f"{name}.lua").read_text())
+    """A registered Lua script from ``store/lua/<name>.lua`` (its file read once per process: a job that
+    carries object refs builds its records' scripts per hold and release)."""
+    return Script(client, _script_text(name))
+
+
+@functools.lru_cache(maxsize=None)
+def _script_text(name: str) -> str:
+    return _res.files(__package__).joinpath("lua", f"{name}.lua").read_text()
 
 
 def static_record(info: WorkerInfo) -> str:
