@@ -68,11 +68,20 @@ def test_up_status_down(gpulayer_home):
         assert state["secret"] not in st.stdout and "***" in report["broker"]
 
         pids = [state["supervisor_pid"], state["redis_pid"], *state["worker_pids"].values()]
+        put = subprocess.run([sys.executable, "-c", "import gpulayer; from gpulayer.app import app; gpulayer.init(); "
+                              "print(gpulayer.put(b'x' * 2_000_000).store)"],
+                             capture_output=True, text=True, timeout=120, env=env)
+        assert put.returncode == 0, put.stderr
+        store = put.stdout.split()[-1]
+        root = state["machine_root"]
+        assert store == f"file://{root}/objects"
     finally:
         down = run_cli("down", env=env)
     assert down.returncode == 0 and "stopped" in down.stdout
     wait_gone(pids)
     assert not (gpulayer_home / "cluster.json").exists()
+    # The next `up` has a new secret, which reads none of this cluster's objects: they go with it.
+    assert root and not os.path.exists(root), sorted(os.listdir(root))
 
 
 def test_init_starts_a_cluster_that_lives_as_long_as_the_process(gpulayer_home, tmp_path):

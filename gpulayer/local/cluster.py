@@ -166,6 +166,8 @@ def down(home: Path | None = None, timeout: float = 30.0) -> bool:
         return False
     stop_process(supervisor, grace=timeout)  # after SIGKILL, its children follow through PDEATHSIG
     state_file.unlink(missing_ok=True)
+    # Its objects and unpacked code: the next `up` has a new cluster secret, so nothing there would be readable.
+    remove_cluster_root(Path(state["machine_root"]) if state.get("machine_root") else None)
     return True
 
 

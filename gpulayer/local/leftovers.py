@@ -5,8 +5,10 @@ live in its root on this machine, ``<TMPDIR>/gpulayer-<cluster id>`` (``store/cl
 once its Redis is gone for good (a process-scoped cluster at its script's end, a test fleet), no record
 points at them and no sweep of a live cluster looks there, so they would stay on disk for ever.
 
-A ``gpulayer up`` cluster is not one of these: its Redis reloads its append-only file at the next ``up``,
-with the same cluster id, records and results, so its objects stay with them.
+A ``gpulayer up`` cluster's Redis reloads its append-only file at the next ``up`` (the same cluster id and
+records), but that ``up`` has a new cluster secret, so no object signed with the old one would be readable:
+``gpulayer down`` removes the root too, and a record left pointing at an object reads as ``ObjectMissing``
+until its holders expire and a sweep drops it.
 """
 
 from __future__ import annotations

@@ -222,9 +222,10 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
         if flower_url and not flower_hears(flower_url, flower_auth, list(places), flower):
             print(f"Flower did not hear every worker within 30 s; jobs sent now may be missing from it; "
                   f"see {logs / 'flower.log'}", file=sys.stderr)
-        # A process-scoped cluster's Redis ends with it: what its workers keep in the cluster's root on this
-        # machine (objects, code) is removed with it (leftovers.py), by whichever of the two ends it.
-        root = _cluster_root(url) if parent is not None else None
+        # What its processes keep in the cluster's root on this machine (objects, code) goes when it ends
+        # (leftovers.py): a process-scoped one's Redis ends with it; after `gpulayer down`, the next `up` has a
+        # new secret, which reads none of the objects signed with this one.
+        root = _cluster_root(url)
         state = {"broker_url": url, "secret": secret, "home": str(home), "supervisor_pid": os.getpid(),
                  "supervisor_start": proc_start_time(os.getpid()), "redis_pid": redis_proc.pid,
                  "worker_pids": {n: p.pid for n, p in procs.items()}, "workers": workers, "slots": slots,
@@ -300,7 +301,7 @@ def supervise(home: Path, workers: int, slots: int, parent: int | None, flower_p
         # its script to quote (the script's own exit removes the home).
         if parent is not None and not gave_up:
             shutil.rmtree(home, ignore_errors=True)
-        if root is not None:
+        if root is not None and parent is not None:  # (`gpulayer down` removes an `up` cluster's, once it is gone)
             from .leftovers import remove_cluster_root
 
             remove_cluster_root(root)

@@ -74,9 +74,14 @@ class LocalDir:
     @contextlib.contextmanager
     def writer(self, oid: str) -> Iterator[BinaryIO]:
         final = self.path(oid)
-        self.root.mkdir(parents=True, exist_ok=True)
+        if not self.root.is_dir():
+            self._make_root()
         tmp = self.root / f"{oid}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
-        f = open(tmp, "xb", buffering=WRITE_CHUNK)
+        try:
+            f = open(tmp, "xb", buffering=WRITE_CHUNK)
+        except OSError as err:
+            raise ConfigError(f"object store {self.url}: cannot write into {self.root} ({err.strerror}); give "
+                              "GPULAYER_OBJECT_STORE a directory this user can write") from err
         try:
             yield f
             f.close()
@@ -86,6 +91,31 @@ class LocalDir:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
             raise
+
+    def _make_root(self) -> None:
+        """Make the store's directory, this user's alone (0700: objects are the jobs' data).
+
+        The embedded cluster's default, in its root on this machine, is made as the rest of that root is
+        (``store/cluster.py``). Any other path is made only if its parent exists: a typo in a shared file
+        system's mount point is refused, not turned into a directory of this host that no other host sees.
+        """
+        from ..store.cluster import ROOT_PREFIX, make_private
+
+        try:
+            if self.root.parent.name.startswith(ROOT_PREFIX):
+                make_private(self.root)
+            else:
+                self.root.mkdir(mode=0o700, exist_ok=True)
+        except FileNotFoundError as err:
+            raise ConfigError(f"object store {self.url}: {self.root.parent} does not exist; create the store's "
+                              "directory (on a shared file system, where every host mounts it) or correct "
+                              "GPULAYER_OBJECT_STORE") from err
+        except FileExistsError as err:
+            raise ConfigError(f"object store {self.url}: {self.root} is a file, not a directory; give "
+                              "GPULAYER_OBJECT_STORE a directory") from err
+        except OSError as err:
+            raise ConfigError(f"object store {self.url}: cannot create {self.root} ({err.strerror or err}); give "
+                              "GPULAYER_OBJECT_STORE a directory this user can write") from err
 
     def put_file(self, oid: str, path: Path) -> None:
         with self.writer(oid) as out, open(path, "rb") as src:

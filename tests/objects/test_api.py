@@ -139,6 +139,8 @@ def test_the_embedded_cluster_uses_one_directory_for_every_process(fresh_fleet, 
         assert client.get(keys.OBJECTS_DEFAULT_STORE).decode() == url  # what the cluster's other processes read
         ref = gpulayer.put(torch.ones(100_000))
         assert ref.store == url and torch.equal(ref.get(), torch.ones(100_000))
+        # The jobs' data, in a shared TMPDIR: the cluster root holding the store is this user's alone.
+        assert machine_root(cluster_id(client)).stat().st_mode & 0o777 == 0o700
         gpulayer.free(ref)
     finally:
         shutil.rmtree(machine_root(cluster_id(client)), ignore_errors=True)
@@ -198,3 +200,20 @@ def test_a_forked_process_reads_the_object_and_owns_none_of_its_parents_holds(cl
     time.sleep(0.2)
     assert set(ObjectRecords(client).holders(ref.oid)) == {lifetimes.put_holder()}
     assert gpulayer.free(ref) == 1
+
+
+def test_a_store_path_that_cannot_be_a_directory_is_refused_naming_it_and_the_fix(cluster, tmp_path):
+    from gpulayer.errors import ConfigError
+
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    with pytest.raises(ConfigError, match=r"a-file is a file, not a directory; give GPULAYER_OBJECT_STORE"):
+        LocalDir(str(a_file)).put_file("0" * 32, a_file)
+    # A typo in a shared file system's mount point is not made into a directory no other host sees.
+    missing = tmp_path / "mnt-typo" / "objects"
+    with pytest.raises(ConfigError, match=r"mnt-typo does not exist; create the store's directory"):
+        LocalDir(str(missing)).put_file("0" * 32, a_file)
+    assert not missing.parent.exists()
+    made = LocalDir(str(tmp_path / "new"))
+    made.put_file("0" * 32, a_file)
+    assert (tmp_path / "new" / ("0" * 32)).is_file() and (tmp_path / "new").stat().st_mode & 0o777 == 0o700
