@@ -166,7 +166,11 @@ def local_root(url: str) -> str:
         path = url
     else:
         raise ConfigError(f"object store {url!r} is not a file:// URL or a path")
-    return os.path.abspath(os.path.expanduser(path))
+    path = os.path.expanduser(path)
+    if not os.path.isabs(path):  # each process would resolve it against its own working directory
+        raise ConfigError(f"object store {url!r} is a relative path: every client and worker must find the same "
+                          "directory, so give it absolute (file:///abs/dir or /abs/dir)")
+    return os.path.abspath(path)
 
 
 def normal_url(url: str) -> str:

@@ -217,3 +217,7 @@ def test_a_store_path_that_cannot_be_a_directory_is_refused_naming_it_and_the_fi
     made = LocalDir(str(tmp_path / "new"))
     made.put_file("0" * 32, a_file)
     assert (tmp_path / "new" / ("0" * 32)).is_file() and (tmp_path / "new").stat().st_mode & 0o777 == 0o700
+    # A relative path would be each process's own directory: refused, naming the fix.
+    for relative in ("objects", "file:objects"):
+        with pytest.raises(ConfigError, match=r"is a relative path: .* give it absolute"):
+            LocalDir(relative)
