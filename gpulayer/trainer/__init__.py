@@ -20,6 +20,7 @@ from gpulayer.trainer.loggers import CSVLogger, Logger, TensorBoardLogger
 from gpulayer.trainer.module import LightningModule, Module
 from gpulayer.trainer.seed import seed_everything
 from gpulayer.trainer.trainer import Trainer, fit_rank
+from gpulayer.trainer import cli_trainer  # noqa: E402,F401  (Trainer.__init__'s typed signature)
 
 # The Lightning release whose API and checkpoint format this package follows (what Lightning's own
 # ``__version__`` says and its checkpoints record as "pytorch-lightning_version"); gpulayer's is gpulayer.__version__.

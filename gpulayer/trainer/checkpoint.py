@@ -17,6 +17,7 @@ from __future__ import annotations
 import io
 import os
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -208,7 +209,7 @@ def newest_of_fit(dirs: list[str], fit_id: str) -> tuple[str, dict[str, Any]] | 
     files = {os.path.join(d, f) for d in dirs if os.path.isdir(d) for f in os.listdir(d) if f.endswith(".ckpt")}
     for path in sorted(files, key=mtime, reverse=True):
         try:
-            ckpt = load(path) if not os.path.isdir(path) else _sharded_record(path)
+            ckpt = load(path) if not os.path.isdir(path) else sharded_record(path)
         except Exception:  # not a checkpoint torch can read (another tool's file): not ours either
             continue
         if fit_id_of(ckpt) == fit_id and "optimizer_states" in ckpt:
@@ -216,11 +217,28 @@ def newest_of_fit(dirs: list[str], fit_id: str) -> tuple[str, dict[str, Any]] | 
     return None
 
 
-def _sharded_record(path: str) -> dict[str, Any]:
-    """What a sharded checkpoint directory (``fsdp_checkpoint.py``) holds besides its shards; its optimizer
-    states stand as placeholders until the strategy reads them."""
-    from gpulayer.trainer import fsdp_checkpoint
-    return fsdp_checkpoint.record(path)
+# A sharded checkpoint is a directory (strategies/fsdp_checkpoint.py writes and reads its shards): the rest of
+# the checkpoint is in META_FILE, which counts the optimizers whose states are shards beside it.
+META_FILE = "meta.pt"
+SHARDED_OPTIMIZER_COUNT = "gpulayer_sharded_optimizers"
+
+
+@dataclass(frozen=True)
+class ShardedOptimizerState:
+    """Stands for optimizer ``index``'s state in a sharded checkpoint until the optimizer exists to read it."""
+
+    path: str
+    index: int
+
+
+def sharded_record(path: str) -> dict[str, Any]:
+    """What a sharded checkpoint directory holds besides its shards: its ``meta.pt``, the optimizer states as
+    placeholders until the strategy reads them."""
+    ckpt = torch.load(os.path.join(path, META_FILE), map_location="cpu", weights_only=False)
+    count = ckpt.pop(SHARDED_OPTIMIZER_COUNT, 0)
+    if count:
+        ckpt["optimizer_states"] = [ShardedOptimizerState(path, i) for i in range(count)]
+    return ckpt
 
 
 def _position(trainer, ckpt: dict[str, Any]) -> dict[str, Any]:

@@ -7,14 +7,12 @@ has the same arguments with their types, defaults and help, and builds the Train
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Optional, Union
+from typing import Optional, Union
 
 from gpulayer.trainer.callbacks import Callback
 from gpulayer.trainer.loggers import Logger
 from gpulayer.trainer.profilers import Profiler
-
-if TYPE_CHECKING:
-    from gpulayer.trainer.trainer import Trainer
+from gpulayer.trainer.trainer import Trainer
 
 
 def _trainer(
@@ -104,9 +102,7 @@ def _trainer(
         detect_anomaly: autograd's anomaly detection (slow; names the operation that produced a NaN).
         barebones: turn off everything that costs speed (checkpoints, logging, progress bar, summary...).
     """
-    from gpulayer.trainer.trainer import Trainer  # trainer.py reads this module's signature at import
-
-    given = locals()
+    given = dict(locals())  # a copy: the frame's dict would gain the names bound below under a tracer
     # arguments left at their defaults are not passed: Trainer applies the same ones, and barebones=True
     # refuses an explicit enable_checkpointing=True or log_every_n_steps=50
     defaults = {name: p.default for name, p in inspect.signature(_trainer).parameters.items()}
@@ -121,3 +117,8 @@ def init_signature() -> inspect.Signature:
     params = [p.replace(annotation=eval(p.annotation, globals())) if isinstance(p.annotation, str) else p
               for p in inspect.signature(_trainer).parameters.values()]
     return inspect.Signature([self_param, *params], return_annotation=None)
+
+
+# `Trainer(**kwargs)` validates by name (config.py); inspect, IDEs and LightningCLI's help read the typed
+# arguments from here (the package's __init__ imports this module, so every Trainer has them)
+Trainer.__init__.__signature__ = init_signature()

@@ -256,7 +256,7 @@ def build_config(**kwargs: Any) -> TrainerConfig:
             "on CPU use precision='bf16-mixed'"
         )
     cfg.devices, cfg.device_ids = _devices(kwargs.get("devices", "auto"), cfg.accelerator, here)
-    from gpulayer.trainer.fsdp_plan import plan_for
+    from gpulayer.trainer.strategies.fsdp_plan import plan_for
     cfg.sharding = plan_for(kwargs.get("strategy", "auto"))
     strategy = cfg.sharding.name if cfg.sharding is not None else _strategy_name(kwargs.get("strategy", "auto"))
     if strategy not in STRATEGIES + ("model_parallel",):
@@ -374,7 +374,7 @@ def build_config(**kwargs: Any) -> TrainerConfig:
             tail -= 1
         cfg.callbacks.insert(tail, TQDMProgressBar())
     cfg.enable_progress_bar = bool(bars) or cfg.enable_progress_bar
-    from gpulayer.trainer.callbacks.model_summary import add_default_summary
+    from gpulayer.trainer.callbacks.defaults import add_default_summary
     add_default_summary(cfg.callbacks, cfg.enable_model_summary)
     cfg.detect_anomaly = _bool("detect_anomaly", kwargs.get("detect_anomaly", False))
     cfg.barebones = barebones_mode

@@ -568,11 +568,5 @@ def stage_rank(config: TrainerConfig, stage: str, module: Module, loaders: Any, 
     }
 
 
-# `Trainer(**kwargs)` validates by name (config.py); inspect, IDEs and LightningCLI's help read the typed
-# arguments from their twin in cli_trainer.py
-from gpulayer.trainer.cli_trainer import init_signature  # noqa: E402  (imports Trainer lazily)
-
-Trainer.__init__.__signature__ = init_signature()
-
 # Lightning's path for this module is ``<package>.trainer.trainer``: the same module under that name
 sys.modules.setdefault(__name__ + ".trainer", sys.modules[__name__])

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from gpulayer.trainer import Module, RankFailed, Trainer, TrainerConfigError, seed_everything
 from gpulayer.trainer.callbacks import Callback, ModelCheckpoint
-from gpulayer.trainer.fsdp_checkpoint import META_FILE
+from gpulayer.trainer.checkpoint import META_FILE
 from gpulayer.trainer.strategies import FSDPStrategy, ModelParallelStrategy
 
 STEPS = 20
@@ -241,7 +241,7 @@ def test_cpu_offload_on_the_cpu_is_refused_in_the_rank():
 
 
 def test_model_parallel_auto_sizes_are_lightnings():
-    from gpulayer.trainer.fsdp_plan import mesh_layout
+    from gpulayer.trainer.strategies.fsdp_plan import mesh_layout
     plan = ModelParallelStrategy().sharding_plan
     assert mesh_layout(plan, world=4, num_nodes=2) == ((2, 2), ("data_parallel", "tensor_parallel"))
     assert mesh_layout(FSDPStrategy().sharding_plan, 4, 2) == ((4,), ("shard",))
@@ -311,7 +311,7 @@ def test_fsdp1_wrap_policies_choose_the_submodules_to_shard_children_first():
 
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
 
-    from gpulayer.trainer.fsdp import _to_wrap
+    from gpulayer.trainer.strategies.fsdp import _to_wrap
     net = Net()
     by_class = _to_wrap(net, FSDPStrategy(auto_wrap_policy=ModuleWrapPolicy({Block})).sharding_plan)
     assert by_class == list(net.blocks)[::-1]

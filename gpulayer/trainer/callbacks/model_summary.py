@@ -49,23 +49,3 @@ class ModelSummary(Callback):
             log.info("\n" + table)
         else:  # gpulayer configures no logging handler; the summary is shown on stdout as it always was
             print(table)
-
-
-
-def add_default_summary(callbacks: list, enabled: bool) -> None:
-    """``Trainer(enable_model_summary=True)``: a ``ModelSummary`` (a ``RichModelSummary`` under a
-    ``RichProgressBar``) joins ``callbacks`` unless one is there, before the trailing checkpoint callbacks."""
-    if not enabled or any(isinstance(c, ModelSummary) for c in callbacks):
-        return
-    from gpulayer.trainer.callbacks.model_checkpoint import ModelCheckpoint
-    from gpulayer.trainer.callbacks.progress.rich_progress import RichProgressBar
-
-    if any(isinstance(c, RichProgressBar) for c in callbacks):
-        from gpulayer.trainer.callbacks.rich_model_summary import RichModelSummary
-        summary: ModelSummary = RichModelSummary()
-    else:
-        summary = ModelSummary()
-    tail = len(callbacks)
-    while tail and isinstance(callbacks[tail - 1], ModelCheckpoint):
-        tail -= 1
-    callbacks.insert(tail, summary)

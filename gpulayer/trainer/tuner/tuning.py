@@ -40,11 +40,10 @@ class Tuner:
     # -- trials ----------------------------------------------------------------------------------
     def _trial(self, model: Any, callbacks: list, **overrides: Any) -> Any:
         """A Trainer for one trial: the user's settings, but quiet (no logger, checkpoints, bar, summary)."""
-        from gpulayer.trainer.trainer import Trainer
         cfg = dataclasses.replace(self._trainer.config, callbacks=list(callbacks), loggers=[],
                                   enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                                   num_sanity_val_steps=0, profiler=PassThroughProfiler(), **overrides)
-        return Trainer.from_config(cfg)
+        return type(self._trainer).from_config(cfg)  # the user's Trainer class, as theirs was built
 
     def _guarded(self, model: Any, search: Callable[[], Any]) -> Any:
         """Run ``search``; the model's weights and Trainer reference are put back whatever happens."""

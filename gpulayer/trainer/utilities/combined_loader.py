@@ -146,8 +146,8 @@ class CombinedLoader(Iterable):
     def _dataset_length(self) -> int:
         """Samples of the datasets behind the iterables, combined as the mode combines batches (min, max or sum);
         datasets without a length are left out."""
-        from gpulayer.trainer.utilities.data import sized_len
-        lengths = [n for n in (sized_len(getattr(dl, "dataset", None)) for dl in self._flattened) if n is not None]
+        lengths = [n for n in (_len_or_none(getattr(dl, "dataset", None)) for dl in self._flattened)
+                   if n is not None]
         if not lengths:
             raise NotImplementedError("All datasets are iterable-style datasets.")
         return min(lengths) if self._mode == "min_size" else sum(lengths) if self._mode == "sequential" \
@@ -251,3 +251,11 @@ class _CombinedIterator(Iterator):
             self.seen = 0
             self.iterator = iter(self.iterables[self.current]) if self.current < len(self.iterables) else None
         raise StopIteration
+
+
+def _len_or_none(dataset: object) -> int | None:
+    """``len(dataset)``, or None for a dataset without one (an iterable-style dataset, or none at all)."""
+    try:
+        return len(dataset)  # type: ignore[arg-type]
+    except (TypeError, NotImplementedError):
+        return None

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-import sys
 from typing import Any
 
 import torch
@@ -237,25 +236,6 @@ class DDPStrategy(SingleDeviceStrategy):
                 "backend": self.backend}
 
 
-def strategy_for(config: Any) -> SingleDeviceStrategy:
-    """The strategy a ``TrainerConfig`` asks for in this process: DDP in a rank of a multi-process run (rank 0
-    of the planned world outside one), else a single device."""
-    cuda = config.accelerator == "cuda"
-    device = torch.device("cuda", config.device_ids[0] if config.device_ids else 0) if cuda else torch.device("cpu")
-    if getattr(config, "sharding", None) is not None:  # FSDP2, also with one device (fsdp.py)
-        from gpulayer.trainer import fsdp
-        if cuda and config.device_ids:
-            device = torch.device("cuda", config.device_ids[int(os.environ.get("LOCAL_RANK", "0"))])
-        return fsdp.strategy_for(config.sharding, config, device if cuda else None)
-    if not config.multi_process:
-        return SingleDeviceStrategy(device)
-    if cuda and config.device_ids:
-        device = torch.device("cuda", config.device_ids[int(os.environ.get("LOCAL_RANK", "0"))])
-    return DDPStrategy(device if cuda else None, config.grad_sync,
-                       find_unused_parameters=config.strategy == "ddp_find_unused_parameters_true",
-                       planned_world_size=config.devices * config.num_nodes)
-
-
 class _SkipInit(TorchFunctionMode):
     """``torch.nn.init`` functions return their tensor untouched: weights loaded next need no initialization."""
 
@@ -271,15 +251,3 @@ def init_context(device: torch.device, empty_init: bool | None = None) -> Any:
     """Tensors created inside land on ``device``; ``empty_init=True`` also skips their initialization."""
     with device, (_SkipInit() if empty_init else contextlib.nullcontext()):
         yield
-
-
-def __getattr__(name: str) -> Any:
-    """``FSDPStrategy`` and ``ModelParallelStrategy`` where Lightning users import them, loaded on first use."""
-    if name in ("FSDPStrategy", "ModelParallelStrategy"):
-        from gpulayer.trainer import fsdp
-        return getattr(fsdp, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-# Lightning's path of the base class is ``<package>.strategies.strategy``: the same module under that name
-sys.modules.setdefault(__name__ + ".strategy", sys.modules[__name__])

@@ -34,8 +34,8 @@ from torch import nn
 
 from gpulayer.trainer import allocator, data
 from gpulayer.trainer.errors import TrainerConfigError
-from gpulayer.trainer.fsdp_plan import ShardingPlan, fsdp_plan, mesh_layout, model_parallel_plan
-from gpulayer.trainer.strategies import DDPStrategy
+from gpulayer.trainer.strategies.fsdp_plan import ShardingPlan, fsdp_plan, mesh_layout, model_parallel_plan
+from gpulayer.trainer.strategies.strategy import DDPStrategy
 
 # the module's methods that run its forward: FSDP's hooks run around each, as around ``forward``
 _STEP_METHODS = ("training_step", "validation_step", "test_step", "predict_step")
@@ -181,21 +181,21 @@ class FSDPStrategy(DDPStrategy):
     def save_checkpoint(self, ckpt: dict[str, Any], path: str) -> None:
         if not self._live():  # the caller's whole module after the run: an ordinary file
             return super().save_checkpoint(ckpt, path)
-        from gpulayer.trainer import fsdp_checkpoint
+        from gpulayer.trainer.strategies import fsdp_checkpoint
         fsdp_checkpoint.save(self, ckpt, path)
 
     def load_checkpoint(self, path: str) -> dict[str, Any]:
-        from gpulayer.trainer import fsdp_checkpoint
+        from gpulayer.trainer.strategies import fsdp_checkpoint
         return fsdp_checkpoint.load(self, path)
 
     def load_optimizer_state(self, optimizer: Any, state: Any) -> None:
         if not self._live():
             return super().load_optimizer_state(optimizer, state)
-        from gpulayer.trainer import fsdp_checkpoint
+        from gpulayer.trainer.strategies import fsdp_checkpoint
         fsdp_checkpoint.load_optimizer(self, optimizer, state)
 
     def remove_checkpoint(self, path: str) -> None:
-        from gpulayer.trainer import fsdp_checkpoint
+        from gpulayer.trainer.strategies import fsdp_checkpoint
         if self.is_global_zero:
             fsdp_checkpoint.remove(path)
 
@@ -205,7 +205,7 @@ class FSDPStrategy(DDPStrategy):
             return self._final_state_dict
         if not self._live():
             return super().lightning_module_state_dict()
-        from gpulayer.trainer import fsdp_checkpoint
+        from gpulayer.trainer.strategies import fsdp_checkpoint
         return fsdp_checkpoint.full_model_state(self.lightning_module)
 
     def on_exception(self, exception: BaseException) -> None:
@@ -213,7 +213,7 @@ class FSDPStrategy(DDPStrategy):
 
     def teardown(self) -> None:
         if not self._failed and self._live():
-            from gpulayer.trainer import fsdp_checkpoint
+            from gpulayer.trainer.strategies import fsdp_checkpoint
             self._final_state_dict = fsdp_checkpoint.full_model_state(self.lightning_module)
         super().teardown()
 

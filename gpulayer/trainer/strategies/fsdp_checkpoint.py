@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,18 +30,8 @@ import torch.distributed as dist
 from torch import nn
 
 from gpulayer.trainer import checkpoint
+from gpulayer.trainer.checkpoint import META_FILE, SHARDED_OPTIMIZER_COUNT, ShardedOptimizerState, sharded_record
 from gpulayer.trainer.errors import CheckpointNotFound
-
-META_FILE = "meta.pt"
-_OPTIMIZER_COUNT = "gpulayer_sharded_optimizers"
-
-
-@dataclass(frozen=True)
-class ShardedOptimizerState:
-    """Stands for optimizer ``index``'s state in a sharded checkpoint until the optimizer exists to read it."""
-
-    path: str
-    index: int
 
 
 def _options(**kw: Any) -> Any:
@@ -83,7 +72,7 @@ def save(strategy: Any, ckpt: dict[str, Any], path: str) -> None:
     dcp.save(shards, checkpoint_id=path)
     if strategy.is_global_zero:
         rest = {k: v for k, v in ckpt.items() if k not in ("state_dict", "optimizer_states")}
-        rest[_OPTIMIZER_COUNT] = len(optimizers)
+        rest[SHARDED_OPTIMIZER_COUNT] = len(optimizers)
         checkpoint.save(rest, os.path.join(path, META_FILE))
     dist.barrier()  # the directory is whole before any rank goes on (and may read it)
 
@@ -100,7 +89,7 @@ def load(strategy: Any, path: str) -> dict[str, Any]:
                                  "gpulayer wrote (pass the directory ModelCheckpoint or save_checkpoint made)")
     import torch.distributed.checkpoint as dcp
 
-    ckpt = record(path)
+    ckpt = sharded_record(path)
     # the shapes to read into: the module as it is now (whole, or already sharded by configure_model)
     target = {"state_dict": {k: v.detach().clone() for k, v in strategy.lightning_module.state_dict().items()}}
     dcp.load(target, checkpoint_id=path)
@@ -117,15 +106,6 @@ def _as_shards(module: nn.Module, weights: dict[str, Any]) -> None:
             # every rank read the whole file: each cuts its own piece, nothing is sent
             weights[name] = distribute_tensor(weights[name].to(live.device), live.device_mesh, live.placements,
                                               src_data_rank=None)
-
-
-def record(path: str) -> dict[str, Any]:
-    """A sharded directory's ``meta.pt``, its optimizer states as placeholders: all but the weights."""
-    ckpt = torch.load(os.path.join(path, META_FILE), map_location="cpu", weights_only=False)
-    count = ckpt.pop(_OPTIMIZER_COUNT, 0)
-    if count:
-        ckpt["optimizer_states"] = [ShardedOptimizerState(path, i) for i in range(count)]
-    return ckpt
 
 
 def load_optimizer(strategy: Any, optimizer: Any, state: Any) -> None:
