@@ -373,7 +373,9 @@ class Trainer(TrainerProperties):
                     datamodule.prepare_data()
         if self.local_rank == 0 and is_overridden("prepare_data", module, Module):
             module.prepare_data()
-        for logger in self.loggers:  # as Lightning: each logger's experiment exists before the first setup hook
+        # as Lightning: each logger's experiment exists before the first setup hook; W&B's first, since wandb.init
+        # must run before any TensorBoard writer is created for wandb to sync TensorBoard's files
+        for logger in sorted(self.loggers, key=lambda lg: not isinstance(lg, loggers_mod.WandbLogger)):
             getattr(logger, "experiment", None)
         self.strategy.barrier()
         if datamodule is not None and hasattr(datamodule, "setup"):

@@ -149,10 +149,14 @@ class TrainerProperties:
         return next((c for c in self.callbacks if isinstance(c, (ProgressBar, TQDMProgressBar))), None)
 
     @property
-    def log_dir(self) -> str:
-        from gpulayer.trainer.loggers import DummyLogger
+    def log_dir(self) -> str | None:
+        """Lightning's rule: the first logger's ``log_dir`` for TensorBoard and CSV (``save_dir/name/version_N``), its
+        ``save_dir`` for any other (a hosted service's local directory); ``default_root_dir`` without a logger."""
+        from gpulayer.trainer.loggers import CSVLogger, DummyLogger, TensorBoardLogger
         logger = self.logger
-        return logger.log_dir if logger is not None and not isinstance(logger, DummyLogger) else self.default_root_dir
+        if logger is None or isinstance(logger, DummyLogger):
+            return self.default_root_dir
+        return logger.log_dir if isinstance(logger, (TensorBoardLogger, CSVLogger)) else logger.save_dir
 
     @property
     def callback_metrics(self) -> dict[str, Any]:

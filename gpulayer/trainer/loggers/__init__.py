@@ -1,5 +1,5 @@
-"""Loggers: CSV built in, TensorBoard when ``tensorboard`` is installed (Lightning's ``loggers``), and how the
-Trainer drives them.
+"""Loggers: CSV built in, TensorBoard when ``tensorboard`` is installed, and the hosted services' (W&B, Comet,
+MLflow, lightning.ai's LitLogger) when their library is (Lightning's ``loggers``), and how the Trainer drives them.
 
 Only global rank 0 calls them. What they write is what Lightning's write for the same run:
 ``save_dir/name/version_N/`` with ``hparams.yaml`` (the hyperparameters ``save_hyperparameters``
@@ -15,11 +15,16 @@ from typing import Any
 
 import torch
 
+from gpulayer.trainer.loggers.comet import CometLogger
 from gpulayer.trainer.loggers.csv_logs import CSVLogger
+from gpulayer.trainer.loggers.litlogger import LitLogger
 from gpulayer.trainer.loggers.logger import DummyExperiment, DummyLogger, Logger, rank_zero_experiment
+from gpulayer.trainer.loggers.mlflow import MLFlowLogger
 from gpulayer.trainer.loggers.tensorboard import TensorBoardLogger
+from gpulayer.trainer.loggers.wandb import WandbLogger
 
-__all__ = ["CSVLogger", "DummyExperiment", "DummyLogger", "Logger", "TensorBoardLogger", "rank_zero_experiment"]
+__all__ = ["CSVLogger", "CometLogger", "DummyExperiment", "DummyLogger", "LitLogger", "Logger", "MLFlowLogger",
+           "TensorBoardLogger", "WandbLogger", "rank_zero_experiment"]
 
 
 def log_hyperparams(trainer: Any) -> None:

@@ -57,3 +57,36 @@ def sanitize_params(params: dict[str, Any]) -> dict[str, Any]:
 
 def add_prefix(metrics: Mapping[str, Any], prefix: str, separator: str) -> Mapping[str, Any]:
     return {f"{prefix}{separator}{k}": v for k, v in metrics.items()} if prefix else metrics
+
+
+def sanitize_callables(params: Mapping[str, Any]) -> dict[str, Any]:
+    """A class as its name; another callable as what it returns when called without arguments (a factory of a
+    value), or its name when that fails or gives another callable."""
+    def value_of(v: Any) -> Any:
+        if isinstance(v, type):
+            return v.__name__
+        if not callable(v):
+            return v
+        try:
+            out = v()
+        except Exception:
+            return getattr(v, "__name__", None)
+        return getattr(v, "__name__", None) if callable(out) else out
+
+    return {k: value_of(v) for k, v in params.items()}
+
+
+def json_serializable(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Values JSON cannot encode (a ``Path``, an object) as their ``str``; the rest as they are."""
+    import json
+
+    def encodable(v: Any) -> bool:
+        if v is None or isinstance(v, (bool, int, float, str, list, dict)):
+            return True
+        try:
+            json.dumps(v)
+            return True
+        except (TypeError, OverflowError, ValueError):
+            return False
+
+    return {k: v if encodable(v) else str(v) for k, v in params.items()}
