@@ -57,8 +57,10 @@ class Tuner:
             return search()
         finally:
             model.load_state_dict(weights)
-            if attached["_trainer"] is not None:
-                model.trainer = attached["_trainer"]  # the setter reaches nested modules too
+            # a module tuned outside a run ends attached to the user's Trainer, as Lightning's (whose trials run on
+            # that Trainer): model.logger is trainer.logger afterwards, not the quiet trial's
+            attached["_trainer"] = attached["_trainer"] or self._trainer
+            model.trainer = attached["_trainer"]  # the setter reaches nested modules too
             for name, value in attached.items():
                 setattr(model, name, value)
 
