@@ -13,9 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
-from gpulayer.trainer.errors import TrainerConfigError, TrainerTypeError
+from gpulayer.trainer.errors import MisconfigurationException, TrainerConfigError, TrainerTypeError
 from gpulayer.trainer.utilities.enums import GradClipAlgorithmType
 
 PRECISIONS = {
@@ -23,7 +21,6 @@ PRECISIONS = {
     "16-mixed": "16-mixed", "16": "16-mixed", 16: "16-mixed",
     "bf16-mixed": "bf16-mixed", "bf16": "bf16-mixed",
 }
-ACCELERATORS = ("auto", "cpu", "cuda", "gpu")
 # "ddp" and "ddp_spawn" are one launcher: the calling process starts fresh rank processes (launcher.py) and gets
 # rank 0's weights, counters and metrics back, which is what Lightning's ddp_spawn does (its "ddp" re-runs the script)
 STRATEGIES = ("auto", "single_device", "ddp", "ddp_spawn", "ddp_find_unused_parameters_true", "fsdp")
@@ -52,7 +49,8 @@ class TrainerConfig:
     enable_model_summary: bool = True
     fast_dev_run: int | bool = False
     precision: str = "32-true"
-    accelerator: str = "cpu"
+    accelerator: str = "cpu"  # the device kind the strategies use: "cpu" or "cuda"
+    accelerator_object: Any = None  # the Accelerator (accelerators/) that resolved it: trainer.accelerator
     devices: int = 1
     device_ids: list[int] | None = None
     num_nodes: int = 1
@@ -173,60 +171,95 @@ def _max_time(value: Any) -> float | None:
     raise TrainerConfigError(f"Trainer(max_time={value!r}) must be 'DD:HH:MM:SS', a datetime.timedelta or a dict")
 
 
-def _accelerator(value: Any, here: bool = True) -> str:
-    """``here``: the fit runs on this machine, so its GPUs are checked (not so for a cluster fit)."""
-    if value not in ACCELERATORS:
-        raise _choices_error("accelerator", value, ACCELERATORS)
-    if value == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if value in ("cuda", "gpu"):
-        if here and not torch.cuda.is_available():
-            raise TrainerConfigError(
-                f"Trainer(accelerator={value!r}) but torch sees no CUDA device on this machine; "
-                "use accelerator='cpu' (or 'auto'), or install a CUDA build of torch"
-            )
-        return "cuda"
-    return "cpu"
+def _runnable_names() -> list[str]:
+    """The ``accelerator=`` strings this Trainer accepts: "auto", "gpu" and the registered kinds it can run
+    (MPS and XLA are registered, as in Lightning, but gpulayer's strategies place work on CPU or CUDA only)."""
+    from gpulayer.trainer.accelerators import AcceleratorRegistry, MPSAccelerator, XLAAccelerator
+    kinds = [name for name, entry in AcceleratorRegistry.items()
+             if not issubclass(entry["accelerator"], (MPSAccelerator, XLAAccelerator))]
+    return sorted({"auto", "gpu", *kinds})
 
 
-def _devices(value: Any, accelerator: str, here: bool = True) -> tuple[int, list[int] | None]:
-    """Count and, for CUDA, explicit device ids. On CPU ``devices=M`` means M processes."""
+def _device_kind(accelerator: Any) -> str:
+    """The torch device type the strategies place work on: CUDA for a ``CUDAAccelerator``, else the host."""
+    from gpulayer.trainer.accelerators import CUDAAccelerator
+    return "cuda" if isinstance(accelerator, CUDAAccelerator) else "cpu"
+
+
+def _accelerator(value: Any, here: bool = True) -> tuple[str, Any]:
+    """``accelerator=``: a name in ``AcceleratorRegistry`` ("auto": CUDA where available, else CPU; "gpu": CUDA)
+    or an ``Accelerator`` instance, used as given. Returns the device kind and the accelerator object.
+
+    ``here``: the fit runs on this machine, so the accelerator must be available here (not so for a cluster fit)."""
+    from gpulayer.trainer.accelerators import Accelerator, AcceleratorRegistry, CUDAAccelerator
+    if isinstance(value, Accelerator):
+        return _device_kind(value), value
+    accepted = _runnable_names()
+    if not isinstance(value, str) or value.lower() not in accepted:
+        err = _choices_error("accelerator", value, accepted)
+        if isinstance(value, str) and value.lower() in AcceleratorRegistry:
+            kind = type(AcceleratorRegistry.get(value.lower())).__name__
+            err = TrainerConfigError(f"{err} ({kind} is registered, as in Lightning, but gpulayer's Trainer places "
+                                     "work on CPU or CUDA only)")
+        raise err
+    name = value.lower()
+    if name == "auto":
+        name = "cuda" if CUDAAccelerator.is_available() else "cpu"
+    elif name == "gpu":
+        name = "cuda"
+    accelerator = AcceleratorRegistry.get(name)
+    if here and not accelerator.is_available():
+        usable = [n for n in accepted if n not in ("auto", "gpu") and AcceleratorRegistry.get(n).is_available()]
+        raise TrainerConfigError(
+            f"Trainer(accelerator={value!r}): `{name}` can not run on your system since the accelerator is not "
+            f"available. The following accelerator(s) is available and can be passed into `accelerator` argument "
+            f"of `Trainer`: {usable} (for CUDA, install a CUDA build of torch on a machine with a GPU)")
+    return _device_kind(accelerator), accelerator
+
+
+def _devices(value: Any, accelerator: Any, here: bool = True) -> tuple[int, list[int] | None]:
+    """Count and, for CUDA, explicit device ids, as ``accelerator`` reads ``devices=`` (its ``parse_devices``;
+    "auto": its ``auto_device_count``). On CPU ``devices=M`` means M processes, -1 one per core."""
+    kind = _device_kind(accelerator)
     if not here and value in ("auto", -1, "-1"):
         if "LOCAL_WORLD_SIZE" in os.environ:  # inside a launched rank: its machine's process count
             return int(os.environ["LOCAL_WORLD_SIZE"]), None
-        if value == "auto" and accelerator == "cpu":
+        if value == "auto" and kind == "cpu":
             return 1, None
         raise TrainerConfigError(
             f"Trainer(num_nodes>1, devices={value!r}): the workers' devices cannot be counted from here; "
             "pass devices=M, the number of processes (GPUs) per machine"
         )
     if value == "auto":
-        return (torch.cuda.device_count(), None) if accelerator == "cuda" else (1, None)
-    if isinstance(value, str):
-        try:
-            value = [int(x) for x in value.split(",") if x.strip()] if "," in value else int(value)
-        except ValueError:
-            raise TrainerConfigError(f"Trainer(devices={value!r}): use an int, a list of GPU ids or 'auto'") from None
-    if isinstance(value, (list, tuple)):
-        if accelerator != "cuda" or not value or not all(isinstance(i, int) and i >= 0 for i in value):
-            raise TrainerConfigError(
-                f"Trainer(devices={value!r}): a list of device ids needs accelerator='cuda' and non-negative ints"
-            )
-        return len(value), list(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value == 0 or value < -1:
-        raise TrainerConfigError(f"Trainer(devices={value!r}): use a positive int, -1 (all), a list of GPU ids or 'auto'")
-    if value == -1:
-        return (torch.cuda.device_count(), None) if accelerator == "cuda" else (os.cpu_count() or 1, None)
-    if here and accelerator == "cuda" and value > torch.cuda.device_count():
-        raise TrainerConfigError(
-            f"Trainer(devices={value}) but this machine has {torch.cuda.device_count()} CUDA device(s)"
-        )
-    return value, None
+        return int(accelerator.auto_device_count()), None
+    if kind == "cpu" and value in (-1, "-1") and not isinstance(value, bool):
+        return os.cpu_count() or 1, None
+    if not here and kind == "cuda":  # a cluster fit: the GPUs are the workers', not this machine's
+        if isinstance(value, (list, tuple)) and value and all(isinstance(i, int) and i >= 0 for i in value):
+            return len(value), list(value)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise TrainerConfigError(f"Trainer(num_nodes>1, devices={value!r}): pass devices=M, the number of "
+                                     "processes (GPUs) per machine")
+        return value, None
+    if value == 0 or value == "0" or isinstance(value, bool):
+        raise TrainerConfigError(f"Trainer(devices={value!r}): use a positive int, -1 (all), a list of GPU ids or "
+                                 "'auto'")
+    try:
+        parsed = accelerator.parse_devices(value)
+    except (TypeError, ValueError, MisconfigurationException) as err:
+        raise TrainerConfigError(f"Trainer(devices={value!r}) with {type(accelerator).__name__}: {err}") from None
+    if isinstance(parsed, (list, tuple)):
+        ids = [int(i) for i in parsed] if kind == "cuda" else None
+        explicit = ids if ids and ids != list(range(len(ids))) else None
+        return len(parsed), explicit
+    if isinstance(parsed, bool) or not isinstance(parsed, int) or parsed <= 0:
+        raise TrainerConfigError(f"Trainer(devices={value!r}): {type(accelerator).__name__} gave no devices")
+    return parsed, None
 
 
 def build_config(**kwargs: Any) -> TrainerConfig:
     """Validate Trainer keyword arguments; unknown names get a did-you-mean error."""
-    known = set(TrainerConfig.__dataclass_fields__) - {"device_ids", "max_epochs_given", "loggers"}  # derived
+    known = set(TrainerConfig.__dataclass_fields__) - {"device_ids", "max_epochs_given", "loggers", "accelerator_object"}  # derived
     known |= {"fast_dev_run", "logger"}
     for name in kwargs:
         if name not in known:
@@ -249,13 +282,13 @@ def build_config(**kwargs: Any) -> TrainerConfig:
     cfg.precision = PRECISIONS[precision]
     cfg.num_nodes = _int_at_least("num_nodes", kwargs.get("num_nodes", 1), 1)
     here = cfg.num_nodes == 1  # else the fit runs on the cluster's workers: this machine's GPUs do not matter
-    cfg.accelerator = _accelerator(kwargs.get("accelerator", "auto"), here)
+    cfg.accelerator, cfg.accelerator_object = _accelerator(kwargs.get("accelerator", "auto"), here)
     if cfg.precision == "16-mixed" and cfg.accelerator == "cpu":
         raise TrainerConfigError(
             "Trainer(precision='16-mixed') needs CUDA (float16 autocast with a GradScaler); "
             "on CPU use precision='bf16-mixed'"
         )
-    cfg.devices, cfg.device_ids = _devices(kwargs.get("devices", "auto"), cfg.accelerator, here)
+    cfg.devices, cfg.device_ids = _devices(kwargs.get("devices", "auto"), cfg.accelerator_object, here)
     from gpulayer.trainer.strategies.fsdp_plan import plan_for
     cfg.sharding = plan_for(kwargs.get("strategy", "auto"))
     strategy = cfg.sharding.name if cfg.sharding is not None else _strategy_name(kwargs.get("strategy", "auto"))

@@ -118,6 +118,11 @@ class TrainerProperties:
         return self.strategy.world_size if self.strategy else self.config.devices * self.config.num_nodes
 
     @property
+    def accelerator(self) -> Any:
+        """The ``Accelerator`` that ``accelerator=`` resolved to (``gpulayer.trainer.accelerators``)."""
+        return self.config.accelerator_object
+
+    @property
     def device_ids(self) -> list[int]:
         return list(self.config.device_ids) if self.config.device_ids else list(range(self.config.devices))
 

@@ -12,30 +12,21 @@ from typing import Any
 
 import torch
 
+from gpulayer.trainer.accelerators.cpu import CPUAccelerator, get_cpu_stats
+from gpulayer.trainer.accelerators.cuda import CUDAAccelerator
 from gpulayer.trainer.callbacks.callback import Callback
 from gpulayer.trainer.callbacks.log_steps import eval_log_due, step_at_train_batch_end, train_log_due
 from gpulayer.trainer.errors import MisconfigurationException
 from gpulayer.trainer.utilities.imports import _available
 
 _PSUTIL_AVAILABLE = _available("psutil")
-_CPU_VM_PERCENT = "cpu_vm_percent"
-_CPU_PERCENT = "cpu_percent"
-_CPU_SWAP_PERCENT = "cpu_swap_percent"
-
-
-def get_cpu_stats() -> dict[str, float]:
-    """Host memory, CPU and swap use in percent (``psutil``)."""
-    import psutil
-
-    return {_CPU_VM_PERCENT: psutil.virtual_memory().percent, _CPU_PERCENT: psutil.cpu_percent(),
-            _CPU_SWAP_PERCENT: psutil.swap_memory().percent}
 
 
 def get_device_stats(device: torch.device) -> dict[str, Any]:
-    """The statistics of ``device``: CUDA's allocator counters, or the host's for a CPU."""
-    if device.type == "cuda":
-        return dict(torch.cuda.memory_stats(device))
-    return get_cpu_stats()
+    """The statistics of ``device`` as its kind's accelerator reports them (CUDA's allocator counters, or the
+    host's for a CPU): for a trainer without an accelerator object."""
+    accelerator = CUDAAccelerator() if device.type == "cuda" else CPUAccelerator()
+    return accelerator.get_device_stats(device)
 
 
 def _prefix_metric_keys(metrics: dict[str, Any], prefix: str, separator: str) -> dict[str, Any]:
@@ -70,8 +61,7 @@ class DeviceStatsMonitor(Callback):
         if device.type == "cpu" and self._cpu_stats is False:
             return
         accelerator = getattr(trainer, "accelerator", None)
-        stats = (accelerator.get_device_stats(device) if hasattr(accelerator, "get_device_stats")
-                 else get_device_stats(device))
+        stats = accelerator.get_device_stats(device) if accelerator is not None else get_device_stats(device)
         if self._cpu_stats and device.type != "cpu":
             stats.update(get_cpu_stats())
         for logger in trainer.loggers:
