@@ -196,7 +196,9 @@ def _accelerator(value: Any, here: bool = True) -> tuple[str, Any]:
         return _device_kind(value), value
     accepted = _runnable_names()
     if not isinstance(value, str) or value.lower() not in accepted:
-        err = _choices_error("accelerator", value, accepted)
+        shown = ", ".join(repr(a) for a in accepted)
+        err = TrainerConfigError(f"You selected an invalid accelerator name: `accelerator={value!r}`. Available "
+                                 f"names are: {shown}. (Trainer(accelerator={value!r}) is not supported)")
         if isinstance(value, str) and value.lower() in AcceleratorRegistry:
             kind = type(AcceleratorRegistry.get(value.lower())).__name__
             err = TrainerConfigError(f"{err} ({kind} is registered, as in Lightning, but gpulayer's Trainer places "
@@ -208,6 +210,9 @@ def _accelerator(value: Any, here: bool = True) -> tuple[str, Any]:
     elif name == "gpu":
         name = "cuda"
     accelerator = AcceleratorRegistry.get(name)
+    if here and value.lower() == "gpu" and not accelerator.is_available():
+        raise TrainerConfigError("No supported gpu backend found! (Trainer(accelerator='gpu') needs a CUDA device "
+                                 "that torch sees; use accelerator='cpu' or 'auto')")
     if here and not accelerator.is_available():
         usable = [n for n in accepted if n not in ("auto", "gpu") and AcceleratorRegistry.get(n).is_available()]
         raise TrainerConfigError(
@@ -215,6 +220,14 @@ def _accelerator(value: Any, here: bool = True) -> tuple[str, Any]:
             f"available. The following accelerator(s) is available and can be passed into `accelerator` argument "
             f"of `Trainer`: {usable} (for CUDA, install a CUDA build of torch on a machine with a GPU)")
     return _device_kind(accelerator), accelerator
+
+
+def _refuse_no_devices(value: Any, accelerator: Any) -> None:
+    """``devices=0``, ``"0"`` or ``[]`` asks for no device at all, whatever the accelerator."""
+    if (value in (0, "0") and not isinstance(value, bool)) or (isinstance(value, (list, tuple)) and not value):
+        name = accelerator if isinstance(accelerator, str) else type(accelerator).__name__
+        raise TrainerConfigError(f"`Trainer(devices={value!r})` value is not a valid input using {name} "
+                                 "accelerator. (use a positive int, -1 (all), a list of GPU ids or 'auto')")
 
 
 def _devices(value: Any, accelerator: Any, here: bool = True) -> tuple[int, list[int] | None]:
@@ -282,6 +295,7 @@ def build_config(**kwargs: Any) -> TrainerConfig:
     cfg.precision = PRECISIONS[precision]
     cfg.num_nodes = _int_at_least("num_nodes", kwargs.get("num_nodes", 1), 1)
     here = cfg.num_nodes == 1  # else the fit runs on the cluster's workers: this machine's GPUs do not matter
+    _refuse_no_devices(kwargs.get("devices", "auto"), kwargs.get("accelerator", "auto"))
     cfg.accelerator, cfg.accelerator_object = _accelerator(kwargs.get("accelerator", "auto"), here)
     if cfg.precision == "16-mixed" and cfg.accelerator == "cpu":
         raise TrainerConfigError(

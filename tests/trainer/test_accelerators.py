@@ -112,3 +112,12 @@ def test_cuda_without_a_gpu(monkeypatch):
     assert find_usable_cuda_devices(0) == []
     with pytest.raises(ValueError, match="no visible CUDA devices"):
         find_usable_cuda_devices(1)
+
+
+def test_gpu_without_a_backend_and_no_devices_are_refused(monkeypatch):
+    monkeypatch.setattr(CUDAAccelerator, "is_available", staticmethod(lambda: False))
+    with pytest.raises(MisconfigurationException, match="No supported gpu backend found"):
+        Trainer(accelerator="gpu", logger=False)
+    for devices in (0, "0", []):
+        with pytest.raises(MisconfigurationException, match="not a valid input using cpu accelerator"):
+            Trainer(accelerator="cpu", devices=devices, logger=False)
