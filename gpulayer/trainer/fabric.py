@@ -251,20 +251,29 @@ class FabricDataLoader:
         return getattr(self._loader, name)
 
 
-def _device(accelerator: str, devices: Any) -> torch.device:
+def _device(accelerator: Any, devices: Any) -> torch.device:
+    """The one device of this Fabric, as the accelerator (``gpulayer.trainer.accelerators``: a name or an
+    instance) places ``devices``; "auto" and -1 mean one device here."""
+    from gpulayer.trainer.accelerators import Accelerator, AcceleratorRegistry, CUDAAccelerator
     if devices not in ("auto", 1, "1", -1, "-1") and not (isinstance(devices, (list, tuple)) and len(devices) == 1):
         raise ValueError(f"Fabric(devices={devices!r}): gpulayer's Fabric runs on one device; train on several with "
                          "gpulayer.trainer.Trainer(devices=...)")
-    if accelerator == "auto":
-        accelerator = "cuda" if torch.cuda.is_available() else "cpu"
-    if accelerator in ("cuda", "gpu"):
-        if not torch.cuda.is_available():
-            raise ValueError(f"Fabric(accelerator={accelerator!r}): no CUDA device is available; use accelerator='cpu'")
-        index = devices[0] if isinstance(devices, (list, tuple)) else 0
-        return torch.device("cuda", index)
-    if accelerator != "cpu":
-        raise ValueError(f"Fabric(accelerator={accelerator!r}) is not supported; one of 'auto', 'cpu', 'cuda'")
-    return torch.device("cpu")
+    if isinstance(accelerator, Accelerator):
+        chosen = accelerator
+    else:
+        name = accelerator.lower() if isinstance(accelerator, str) else accelerator
+        if name == "auto":
+            name = "cuda" if CUDAAccelerator.is_available() else "cpu"
+        elif name == "gpu":
+            name = "cuda"
+        if name not in ("cpu", "cuda"):
+            raise ValueError(f"Fabric(accelerator={accelerator!r}) is not supported; one of 'auto', 'cpu', 'cuda'")
+        chosen = AcceleratorRegistry.get(name)
+    if not chosen.is_available():
+        raise ValueError(f"Fabric(accelerator={accelerator!r}): {type(chosen).__name__} is not available on this "
+                         "machine; use accelerator='cpu'")
+    one = list(devices) if isinstance(devices, (list, tuple)) and isinstance(chosen, CUDAAccelerator) else 1
+    return chosen.get_parallel_devices(chosen.parse_devices(one))[0]
 
 
 def _attach(module: nn.Module, fabric: Fabric, optimizers: list | None) -> None:
