@@ -27,7 +27,7 @@ from ..procs.tempdir import remove_made_here
 from ..store import keys
 from ..store.connection import client_name
 from ..store.registry import Registry
-from . import runtime
+from ..procs import runtime
 from .detect import default_address, detect_gpus
 from .early import beat_early, stop_early
 from .starting import answer_then_preload
@@ -187,6 +187,7 @@ def _start(settings, registry: Registry, worker_id: str, host: str, gpu_ids: lis
     from .heartbeat import Heartbeat
     from .janitor import Janitor
     from .object_sweep import ObjectSweep
+    from . import reaper
     from .reaper import Reaper
     from .wake import WakeOnSignal
 
@@ -205,7 +206,7 @@ def _start(settings, registry: Registry, worker_id: str, host: str, gpu_ids: lis
     app.steps["consumer"].add(SlotGate)
     app.steps["consumer"].add(EventPacer)
     app.steps["consumer"].add(PoolBatches)  # several tiny jobs to a pool process at once, under a backlog
-    job_request.install(app)  # jobs logged by their summary; successes stored with their acks
+    job_request.install(app, stopped_by_reaper=reaper.stopped, worker_settings=settings)  # jobs logged by their summary; successes stored with their acks
     from ..tasks.submit import with_shipped_code
 
     job_request.code_scope = with_shipped_code  # a job's shipped code on sys.path (workspace/cache.py)
