@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import socket
@@ -19,7 +18,7 @@ from ..config import load_settings
 from ..errors import ClusterUnavailable, ConfigError
 from ..gang.coordinator import forget_previous_life
 from ..masking import mask_logs, mask_url, secrets_of
-from ..sentinel_url import broker_hosts
+from ..sentinel_url import broker_hosts, is_loopback
 from ..models import WorkerInfo
 from ..procs import ready
 from ..procs.stop import die_with_parent
@@ -38,20 +37,6 @@ def default_worker_id(gpus: int, zone: str | None, host: str) -> str:
     """``cuda-europe-west1-b-host1``: what it is, where, on which host."""
     parts = ["cuda" if gpus else "cpu"] + ([zone] if zone else []) + [host.split(".")[0]]
     return "-".join(parts)
-
-
-def is_loopback(url: str) -> bool:
-    """Every host the broker URL names (each sentinel of a Sentinel group) is this machine."""
-    return all(_is_loopback_host(host) for host in broker_hosts(url))
-
-
-def _is_loopback_host(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _check_name_free(registry: Registry, worker_id: str, host: str) -> None:
