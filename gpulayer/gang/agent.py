@@ -103,7 +103,7 @@ runs = Runs()
 
 
 def ordinary_active() -> int:
-    """Jobs running on this worker's pool (the coordinator runs beside it, in ``control.py``)."""
+    """Jobs running on this worker's pool (the coordinator runs beside it, in ``gang/consumer.py``)."""
     return running_count()
 
 
