@@ -64,7 +64,7 @@ GANG_SLEEP = 15.0
 
 def job(i: int, sent: float, marks: str) -> int:
     """``i * i``; appends ``<job id> <i> <worker> <sent> <started>`` to its pool process's side file."""
-    from gpulayer.worker import runtime
+    from gpulayer.procs import runtime
 
     started = time.time()
     ctx = runtime.current_job()

@@ -67,7 +67,7 @@ from gpulayer.lab.fleet import wait_until  # noqa: E402
 
 # -- the jobs (sent by value) -----------------------------------------------------------------------
 def _me() -> str:
-    from gpulayer.worker.runtime import current_worker
+    from gpulayer.procs.runtime import current_worker
 
     w = current_worker()
     return w.id if w else "?"

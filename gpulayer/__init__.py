@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name load
     from .objects.api import free, get, put
     from .objects.ref import ObjectRef
     from .tasks.submit import submit
-    from .worker.runtime import current_job, current_worker
+    from .procs.runtime import current_job, current_worker
 
 # public name -> the module that defines it (names of errors and models are cheap: no Celery, no torch)
 _WHERE = {
@@ -42,7 +42,7 @@ _WHERE = {
     "submit": "gpulayer.tasks.submit",
     **dict.fromkeys(("put", "get", "free"), "gpulayer.objects.api"),
     "ObjectRef": "gpulayer.objects.ref",
-    **dict.fromkeys(("current_job", "current_worker"), "gpulayer.worker.runtime"),
+    **dict.fromkeys(("current_job", "current_worker"), "gpulayer.procs.runtime"),
 }
 
 __all__ = [

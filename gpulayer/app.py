@@ -358,7 +358,7 @@ def _configure_for_celery_command() -> None:
 @signals.celeryd_init.connect
 def _refuse_plain_celery_worker(**_) -> None:
     """``celery -A gpulayer.app worker`` lacks the slots, heartbeat, janitor and atomic takes; refuse it."""
-    from .worker import runtime
+    from .procs import runtime
 
     if runtime.current_worker() is None:  # `gpulayer worker` installs its identity before starting Celery's
         raise SystemExit("gpulayer's workers start with `gpulayer worker` (it registers the worker's "

@@ -9,7 +9,6 @@ task's arguments, a URL); the static files it ships pass untouched.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import threading
@@ -17,18 +16,10 @@ import time
 
 from .errors import ConfigError
 from .sentinel_url import is_sentinel_url
+from .sentinel_url import is_loopback_host
 from .masking import MASK, mask_text, secrets_of  # noqa: F401  (MASK, mask_text: the tests' import)
 
 log = logging.getLogger(__name__)
-
-
-def _loopback(address: str) -> bool:
-    if address == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False
 
 
 # --- Flower ----------------------------------------------------------------------------------------
@@ -110,7 +101,7 @@ def run_flower(*, broker: str | None = None, port: int = 5555, address: str = "1
     from .local.workers import flower_line, new_flower_login
 
     basic_auth = basic_auth or os.environ.get("FLOWER_BASIC_AUTH")
-    if not _loopback(address) and not basic_auth:
+    if not is_loopback_host(address) and not basic_auth:
         raise ConfigError(f"Flower bound to {address} would be open to the network: pass --basic-auth user:password "
                           "(or set FLOWER_BASIC_AUTH), or bind to 127.0.0.1")
     if basic_auth and ":" not in basic_auth:

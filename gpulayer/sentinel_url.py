@@ -15,6 +15,7 @@ connects the same way.
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, unquote
 
@@ -127,3 +128,19 @@ def primary_url(target: SentinelTarget, host: str, port: int) -> str:
     """A ``redis://`` (or ``rediss://``) URL for one server of the group, for a tool that needs one address."""
     auth = f":{target.password}@" if target.password else ""
     return f"{'rediss' if target.tls else 'redis'}://{auth}{host}:{port}/{target.db}"
+
+
+def is_loopback_host(host: str) -> bool:
+    """``host`` (a name or an address) is this machine: ``localhost`` or a loopback address. The one test, for
+    the worker's broker (a password needed beyond loopback) and the monitor's listening address (auth needed)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def is_loopback(url: str) -> bool:
+    """Every host the broker URL names (each sentinel of a Sentinel group) is this machine."""
+    return all(is_loopback_host(host) for host in broker_hosts(url))

@@ -335,7 +335,7 @@ def test_a_gang_node_judges_its_peers_by_the_configured_death_line(fresh_fleet, 
     from gpulayer.store import keys
     from gpulayer.store.registry import Registry
     from gpulayer.gang import agent
-    from gpulayer.worker import runtime
+    from gpulayer.procs import runtime
 
     client = fresh_fleet.client()
     try:

@@ -205,17 +205,17 @@ def flower(fleet, tmp_path):
         stop_process(proc, grace=5)
 
 
-def wait_until_flower_listens(flower: str) -> None:
-    """Flower's event receiver connects after its web server answers: wait until it has heard the
-    workers' heartbeat events, or it would miss the jobs' "received" events."""
-    deadline = time.monotonic() + 30
+def wait_until_flower_listens(flower: str, fleet) -> None:
+    """Flower's event receiver connects after its web server answers: wait until it has heard every worker's
+    heartbeat events (each worker sends events once Flower has asked, enable_events), or it would miss the
+    jobs' "received" events of a worker it has not heard from yet."""
     # ?status=1: the workers of Flower's event state (alive: a heartbeat event within the last few seconds),
-    # which workers send once Flower has asked (enable_events); without it, the workers inspect answered.
-    while not any(w.startswith("w-a@") and alive
-                  for w, alive in json.loads(get(flower + "api/workers?status=1", AUTH)).items()):
-        assert time.monotonic() < deadline, "Flower never heard from the workers"
-        time.sleep(0.3)
-    time.sleep(1.0)
+    # not the workers inspect answered.
+    def heard_all() -> bool:
+        alive = {w.split("@")[0] for w, up in json.loads(get(flower + "api/workers?status=1", AUTH)).items() if up}
+        return set(fleet.workers) <= alive
+
+    wait_until(heard_all, timeout=30, what="Flower hearing from every worker")
 
 
 def test_flower_serves_its_static_files_whole(fleet, flower):
@@ -268,7 +268,7 @@ def test_masking_holds_a_chunked_answer_whole_and_leaves_static_and_binary_alone
 
 
 def test_flower_shows_job_summaries_and_never_the_secrets(fleet, flower):
-    wait_until_flower_listens(flower)
+    wait_until_flower_listens(flower, fleet)
     hs = [submit.delay(square, i) for i in (11, 12)]
     assert [h.get(timeout=60) for h in hs] == [121, 144]
     with pytest.raises(urllib.error.HTTPError) as denied:
@@ -303,7 +303,7 @@ def die_on_first_delivery(key):
 
 
 def test_flower_shows_a_rerun_jobs_lost_deliveries_as_retries(fleet, flower):
-    wait_until_flower_listens(flower)
+    wait_until_flower_listens(flower, fleet)
     h = submit.delay(die_on_first_delivery, f"test:die-once:{time.time()}")
     assert h.get(timeout=60) == "second delivery"
     assert h.attempts == 2

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
+from gpulayer.deadline import wait_until
 from gpulayer.models import WorkerInfo
 from gpulayer.store import keys
 from gpulayer.store.connection import connect_redis
@@ -16,14 +16,6 @@ def info(i: int, **kw) -> WorkerInfo:
     base = dict(id=f"w{i:03d}", hostname=f"h{i}", address="127.0.0.1", zone=f"z{i % 3}", region=f"r{i % 2}",
                 gpus=8 if i % 5 == 0 else 0, slots=8, pid=1000 + i)
     return WorkerInfo(**{**base, **kw})
-
-
-def wait_until(cond, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 @pytest.fixture

@@ -8,11 +8,11 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
+from gpulayer.deadline import wait_until
 from gpulayer.cli.train import package_workdir
 from gpulayer.workspace import cache as code_cache
 
@@ -139,14 +139,6 @@ FAILS = textwrap.dedent("""
         raise RuntimeError("diverged at step 7")
     dist.barrier()
 """)
-
-
-def wait_until(cond, timeout: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.1)
 
 
 def worker_tmp(fleet) -> dict[str, set[str]]:

@@ -10,14 +10,23 @@
 - ``envelope.py``: a kombu message's layout; ``delivery.py``: kombu's unacked deliveries (the janitor's side).
 - ``redis_tls.py``: redis-py's TLS connection with one SSLContext per process.
 - ``results.py``: Celery's Redis result backend, stored once, failures as ``JobFailed``.
-- ``request.py``: the worker's request (bounded redelivery) and its "received" log line.
+- ``request.py``: the worker's request (bounded redelivery) and its "received" log line; the worker hands it
+  the reaper's record of stopped jobs and its settings at ``install``.
 - ``batches.py``: several tiny jobs to one pool process in one exchange, under a backlog (billiard's apply
   collected, Celery's per-request semaphore left to the slot gate).
 - ``events.py``: Celery's monitoring events, off until a monitor asks (``enable_events``), then paced.
-- ``control.py``: remote control (``celery inspect``) that waits for as many replies as live workers.
+- ``broadcast.py``: remote control (``celery inspect``, ``ping``) answered as soon as every live worker has,
+  by a starting worker too.
+- ``revoke.py``: a ``revoke(terminate=True)`` told only by the worker that runs the job.
+- ``respawn.py``: a dead pool process replaced at once.
 - ``loop.py``: a cheaper turn of the worker's event loop.
 - ``pool_stop.py``: a stopping worker's prefork pool ended once its jobs are done (no exit sleeps).
-- ``connections.py``: forgetting a Celery app's pooled connections.
+- ``pools.py``: forgetting a Celery app's pooled connections, producers and result backend.
+- ``celery_app.py``: gpulayer's Celery app class, with a cheaper clock.
+- ``publish.py``: ``submit`` messages built as ``send_task`` builds them, sent one script call or pipeline per chunk.
+- ``senders.py``: who sent which job, recorded as it is published (``gpulayer cancel``).
+- ``sentinel.py``: kombu's transport and Celery's result backend on a Sentinel group; ``flower_sentinel.py``:
+  Flower's broker page on one.
 - ``flower.py``: a transform of ours ahead of Flower's own.
 - ``upstream.py``: each upstream method or attribute the above depend on, with the hash of its source for the
   pinned versions; ``tests/test_engine_contract.py`` fails, naming it, when upstream changes one.

@@ -24,13 +24,12 @@ from celery.worker import request as celery_request
 from celery.worker.request import Request
 from celery.worker.state import task_ready
 
-from ..app import settings as app_settings
 from ..store.jobs import JobRecords
 from ..store.results import STOPPED_WHILE_RUNNING, process_died
 from ..store.connection import connect_redis
 from .sentinel import broker_url
 from ..errors import JobStopped
-from ..worker import reaper, runtime
+from ..procs import runtime
 from . import transport
 from .batches import batches
 from .results import StoreLater, trace_storing_later
@@ -58,6 +57,10 @@ def _worker_id(app) -> str | None:
 # Handed in by the worker (worker/main.py): ``code_scope(request, run, *args)`` runs a job's trace in its pool
 # process with the job's shipped code first on sys.path (its body may hold objects of the user's modules).
 code_scope = None
+# Handed in by the worker at install time (the engine imports neither the app nor the worker): the reaper's
+# record of the jobs it stopped on purpose (job id -> why), and the worker's settings (``max_deliveries``).
+stopped: dict[str, str] = {}
+settings = None
 
 
 def fast_trace_task(*args, **kwargs):
@@ -131,7 +134,7 @@ class JobRequest(Request):
         """This job's pool process died while it ran a batch of tiny jobs (engine/batches.py): unless this job
         was stopped on purpose, it goes back to its queue without a lost delivery counted (the batch-mate that
         killed the process is found when, delivered again, it runs alone)."""
-        if self.id in reaper.stopped or self._already_revoked or not self.task.acks_late:
+        if self.id in stopped or self._already_revoked or not self.task.acks_late:
             return self.on_failure(exc_info)
         log.info("gpulayer: job %s lost its process with its batch; delivering it again", self.id)
         task_ready(self)
@@ -141,12 +144,11 @@ class JobRequest(Request):
         exc = exc_info.exception
         if isinstance(exc, ExceptionWithTraceback):
             exc = exc.exc
-        why = reaper.stopped.pop(self.id, None)
+        why = stopped.pop(self.id, None)
         if why is not None:  # cancelled or over its timeout: the reaper killed it on purpose
             exc_info.exception = JobStopped(f"job {why}")
             return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
         if isinstance(exc, WorkerLostError) and self.task.acks_late and not self._already_revoked:
-            settings = app_settings()
             limit = settings.max_deliveries if settings else 3
             try:
                 lost = records(self.app).record_loss(self.id, _worker_id(self.app) or "?")
@@ -162,11 +164,16 @@ class JobRequest(Request):
         return super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
 
 
-def install(app=None) -> None:
+def install(app=None, *, stopped_by_reaper: dict[str, str] | None = None, worker_settings=None) -> None:
     """In the worker, before it starts: Celery's "Task received" log line shows a job's summary ("fn=square(12)
     resources=cpu"), the pool runs jobs through :func:`fast_trace_task` / :func:`trace_task_ret`, and a job's
     body is decoded by its pool process only (engine/transport.py ``Message``), unless ``app`` stores a job's
-    arguments with its result (Celery's ``result_extended``)."""
+    arguments with its result (Celery's ``result_extended``). ``stopped_by_reaper`` (the reaper's record of
+    the jobs it killed, and why) and ``worker_settings`` are the worker's, handed in here."""
+    global stopped, settings
+    if stopped_by_reaper is not None:
+        stopped = stopped_by_reaper
+    settings = worker_settings
     transport.args_read_in_main = bool(app is not None and app.conf.result_extended)
     patch(celery_trace, "celery.app.trace:LOG_RECEIVED", LOG_RECEIVED)
     patch(celery_request, "celery.worker.request:fast_trace_task", fast_trace_task)

@@ -43,8 +43,8 @@ from ..store.gangs import GangStore
 from ..store.broker_loss import LOST
 from ..store.reconcile import node_id, switched_within
 from ..store.registry import Registry
-from ..worker import runtime
-from ..worker.loopstep import LoopStep
+from ..procs import runtime
+from ..loopstep import LoopStep
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ runs = Runs()
 
 
 def ordinary_active() -> int:
-    """Jobs running on this worker's pool (the coordinator runs beside it, in ``control.py``)."""
+    """Jobs running on this worker's pool (the coordinator runs beside it, in ``gang/consumer.py``)."""
     return running_count()
 
 

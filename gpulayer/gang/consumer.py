@@ -24,8 +24,8 @@ from ..engine import envelope
 from ..store import keys
 from ..store.connection import client_name, connect_redis
 from ..engine.sentinel import broker_url
-from ..worker import runtime
-from ..worker.loopstep import LoopStep
+from ..procs import runtime
+from ..loopstep import LoopStep
 from .coordinator import COORDINATE, try_waiting
 
 log = logging.getLogger(__name__)

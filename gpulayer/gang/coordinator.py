@@ -1,7 +1,7 @@
 """The gang coordinator: the cluster places waiting gangs, reserves their slots and hands out their ranks.
 
 The coordinator is a Celery task on the control queue (``queues.CONTROL``), which
-every worker serves outside its job slots (``control.py``); it costs milliseconds
+every worker serves outside its job slots (``gang/consumer.py``); it costs milliseconds
 and never holds a slot. Each run is one *pass*: every waiting gang, in order of
 arrival (``keys.GANGS_WAITING``), is placed from one registry snapshot and reserved
 all at once (``reserve.lua``), or told why it waits. One pass runs at a time

@@ -22,7 +22,7 @@ from ..app import SUBMIT, app
 from ..engine import publish
 from ..session import BROKER_ERRORS
 from ..store.jobs import JobRecords
-from ..worker import runtime
+from ..procs import runtime
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from ..errors import InvalidRequest, JobFailed, PayloadError, UnsupportedOption
 from ..models import Resources
 from ..payload import job_name, pack_function, resolve_function, summarize
 from ..output import capture, watch
-from ..worker import runtime
+from ..procs import runtime
 from ..workspace import cache as code_cache
 from ..workspace import shipping
 from ..workspace.shipping import CODE_HEADER

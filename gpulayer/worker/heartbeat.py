@@ -10,11 +10,11 @@ from ..models import WorkerInfo
 from ..store.reconcile import forget, primary_epoch
 from ..store.registry import Registry
 from ..gang.reconcile import reassert_worker
-from . import runtime
+from ..procs import runtime
 from ..gang.agent import ordinary_active, slots
 from .early import stop_early
 from .starting import answered
-from .loopstep import LoopStep
+from ..loopstep import LoopStep
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from ..store import reconcile
 from ..store.gangs import GangStore
 from ..store.jobs import JobRecords
 from ..store.registry import Registry
-from . import runtime
-from .loopstep import LoopStep
+from ..procs import runtime
+from ..loopstep import LoopStep
 
 log = logging.getLogger(__name__)
 INTERVAL = 1.0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import socket
@@ -19,7 +18,7 @@ from ..config import load_settings
 from ..errors import ClusterUnavailable, ConfigError
 from ..gang.coordinator import forget_previous_life
 from ..masking import mask_logs, mask_url, secrets_of
-from ..sentinel_url import broker_hosts
+from ..sentinel_url import broker_hosts, is_loopback
 from ..models import WorkerInfo
 from ..procs import ready
 from ..procs.stop import die_with_parent
@@ -27,7 +26,7 @@ from ..procs.tempdir import remove_made_here
 from ..store import keys
 from ..store.connection import client_name
 from ..store.registry import Registry
-from . import runtime
+from ..procs import runtime
 from .detect import default_address, detect_gpus
 from .early import beat_early, stop_early
 from .starting import answer_then_preload
@@ -38,20 +37,6 @@ def default_worker_id(gpus: int, zone: str | None, host: str) -> str:
     """``cuda-europe-west1-b-host1``: what it is, where, on which host."""
     parts = ["cuda" if gpus else "cpu"] + ([zone] if zone else []) + [host.split(".")[0]]
     return "-".join(parts)
-
-
-def is_loopback(url: str) -> bool:
-    """Every host the broker URL names (each sentinel of a Sentinel group) is this machine."""
-    return all(_is_loopback_host(host) for host in broker_hosts(url))
-
-
-def _is_loopback_host(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _check_name_free(registry: Registry, worker_id: str, host: str) -> None:
@@ -187,6 +172,7 @@ def _start(settings, registry: Registry, worker_id: str, host: str, gpu_ids: lis
     from .heartbeat import Heartbeat
     from .janitor import Janitor
     from .object_sweep import ObjectSweep
+    from . import reaper
     from .reaper import Reaper
     from .wake import WakeOnSignal
 
@@ -205,7 +191,7 @@ def _start(settings, registry: Registry, worker_id: str, host: str, gpu_ids: lis
     app.steps["consumer"].add(SlotGate)
     app.steps["consumer"].add(EventPacer)
     app.steps["consumer"].add(PoolBatches)  # several tiny jobs to a pool process at once, under a backlog
-    job_request.install(app)  # jobs logged by their summary; successes stored with their acks
+    job_request.install(app, stopped_by_reaper=reaper.stopped, worker_settings=settings)  # jobs logged by their summary; successes stored with their acks
     from ..tasks.submit import with_shipped_code
 
     job_request.code_scope = with_shipped_code  # a job's shipped code on sys.path (workspace/cache.py)

@@ -16,8 +16,8 @@ import time
 import redis
 
 from ..store import keys
-from . import runtime
-from .loopstep import LoopStep
+from ..procs import runtime
+from ..loopstep import LoopStep
 
 log = logging.getLogger(__name__)
 EVERY = 30.0  # seconds between sweeps, fleet-wide

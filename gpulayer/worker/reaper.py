@@ -21,8 +21,8 @@ from ..store.results import STOPPED_WHILE_RUNNING
 from ..store.connection import client_name, connect_redis
 from ..engine.sentinel import broker_url
 from ..procs.stop import kill_tree
-from . import runtime
-from .loopstep import LoopStep
+from ..procs import runtime
+from ..loopstep import LoopStep
 
 log = logging.getLogger(__name__)
 POLL = 0.1

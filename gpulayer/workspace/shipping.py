@@ -27,7 +27,7 @@ from typing import Callable, NamedTuple, Sequence
 from .. import signing
 from ..errors import ConfigError
 from ..store import keys
-from ..worker import runtime
+from ..procs import runtime
 from . import archive, roots
 
 CODE_HEADER = "gl_code"  # a job's message header: the digest of the code it runs with

@@ -49,7 +49,7 @@ class LoopStep(bootsteps.StartStopStep):
             self._thread.join(timeout=self.join_timeout)
 
     def _unblock(self, client_id: int) -> None:
-        from ..store.connection import connect_redis
+        from .store.connection import connect_redis
 
         try:
             client = connect_redis(self.app.conf.broker_url, socket_connect_timeout=2, socket_timeout=2)
