@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from gpulayer.lab.fleet import Fleet, wait_until
-from tests.fleets import running_fleet
+from tests.fleets import held_slots, running_fleet
 
 # The session fleet: three CPU workers in two regions, one of them in another zone; w-a logs every job.
 FLEET = {
@@ -93,10 +93,18 @@ def session_fleet(tmp_path_factory):
 
 
 @pytest.fixture
-def fleet(session_fleet):
-    """The shared fleet, with this process connected to it."""
+def fleet(session_fleet, request):
+    """The shared fleet, with this process connected to it.
+
+    A test that leaves a gang's slots held after it would make every later gang on this fleet wait for room
+    that never comes: it fails itself, naming what it held, so the failures after it point back to it.
+    """
     session_fleet.connect()
-    return session_fleet
+    yield session_fleet
+    try:
+        wait_until(lambda: held_slots(session_fleet) == {}, 30, "the test's gangs to let go of their slots")
+    except TimeoutError:
+        pytest.fail(f"{request.node.nodeid} left gang slots held on the shared fleet: {held_slots(session_fleet)}")
 
 
 @pytest.fixture

@@ -304,8 +304,17 @@ def test_ctrl_c_in_train_with_detach_leaves_the_job_running(fleet, tmp_path):
 def test_cancel_takes_the_12_characters_status_shows_of_a_job_a_batch_and_a_distributed_job(fleet, me):
     running = submit.delay(time.sleep, 600)
     batch = submit_batch([submit.s(time.sleep, 600) for _ in range(3)])
+    # The registry's busy counts come with each worker's heartbeat (every second): a gang placed before they
+    # show the four naps is put beside one of them and waits for it (600 s) by design, so the gang goes once
+    # every nap is counted.
+    wait_until(lambda: sum(w.busy for w in gpulayer.app.registry().snapshot()) == 4, 30,
+               "the four naps to be counted busy in the registry")
     job = distributed(nap_gang, 600, nodes=1, procs_per_node=1)
-    gang_running(job)
+    try:
+        gang_running(job)
+    except TimeoutError:
+        cli(fleet, "cancel", running.id, batch.id, job.id)
+        raise
     wait_until(lambda: held_by_workers([running.id]), 30, "the job to be taken by a worker")
     out = cli(fleet, "cancel", running.id[:12], batch.id[:12], job.id[:12])
     print(out.stdout, out.stderr)
