@@ -1,4 +1,4 @@
-"""Every public entry point answers bad input with an error that names the problem (README table)."""
+"""Every public entry point answers bad input with an error that names the problem (docs/REFERENCE.md, "Bad input, and what you get")."""
 
 from __future__ import annotations
 

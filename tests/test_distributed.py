@@ -246,7 +246,7 @@ def test_reserved_slots_take_no_ordinary_jobs(gangs):
                       resources=Resources(worker_ids=["g4"]))
     job.placement  # reserved: one of g4's two slots
     # ... and held by g4 once its agent has the order (its heartbeat says so): a job taken before that instant
-    # may use the slot, and the rank waits for it (README, "Slots are real").
+    # may use the slot, and the rank waits for it (docs/DISTRIBUTED.md, "Slots are real").
     wait_until(lambda: {w.id: w.held for w in gpulayer.app.registry().snapshot()}.get("g4") == 1, 30,
                "g4 to hold the gang's slot")
     hs = [submit.delay(count_concurrency, key, resources=Resources(worker_ids=["g4"])) for _ in range(5)]

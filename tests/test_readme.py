@@ -1,6 +1,6 @@
-"""Every ```python and ```bash block of README.md runs as written, against the embedded cluster.
+"""Every ```python and ```bash block of README.md and of the guide in docs/ runs as written, against the embedded cluster.
 
-Each block is its own test case, named after its section and its place in it. A block runs unless an
+Each block is its own test case, named after its page (none for the README), its section and its place in it. A block runs unless an
 HTML comment on the line just above its opening fence says otherwise:
 
 - ``<!-- not-run: REASON -->``: illustrative (a placeholder, a remote host, a reinstall); only parsed.
@@ -31,7 +31,12 @@ import pytest
 
 from .test_local import wait_gone
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+# The pages whose blocks run: the README and every page of docs/ but LIGHTNING.md, whose blocks are the
+# Lightning suite runner's commands (hours of Lightning's own tests, not a reader's first steps).
+NOT_RUN_PAGES = {"LIGHTNING.md"}
+PAGES = [README] + sorted(p for p in (ROOT / "docs").glob("*.md") if p.name not in NOT_RUN_PAGES)
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
 MARKER = re.compile(r"^<!--\s*([\w-]+)\s*:\s*(.*?)\s*-->\s*$")
 KNOWN_MARKERS = {"not-run", "needs-gpu", "continues", "file"}
@@ -44,13 +49,15 @@ class Block:
     code: str
     line: int  # of the opening fence, 1-based
     section: str
+    page: str = "README.md"  # relative to the repository root
     marker: str | None = None
     reason: str = ""
     previous: Block | None = None  # the python block a "continues" block builds on
 
     @property
     def name(self) -> str:
-        return f"{self.section}-{self.lang}-L{self.line}"
+        prefix = "" if self.page == "README.md" else f"{Path(self.page).stem}-"
+        return f"{prefix}{self.section}-{self.lang}-L{self.line}"
 
     def script(self) -> str:
         head = self.previous.script() + "\n\n" if self.marker == "continues" and self.previous else ""
@@ -61,9 +68,9 @@ def _slug(title: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-") or "top"
 
 
-def readme_blocks(text: str | None = None) -> list[Block]:
-    """The python and bash blocks of the README, with their markers and sections."""
-    text = README.read_text() if text is None else text
+def readme_blocks(text: str | None = None, page: str = "README.md") -> list[Block]:
+    """The python and bash blocks of one page (the README by default), with their markers and sections."""
+    text = (ROOT / page).read_text() if text is None else text
     blocks, last_python = [], None
     fences = list(FENCE.finditer(text))
     for i, m in enumerate(fences):
@@ -75,7 +82,7 @@ def readme_blocks(text: str | None = None) -> list[Block]:
         section = next((ln.lstrip("#").strip() for ln in reversed(prose.splitlines()) if ln.startswith("#")),
                        "top")
         above = next((ln for ln in reversed(before) if ln.strip()), "")
-        block = Block(m.group(1), m.group(2), len(before) + 1, _slug(section))
+        block = Block(m.group(1), m.group(2), len(before) + 1, _slug(section), page)
         marker = MARKER.match(above.strip())
         if marker:
             block.marker, block.reason = marker.group(1), marker.group(2)
@@ -85,7 +92,7 @@ def readme_blocks(text: str | None = None) -> list[Block]:
     return blocks
 
 
-BLOCKS = readme_blocks()
+BLOCKS = [b for p in PAGES for b in readme_blocks(page=str(p.relative_to(ROOT)))]
 
 
 def test_the_readme_blocks_are_found_and_their_markers_are_known():
@@ -97,6 +104,15 @@ def test_the_readme_blocks_are_found_and_their_markers_are_known():
         assert b.marker is None or b.reason, f"{b.name}: a {b.marker} marker needs its reason"
         assert b.marker != "continues" or (b.lang == "python" and b.previous), f"{b.name}: continues nothing"
         assert b.marker != "file" or re.fullmatch(r"[\w.-]+", b.reason), f"{b.name}: file needs a plain name"
+
+
+def test_the_readme_starts_with_its_quick_start_and_a_first_example():
+    """The two commands of the quick start come first (`.ci/run` and the Makefile are built around them), then
+    a python block that runs."""
+    readme = [b for b in BLOCKS if b.page == "README.md"]
+    assert readme[0].section == "quick-start" and "make demo" in readme[0].code and "make test" in readme[0].code
+    assert readme[1].lang == "python" and readme[1].marker is None
+    assert readme[0].line < 25, "the quick start is on the first screen"
 
 
 def test_the_block_parser_reads_markers_sections_and_continuations():
@@ -158,10 +174,10 @@ def readme_cluster(tmp_path_factory):
 def test_readme_blocks_that_do_not_run_still_parse(block: Block):
     """A block marked not-run (a reinstall, a remote host) is not run, but a typo in it still fails."""
     if block.lang == "python":
-        compile(block.code, f"README.md:{block.line}", "exec")
+        compile(block.code, f"{block.page}:{block.line}", "exec")
     else:
         check = subprocess.run(["bash", "-n"], input=block.code, capture_output=True, text=True)
-        assert check.returncode == 0, f"README line {block.line}: {check.stderr}"
+        assert check.returncode == 0, f"{block.page} line {block.line}: {check.stderr}"
 
 
 # A block that needs a GPU carries the cuda marker (deselected by default; `pytest -m cuda` on a GPU machine).
@@ -184,6 +200,6 @@ def test_readme_block_runs(block: Block, readme_cluster: ReadmeCluster):
         out = readme_cluster.run(cmd, timeout=BLOCK_TIMEOUT_S)
     finally:
         readme_cluster.note_pids()  # a bash block may have started a cluster of its own
-    assert out.returncode == 0, (f"README block at line {block.line} ({block.lang}) exited with "
+    assert out.returncode == 0, (f"{block.page} block at line {block.line} ({block.lang}) exited with "
                                  f"{out.returncode}:\n--- stdout\n{out.stdout[-3000:]}\n--- stderr\n"
                                  f"{out.stderr[-5000:]}")

@@ -131,7 +131,7 @@ def test_a_write_refused_by_a_replica_goes_to_the_primary(group):
 def replica_back(fleet) -> None:
     """Start again what a failover left dead, and wait until the primary has a replica in step. A group of a
     primary and one replica has no replica after a failover until then, and its "replicated" writes are not
-    confirmed (README, "Sentinel")."""
+    confirmed (docs/RELIABILITY.md, "Sentinel: what a failover does")."""
     fleet.group.restart_after = 0
     fleet.group.tend()
 
@@ -164,7 +164,7 @@ def test_a_manual_failover_is_followed_by_workers_and_clients(group):
         s.execute_command("SENTINEL", "FAILOVER", group.group.service)
     after = wait_until(lambda: group.group.primary_port() != before and group.group.primary_port(), 30,
                        "the sentinels to name a new primary")
-    # Until then the old primary still takes writes (Sentinel's split-brain window; README, "Sentinel").
+    # Until then the old primary still takes writes (Sentinel's split-brain window; docs/RELIABILITY.md, "Sentinel: what a failover does").
     wait_until(lambda: role(group, before) == "slave", 60, "the sentinels to demote the old primary")
     assert role(group, after) == "master"
     # The workers' heartbeats of the split-brain window went to the old primary and were lost with its data:
@@ -185,7 +185,7 @@ def test_the_primary_killed_mid_batch_the_batch_completes(group, tmp_path):
     handle = submit_batch([submit.s(counted_square, i, str(marks)) for i in range(n)])
     wait_until(lambda: len(list(marks.iterdir())) >= 40, 60, "the batch to be under way")
     # The batch's publish reached the replica too: without WAIT an acknowledged write can be lost in a failover
-    # (README, "Sentinel"), and what is tested here is that every connection finds the new primary.
+    # (docs/RELIABILITY.md, "Sentinel: what a failover does"), and what is tested here is that every connection finds the new primary.
     group.group.wait_synced()
     killed = group.kill_primary()
     done_before = len(list(marks.iterdir()))
@@ -198,7 +198,7 @@ def test_the_primary_killed_mid_batch_the_batch_completes(group, tmp_path):
           "again after a lost ack")
     assert done_before < n
     wait_until(lambda: group.group.primary_port() != killed, 30, "every sentinel to name the new primary")
-    group.wait_workers(["s1", "s2"], timeout=30)  # their beats of the switch's seconds show (README, "Sentinel")
+    group.wait_workers(["s1", "s2"], timeout=30)  # their beats of the switch's seconds show (docs/RELIABILITY.md, "Sentinel: what a failover does")
     # The group's one replica is its primary now and the killed one stays down: no replica is in sync, so a submit
     # goes on acknowledged by the primary alone (durability degraded: issue 41; min_replicas = 1 refuses it with
     # NotReplicated, tests/test_sentinel_degraded.py); once a replica follows, it waits for it again.
@@ -226,7 +226,7 @@ def test_a_frozen_primary_is_left_for_the_new_one_mid_batch(group, tmp_path):
         assert handle.get(timeout=120) == [i * i for i in range(n)]
         assert set(runs(marks)) == set(range(n))
         # The heartbeats the frozen primary took are not on the new one: the workers show again on their next
-        # beat (until then a client is told no worker is live: README, "Sentinel"; reconciliation is issue 30's).
+        # beat (until then a client is told no worker is live: docs/RELIABILITY.md, "Sentinel: what a failover does"; reconciliation is issue 30's).
         group.wait_workers(["s1", "s2"], timeout=30)
     finally:
         os.kill(group.group.procs[frozen].pid, signal.SIGCONT)
