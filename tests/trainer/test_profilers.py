@@ -288,3 +288,17 @@ def test_pytorch_profiler_survives_copy_and_pickling():
     profiler.describe()
     assert copy.deepcopy(profiler).function_events is not None
     assert pickle.loads(pickle.dumps(PyTorchProfiler(schedule=None)))._recording_map == {}
+
+
+def test_simple_summary_is_lightnings_table_largest_share_first():
+    profiler = SimpleProfiler()
+    profiler.setup(stage="fit")
+    profiler.recorded_durations.update({"quick": [0.001, 0.001], "slow": [0.5]})
+    lines = profiler.summary().expandtabs().splitlines()
+    assert lines[0] == "FIT Profiler Report" and lines[1] == ""
+    assert [c.strip() for c in lines[3].split("|")[1:-1]] == [
+        "Action", "Mean duration (s)", "Num calls", "Total time (s)", "Percentage %"]
+    assert [line.split("|")[1].strip() for line in lines if line.startswith("|")] == ["Action", "Total", "slow", "quick"]
+    profiler.extended = False
+    assert [line.split("|")[3].strip() for line in profiler.summary().expandtabs().splitlines()
+            if line.startswith("|  quick")] == ["0.002"]
