@@ -98,7 +98,7 @@ def _trainer(
         grad_sync: "auto", "two_level" or "flat" gradient synchronisation (gpulayer).
         max_restarts: with num_nodes > 1, restart the fit on live workers from its newest checkpoint after a rank
             or a worker fails, up to this many times (gpulayer).
-        profiler: "simple", "advanced" or a Profiler: time the hooks, steps and batch fetches.
+        profiler: "simple", "advanced", "pytorch" or a Profiler: time the hooks, steps and batch fetches.
         detect_anomaly: autograd's anomaly detection (slow; names the operation that produced a NaN).
         barebones: turn off everything that costs speed (checkpoints, logging, progress bar, summary...).
     """

@@ -89,18 +89,21 @@ class Hooks:
         # monitoring callbacks see train-epoch-end metrics after the module's hook has logged its own
         monitors = [c for c in callbacks if isinstance(c, (ModelCheckpoint, EarlyStopping))]
         others = [c for c in callbacks if c not in monitors]
-        wrap = profilers.wrapper(getattr(trainer, "profiler", None))  # Trainer(profiler=...): each call recorded
+        profiler = getattr(trainer, "profiler", None)
+        wrap = profilers.wrapper(profiler)  # Trainer(profiler=...): each call recorded
+        # as Lightning, a profile shows every callback's every hook, overridden or not (only when profiling)
+        profiling = profilers.active(profiler)
         module_name = type(module).__name__
         for name in HOOK_NAMES:
             order = others if name == "on_train_epoch_end" else callbacks
             fns = [wrap(functools.partial(getattr(c, name), trainer, module), f"[Callback]{c.state_key}.{name}")
-                   for c in order if customized(c, Callback, name)]
+                   for c in order if profiling or customized(c, Callback, name)]
             if hasattr(Module, name) and customized(module, Module, name):
                 fns.append(wrap(getattr(module, name), f"[LightningModule]{module_name}.{name}"))
             setattr(self, name, fns)
         self.on_train_epoch_end_monitors = [
             wrap(functools.partial(c.on_train_epoch_end, trainer, module), f"[Callback]{c.state_key}.on_train_epoch_end")
-            for c in monitors if customized(c, Callback, "on_train_epoch_end")
+            for c in monitors if profiling or customized(c, Callback, "on_train_epoch_end")
         ]
         # the progress bar draws from what the loop already has: it needs no batch outputs built for it
         self.train_batch_end_outputs = any(

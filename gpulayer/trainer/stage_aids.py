@@ -23,6 +23,7 @@ def around_stage(trainer: Any, stage: str) -> Iterator[None]:
     profiling = profilers.active(profiler)
     if profiling:
         log_dir = trainer.log_dir if trainer.logger is not None else trainer.default_root_dir
+        profiler._lightning_module = trainer.lightning_module  # as Lightning's: PyTorchProfiler names its modules
         profiler.setup(stage=stage, local_rank=trainer.local_rank if trainer.world_size > 1 else None, log_dir=log_dir)
     try:
         with torch.autograd.set_detect_anomaly(True) if cfg.detect_anomaly else contextlib.nullcontext():

@@ -60,7 +60,7 @@ class Trainer(TrainerProperties):
     ``val_check_interval``, ``log_every_n_steps``, ``num_sanity_val_steps``,
     ``callbacks``, ``logger``, ``enable_checkpointing``, ``enable_progress_bar``
     (a ``TQDMProgressBar`` callback, on by default), ``default_root_dir``,
-    ``fast_dev_run``, ``profiler`` (``"simple"``, ``"advanced"``: ``profilers/``),
+    ``fast_dev_run``, ``profiler`` (``"simple"``, ``"advanced"``, ``"pytorch"``: ``profilers/``),
     ``barebones`` (``barebones.py``), ``detect_anomaly``. gpulayer adds ``prefetch`` (copy the next batch to the GPU
     during the current step), ``grad_sync`` (``"auto"``, ``"two_level"``,
     ``"flat"``: see ``gradsync.py``), ``cluster_resources`` (a

@@ -1,7 +1,8 @@
 """``Trainer(profiler=...)``: time the hooks, steps and batch fetches of a run (Lightning's ``profilers``).
 
 ``profiler="simple"`` records the wall time of every action (``SimpleProfiler``),
-``"advanced"`` runs ``cProfile`` per action (``AdvancedProfiler``); a ``Profiler``
+``"advanced"`` runs ``cProfile`` per action (``AdvancedProfiler``), ``"pytorch"`` records operators
+with ``torch.profiler`` (``PyTorchProfiler``); a ``Profiler``
 object works too. Actions have Lightning's names: ``[LightningModule]Net.on_fit_start``,
 ``[Callback]<state_key>.on_train_batch_end``, ``[LightningDataModule]DM.setup``,
 ``[Strategy]SingleDeviceStrategy.training_step``, ``[_TrainingEpochLoop].train_dataloader_next``,
@@ -25,17 +26,18 @@ from gpulayer.trainer.errors import TrainerConfigError
 from gpulayer.trainer.profilers.advanced import AdvancedProfiler
 from gpulayer.trainer.profilers.base import PassThroughProfiler
 from gpulayer.trainer.profilers.profiler import Profiler
+from gpulayer.trainer.profilers.pytorch import PyTorchProfiler
 from gpulayer.trainer.profilers.simple import SimpleProfiler
 
-__all__ = ["AdvancedProfiler", "PassThroughProfiler", "Profiler", "SimpleProfiler"]
+__all__ = ["AdvancedProfiler", "PassThroughProfiler", "Profiler", "PyTorchProfiler", "SimpleProfiler"]
 
 
-PROFILERS = {"simple": SimpleProfiler, "advanced": AdvancedProfiler}
-_NOT_HERE = {"pytorch": "torch.profiler traces", "xla": "TPU traces"}
+PROFILERS = {"simple": SimpleProfiler, "advanced": AdvancedProfiler, "pytorch": PyTorchProfiler}
+_NOT_HERE = {"xla": "TPU traces"}
 
 
 def resolve_profiler(value: Any, default_dir: str | None = None) -> Profiler:
-    """``Trainer(profiler=...)``: None, ``"simple"``, ``"advanced"`` or a ``Profiler``."""
+    """``Trainer(profiler=...)``: None, ``"simple"``, ``"advanced"``, ``"pytorch"`` or a ``Profiler``."""
     if value is None:
         return PassThroughProfiler()
     if isinstance(value, Profiler):
@@ -47,7 +49,7 @@ def resolve_profiler(value: Any, default_dir: str | None = None) -> Profiler:
         if name in _NOT_HERE:
             raise TrainerConfigError(
                 f"Trainer(profiler={value!r}) ({_NOT_HERE[name]}) is not supported by gpulayer; use 'simple', "
-                "'advanced' or a Profiler object")
+                "'advanced', 'pytorch' or a Profiler object")
         raise TrainerConfigError("When passing string value for the `profiler` parameter of `Trainer`, it can only be "
                                  f"one of {list(PROFILERS)}")
     raise TrainerConfigError("Only None, str and subclasses of `Profiler` are valid values for `Profiler`. Received "

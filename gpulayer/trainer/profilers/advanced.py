@@ -7,7 +7,6 @@ import contextlib
 import io
 import os
 import pstats
-import re
 from typing import Any
 
 from gpulayer.trainer.profilers.profiler import Profiler
@@ -49,8 +48,7 @@ class AdvancedProfiler(Profiler):
                 continue
             if self.dump_stats and self.dirpath:
                 os.makedirs(self.dirpath, exist_ok=True)
-                safe = re.sub(r'[\\/:*?"<>|\n\r\t]', "_", action)  # an action name may hold a path's separators
-                stats.dump_stats(os.path.join(self.dirpath, self._prepare_filename(safe, ".prof")))
+                stats.dump_stats(os.path.join(self.dirpath, self._prepare_filename(action, ".prof")))
             stats.print_stats(self.line_count_restriction)
             parts.append(f"Profile stats for: {action}{os.linesep}{stream.getvalue()}")
         return os.linesep.join(parts)

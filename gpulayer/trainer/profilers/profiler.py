@@ -6,12 +6,14 @@ import contextlib
 import io
 import logging
 import os
+import re
 from abc import ABC, abstractmethod
 from typing import Any, Callable, Iterator
 
 from gpulayer.trainer.utilities.rank_zero import rank_zero_only
 
 log = logging.getLogger(__name__)
+_UNSAFE = re.compile(r'[\\/:*?"<>|\n\r\t]')  # not allowed in a file name somewhere
 
 
 def _report(text: str) -> None:
@@ -32,6 +34,7 @@ class Profiler(ABC):
         self._write_stream: Callable[[str], Any] | None = None
         self._stage: str | None = None
         self._local_rank: int | None = None
+        self._lightning_module: Any = None  # the module of the stage running, set by the Trainer (as Lightning's)
 
     @abstractmethod
     def start(self, action_name: str) -> None:
@@ -67,19 +70,35 @@ class Profiler(ABC):
 
     def describe(self) -> None:
         """Write the summary (a file when ``filename`` is set, else the log), then tear down."""
+        self._prepare_streams()  # as Lightning: the file exists after a stage, empty when nothing was recorded
         text = self.summary()
         if text:
-            self._prepare_streams()
             self._write_stream(text)
-            if self._output_file is not None:
-                self._output_file.flush()
+        if self._output_file is not None:
+            self._output_file.flush()
         self.teardown(stage=self._stage)
 
-    def _prepare_filename(self, action_name: str | None = None, extension: str = ".txt", split_token: str = "-") -> str:
-        parts = [p for p in (self._stage, self.filename, action_name) if p]
+    def _stats_to_str(self, stats: dict[str, str]) -> str:
+        """``FIT Profiler Report`` then each entry under ``Profile stats for: <name>`` (and the rank)."""
+        lines = [f"{self._stage.upper()} Profiler Report" if self._stage else "Profiler Report"]
+        rank = f" rank: {self._local_rank}" if self._local_rank is not None else ""
+        for name, text in stats.items():
+            lines += [f"Profile stats for: {name}{rank}", text]
+        return os.linesep.join(lines)
+
+    @property
+    def local_rank(self) -> int:
+        return self._local_rank or 0
+
+    def _prepare_filename(self, action_name: str | None = None, extension: str = ".txt") -> str:
+        """``<stage>-<filename>-<rank>-<action>``, filesystem-safe: an action name may hold a path separator."""
+        parts = [p for p in (self._stage, self.filename) if p]
         if self._local_rank is not None:
             parts.append(str(self._local_rank))
-        return split_token.join(parts) + extension
+        if action_name is not None:
+            parts.append(action_name)
+        base = _UNSAFE.sub("_", "-".join(parts))
+        return (re.sub(r"_+", "_", base).strip() or "profile") + extension
 
     def _prepare_streams(self) -> None:
         if self._write_stream is not None:
@@ -93,7 +112,7 @@ class Profiler(ABC):
 
     def __getstate__(self) -> dict[str, Any]:
         # a copy travels to the ranks of a multi-process run: open files stay here
-        return {**self.__dict__, "_output_file": None, "_write_stream": None}
+        return {**self.__dict__, "_output_file": None, "_write_stream": None, "_lightning_module": None}
 
     def __del__(self) -> None:
         if getattr(self, "_output_file", None) is not None:

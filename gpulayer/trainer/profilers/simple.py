@@ -22,7 +22,7 @@ class SimpleProfiler(Profiler):
         self.current_actions: dict[str, float] = {}
         self.recorded_durations: dict[str, list[float]] = defaultdict(list)
         self.extended = extended
-        self.start_time = time.monotonic()
+        self.start_time = time.perf_counter()
 
     def start(self, action_name: str) -> None:
         if action_name in self.current_actions:
@@ -36,24 +36,47 @@ class SimpleProfiler(Profiler):
             raise ValueError(f"Attempting to stop recording an action ({action_name}) which was never started.")
         self.recorded_durations[action_name].append(end - began)
 
+    def _make_report(self) -> list[tuple[str, float, float]]:
+        """``(action, mean, total)`` per action, the slowest on average first."""
+        rows = []
+        for action, durations in self.recorded_durations.items():
+            spent = math.fsum(durations)  # many tiny durations add up without losing precision
+            rows.append((action, spent / len(durations), spent))
+        return sorted(rows, key=lambda r: r[1], reverse=True)
+
+    def _make_report_extended(self) -> tuple[list[tuple[str, float, int, float, float]], int, float]:
+        """``(action, mean, calls, total, % of the run)`` per action, the largest share first; all calls; the run's time."""
+        run_time = time.perf_counter() - self.start_time
+        rows = []
+        for action, durations in self.recorded_durations.items():
+            spent = math.fsum(durations)
+            rows.append((action, spent / len(durations), len(durations), spent,
+                         100.0 * spent / run_time if run_time > 0 else 0.0))
+        rows.sort(key=lambda r: r[4], reverse=True)
+        return rows, sum(r[2] for r in rows), run_time
+
     def summary(self) -> str:
+        """Lightning's table (tab-separated columns, so a report reads the same from either)."""
         if not self.recorded_durations:
             return ""
-        # math.fsum: many tiny durations add up without losing precision
-        rows = sorted(((a, math.fsum(d) / len(d), len(d), math.fsum(d)) for a, d in self.recorded_durations.items()),
-                      key=lambda r: r[3], reverse=True)
-        total = time.monotonic() - self.start_time
-        width = max(len("Action"), *(len(r[0]) for r in rows))
-        head = f"{'Action':<{width}}  | Mean duration (s) | Num calls | Total time (s)"
+        sep = os.linesep
+        widths = [max(len(a) for a in self.recorded_durations)] + [15] * (4 if self.extended else 2)
+
+        def row(*cells: str) -> str:
+            return sep + "".join(f"|  {cell:<{w}}\t" for cell, w in zip(cells, widths)) + "|"
+
         if self.extended:
-            head += " | Percentage %"
+            head = row("Action", "Mean duration (s)", "Num calls", "Total time (s)", "Percentage %")
+            rows, calls, run_time = self._make_report_extended()
+            body = [row(a, f"{m:.5}", f"{n}", f"{t:.5}", f"{p:.5}") for a, m, n, t, p in rows]
+            total = [row("Total", "-", f"{calls}", f"{run_time:.5}", "100 %")]
+        else:
+            head = row("Action", "Mean duration (s)", "Total time (s)")
+            body = [row(a, f"{m:.5}", f"{t:.5}") for a, m, t in self._make_report()]
+            total = []
+        line = sep + "-" * len(head.expandtabs())
         title = f"{self._stage.upper()} Profiler Report" if self._stage else "Profiler Report"
-        lines = [title, "", head, "-" * len(head)]
-        if self.extended:
-            lines.append(f"{'Total':<{width}}  | {'-':>17} | {sum(r[2] for r in rows):>9} | {total:>14.5g} | {100:>12}")
-        for action, mean, calls, spent in rows:
-            line = f"{action:<{width}}  | {mean:>17.5g} | {calls:>9} | {spent:>14.5g}"
-            if self.extended:
-                line += f" | {100 * spent / total if total > 0 else 0:>12.4g}"
-            lines.append(line)
-        return os.linesep.join(lines)
+        parts = [title + sep, line, head, line]
+        if total:
+            parts += [*total, line]
+        return "".join(parts + body + [line, sep])
