@@ -318,7 +318,7 @@ def _with_load(w: WorkerInfo, busy: int, held: int) -> WorkerInfo:
     """
     fields = dict(w.__dict__)
     fields["busy"], fields["held"] = busy, held
-    return trusted(fields, w.__pydantic_fields_set__ | {"busy", "held"})
+    return trusted(fields, w.model_fields_set | {"busy", "held"})
 
 
 class FleetView:
