@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name load
     from .models import Resources, WorkerInfo
     from .objects.api import free, get, put
     from .objects.ref import ObjectRef
-    from .tasks.submit import submit
+    from .job_handle import JobHandle, submit
     from .procs.runtime import current_job, current_worker
 
 # public name -> the module that defines it (names of errors and models are cheap: no Celery, no torch)
@@ -39,14 +39,14 @@ _WHERE = {
                      "ObjectMissing", "ObjectStoreFull", "UnsupportedOption"), "gpulayer.errors"),
     **dict.fromkeys(("GangHandle", "distributed", "init_process_group"), "gpulayer.distributed_job"),
     **dict.fromkeys(("Resources", "WorkerInfo"), "gpulayer.models"),
-    "submit": "gpulayer.tasks.submit",
+    **dict.fromkeys(("JobHandle", "submit"), "gpulayer.job_handle"),
     **dict.fromkeys(("put", "get", "free"), "gpulayer.objects.api"),
     "ObjectRef": "gpulayer.objects.ref",
     **dict.fromkeys(("current_job", "current_worker"), "gpulayer.procs.runtime"),
 }
 
 __all__ = [
-    "BatchHandle", "ClusterUnavailable", "DurabilityDegraded", "GangHandle", "distributed", "init_process_group", "ConfigError", "GpulayerError", "InvalidRequest", "JobFailed", "JobRejected",
+    "BatchHandle", "ClusterUnavailable", "DurabilityDegraded", "GangHandle", "distributed", "init_process_group", "ConfigError", "GpulayerError", "InvalidRequest", "JobFailed", "JobHandle", "JobRejected",
     "NotReplicated", "PayloadError", "PayloadRejected", "UnsupportedOption", "GangFailed", "JobStopped", "JobTimeout", "Resources", "WorkerInfo", "connect", "current_job", "current_worker",
     "group", "init", "submit", "submit_batch", "wait_for_workers",
     "ObjectMissing", "ObjectRef", "ObjectStoreFull", "free", "get", "put",

@@ -29,7 +29,8 @@ from .store.sent import record_batch
 from .sweep import Sweep
 from .tasks import options as job_options
 from .tasks import refs
-from .tasks.submit import OUTPUT_HEADER, as_resources, build_job, output_header, send_job, submit
+from .job_handle import submit  # the task, handing out JobHandles
+from .tasks.submit import OUTPUT_HEADER, as_resources, build_job, output_header, send_job
 from .workspace import shipping
 from .workspace.shipping import CODE_HEADER
 

@@ -1,7 +1,9 @@
 """Progress bars for people at a terminal: a batch's jobs, a distributed job's ranks.
 
 Shown only when stdout is a terminal; in a pipe, a log file or CI nothing
-extra is written. Redraws are throttled to about ten a second, and the batch
+extra is written. Rich's bars, several rows at once (a bar per rank), for a client waiting on the
+fleet; the Trainer's epoch bar (``trainer/progress_line.py``) is another thing: tqdm's attributes for
+Lightning's callbacks, one line drawn by hand, and a finished line in a log. Redraws are throttled to about ten a second, and the batch
 hook costs one clock read per polling round, so gathering stays cheap.
 
 >>> with batch_progress(len(handle)) as tick:   # None when stdout is not a terminal

@@ -49,3 +49,33 @@ def test_a_worker_holds_nine_connections_and_one_per_pool_process_that_stored_a_
         names = sorted(c["name"] for c in fleet.connections("w-one"))
         assert len(names) <= IDLE + 1, names
         assert "gpulayer:w-one:results" in names, names  # the failure's store: the count sees pool processes too
+
+
+# Where gpulayer may build a redis-py client itself, each with the reason; everywhere else goes through
+# store/connection.py's connect_redis (TLS options, Sentinel groups, client names, one connection per client).
+RAW_CLIENTS = {
+    "gpulayer/store/connection.py": "the one way to connect",
+    "gpulayer/engine/sentinel.py": "the switch watch asks each sentinel itself, with the group's sentinel password",
+}
+
+
+def test_every_redis_client_comes_from_the_one_connection_factory():
+    import ast
+    from pathlib import Path
+
+    import gpulayer
+
+    package = Path(gpulayer.__file__).parent
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package.parent).as_posix()
+        if rel in RAW_CLIENTS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                func = ast.unparse(node.func)
+                if func.split(".")[-1] in ("Redis", "StrictRedis") or func.endswith(("Redis.from_url",
+                                                                                         "StrictRedis.from_url")):
+                    found.append(f"{rel}:{node.lineno}: {func}(...)")
+    assert not found, ("redis-py clients built outside gpulayer/store/connection.py (use connect_redis): "
+                       + "; ".join(found))

@@ -4,7 +4,9 @@
 (Celery 5.7, kombu 5.7, Flower 2.2, redis-py 8.1). These tests hash the installed packages and
 fail, naming the method and what to do, when upstream changed one; check that every override in
 ``gpulayer/engine/`` is listed; check that nothing outside ``engine/`` overrides or patches
-upstream internals; and show each check failing against a modified upstream.
+upstream internals; and show each check failing against a modified upstream. The few private names of pydantic
+and CPython used outside Celery's stack (``store/packed.py``, ``procs/runner.py``) are pinned there too, and checked
+here by what they do as well as by hash.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import importlib
 import importlib.util
 import inspect
 import pkgutil
+import platform
 import textwrap
 import tomllib
 import types
@@ -23,6 +26,7 @@ import pytest
 from celery.app import trace as celery_trace
 from kombu.transport import redis as kredis
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 import gpulayer
@@ -138,9 +142,12 @@ def test_patch_refuses_an_unlisted_target_and_keeps_the_original_for_the_contrac
 
 # -- the pins --------------------------------------------------------------------------------------
 def test_pyproject_pins_each_package_to_the_minor_version_engine_was_written_for():
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    reqs = {r.name: r for r in map(Requirement, deps)}
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = {r.name: r for r in map(Requirement, project["dependencies"])}
+    assert SpecifierSet(project["requires-python"]).contains(WRITTEN_FOR["python"])
     for package, written in WRITTEN_FOR.items():
+        if package == "python":  # the standard library's entries: the hashes name what differs on another version
+            continue
         v = Version(written)
         spec = reqs[package].specifier
         assert spec.contains(written), f"{package}: pyproject pins {spec}, engine was written for {written}"
@@ -408,3 +415,89 @@ def test_the_apps_clock_tells_the_time_celerys_does(tz):
     a, b = ours.now(), Celery.now(theirs)
     assert a.tzinfo is not None and a.utcoffset() == b.utcoffset() and str(a.tzinfo) == str(b.tzinfo)
     assert abs((a - b).total_seconds()) < 1
+
+
+# -- pydantic's and CPython's private names, outside Celery's stack ---------------------------------------------
+def _private_uses(path: Path) -> set[str]:
+    """The names of ``upstream.PRIVATE_OUTSIDE`` that ``path`` uses, as an attribute or a string."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        name = node.attr if isinstance(node, ast.Attribute) else node.value if isinstance(node, ast.Constant) else None
+        if isinstance(name, str) and name in upstream.PRIVATE_OUTSIDE:
+            found.add(name)
+    return found
+
+
+def test_private_names_of_pydantic_and_cpython_are_used_only_where_pinned():
+    ours = {b.ours for b in BORROWED if b.package in ("pydantic", "python")}
+    assert set(upstream.PRIVATE_OUTSIDE.values()) <= ours
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith("gpulayer/engine/"):
+            continue
+        found += [f"{rel}: {name}" for name in sorted(_private_uses(path)) if upstream.PRIVATE_OUTSIDE[name] != rel]
+    assert not found, ("private names of pydantic or CPython outside the files pinned for them in "
+                       "gpulayer/engine/upstream.py (use the public API, or add an entry there): " + "; ".join(found))
+    assert _private_uses(ROOT / "gpulayer/store/packed.py") == {"__pydantic_fields_set__", "__pydantic_extra__",
+                                                               "__pydantic_private__"}
+
+
+def test_a_trusted_record_is_what_model_construct_makes_slot_by_slot():
+    """``store/packed.py`` sets a model's slots itself: the same state as pydantic's own unvalidated constructor, in
+    every slot pydantic has (a slot pydantic adds is unset in ours and fails here)."""
+    from gpulayer.models import WorkerInfo
+    from gpulayer.store import packed
+
+    fields = {"id": "w1", "hostname": "h", "address": "10.0.0.1", "zone": "z", "region": "r", "gpus": 2,
+              "gpu_names": ("A100", "A100"), "slots": 2, "busy": 1, "held": 0, "pid": 7, "started_at": 1.0,
+              "heartbeat_age": 0.5}
+    for fields_set in (None, {"id", "busy"}):
+        ours = packed.trusted(dict(fields), fields_set)
+        theirs = WorkerInfo.model_construct(_fields_set=set(WorkerInfo.model_fields) if fields_set is None
+                                            else fields_set, **fields)
+        [many] = packed._models([dict(fields)])
+        slots = [s for k in type(ours).__mro__ for s in getattr(k, "__slots__", ())]
+        assert set(packed._SLOTS) <= set(slots)
+        for slot in slots:
+            assert getattr(ours, slot) == getattr(theirs, slot), slot
+            if fields_set is None:
+                assert getattr(many, slot) == getattr(theirs, slot), slot
+        assert ours == theirs and ours.model_fields_set == theirs.model_fields_set
+        copy = ours.model_copy(update={"busy": 2})  # a copy does not add to the shared set of a read
+        assert copy.busy == 2 and ours.model_fields_set == theirs.model_fields_set
+
+
+def test_a_ranks_fast_exit_finds_torchs_library_finalizers():
+    """``procs/runner.py`` switches off torch.library's exit finalizers through CPython's table of live finalizers:
+    the table is still there, torch's are in it, and only they are switched off."""
+    import atexit
+    import weakref
+
+    import torch.library  # noqa: F401
+
+    from gpulayer.procs.runner import _skip_torch_library_finalizers
+
+    assert callable(atexit._run_exitfuncs) and isinstance(weakref.finalize._registry, dict)
+    lib = torch.library.Library("gpulayer_contract_test", "DEF")  # one finalizer of torch.library's, at least
+    mine = weakref.finalize(lib, lambda: None)
+    torchs = [f for f, info in weakref.finalize._registry.items()
+              if getattr(info.func, "__module__", None) == "torch.library"]
+    assert torchs and all(f.atexit for f in torchs)
+    try:
+        _skip_torch_library_finalizers()
+        assert not any(f.atexit for f in torchs) and mine.atexit
+    finally:
+        for f in torchs:
+            f.atexit = True
+        mine.detach()
+        del lib
+
+
+def test_the_contract_names_the_fix_for_pydantic_and_python_entries():
+    by_package = {b.package: b for b in BORROWED if b.package in ("pydantic", "python")}
+    [pyd] = changes([by_package["pydantic"]], source=lambda target: "changed")
+    assert "changed upstream since pydantic 2.14.4" in str(pyd) and "the pydantic pin in pyproject.toml" in str(pyd)
+    [std] = changes([by_package["python"]], source=lambda target: "changed")
+    assert f"changed upstream since python {WRITTEN_FOR['python']}" in str(std)
+    assert "the python version in WRITTEN_FOR" in str(std) and std.installed == platform.python_version()

@@ -56,3 +56,11 @@ def test_every_public_name_imports_and_is_listed():
 def test_a_public_name_used_first_loads_its_module():
     mods = _loaded_after("import gpulayer\nassert gpulayer.submit.name == 'gpulayer.submit'")
     assert {"gpulayer.tasks.submit", "gpulayer.app"} <= mods
+
+
+def test_the_submit_task_hands_out_job_handles_from_the_client_api():
+    """``JobHandle`` lives in the client API (gpulayer/job_handle.py), a layer above the task: reaching
+    ``gpulayer.submit`` installs it as the task's handle class."""
+    code = ("import gpulayer\nh = gpulayer.submit.AsyncResult('x')\n"
+            "assert type(h) is gpulayer.JobHandle and type(h).__module__ == 'gpulayer.job_handle', type(h)\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -209,7 +209,7 @@ def test_a_batchs_jobs_keep_each_their_own_lines(fleet):
 
     b = submit_batch([submit.s(say, i) for i in range(40)])
     assert b.get(timeout=120) == list(range(40))
-    from gpulayer.tasks.submit import JobHandle
+    from gpulayer.job_handle import JobHandle
 
     for i in (0, 17, 39):
         assert JobHandle(b.ids[i]).logs() == f"job {i} here\n"

@@ -12,7 +12,7 @@ from kombu.transport.redis import Channel
 
 from gpulayer.app import app
 from gpulayer.store import keys
-from gpulayer.store.registry import load_script
+from gpulayer.store.registry import Registry, load_script
 from gpulayer.worker import janitor
 
 UNACKED, UNACKED_INDEX = Channel.unacked_key, Channel.unacked_index_key
@@ -68,9 +68,9 @@ def test_dead_workers_are_judged_by_redis_clock(r):
     secs, micros = r.time()
     now = secs + micros / 1e6
     r.zadd(keys.WORKERS, {"fresh": now - 0.5, "late": now - 3.0, "dead": now - 60.0})
-    assert sorted(janitor.dead_workers(r, dead_after=5.0)) == ["dead"]
-    assert sorted(janitor.dead_workers(r, dead_after=2.0)) == ["dead", "late"]
-    assert janitor.dead_workers(r, dead_after=120.0) == []
+    assert sorted(Registry(r, dead_after=5.0).dead()) == ["dead"]  # the janitor's reader of the death line
+    assert sorted(Registry(r, dead_after=2.0).dead()) == ["dead", "late"]
+    assert Registry(r, dead_after=120.0).dead() == {}
 
 
 def kombu_message(job_id: str, tag: str, queue: str = "gl.q.a", body: str = "Ym9keQ==") -> bytes:

@@ -1,8 +1,10 @@
-"""What gpulayer borrows from Celery, kombu, billiard, Flower and redis-py, pinned to the source it was written against.
+"""What gpulayer borrows from Celery, kombu, billiard, Flower, redis-py, pydantic and CPython, pinned to the source it
+was written against.
 
 Each entry names one upstream method (or attribute) that gpulayer overrides, copies, patches, or whose
 inside it relies on, where gpulayer's code for it lives, and a hash of the upstream source in the versions
-of ``WRITTEN_FOR`` (the ones ``pyproject.toml`` pins). ``tests/test_engine_contract.py`` hashes each in the
+of ``WRITTEN_FOR`` (the ones ``pyproject.toml`` pins; for CPython's standard library, the Python minor version
+the hashes were taken on). ``tests/test_engine_contract.py`` hashes each in the
 installed packages and fails, naming the method, when one changed: an upgrade is then a decision (re-read
 our code against the new source, record the new hash here, move the pin), never a silent loss.
 
@@ -20,14 +22,18 @@ import hashlib
 import importlib
 import importlib.metadata
 import inspect
+import platform
 import sys
 import textwrap
 import types
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-# The versions whose source the hashes below were taken from; pyproject.toml pins each to its minor version.
-WRITTEN_FOR = {"celery": "5.7.0", "kombu": "5.7.0", "flower": "2.2.0", "redis": "8.1.0", "billiard": "4.3.2"}
+# The versions whose source the hashes below were taken from; pyproject.toml pins each package to its minor version
+# ("python" stands for the standard library: requires-python admits it, and the contract test names what differs on
+# another minor version).
+WRITTEN_FOR = {"celery": "5.7.0", "kombu": "5.7.0", "flower": "2.2.0", "redis": "8.1.0", "billiard": "4.3.2",
+               "pydantic": "2.14.4", "python": "3.11.7"}
 
 HOW = {"overrides": "our override", "copies": "our copy", "patches": "our patch", "relies on": "the code that relies on it"}
 
@@ -48,7 +54,9 @@ class Borrowed:
 
     @property
     def package(self) -> str:
-        return self.target.split(".", 1)[0].split(":", 1)[0]
+        """The distribution the target comes from; ``"python"`` for a module of the standard library."""
+        top = self.target.split(".", 1)[0].split(":", 1)[0]
+        return "python" if top in sys.stdlib_module_names else top
 
     @property
     def name(self) -> str:
@@ -251,7 +259,26 @@ BORROWED: tuple[Borrowed, ...] = (
     # ... and Flower's broker page on a Sentinel group: the queues of the primary of the moment
     Borrowed("flower.views:BaseHandler.get_broker", "279d42ab972f9d52", "gpulayer/engine/flower_sentinel.py",
              "patches"),
+    # Outside Celery's stack (not overrides, so their code stays where it is used; these entries are its pins).
+    # The registry's full read makes 10,000 WorkerInfo records by setting a model's four slots, as
+    # model_construct(_fields_set=...) does without its per-field loop (a tenth of its time); a shared fields set is
+    # safe because a copy copies it first. tests/test_engine_contract.py also compares the two slot by slot.
+    Borrowed("pydantic.main:BaseModel.__slots__", "ee20ca05baa55101", "gpulayer/store/packed.py", "relies on"),
+    Borrowed("pydantic.main:BaseModel.model_construct", "3acca818511bdad4", "gpulayer/store/packed.py", "copies"),
+    Borrowed("pydantic.main:BaseModel.__copy__", "78740488b5218d76", "gpulayer/store/packed.py", "relies on"),
+    # a rank's fast exit switches off torch.library's exit finalizers: CPython's table of live finalizers
+    # (finalize._registry, read as __init__ fills it and _select_for_exit reads it) and atexit's own runner
+    Borrowed("weakref:finalize.__init__", "5523d6cade0941db", "gpulayer/procs/runner.py", "relies on"),
+    Borrowed("weakref:finalize._select_for_exit", "7171ea29b41052ad", "gpulayer/procs/runner.py", "relies on"),
+    Borrowed("weakref:finalize.atexit", "7b32198fca030dd2", "gpulayer/procs/runner.py", "relies on"),
+    Borrowed("atexit:_run_exitfuncs", "863f7d4c9a63677c", "gpulayer/procs/runner.py", "relies on"),
 )
+
+# Files outside engine/ that touch a private name of pydantic or CPython (each listed above as an entry's ``ours``),
+# and the names: tests/test_engine_contract.py fails on such a name anywhere else.
+PRIVATE_OUTSIDE = {**dict.fromkeys(("__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__"),
+                                  "gpulayer/store/packed.py"),
+                   **dict.fromkeys(("_registry", "_run_exitfuncs"), "gpulayer/procs/runner.py")}
 
 _BY_TARGET = {b.target: b for b in BORROWED}
 _originals: dict[str, Any] = {}  # what patch() replaced on a class or module of this process, by target
@@ -303,6 +330,8 @@ def upstream_source(target: str) -> str:
 
 # -- the check -------------------------------------------------------------------------------------
 def installed_version(package: str) -> str | None:
+    if package == "python":
+        return platform.python_version()
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
@@ -321,8 +350,10 @@ class Change:
         e = self.entry
         pinned = f"{e.package} {WRITTEN_FOR.get(e.package, '?')}"
         now = f"{e.package} {self.installed or 'not installed'}"
+        pin = ("the python version in WRITTEN_FOR" if e.package == "python" else
+               f"the {e.package} pin in pyproject.toml")
         todo = (f"then record its new hash in gpulayer/engine/upstream.py (`python -m gpulayer.engine.upstream` prints "
-                f"them) and update the {e.package} pin in pyproject.toml")
+                f"them) and update {pin}")
         where = f"{HOW[e.how]} in {e.ours}" + "".join(f" and the code that relies on it in {f}" for f in e.also)
         if self.found is None:
             return (f"{e.name} no longer exists in {now} (gpulayer was written against {pinned}): rewrite "

@@ -42,7 +42,6 @@ from ..engine.sentinel import broker_url
 from ..store.gangs import GangStore
 from ..store.broker_loss import LOST
 from ..store.reconcile import node_id, switched_within
-from ..store.registry import Registry
 from ..procs import runtime
 from ..loopstep import LoopStep
 
@@ -242,7 +241,7 @@ class GangRun:
         self.url = url
         self.client = connect_redis(url, socket_timeout=10)
         self.store = GangStore(self.client)
-        self.registry = Registry(self.client, _dead_after())
+        self.registry = runtime.registry.using(self.client)  # the worker's death line (worker.main sets it)
         self.runner: RankRunner | None = None
         self.outputs: dict[int, JobOutput] = {}  # rank -> its lines, on their way home (gpulayer/output/)
         self.store_host: StoreHost | None = None  # node 0: the attempt's TCP store, while its ranks run
@@ -579,12 +578,3 @@ def _torchrun_line(command: RankCommand, line: str) -> tuple[int, str]:
         if local.isdigit():
             return command.ranks[0] + int(local), rest
     return command.ranks[0], line
-
-
-def _dead_after() -> float:
-    """The configured ``worker_dead_after``: the janitor's death line, and the gang agent's for its peers."""
-    if runtime.registry is not None:
-        return runtime.registry.dead_after
-    return app_settings().worker_dead_after
-
-

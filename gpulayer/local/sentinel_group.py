@@ -64,6 +64,14 @@ def distinct_free_ports(n: int) -> list[int]:
     return ports
 
 
+def _connect(url: str, **kwargs) -> redis.Redis:
+    """``store.connection.connect_redis``, the one way to open a client, imported when first used: the supervisor,
+    which starts a group, imports no pydantic (``gpulayer.config`` does)."""
+    from ..store.connection import connect_redis
+
+    return connect_redis(url, **kwargs)
+
+
 @dataclass
 class SentinelGroup:
     """A primary, ``replicas`` replicas and ``sentinels`` sentinels under ``root``, on free loopback ports."""
@@ -139,9 +147,8 @@ class SentinelGroup:
                               tls=self.tls)
 
     def sentinel_client(self, port: int | None = None) -> redis.Redis:
-        tls = {"ssl": True, **{k: v for k, v in self.client_tls.items() if v}} if self.tls else {}
-        return redis.Redis("127.0.0.1", port or self.sentinel_ports[0], socket_timeout=2, socket_connect_timeout=2,
-                           decode_responses=True, **tls)
+        url = f"redis{'s' if self.tls else ''}://127.0.0.1:{port or self.sentinel_ports[0]}/0{self._query()}"
+        return _connect(url, socket_timeout=2, socket_connect_timeout=2, decode_responses=True)
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         """Until every sentinel sees the primary, every replica and every other sentinel (a failover needs
@@ -180,7 +187,7 @@ class SentinelGroup:
                          for s in map(self.sentinel_client, self.sentinel_ports)}
                 if len(named) == 1:
                     primary = named.pop()
-                    with redis.Redis.from_url(self.server_url(primary), socket_timeout=2) as c:  # (TLS: its query)
+                    with _connect(self.server_url(primary), socket_timeout=2) as c:  # (TLS: its query)
                         info = c.info("replication")
                     target = target or (primary, info["master_repl_offset"])
                     replicas = [v for k, v in info.items() if k.startswith("slave") and isinstance(v, dict)]

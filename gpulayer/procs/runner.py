@@ -138,8 +138,11 @@ def _skip_torch_library_finalizers() -> None:
     """torch keeps a ``weakref.finalize`` per operator library (about 130) that unregisters its operators
     at exit: pointless in a process about to end, and in a rank forked from the warm template each one
     writes to pages shared with the template, ~0.1 s of copies per rank on a busy machine. Only these are
-    switched off (``finalize.atexit``); the user's finalizers and atexit handlers still run."""
-    registry = getattr(weakref.finalize, "_registry", None)  # CPython's table of live finalizers
+    switched off (``finalize.atexit``); the user's finalizers and atexit handlers still run.
+
+    CPython's table of live finalizers (``finalize._registry``) and ``atexit._run_exitfuncs`` are private: pinned in
+    gpulayer/engine/upstream.py, and tests/test_engine_contract.py checks that torch's finalizers are found here."""
+    registry = getattr(weakref.finalize, "_registry", None)
     if "torch.library" not in sys.modules or not isinstance(registry, dict):
         return
     for finalizer, info in list(registry.items()):

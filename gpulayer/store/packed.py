@@ -86,15 +86,15 @@ def trusted(fields: dict, fields_set: set | None = None) -> WorkerInfo:
     more than the read.
     """
     out = _new(WorkerInfo)
-    _set(out, "__dict__", fields)
+    _set_dict(out, fields)
     # One set shared by the records of a read: a frozen model never adds to it, and model_copy copies it first.
-    _set(out, "__pydantic_fields_set__", _ALL if fields_set is None else fields_set)
-    _set(out, "__pydantic_extra__", None)
-    _set(out, "__pydantic_private__", None)
+    _set_fields_set(out, _ALL if fields_set is None else fields_set)
+    _set_extra(out, None)
+    _set_private(out, None)
     return out
 
 
-_new, _set = WorkerInfo.__new__, object.__setattr__
+_new = WorkerInfo.__new__
 _WIDTH = len(FIELDS) + len(DYNAMIC) + 1  # and the heartbeat time
 _lt = operator.lt
 _each = collections.deque(maxlen=0).extend  # runs an iterator to its end, keeping nothing
@@ -105,8 +105,10 @@ def _slot_setter(name: str):
     return next(k.__dict__[name] for k in WorkerInfo.__mro__ if name in k.__dict__).__set__
 
 
-_set_dict, _set_fields_set, _set_extra, _set_private = map(_slot_setter, (
-    "__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__"))
+# pydantic's private layout of a model (BaseModel.__slots__), set here as model_construct sets it: pinned in
+# gpulayer/engine/upstream.py, and tests/test_engine_contract.py compares the result with model_construct's.
+_SLOTS = ("__dict__", "__pydantic_fields_set__", "__pydantic_extra__", "__pydantic_private__")
+_set_dict, _set_fields_set, _set_extra, _set_private = map(_slot_setter, _SLOTS)
 
 
 def _fields(rows: Iterable[tuple]) -> list[dict]:

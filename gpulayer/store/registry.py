@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+import json
 import logging
 import os
 import threading
@@ -264,6 +265,18 @@ class Registry:
         now = secs + micros / 1e6
         return {wid: max(0.0, now - score) for wid, score in beats.items()}
 
+    def using(self, client: redis.Redis) -> "Registry":
+        """This registry (its death line) read over another client: a gang node's own connection."""
+        return Registry(client, self.dead_after)
+
+    def life(self, worker_id: str) -> str | None:
+        """The life (``keys.life``) the registry last heard from as ``worker_id``; ``None`` if it holds none."""
+        raw = self.client.hget(keys.WORKERS_INFO, worker_id)
+        try:
+            return keys.life(worker_id, int(json.loads(raw)["pid"])) if raw else None
+        except (ValueError, KeyError, TypeError):
+            return None
+
     def dead(self) -> dict[str, float]:
         """Workers still in the registry but silent past ``dead_after`` (not yet buried), with their ages."""
         secs, micros = self.client.time()
@@ -318,7 +331,7 @@ def _with_load(w: WorkerInfo, busy: int, held: int) -> WorkerInfo:
     """
     fields = dict(w.__dict__)
     fields["busy"], fields["held"] = busy, held
-    return trusted(fields, w.__pydantic_fields_set__ | {"busy", "held"})
+    return trusted(fields, w.model_fields_set | {"busy", "held"})
 
 
 class FleetView:

@@ -6,6 +6,8 @@ line when the bar closes or ends its line, so logs get one line per epoch instea
 of thousands of carriage returns. ``TQDMProgressBar`` (callbacks/progress.py)
 decides what it shows; this file only draws. ``position`` (tqdm's) draws a bar that many
 lines below the cursor on a terminal, so bars of parallel processes do not overwrite each other.
+Not ``gpulayer/terminal_progress.py`` (rich's bars for a batch's jobs or a distributed job's ranks, nothing at
+all off a terminal): this one keeps tqdm's interface and logs one line per epoch off a terminal.
 """
 
 from __future__ import annotations

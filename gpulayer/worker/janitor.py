@@ -11,7 +11,6 @@ janitor hands back each message that worker held (recorded as it was taken,
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 
@@ -33,13 +32,6 @@ from ..loopstep import LoopStep
 log = logging.getLogger(__name__)
 INTERVAL = 1.0
 ORPHAN_SWEEP_EVERY = 10  # janitor rounds between sweeps for orphaned messages
-
-
-def dead_workers(client: redis.Redis, dead_after: float) -> list[str]:
-    """Workers whose last heartbeat is older than ``dead_after`` seconds, by Redis's clock."""
-    secs, micros = client.time()
-    cutoff = secs + micros / 1e6 - dead_after
-    return [w.decode() for w in client.zrangebyscore(keys.WORKERS, "-inf", cutoff)]
 
 
 def hand_back(app, client: redis.Redis, life: str, why: str, max_deliveries: int) -> tuple[int, int]:
@@ -78,15 +70,6 @@ def hand_back_lives(app, client: redis.Redis, worker_id: str, why: str, max_deli
     return requeued, failed
 
 
-def life_in_registry(client: redis.Redis, worker_id: str) -> str | None:
-    """The life (``keys.life``) the registry last heard from as ``worker_id``."""
-    raw = client.hget(keys.WORKERS_INFO, worker_id)
-    try:
-        return keys.life(worker_id, int(json.loads(raw)["pid"])) if raw else None
-    except (ValueError, KeyError, TypeError):
-        return None
-
-
 def sweep_orphans(app, client: redis.Redis, older_than: float, max_deliveries: int) -> int:
     """Requeue unacknowledged messages no live worker has a record of.
 
@@ -96,7 +79,8 @@ def sweep_orphans(app, client: redis.Redis, older_than: float, max_deliveries: i
     sweep it would wait for the visibility timeout. Only messages older than
     ``older_than`` seconds count.
     """
-    live = [life_in_registry(client, w.decode()) for w in client.zrange(keys.WORKERS, 0, -1)]
+    registry = Registry(client)
+    live = [registry.life(w) for w in registry.ages()]  # every worker it holds, dead or not
     live = [life for life in live if life]
     restored = 0
     with unacked(app) as deliveries:
@@ -137,19 +121,16 @@ def bury(app, client: redis.Redis, worker_id: str, life: str | None, why: str, m
                 worker_id, why, requeued, failed)
 
 
-def reconcile_live(client: redis.Redis, settings) -> list[str]:
-    """The ids of the live workers (by Redis's clock)."""
-    return list(Registry(client, settings.worker_dead_after).live_ids())
-
-
 class Janitor(LoopStep):
     thread_name = "gpulayer-janitor"
 
     def loop(self) -> None:
         settings = app_settings()
         me = runtime.current_worker().id
-        client = runtime.registry.client  # the worker's one client for short commands, shared with the heartbeat
-        orphan_age = max(30.0, 3 * settings.worker_dead_after)
+        registry = runtime.registry  # the worker's, with its death line (worker_dead_after)
+        client = registry.client  # the worker's one client for short commands, shared with the heartbeat
+        dead_after = registry.dead_after
+        orphan_age = max(30.0, 3 * dead_after)
         rounds = 0
         lagging = switching = False
         audited = None
@@ -160,20 +141,20 @@ class Janitor(LoopStep):
                     continue
                 try:
                     epoch = reconcile.primary_epoch(client)
-                    if reconcile.switched_within(client, settings.worker_dead_after) is not None:
+                    if reconcile.switched_within(client, dead_after) is not None:
                         # The broker just failed over (or restarted): the heartbeats on this primary are as old
                         # as the switch, not the workers' silence. Nobody is dead until they had time to beat.
                         if not switching:
                             log.warning("gpulayer janitor: the broker's primary is new; judging no worker dead "
-                                        "for %.0f s while the workers reconnect", settings.worker_dead_after)
+                                        "for %.0f s while the workers reconnect", dead_after)
                         switching = True
                         continue
                     switching = False
-                    if audited != epoch and (not reconcile.late(client, epoch, reconcile_live(client, settings))
+                    if audited != epoch and (not reconcile.late(client, epoch, sorted(registry.live_ids()))
                                              or reconcile.epoch_age(client, epoch) >= reconcile.RECONCILE_WAIT):
                         if audit_after_failover(client, epoch) is not None:  # nodes of running gangs lost with the old primary
                             audited = epoch
-                    dead = dead_workers(client, settings.worker_dead_after)
+                    dead = registry.dead()
                     if me in dead:  # our own beats are missing: the registry lags (a broker failover), not them
                         if not lagging:
                             log.warning("gpulayer janitor: this worker's own heartbeats are missing from the "
@@ -182,11 +163,11 @@ class Janitor(LoopStep):
                         continue
                     lagging = False
                     for worker_id in dead:
-                        life = life_in_registry(client, worker_id)  # before the re-check: see bury()
-                        if worker_id not in dead_workers(client, settings.worker_dead_after):
+                        life = registry.life(worker_id)  # before the re-check: see bury()
+                        if worker_id not in registry.dead():
                             continue  # it came back (restarted) while we looked at the others
                         bury(self.app, client, worker_id, life,
-                             f"no heartbeat for {settings.worker_dead_after:.0f}s", settings.max_deliveries)
+                             f"no heartbeat for {dead_after:.0f}s", settings.max_deliveries)
                     if rounds % ORPHAN_SWEEP_EVERY == 0:
                         sweep_orphans(self.app, client, orphan_age, settings.max_deliveries)
                 finally:

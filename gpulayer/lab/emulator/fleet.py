@@ -13,6 +13,7 @@ import redis
 from ...deadline import Deadline
 from ...models import WorkerInfo
 from ...procs.stop import stop
+from ...store.connection import connect_redis
 from ...store.registry import Registry
 
 
@@ -73,7 +74,7 @@ class EmulatedFleet:
 
     def wait_registered(self, timeout: float = 120.0) -> None:
         """Until every emulated worker is live in the registry (or a process died: then say so)."""
-        client = redis.Redis.from_url(self.url)
+        client = connect_redis(self.url)
         want = set(self.ids)
         deadline = Deadline(timeout)
         try:

@@ -40,6 +40,7 @@ from ...engine import envelope, transport
 from ...engine.delivery import UNACKED, UNACKED_INDEX, forget
 from ...config import load_settings
 from ...store import keys
+from ...store.connection import connect_redis
 from ...store.gangs import GangStore
 from ...models import WorkerInfo
 from ...store.registry import Registry, load_script, static_record
@@ -73,8 +74,8 @@ class Emulator:
         settings = load_settings(broker_url=cfg["url"], secret=cfg["secret"])
         app_mod.configure(settings)
         self.settings = settings
-        self.client = redis.Redis.from_url(cfg["url"], socket_timeout=30)
-        self.bell_client = redis.Redis.from_url(cfg["url"], socket_timeout=30)
+        self.client = connect_redis(cfg["url"], socket_timeout=30)
+        self.bell_client = connect_redis(cfg["url"], socket_timeout=30)
         self.registry = Registry(self.client, settings.worker_dead_after)
         self.interval = cfg.get("heartbeat_interval", 1.0)
         pid = os.getpid()
