@@ -116,10 +116,10 @@ class Settings(BaseModel):
     min_replicas: int = Field(default=0, ge=0, description="replicated: replicas that must confirm each write, "
                                                           "else it is refused (NotReplicated); 0: a write waits "
                                                           "for a replica in sync and, while none is, goes on "
-                                                          "acknowledged by the primary alone (README, Sentinel)")
+                                                          "acknowledged by the primary alone (docs/RELIABILITY.md, Sentinel)")
     durability_timeout: float = Field(default=2.0, gt=0, description="replicated: seconds a write waits for a "
                                                                      "replica's confirmation before it counts as "
-                                                                     "unconfirmed (README, Sentinel)")
+                                                                     "unconfirmed (docs/RELIABILITY.md, Sentinel)")
     ssl_cert_reqs: str | None = Field(default=None, description="rediss:// only: check Redis's certificate: "
                                                                 "required (default), optional or none")
     ssl_ca_certs: str | None = Field(default=None, description="rediss:// only: CA file that signed Redis's "

@@ -1,7 +1,7 @@
 """What a Sentinel group's primary says of its replicas: who they are, whether they follow, how far behind.
 
 ``gpulayer status`` shows it for a ``sentinel://`` broker: a replica that lags or is not ``online`` is one a
-failover now could promote with writes missing (README, "Sentinel").
+failover now could promote with writes missing (docs/RELIABILITY.md, "Sentinel").
 """
 
 from __future__ import annotations

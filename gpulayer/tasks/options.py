@@ -71,4 +71,4 @@ def refusal(name: str, value) -> UnsupportedOption:
             meant = close[0] if close else None
         hint = f"; did you mean {meant}?" if meant else f"; drop {name}="
     return UnsupportedOption(f"{name}={value!r} is not an option gpulayer honours for a job: it would be dropped "
-                             f"without a word{hint} (README.md: 'Retries, and the options a job takes')")
+                             f"without a word{hint} (docs/JOBS.md: 'Retries, and the options a job takes')")
