@@ -383,6 +383,16 @@ class Trainer(TrainerProperties):
             with stage_aids.profile_hook(self, datamodule, "setup"):
                 datamodule.setup(stage=stage)
         hooks.call("setup", stage=stage)
+        older = is_overridden("configure_sharded_model", module, Module)
+        if older and is_overridden("configure_model", module, Module):
+            name = type(module).__name__
+            raise RuntimeError(f"Both `{name}.configure_model`, and `{name}.configure_sharded_model` are overridden. "
+                               "The latter is deprecated and it should be replaced with the former.")
+        if older:
+            warnings.warn(f"You have overridden `{type(module).__name__}.configure_sharded_model` which is deprecated. "
+                          "Please override the `configure_model` hook instead. Instantiation with the newer hook will "
+                          "be created on the device right away and have the right data type depending on the "
+                          "precision setting in the Trainer.", DeprecationWarning, stacklevel=2)
         for name in ("configure_sharded_model", "configure_model"):  # Lightning's older name first
             if is_overridden(name, module, Module):
                 with self.precision_plugin.module_init_context():  # the layers it makes get the run's dtype

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -194,6 +195,13 @@ class DDPStrategy(SingleDeviceStrategy):
         self.comm_hook = "flat"  # "shared_memory" or "two_level" once gradsync installs its hook
         self._sync_state: gradsync.TwoLevelState | None = None
         self._owns_group = False
+
+    @property
+    def is_distributed(self) -> bool:
+        """Always True (Lightning's deprecated property)."""
+        warnings.warn("`DDPStrategy.is_distributed` is deprecated and will be removed in a future release: a "
+                      "`DDPStrategy` always runs distributed.", DeprecationWarning, stacklevel=2)
+        return True
 
     def setup_environment(self) -> None:
         super().setup_environment()
