@@ -14,7 +14,6 @@ dropout and friends with the same numbers), which make a resume exact.
 
 from __future__ import annotations
 
-import io
 import os
 import warnings
 from dataclasses import dataclass
@@ -24,13 +23,15 @@ import torch
 
 from gpulayer.trainer import checkpoint_loops, loader_state
 from gpulayer.trainer.errors import CheckpointNotFound, TrainerError
+from gpulayer.trainer.plugins.io.torch_io import TorchCheckpointIO
+from gpulayer.trainer.plugins.precision.amp import MixedPrecision
 from gpulayer.trainer.seed import capture_rng
 from gpulayer.trainer.stage_aids import profile_hook
 
 FORMAT_VERSION = 2
 GPULAYER_KEY = "gpulayer"
 LIGHTNING_FORMAT_VERSION = "2.6.6"  # the Lightning release whose checkpoint format this follows
-SCALER_KEY = "MixedPrecision"       # Lightning's key: its precision plugin's class name
+SCALER_KEY = "MixedPrecision"       # Lightning's key for the loss scaler: its precision plugin's class name
 _LEGACY_SCALER_KEY = "native_amp_scaling_state"
 
 
@@ -115,9 +116,10 @@ def dump(trainer, weights_only: bool = False) -> dict[str, Any]:
         ckpt["callbacks"] = {cb.state_key: state for cb in trainer.callbacks if (state := cb.state_dict())}
         ckpt["optimizer_states"] = [o.state_dict() for o in trainer.optimizers]
         ckpt["lr_schedulers"] = [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs]
-        scaler = trainer.precision_plugin.state_dict().get("scaler") if trainer.precision_plugin is not None else None
-        if scaler:
-            ckpt[SCALER_KEY] = scaler
+        plugin = trainer.precision_plugin
+        plugin_state = plugin.state_dict() if plugin is not None else None
+        if plugin_state:  # under the plugin's class name, as Lightning keeps it (a loss scaler's state)
+            ckpt[type(plugin).__qualname__] = plugin_state
         own["rng"] = _plain_rng(capture_rng())
         own["epoch_rng"] = _plain_rng(loop.epoch_start_rng) if loop is not None else None
         own["train_metric_acc"] = trainer.metric_store.export_acc("train")
@@ -140,21 +142,12 @@ def dump(trainer, weights_only: bool = False) -> dict[str, Any]:
 
 
 def save(ckpt: dict[str, Any], path: str) -> None:
-    """Write atomically: a crash mid-write never leaves a truncated checkpoint under ``path``."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    buf = io.BytesIO()  # serialise first, then write the bytes in one go
-    torch.save(ckpt, buf)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(buf.getbuffer())
-    os.replace(tmp, path)
+    """Write atomically: a crash mid-write never leaves a truncated checkpoint under ``path`` (``TorchCheckpointIO``)."""
+    TorchCheckpointIO().save_checkpoint(ckpt, path)
 
 
 def load(path: str) -> dict[str, Any]:
-    if not os.path.isfile(path):
-        raise CheckpointNotFound(f"Checkpoint file not found: {path!r} (ckpt_path=...: pass an existing checkpoint "
-                                 "file, 'last' or 'best')")
-    return torch.load(path, map_location="cpu", weights_only=False)
+    return TorchCheckpointIO().load_checkpoint(path)
 
 
 def _plain_rng(state: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -306,8 +299,12 @@ def restore_training_state(trainer, ckpt: dict[str, Any]) -> dict[str, Any]:
         trainer.strategy.load_optimizer_state(opt, state)  # FSDP: into this world's shards
     for cfg, state in zip(trainer.lr_scheduler_configs, ckpt.get("lr_schedulers", [])):
         cfg.scheduler.load_state_dict(state)
-    scaler = ckpt.get(SCALER_KEY) or ckpt.get(_LEGACY_SCALER_KEY)
-    trainer.precision_plugin.load_state_dict({"scaler": scaler} if scaler else ckpt.get("precision", {}))
+    plugin = trainer.precision_plugin
+    plugin_state = ckpt.get(type(plugin).__qualname__)
+    if plugin_state is None and isinstance(plugin, MixedPrecision):  # an older file's key for the loss scaler
+        plugin_state = ckpt.get(SCALER_KEY) or ckpt.get(_LEGACY_SCALER_KEY)
+    if plugin_state:
+        plugin.load_state_dict(plugin_state)
     pos = _position(trainer, ckpt)
     trainer.metric_store.import_acc("train", pos["acc"])
     trainer.global_step = ckpt["global_step"]

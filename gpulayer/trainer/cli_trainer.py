@@ -7,7 +7,7 @@ has the same arguments with their types, defaults and help, and builds the Train
 from __future__ import annotations
 
 import inspect
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 from gpulayer.trainer.callbacks import Callback
 from gpulayer.trainer.loggers import Logger
@@ -20,7 +20,7 @@ def _trainer(
     strategy: str = "auto",
     devices: Union[list[int], str, int] = "auto",
     num_nodes: int = 1,
-    precision: Union[int, str] = "32-true",
+    precision: Optional[Union[int, str]] = None,
     logger: Optional[Union[Logger, bool]] = None,
     callbacks: Optional[Union[list[Callback], Callback]] = None,
     fast_dev_run: Union[int, bool] = False,
@@ -56,6 +56,7 @@ def _trainer(
     profiler: Optional[Union[Profiler, str]] = None,
     detect_anomaly: bool = False,
     barebones: bool = False,
+    plugins: Optional[Any] = None,
 ) -> Trainer:
     """The Trainer's arguments with types, for jsonargparse (``Trainer`` itself takes ``**kwargs``).
 
@@ -64,7 +65,7 @@ def _trainer(
         strategy: "auto", "ddp" or "ddp_spawn" (the same launcher: fresh rank processes, weights back in the caller).
         devices: processes on this machine (an int, a list of GPU indices, or "auto").
         num_nodes: machines; more than 1 runs the fit on the cluster.
-        precision: "32-true", "16-mixed" or "bf16-mixed".
+        precision: "32-true" (None: the default), "16-mixed", "bf16-mixed", "16-true", "bf16-true" or "64-true".
         logger: a logger, True (a CSVLogger) or False (none).
         callbacks: callbacks to add.
         fast_dev_run: run n (or 1) batches of train, val and test to find bugs.
@@ -101,6 +102,7 @@ def _trainer(
         profiler: "simple", "advanced", "pytorch" or a Profiler: time the hooks, steps and batch fetches.
         detect_anomaly: autograd's anomaly detection (slow; names the operation that produced a NaN).
         barebones: turn off everything that costs speed (checkpoints, logging, progress bar, summary...).
+        plugins: a precision plugin and/or a CheckpointIO (``gpulayer.trainer.plugins``), or a list of them.
     """
     given = dict(locals())  # a copy: the frame's dict would gain the names bound below under a tracer
     # arguments left at their defaults are not passed: Trainer applies the same ones, and barebones=True

@@ -20,6 +20,8 @@ PRECISIONS = {
     "32-true": "32-true", "32": "32-true", 32: "32-true",
     "16-mixed": "16-mixed", "16": "16-mixed", 16: "16-mixed",
     "bf16-mixed": "bf16-mixed", "bf16": "bf16-mixed",
+    "64-true": "64-true", "64": "64-true", 64: "64-true",
+    "16-true": "16-true", "bf16-true": "bf16-true",
 }
 # "ddp" and "ddp_spawn" are one launcher: the calling process starts fresh rank processes (launcher.py) and gets
 # rank 0's weights, counters and metrics back, which is what Lightning's ddp_spawn does (its "ddp" re-runs the script)
@@ -48,7 +50,9 @@ class TrainerConfig:
     use_distributed_sampler: bool = True
     enable_model_summary: bool = True
     fast_dev_run: int | bool = False
-    precision: str = "32-true"
+    precision: str = "32-true"  # the precision plugin's name (``precision_plugin.precision``)
+    precision_plugin: Any = None  # the plugins.precision.Precision every stage runs with (trainer.precision_plugin)
+    checkpoint_io: Any = None  # a plugins.io.CheckpointIO given (plugins=, or on a strategy object); None: the default
     accelerator: str = "cpu"  # the device kind the strategies use: "cpu" or "cuda"
     accelerator_object: Any = None  # the Accelerator (accelerators/) that resolved it: trainer.accelerator
     devices: int = 1
@@ -97,6 +101,38 @@ def _strategy_name(value: Any) -> Any:
     if isinstance(value, SingleDeviceStrategy):
         return "single_device"
     return value
+
+
+def _plugins(plugins: Any, strategy: Any) -> tuple[Any, Any]:
+    """``Trainer(plugins=...)`` and a strategy object's own plugins: (the precision plugin, the checkpoint IO)."""
+    from gpulayer.trainer.plugins import CheckpointIO, Precision
+    given = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+    found: dict[str, Any] = {}
+    seen: dict[str, int] = {}
+    for plugin in given:
+        kind = "Precision" if isinstance(plugin, Precision) else "CheckpointIO" if isinstance(plugin, CheckpointIO) \
+            else None
+        if kind is None:
+            raise MisconfigurationException(
+                f"Found invalid type for plugin {plugin}. Expected one of: Precision, CheckpointIO, "
+                "ClusterEnvironment, or LayerSync.")
+        found[kind] = plugin
+        seen[kind] = seen.get(kind, 0) + 1
+    duplicated = [k for k, n in seen.items() if n > 1]
+    if duplicated:
+        raise MisconfigurationException(f"Received multiple values for {', '.join(duplicated)} flags in `plugins`. "
+                                        "Expected one value for each type at most.")
+    own_precision = getattr(strategy, "_precision_plugin", None)
+    if own_precision is not None:
+        if "Precision" in found:
+            raise MisconfigurationException("precision set through both strategy class and plugins, choose one")
+        found["Precision"] = own_precision
+    own_io = getattr(strategy, "_checkpoint_io", None)
+    if own_io is not None:
+        if "CheckpointIO" in found:
+            raise MisconfigurationException("checkpoint_io set through both strategy class and plugins, choose one")
+        found["CheckpointIO"] = own_io
+    return found.get("Precision"), found.get("CheckpointIO")
 
 
 def _int_at_least(name: str, value: Any, low: int, *, allow_none: bool = False) -> int | None:
@@ -272,8 +308,9 @@ def _devices(value: Any, accelerator: Any, here: bool = True) -> tuple[int, list
 
 def build_config(**kwargs: Any) -> TrainerConfig:
     """Validate Trainer keyword arguments; unknown names get a did-you-mean error."""
-    known = set(TrainerConfig.__dataclass_fields__) - {"device_ids", "max_epochs_given", "loggers", "accelerator_object"}  # derived
-    known |= {"fast_dev_run", "logger"}
+    known = set(TrainerConfig.__dataclass_fields__) - {"device_ids", "max_epochs_given", "loggers", "accelerator_object",
+                                                        "precision_plugin", "checkpoint_io"}  # derived
+    known |= {"fast_dev_run", "logger", "plugins"}
     for name in kwargs:
         if name not in known:
             close = difflib.get_close_matches(name, sorted(known), n=1)
@@ -289,19 +326,19 @@ def build_config(**kwargs: Any) -> TrainerConfig:
     fast_dev_run = kwargs.pop("fast_dev_run", False)
 
     cfg = TrainerConfig()
-    precision = kwargs.get("precision", "32-true")
-    if precision not in PRECISIONS:
-        raise _choices_error("precision", precision, ["32-true", "16-mixed", "bf16-mixed", 32, "32", 16, "bf16"])
-    cfg.precision = PRECISIONS[precision]
+    precision = kwargs.get("precision")
+    if precision is not None and precision not in PRECISIONS:
+        raise _choices_error("precision", precision, ["32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true",
+                                                      "64-true", 32, "32", 16, "16", "bf16", 64, "64"])
+    given_precision, cfg.checkpoint_io = _plugins(kwargs.get("plugins"), kwargs.get("strategy", "auto"))
+    if given_precision is not None and precision is not None:
+        raise ValueError(f"Received both `precision={PRECISIONS[precision]}` and `plugins={given_precision}`. "
+                         "Choose one.")
+    cfg.precision = PRECISIONS[precision if precision is not None else "32-true"]
     cfg.num_nodes = _int_at_least("num_nodes", kwargs.get("num_nodes", 1), 1)
     here = cfg.num_nodes == 1  # else the fit runs on the cluster's workers: this machine's GPUs do not matter
     _refuse_no_devices(kwargs.get("devices", "auto"), kwargs.get("accelerator", "auto"))
     cfg.accelerator, cfg.accelerator_object = _accelerator(kwargs.get("accelerator", "auto"), here)
-    if cfg.precision == "16-mixed" and cfg.accelerator == "cpu":
-        raise TrainerConfigError(
-            "Trainer(precision='16-mixed') needs CUDA (float16 autocast with a GradScaler); "
-            "on CPU use precision='bf16-mixed'"
-        )
     cfg.devices, cfg.device_ids = _devices(kwargs.get("devices", "auto"), cfg.accelerator_object, here)
     from gpulayer.trainer.strategies.fsdp_plan import plan_for
     cfg.sharding = plan_for(kwargs.get("strategy", "auto"))
@@ -309,6 +346,10 @@ def build_config(**kwargs: Any) -> TrainerConfig:
     if strategy not in STRATEGIES + ("model_parallel",):
         raise _choices_error("strategy", strategy, STRATEGIES)
     cfg.strategy = strategy
+    from gpulayer.trainer.plugins.precision import for_trainer
+    cfg.precision_plugin = given_precision if given_precision is not None else \
+        for_trainer(cfg.precision, cfg.accelerator, sharded=strategy == "fsdp")
+    cfg.precision = getattr(cfg.precision_plugin, "precision", cfg.precision)
 
     max_steps = kwargs.get("max_steps", -1)
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < -1:

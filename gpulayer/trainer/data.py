@@ -40,10 +40,12 @@ def as_list(loaders: Any) -> list:
     if isinstance(loaders, CombinedLoader):
         # sequential: its loaders one after another; another mode: one loader of combined batches (Lightning's)
         return list(loaders.flattened) if loaders._mode == "sequential" else [loaders]
-    if isinstance(loaders, dict):
-        return list(loaders.values())
-    if isinstance(loaders, (list, tuple)):
-        return list(loaders)
+    if isinstance(loaders, (dict, list, tuple)):
+        children = list(loaders.values()) if isinstance(loaders, dict) else list(loaders)
+        # a container of plain values (``[0, 1]``) is one iterable of batches, as Lightning's flattening has it
+        if children and all(isinstance(c, (int, float, str)) for c in children):
+            return [loaders]
+        return children
     return [loaders]
 
 

@@ -21,6 +21,8 @@ from gpulayer.trainer import data, dataloader_iter, metrics, profilers, trainer_
 from gpulayer.trainer.predict_state import PredictState
 from gpulayer.trainer.prefetch import device_batches
 from gpulayer.trainer.states import RunningStage, TrainerFn
+from gpulayer.trainer.plugins.precision.precision import converts_input
+from gpulayer.trainer.plugins.precision.precision import step_context as precision_step_context
 from gpulayer.trainer.stepping import transfer_batch
 from gpulayer.trainer.utilities.model_helpers import is_overridden
 
@@ -89,6 +91,9 @@ class EvalLoop:
             t.predict_loop = PredictState(t.callbacks, loaders, self.return_predictions)
             loaders = t.predict_loop.loaders
         profiler = t.profiler
+        prec = t.precision_plugin
+        convert = prec.convert_input if converts_input(prec) else None
+        step_context = precision_step_context(prec, self.stage)
         step = profilers.wrapper(profiler)(step, f"[Strategy]{type(t.strategy).__name__}.{self.step_name}")
         fetch = "[_PredictionLoop].predict_next" if predicting else f"[_EvaluationLoop].{self.acc_name}_next"
         if pulls_batches:  # the step takes `dataloader_iter`: it pulls its batches itself
@@ -115,7 +120,9 @@ class EvalLoop:
                 if predicting:
                     t.predict_loop.batch_done(dl_idx, i)
                 hooks.call(f"on_{p}_batch_start", batch, i, *extra)
-                with t.precision_plugin.forward_context():
+                if convert is not None:
+                    batch = convert(batch)
+                with step_context():
                     out = step(batch, i, *extra) if with_idx else step(batch, *extra)
                 hooks.call(f"on_{p}_batch_end", out, batch, i, *extra)
                 if predicting:

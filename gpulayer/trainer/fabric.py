@@ -28,7 +28,7 @@ from torch import nn
 
 from gpulayer.trainer.config import PRECISIONS
 from gpulayer.trainer.module import Module
-from gpulayer.trainer.precision import Precision, make_precision
+from gpulayer.trainer.plugins.precision import MixedPrecision, Precision
 from gpulayer.trainer.prefetch import move_data_to_device
 from gpulayer.trainer.seed import seed_everything as _seed_everything
 
@@ -43,9 +43,11 @@ class Fabric:
             raise ValueError(f"Fabric(strategy={strategy!r}, num_nodes={num_nodes}, plugins={plugins!r}): gpulayer's "
                              "Fabric runs one process on one device; train on several with gpulayer.trainer.Trainer")
         name = "32-true" if precision is None else precision
-        if name not in PRECISIONS:
-            raise ValueError(f"Fabric(precision={precision!r}) is not supported; one of {sorted(map(str, PRECISIONS))}")
-        self._precision: Precision = make_precision(PRECISIONS[name], self._device.type)
+        if PRECISIONS.get(name) not in ("32-true", "16-mixed", "bf16-mixed"):
+            raise ValueError(f"Fabric(precision={precision!r}) is not supported; one of '32-true', '16-mixed', 'bf16-mixed'")
+        name = PRECISIONS[name]
+        self._precision: Precision = (MixedPrecision(name, self._device.type) if name.endswith("-mixed")
+                                      else Precision())
         self._callbacks = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks] if callbacks else []
         self._loggers = list(loggers) if isinstance(loggers, (list, tuple)) else [loggers] if loggers else []
 
@@ -223,7 +225,7 @@ class FabricOptimizer:
     def step(self, closure: Any = None) -> Any:
         precision = self._fabric._precision
         if closure is not None:
-            return precision.optimizer_step(self.optimizer, closure, lambda: None)
+            return precision.optimizer_step(self.optimizer, None, closure)
         precision.step(self.optimizer)
         return None
 

@@ -29,6 +29,7 @@ from gpulayer.trainer.loops.closure import NONE_RETURNED, Closure
 from gpulayer.trainer.loops.optimization.manual import ManualResult
 from gpulayer.trainer.prefetch import device_batches
 from gpulayer.trainer.stepping import GeneralStep, _loss_of, transfer_batch
+from gpulayer.trainer.plugins.precision.precision import converts_input, customizes_step
 from gpulayer.trainer.seed import capture_rng, restore_rng
 from gpulayer.trainer.utilities.rank_zero import WarningCache
 
@@ -88,7 +89,9 @@ class FitLoop:
         self.log_needed = trainer.logger is not None and cfg.log_every_n_steps > 0
         # decided once per fit: the general path calls every step hook in Lightning's order (stepping.py)
         # (and for an optimizer that must call the closure itself, like LBFGS)
-        self.general = self.hooks.general or (module.automatic_optimization and _needs_closure(self.optimizer))
+        self.general = self.hooks.general or (module.automatic_optimization and _needs_closure(self.optimizer)) \
+            or customizes_step(self.precision)  # a user's precision plugin: every one of its methods is called
+        self.convert = self.precision.convert_input if converts_input(self.precision) else None
         self.general_step = GeneralStep(self)
         self.profiler = trainer.profiler
         if profilers.active(self.profiler):  # decided once: without a profiler nothing is wrapped
@@ -211,7 +214,7 @@ class FitLoop:
         step_fn, opt, params = self.step_fn, self.optimizer, self.params
         clip, log_every, max_steps = cfg.gradient_clip_val, cfg.log_every_n_steps, cfg.max_steps
         manual = not self.module.automatic_optimization
-        general, device, dl_iter = self.general, self.strategy.root_device, self.dl_iter
+        general, device, dl_iter, convert = self.general, self.strategy.root_device, self.dl_iter, self.convert
         transfer = hooks.transfer and not dl_iter
         step_scheds, epoch_scheds = bool(self.step_schedulers), bool(self.epoch_schedulers)
         step_plateaus = bool(self.step_plateaus)
@@ -237,6 +240,8 @@ class FitLoop:
             self.batch_idx = batch_idx  # trainer.is_last_batch reads it, inside the step already
             if transfer:
                 batch = transfer_batch(hooks, batch, device, 0)
+            if convert is not None and not dl_iter:  # e.g. 64-true: float batches in float64
+                batch = convert(batch)
             # the hooks see the batch; with `dataloader_iter`, the last one the step took (Lightning's)
             seen, seen_idx = (batch.batch, batch.batch_idx) if dl_iter else (batch, batch_idx)
             store.batch = seen
@@ -253,7 +258,7 @@ class FitLoop:
                 self._step_schedulers(batch_idx, last=True)
                 break
             if manual:
-                with prec.forward_context():
+                with prec.train_step_context():
                     out = step_fn(batch, batch_idx)
                 if not (out is None or isinstance(out, (torch.Tensor, Mapping))):
                     ManualResult.from_training_step_output(out)  # raises Lightning's error, listened to or not
@@ -340,7 +345,7 @@ class FitLoop:
                     step_scheduler(t, s)
 
     def _forward_backward(self, step_fn, batch: Any, batch_idx: int, accum: int) -> Any:
-        with self.precision.forward_context():
+        with self.precision.train_step_context():
             out = step_fn(batch, batch_idx)
         loss = _loss_of(out)
         if loss is None:
@@ -354,7 +359,7 @@ class FitLoop:
                 f(loss)
             loss.backward()
         else:
-            self.precision.backward(loss)
+            self.precision.scale_loss(loss).backward()
         for f in self.hooks.on_after_backward:
             f()
         return out

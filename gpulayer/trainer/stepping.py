@@ -47,30 +47,20 @@ def optimizer_step(trainer: Any, optimizer: Any, closure: Any, **kwargs: Any) ->
     automatic optimization, ``configure_gradient_clipping`` with the Trainer's settings. Under manual
     optimization each step counts as one ``global_step``.
     """
-    module, cfg = trainer.lightning_module, trainer.config
-
-    def after_closure() -> None:
-        for f in trainer.hooks.on_before_optimizer_step:
-            f(optimizer)
-        if module.automatic_optimization:
-            module.configure_gradient_clipping(optimizer, gradient_clip_val=cfg.gradient_clip_val,
-                                               gradient_clip_algorithm=cfg.gradient_clip_algorithm)
-
-    out = trainer.precision_plugin.optimizer_step(optimizer, closure, after_closure, **kwargs)
+    module = trainer.lightning_module
+    out = trainer.precision_plugin.optimizer_step(optimizer, module, closure, **kwargs)
     if not module.automatic_optimization:
         trainer.global_step += 1
     return out
 
 
-def backward(trainer: Any, loss: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    """``on_before_backward`` -> ``module.backward`` on the loss the precision scaled -> ``on_after_backward``."""
-    hooks = trainer.hooks
-    loss = trainer.precision_plugin.scale_loss(loss)
-    for f in hooks.on_before_backward:
-        f(loss)
-    trainer.lightning_module.backward(loss, *args, **kwargs)
-    for f in hooks.on_after_backward:
-        f()
+def backward(trainer: Any, loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """The precision plugin's path: ``pre_backward`` (the loss scaled, ``on_before_backward``), ``backward``
+    (``module.backward``), ``post_backward`` (``on_after_backward``)."""
+    precision, module = trainer.precision_plugin, trainer.lightning_module
+    loss = precision.pre_backward(loss, module)
+    precision.backward(loss, module, optimizer, *args, **kwargs)
+    precision.post_backward(loss, module)
     return loss
 
 
@@ -84,7 +74,7 @@ class _Closure(Closure):
 
     def _step(self) -> ClosureResult:
         loop = self.loop
-        with loop.precision.forward_context():
+        with loop.precision.train_step_context():
             out = loop.step_fn(self.batch, self.batch_idx)
         if out is None and loop.trainer.world_size > 1:
             raise RuntimeError(

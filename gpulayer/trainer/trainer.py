@@ -33,7 +33,7 @@ from gpulayer.trainer.loop import FitLoop
 from gpulayer.trainer import metrics as metrics_mod
 from gpulayer.trainer.metrics import MetricStore
 from gpulayer.trainer.module import Module
-from gpulayer.trainer.precision import Precision, make_precision
+from gpulayer.trainer.plugins.precision import Precision
 from gpulayer.trainer.states import RunningStage, TrainerFn, TrainerState
 from gpulayer.trainer.strategies import SingleDeviceStrategy, strategy_for
 from gpulayer.trainer.trainer_state import TrainerProperties
@@ -75,7 +75,7 @@ class Trainer(TrainerProperties):
 
     Besides Lightning's attributes, a Trainer shows the state its loop, evaluation, checkpoints and callbacks
     share (read them; the Trainer and its loop set them): ``config`` (the validated arguments, ``config.py``),
-    ``precision_plugin`` (Lightning's name; ``precision.py``), ``hooks`` (the running stage's hook lists,
+    ``precision_plugin`` (Lightning's name; ``plugins/precision/``), ``hooks`` (the running stage's hook lists,
     ``hooks.py``), ``metric_store`` (what ``self.log`` recorded, ``metrics.py``), ``loop`` (the running or last
     fit's ``loop.FitLoop``: its position and validation schedule), ``loaders`` (``fit_data.Loaders``: the loaders
     the runs used), ``batches_stepped`` (the logger's step), ``val_has_run``, ``lightning_optimizers`` and
@@ -118,7 +118,6 @@ class Trainer(TrainerProperties):
         self.has_val_loader = False
         self.num_training_batches: float = 0
         # set up per run (_in_process, _setup_stage, _run): what the loops, checkpoints and callbacks read
-        self.precision_plugin: Precision | None = None
         self.hooks: Hooks | None = None
         self.loop: FitLoop | None = None  # the running (or last) fit's loop: position, loaders, validation schedule
         self.metric_store = MetricStore()
@@ -127,6 +126,11 @@ class Trainer(TrainerProperties):
         self.fit_id: str | None = None
         self._resume_newest = False
         self._resumed_from: dict[str, Any] | None = None
+
+    @property
+    def precision_plugin(self) -> Precision:
+        """The precision plugin every stage runs with (``plugins/precision``): the strategy's."""
+        return self.strategy.precision_plugin
 
     # -- fit ------------------------------------------------------------------------------------
     def fit(self, model: Module, train_dataloaders: Any = None, val_dataloaders: Any = None, datamodule: Any = None,
@@ -279,7 +283,7 @@ class Trainer(TrainerProperties):
         _, _, _, limit_name = evaluate.STAGES[stage]
         self.strategy.setup_eval_module(module)
         if ckpt_path is not None:
-            ckpt = checkpoint.load(ckpt_path)
+            ckpt = self.strategy.load_checkpoint(ckpt_path, weights_only=kw.pop("weights_only", None))
             module.load_state_dict(ckpt["state_dict"])
             hooks.call("on_load_checkpoint", ckpt)
         self.ckpt_path = ckpt_path
@@ -326,7 +330,6 @@ class Trainer(TrainerProperties):
         self.strategy.setup_environment()
         self._setup_backends()
         self.metric_store = MetricStore(self.strategy.reduce if self.strategy.world_size > 1 else None)
-        self.precision_plugin = make_precision(cfg.precision, device.type)
         self.lightning_module = module
         module.trainer = self
         module._metric_store = self.metric_store
@@ -362,8 +365,6 @@ class Trainer(TrainerProperties):
         cfg.callbacks = cfg.callbacks + [c for c in (extra if isinstance(extra, (list, tuple)) else [extra])
                                          if isinstance(c, Callback) and c not in cfg.callbacks]
         self.hooks = hooks = Hooks(self, module, cfg.callbacks, datamodule)
-        # picklable (torch.save(trainer) must work): nothing a trainer holds may be a local function
-        self.precision_plugin._automatic = functools.partial(getattr, module, "automatic_optimization")
         metrics_mod.attach_callback_logging(cfg.callbacks, module)
         self.datamodule = datamodule
         if datamodule is not None:
@@ -382,9 +383,20 @@ class Trainer(TrainerProperties):
             with stage_aids.profile_hook(self, datamodule, "setup"):
                 datamodule.setup(stage=stage)
         hooks.call("setup", stage=stage)
+        older = is_overridden("configure_sharded_model", module, Module)
+        if older and is_overridden("configure_model", module, Module):
+            name = type(module).__name__
+            raise RuntimeError(f"Both `{name}.configure_model`, and `{name}.configure_sharded_model` are overridden. "
+                               "The latter is deprecated and it should be replaced with the former.")
+        if older:
+            warnings.warn(f"You have overridden `{type(module).__name__}.configure_sharded_model` which is deprecated. "
+                          "Please override the `configure_model` hook instead. Instantiation with the newer hook will "
+                          "be created on the device right away and have the right data type depending on the "
+                          "precision setting in the Trainer.", DeprecationWarning, stacklevel=2)
         for name in ("configure_sharded_model", "configure_model"):  # Lightning's older name first
             if is_overridden(name, module, Module):
-                getattr(module, name)()
+                with self.precision_plugin.module_init_context():  # the layers it makes get the run's dtype
+                    getattr(module, name)()
         return hooks
 
     def _teardown_stage(self, stage: str) -> None:

@@ -31,9 +31,10 @@ def test_bad_arguments_name_the_argument_and_the_accepted_values(kwargs, match):
         Trainer(**kwargs)
 
 
-def test_16_mixed_on_cpu_points_to_bf16():
-    with pytest.raises(TrainerConfigError, match="on CPU use precision='bf16-mixed'"):
-        Trainer(precision="16-mixed", accelerator="cpu")
+def test_16_mixed_on_cpu_runs_bf16_as_lightning_does():
+    with pytest.warns(UserWarning, match="Using `precision='bf16-mixed'` instead"):
+        trainer = Trainer(precision="16-mixed", accelerator="cpu")
+    assert trainer.precision == "bf16-mixed" and trainer.precision_plugin.scaler is None
 
 
 def test_lightning_spellings_are_accepted():

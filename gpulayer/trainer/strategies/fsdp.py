@@ -178,13 +178,13 @@ class FSDPStrategy(DDPStrategy):
         """Inside the run's ranks, with the module sharded (not the caller's trainer before or after them)."""
         return dist.is_initialized() and bool(_fsdp_modules(self.lightning_module))
 
-    def save_checkpoint(self, ckpt: dict[str, Any], path: str) -> None:
+    def save_checkpoint(self, ckpt: dict[str, Any], path: str, storage_options: Any = None) -> None:
         if not self._live():  # the caller's whole module after the run: an ordinary file
             return super().save_checkpoint(ckpt, path)
         from gpulayer.trainer.strategies import fsdp_checkpoint
         fsdp_checkpoint.save(self, ckpt, path)
 
-    def load_checkpoint(self, path: str) -> dict[str, Any]:
+    def load_checkpoint(self, path: str, weights_only: bool | None = None) -> dict[str, Any]:
         from gpulayer.trainer.strategies import fsdp_checkpoint
         return fsdp_checkpoint.load(self, path)
 

@@ -135,6 +135,9 @@ def fsdp_plan(*, accelerator: Any = None, parallel_devices: Any = None, cluster_
     for arg, value in given.items():
         if value is not None:
             raise _refuse("FSDPStrategy", arg, value, f"leave it out and say it with Trainer({_TRAINER_OWNS[arg]}=...)")
+    if activation_checkpointing is not None and activation_checkpointing_policy is not None:
+        raise ValueError("You cannot set both `activation_checkpointing` and `activation_checkpointing_policy`. Use "
+                         "the latter.")
     if activation_checkpointing is not None:
         raise _refuse("FSDPStrategy", "activation_checkpointing", activation_checkpointing,
                       "Lightning deprecated it: pass activation_checkpointing_policy={LayerClass} instead")

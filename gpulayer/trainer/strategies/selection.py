@@ -12,7 +12,14 @@ from gpulayer.trainer.strategies.strategy import DDPStrategy, SingleDeviceStrate
 
 def strategy_for(config: Any) -> SingleDeviceStrategy:
     """The strategy a ``TrainerConfig`` asks for in this process: DDP in a rank of a multi-process run (rank 0
-    of the planned world outside one), else a single device."""
+    of the planned world outside one), else a single device; with the config's precision plugin and checkpoint IO."""
+    strategy = _strategy_for(config)
+    strategy.precision_plugin = getattr(config, "precision_plugin", None)
+    strategy.checkpoint_io = getattr(config, "checkpoint_io", None)
+    return strategy
+
+
+def _strategy_for(config: Any) -> SingleDeviceStrategy:
     cuda = config.accelerator == "cuda"
     device = torch.device("cuda", config.device_ids[0] if config.device_ids else 0) if cuda else torch.device("cpu")
     if getattr(config, "sharding", None) is not None:  # FSDP2, also with one device (fsdp.py)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -30,31 +31,54 @@ class Strategy:
     """
 
     _trainer: Any = None
+    _checkpoint_io: Any = None  # a plugins.io.CheckpointIO given; None: TorchCheckpointIO on first use
+    _precision_plugin: Any = None  # the Trainer sets it (config.precision_plugin); None: full precision
+
+    @property
+    def checkpoint_io(self) -> Any:
+        """How checkpoint files are written, read and removed (Lightning's ``strategy.checkpoint_io``)."""
+        from gpulayer.trainer.plugins.io.wrapper import resolve
+        self._checkpoint_io = resolve(self._checkpoint_io)
+        return self._checkpoint_io
+
+    @checkpoint_io.setter
+    def checkpoint_io(self, io: Any) -> None:
+        self._checkpoint_io = io
+
+    @property
+    def precision_plugin(self) -> Any:
+        """The precision every step runs with (the same object as ``trainer.precision_plugin``)."""
+        if self._precision_plugin is None:
+            from gpulayer.trainer.plugins.precision import Precision
+            self._precision_plugin = Precision()
+        return self._precision_plugin
+
+    @precision_plugin.setter
+    def precision_plugin(self, plugin: Any) -> None:
+        self._precision_plugin = plugin
 
     def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         if self._trainer is None:
             raise RuntimeError("Strategy.backward runs inside a Trainer's fit; this strategy is attached to none")
-        return stepping.backward(self._trainer, closure_loss, *args, **kwargs)
+        return stepping.backward(self._trainer, closure_loss, optimizer, *args, **kwargs)
 
     def on_exception(self, exception: BaseException) -> None:
         """Called when a stage ends with an error (after the callbacks' ``on_exception``); nothing to undo here."""
 
     # checkpoints: global rank 0 writes and reads whole files (a sharded strategy overrides these: fsdp.py)
-    def save_checkpoint(self, ckpt: dict[str, Any], path: str) -> None:
-        from gpulayer.trainer import checkpoint
+    def save_checkpoint(self, ckpt: dict[str, Any], path: str, storage_options: Any = None) -> None:
         if self.is_global_zero:
-            checkpoint.save(ckpt, path)
+            self.checkpoint_io.save_checkpoint(ckpt, path, storage_options=storage_options)
 
-    def load_checkpoint(self, path: str) -> dict[str, Any]:
-        from gpulayer.trainer import checkpoint
-        return checkpoint.load(path)
+    def load_checkpoint(self, path: str, weights_only: bool | None = None) -> dict[str, Any]:
+        return self.checkpoint_io.load_checkpoint(path, weights_only=weights_only)
 
     def load_optimizer_state(self, optimizer: Any, state: dict[str, Any]) -> None:
         optimizer.load_state_dict(state)
 
     def remove_checkpoint(self, path: str) -> None:
-        if self.is_global_zero and os.path.isfile(path):
-            os.remove(path)
+        if self.is_global_zero:
+            self.checkpoint_io.remove_checkpoint(path)
 
     def lightning_module_state_dict(self) -> dict[str, torch.Tensor]:
         """The module's whole weights, as the caller of a multi-process fit gets them back."""
@@ -69,8 +93,10 @@ class SingleDeviceStrategy(Strategy):
     world_size = 1
     is_global_zero = True
 
-    def __init__(self, device: torch.device):
-        self.root_device = device
+    def __init__(self, device: torch.device | str | int = "cpu", accelerator: Any = None, checkpoint_io: Any = None,
+                 precision_plugin: Any = None):
+        self.root_device = device if isinstance(device, torch.device) else torch.device(device)
+        self._checkpoint_io, self._precision_plugin = checkpoint_io, precision_plugin
         self.model: nn.Module | None = None  # what the training step is called through
         self.lightning_module: nn.Module | None = None  # the user's module (``trainer.lightning_module``)
 
@@ -87,12 +113,14 @@ class SingleDeviceStrategy(Strategy):
 
     def setup_eval_module(self, module: nn.Module) -> None:
         """Move the module for validate / test / predict (no DDP wrapper: nothing to sync)."""
+        module = self.precision_plugin.convert_module(module)  # in place: the user's module itself
         module.to(self.root_device)
         module._device = self.root_device
         self.model = self.lightning_module = module
 
     def setup_module(self, module: nn.Module) -> Any:
         """Move the module; return the callable the loop runs the training step through."""
+        module = self.precision_plugin.convert_module(module)  # in place: the user's module itself
         module.to(self.root_device)
         module._device = self.root_device
         self.model = self.lightning_module = module
@@ -120,6 +148,10 @@ class SingleDeviceStrategy(Strategy):
         pass
 
     def teardown(self) -> None:
+        if self._checkpoint_io is not None:  # an asynchronous writer finishes its writes here
+            self._checkpoint_io.teardown()
+        if self._precision_plugin is not None:
+            self._precision_plugin.teardown()
         if self.root_device.type == "cpu":
             allocator.release()
 
@@ -144,7 +176,8 @@ class DDPStrategy(SingleDeviceStrategy):
     """Data parallel inside a process whose torchrun environment is set (RANK, WORLD_SIZE, MASTER_ADDR...)."""
 
     def __init__(self, device: torch.device | None = None, grad_sync: str = "auto",
-                 find_unused_parameters: bool = False, timeout_s: float = 1800.0, planned_world_size: int = 1):
+                 find_unused_parameters: bool = False, timeout_s: float = 1800.0, planned_world_size: int = 1,
+                 checkpoint_io: Any = None, precision_plugin: Any = None):
         # built outside a launched rank (``DDPStrategy()`` as a Lightning user writes it, or a Trainer's strategy
         # before its fit launches the ranks): rank 0 of the world it will launch
         self.global_rank = int(os.environ.get("RANK", "0"))
@@ -153,7 +186,7 @@ class DDPStrategy(SingleDeviceStrategy):
         self.is_global_zero = self.global_rank == 0
         if device is None or (device.type == "cuda" and device.index is None):
             device = torch.device("cuda", self.local_rank) if device is not None else torch.device("cpu")
-        super().__init__(device)
+        super().__init__(device, checkpoint_io=checkpoint_io, precision_plugin=precision_plugin)
         self.grad_sync = grad_sync
         self.find_unused_parameters = find_unused_parameters
         self.timeout_s = timeout_s
@@ -162,6 +195,13 @@ class DDPStrategy(SingleDeviceStrategy):
         self.comm_hook = "flat"  # "shared_memory" or "two_level" once gradsync installs its hook
         self._sync_state: gradsync.TwoLevelState | None = None
         self._owns_group = False
+
+    @property
+    def is_distributed(self) -> bool:
+        """Always True (Lightning's deprecated property)."""
+        warnings.warn("`DDPStrategy.is_distributed` is deprecated and will be removed in a future release: a "
+                      "`DDPStrategy` always runs distributed.", DeprecationWarning, stacklevel=2)
+        return True
 
     def setup_environment(self) -> None:
         super().setup_environment()
