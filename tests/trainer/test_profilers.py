@@ -239,9 +239,9 @@ def test_register_record_function_names_each_submodule_and_removes_its_hooks():
     assert not model.layer[0]._forward_pre_hooks and not model.layer[0]._forward_hooks
 
 
-def test_record_module_names_false_records_no_module():
+def test_record_module_names_false_records_no_module(tmp_path):
     profiler = PyTorchProfiler(schedule=None, record_module_names=False)
-    trainer = Trainer(limit_test_batches=2, profiler=profiler, **QUIET)
+    trainer = Trainer(default_root_dir=tmp_path, limit_test_batches=2, profiler=profiler, **QUIET)
     trainer.test(Stacked())
     assert not [e for e in profiler.function_events if e.name.startswith("[pl][module]")]
 
