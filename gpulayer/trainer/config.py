@@ -53,6 +53,9 @@ class TrainerConfig:
     precision: str = "32-true"  # the precision plugin's name (``precision_plugin.precision``)
     precision_plugin: Any = None  # the plugins.precision.Precision every stage runs with (trainer.precision_plugin)
     checkpoint_io: Any = None  # a plugins.io.CheckpointIO given (plugins=, or on a strategy object); None: the default
+    sync_batchnorm: bool = False  # a multi-process run turns BatchNorm layers into SyncBatchNorm (plugins.layer_sync)
+    layer_sync: Any = None  # the plugins.layer_sync.LayerSync a DDP run applies (sync_batchnorm=True or plugins=)
+    cluster_environment: Any = None  # a plugins.environments.ClusterEnvironment given in plugins=; None: detected
     accelerator: str = "cpu"  # the device kind the strategies use: "cpu" or "cuda"
     accelerator_object: Any = None  # the Accelerator (accelerators/) that resolved it: trainer.accelerator
     devices: int = 1
@@ -100,18 +103,33 @@ def _strategy_name(value: Any) -> Any:
         return "ddp_find_unused_parameters_true" if value.find_unused_parameters else "ddp"
     if isinstance(value, SingleDeviceStrategy):
         return "single_device"
+    if isinstance(value, str):  # Lightning's names are case-insensitive; find_unused_parameters=False is the default
+        value = value.lower()
+        return value.removesuffix("_find_unused_parameters_false") if value in _UNUSED_FALSE else value
     return value
 
 
-def _plugins(plugins: Any, strategy: Any) -> tuple[Any, Any]:
-    """``Trainer(plugins=...)`` and a strategy object's own plugins: (the precision plugin, the checkpoint IO)."""
+_UNUSED_FALSE = ("ddp_find_unused_parameters_false", "ddp_spawn_find_unused_parameters_false")
+
+
+def _plugin_kind(plugin: Any) -> str | None:
     from gpulayer.trainer.plugins import CheckpointIO, Precision
+    from gpulayer.trainer.plugins.environments import ClusterEnvironment
+    from gpulayer.trainer.plugins.layer_sync import LayerSync
+    for kind in (Precision, CheckpointIO, ClusterEnvironment, LayerSync):
+        if isinstance(plugin, kind):
+            return kind.__name__
+    return None
+
+
+def _plugins(plugins: Any, strategy: Any) -> dict[str, Any]:
+    """``Trainer(plugins=...)`` and a strategy object's own plugins, by kind ("Precision", "CheckpointIO",
+    "ClusterEnvironment", "LayerSync"): at most one of each."""
     given = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
     found: dict[str, Any] = {}
     seen: dict[str, int] = {}
     for plugin in given:
-        kind = "Precision" if isinstance(plugin, Precision) else "CheckpointIO" if isinstance(plugin, CheckpointIO) \
-            else None
+        kind = _plugin_kind(plugin)
         if kind is None:
             raise MisconfigurationException(
                 f"Found invalid type for plugin {plugin}. Expected one of: Precision, CheckpointIO, "
@@ -132,7 +150,22 @@ def _plugins(plugins: Any, strategy: Any) -> tuple[Any, Any]:
         if "CheckpointIO" in found:
             raise MisconfigurationException("checkpoint_io set through both strategy class and plugins, choose one")
         found["CheckpointIO"] = own_io
-    return found.get("Precision"), found.get("CheckpointIO")
+    return found
+
+
+def _layer_sync(sync_batchnorm: bool, given: Any, strategy: Any) -> Any:
+    """``sync_batchnorm=True`` means ``TorchSyncBatchNorm``; a ``LayerSync`` plugin is the other way to ask, not both.
+    A strategy object without one gets it, as Lightning's connector sets it."""
+    if sync_batchnorm and given is not None:
+        raise MisconfigurationException(
+            "You set `Trainer(sync_batchnorm=True)` and provided a `LayerSync` plugin, but this is not allowed. "
+            f"Choose one or the other (got {given!r}).")
+    if sync_batchnorm:
+        from gpulayer.trainer.plugins.layer_sync import TorchSyncBatchNorm
+        given = TorchSyncBatchNorm()
+    if given is not None and hasattr(strategy, "_layer_sync") and strategy._layer_sync is None:
+        strategy._layer_sync = given
+    return given
 
 
 def _int_at_least(name: str, value: Any, low: int, *, allow_none: bool = False) -> int | None:
@@ -309,7 +342,8 @@ def _devices(value: Any, accelerator: Any, here: bool = True) -> tuple[int, list
 def build_config(**kwargs: Any) -> TrainerConfig:
     """Validate Trainer keyword arguments; unknown names get a did-you-mean error."""
     known = set(TrainerConfig.__dataclass_fields__) - {"device_ids", "max_epochs_given", "loggers", "accelerator_object",
-                                                        "precision_plugin", "checkpoint_io"}  # derived
+                                                        "precision_plugin", "checkpoint_io", "layer_sync",
+                                                        "cluster_environment"}  # derived
     known |= {"fast_dev_run", "logger", "plugins"}
     for name in kwargs:
         if name not in known:
@@ -328,9 +362,14 @@ def build_config(**kwargs: Any) -> TrainerConfig:
     cfg = TrainerConfig()
     precision = kwargs.get("precision")
     if precision is not None and precision not in PRECISIONS:
-        raise _choices_error("precision", precision, ["32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true",
-                                                      "64-true", 32, "32", 16, "16", "bf16", 64, "64"])
-    given_precision, cfg.checkpoint_io = _plugins(kwargs.get("plugins"), kwargs.get("strategy", "auto"))
+        choices = _choices_error("precision", precision, ["32-true", "16-mixed", "bf16-mixed", "16-true",
+                                                          "bf16-true", "64-true", 32, "32", 16, "16", "bf16", 64, "64"])
+        raise TrainerConfigError(f"Precision {precision!r} is invalid: {choices}")
+    found = _plugins(kwargs.get("plugins"), kwargs.get("strategy", "auto"))
+    given_precision, cfg.checkpoint_io = found.get("Precision"), found.get("CheckpointIO")
+    cfg.cluster_environment = found.get("ClusterEnvironment")
+    cfg.sync_batchnorm = _bool("sync_batchnorm", kwargs.get("sync_batchnorm", False))
+    cfg.layer_sync = _layer_sync(cfg.sync_batchnorm, found.get("LayerSync"), kwargs.get("strategy", "auto"))
     if given_precision is not None and precision is not None:
         raise ValueError(f"Received both `precision={PRECISIONS[precision]}` and `plugins={given_precision}`. "
                          "Choose one.")

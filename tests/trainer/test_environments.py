@@ -116,3 +116,53 @@ def test_torch_sync_batchnorm_converts_and_reverts():
     assert torch.equal(reverted[1].weight, torch.full((4,), 2.0))
     reverted.eval()
     assert reverted[:2](torch.randn(2, 3, 5, 5)).shape == (2, 4, 5, 5)
+
+
+def test_sync_batchnorm_flag_and_layer_sync_plugin():
+    from gpulayer.trainer import Trainer
+    from gpulayer.trainer.utilities.exceptions import MisconfigurationException
+    trainer = Trainer(accelerator="cpu", strategy="ddp", devices=2, sync_batchnorm=True)
+    assert isinstance(trainer.strategy._layer_sync, TorchSyncBatchNorm)
+    plugin = TorchSyncBatchNorm()
+    assert Trainer(accelerator="cpu", strategy="ddp", devices=2, plugins=[plugin]).strategy._layer_sync is plugin
+    assert Trainer(accelerator="cpu", strategy="ddp", devices=2).strategy._layer_sync is None
+    with pytest.raises(MisconfigurationException, match=r"sync_batchnorm=True\)` and provided a `LayerSync`"):
+        Trainer(sync_batchnorm=True, plugins=[TorchSyncBatchNorm()])
+    with pytest.raises(MisconfigurationException, match="multiple values for ClusterEnvironment"):
+        Trainer(plugins=[LightningEnvironment(), SLURMEnvironment()])
+
+
+def test_ddp_setup_module_applies_layer_sync(monkeypatch, tmp_path):
+    import torch.distributed as dist
+    from gpulayer.trainer.strategies import DDPStrategy
+    for name, value in dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(LightningEnvironment().main_port),
+                            RANK="0", WORLD_SIZE="1", LOCAL_RANK="0").items():
+        monkeypatch.setenv(name, value)
+    strategy = DDPStrategy()
+    strategy._layer_sync = TorchSyncBatchNorm()
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3))
+    strategy.setup_environment()
+    try:
+        with pytest.raises(ValueError, match="only work with GPU"):  # torch's DDP: SyncBatchNorm needs a GPU
+            strategy.setup_module(model)
+        assert isinstance(model[1], torch.nn.SyncBatchNorm)  # converted before DDP wrapped it
+    finally:
+        strategy.teardown()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_ddp_strategy_cluster_environment(clean_env):
+    from gpulayer.trainer import Trainer
+    assert isinstance(Trainer(accelerator="cpu", strategy="ddp", devices=2).strategy.cluster_environment,
+                      LightningEnvironment)
+    env = KubeflowEnvironment()
+    assert Trainer(accelerator="cpu", strategy="ddp", devices=2, plugins=[env]).strategy.cluster_environment is env
+
+
+def test_strategy_names_are_case_insensitive():
+    from gpulayer.trainer import Trainer
+    from gpulayer.trainer.strategies import DDPStrategy
+    for name in ("DDP", "DDP_FIND_UNUSED_PARAMETERS_FALSE", "ddp_spawn_find_unused_parameters_false"):
+        strategy = Trainer(accelerator="cpu", strategy=name, devices=2).strategy
+        assert isinstance(strategy, DDPStrategy) and not strategy.find_unused_parameters

@@ -16,6 +16,9 @@ def strategy_for(config: Any) -> SingleDeviceStrategy:
     strategy = _strategy_for(config)
     strategy.precision_plugin = getattr(config, "precision_plugin", None)
     strategy.checkpoint_io = getattr(config, "checkpoint_io", None)
+    if isinstance(strategy, DDPStrategy):
+        strategy._layer_sync = getattr(config, "layer_sync", None)
+        strategy.cluster_environment = getattr(config, "cluster_environment", None)
     return strategy
 
 

@@ -195,6 +195,21 @@ class DDPStrategy(SingleDeviceStrategy):
         self.comm_hook = "flat"  # "shared_memory" or "two_level" once gradsync installs its hook
         self._sync_state: gradsync.TwoLevelState | None = None
         self._owns_group = False
+        self._layer_sync: Any = None  # a plugins.layer_sync.LayerSync applied to the module before DDP wraps it
+        self._cluster_environment: Any = None
+
+    @property
+    def cluster_environment(self) -> Any:
+        """Where this rank's world comes from (``plugins.environments``): the one given in ``Trainer(plugins=)``,
+        else the detected one. gpulayer's launcher sets torchrun's variables in every rank it starts."""
+        if self._cluster_environment is None:
+            from gpulayer.trainer.plugins.environments import detect_environment
+            self._cluster_environment = detect_environment()
+        return self._cluster_environment
+
+    @cluster_environment.setter
+    def cluster_environment(self, env: Any) -> None:
+        self._cluster_environment = env
 
     @property
     def is_distributed(self) -> bool:
@@ -217,6 +232,8 @@ class DDPStrategy(SingleDeviceStrategy):
         self.backend = dist.get_backend()
 
     def setup_module(self, module: nn.Module) -> Any:
+        if self._layer_sync is not None:  # in place below the module itself (it is never a BatchNorm)
+            module = self._layer_sync.apply(module)
         module.to(self.root_device)
         module._device = self.root_device
         self.lightning_module = module
