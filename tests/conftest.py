@@ -79,6 +79,26 @@ def no_leaked_processes_per_test(request):
             pytest.fail(f"{request.node.nodeid} left processes running: {names}")
 
 
+_RANK_VARS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "LOCAL_WORLD_SIZE")
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_rank_variables(request):
+    """Fails the test that leaves torch.distributed's variables changed in this process: every later DDP run here
+    (ours and Lightning's) would rendezvous where they point."""
+    before = {name: os.environ.get(name) for name in _RANK_VARS}
+    yield
+    after = {name: os.environ.get(name) for name in _RANK_VARS}
+    if after != before:
+        for name, value in before.items():  # the next test starts as this one did
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        changed = {k: v for k, v in after.items() if v != before[k]}
+        pytest.fail(f"{request.node.nodeid} left torch.distributed's variables changed: {changed}")
+
+
 @pytest.fixture(scope="session")
 def session_fleet(tmp_path_factory):
     with running_fleet(tmp_path_factory.mktemp("fleet"), FLEET, connect=True) as f:

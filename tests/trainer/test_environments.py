@@ -17,8 +17,12 @@ _ALL_VARS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "
 
 @pytest.fixture
 def clean_env(monkeypatch):
+    """None of the variables set, and each one as it was after the test, also those the environments write
+    themselves (SLURM's main_address/main_port set MASTER_ADDR/MASTER_PORT, as Lightning's do): a MASTER_ADDR left
+    behind sends every later DDP run of this test process to a host that does not exist."""
     for name in _ALL_VARS:
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")  # recorded, so the undo restores (or removes) it
+        monkeypatch.delenv(name)
     return monkeypatch
 
 
