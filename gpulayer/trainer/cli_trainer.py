@@ -57,6 +57,7 @@ def _trainer(
     detect_anomaly: bool = False,
     barebones: bool = False,
     plugins: Optional[Any] = None,
+    sync_batchnorm: bool = False,
 ) -> Trainer:
     """The Trainer's arguments with types, for jsonargparse (``Trainer`` itself takes ``**kwargs``).
 
@@ -102,7 +103,9 @@ def _trainer(
         profiler: "simple", "advanced", "pytorch" or a Profiler: time the hooks, steps and batch fetches.
         detect_anomaly: autograd's anomaly detection (slow; names the operation that produced a NaN).
         barebones: turn off everything that costs speed (checkpoints, logging, progress bar, summary...).
-        plugins: a precision plugin and/or a CheckpointIO (``gpulayer.trainer.plugins``), or a list of them.
+        plugins: precision, CheckpointIO, ClusterEnvironment and LayerSync plugins (``gpulayer.trainer.plugins``),
+            one or a list.
+        sync_batchnorm: a multi-process run turns BatchNorm layers into SyncBatchNorm (``TorchSyncBatchNorm``).
     """
     given = dict(locals())  # a copy: the frame's dict would gain the names bound below under a tracer
     # arguments left at their defaults are not passed: Trainer applies the same ones, and barebones=True
