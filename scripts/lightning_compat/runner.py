@@ -162,7 +162,11 @@ def run_files(tests: Path, rels: list[str], *, python: str, pythonpath: list[str
     files it had finished keep their outcomes and only the unfinished ones get the note.
     """
     name = rels[0].replace("/", "_") + (f"+{len(rels) - 1}" if len(rels) > 1 else "")
-    out = tests / f".lsr-{name}.jsonl"
+    # Outside the tests' root: Lightning's conftest fails a test that leaves a new file under it, and with --jobs
+    # another process's outcome file appears there while a test runs.
+    logs = tests.parent / "lsr-out"
+    logs.mkdir(exist_ok=True)
+    out = logs / f"{name}.jsonl"
     out.unlink(missing_ok=True)
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("PL_", "PYTEST_", "LSR_")) and key != "PYTHONPATH"}
@@ -178,7 +182,7 @@ def run_files(tests: Path, rels: list[str], *, python: str, pythonpath: list[str
     rc, note = None, ""
     limit = file_timeout * len(rels)
     started = time.monotonic()
-    with open(tests / f".lsr-{name}.log", "w") as stdout:
+    with open(logs / f"{name}.log", "w") as stdout:
         proc = subprocess.Popen(cmd, cwd=tests, env=env, stdout=stdout, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         with _RUNNING_LOCK:
@@ -195,7 +199,7 @@ def run_files(tests: Path, rels: list[str], *, python: str, pythonpath: list[str
     wall_s = round(time.monotonic() - started, 1)
     read_outcomes(out, runs)
     if rc not in (0, 1, 5, None) and not note:
-        tail = (tests / f".lsr-{name}.log").read_text(errors="replace").strip().splitlines()[-3:]
+        tail = (logs / f"{name}.log").read_text(errors="replace").strip().splitlines()[-3:]
         note = f"pytest exited with {rc}: " + " | ".join(tail)[-300:]
     for rel, run in runs.items():
         run.rc, run.wall_s = rc, round(wall_s / len(rels), 1)
