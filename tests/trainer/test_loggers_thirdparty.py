@@ -203,7 +203,7 @@ def test_wandb_is_created_before_the_other_loggers(fake_wandb, tmp_path):
         def log_metrics(self, metrics, step=None):
             pass
 
-    _fit(tmp_path, [First(tmp_path), WandbLogger(save_dir=tmp_path)], max_epochs=1)
+    _fit(tmp_path, [First(), WandbLogger(save_dir=tmp_path)], max_epochs=1)
     assert order[:2] == ["wandb", "first"]
 
 

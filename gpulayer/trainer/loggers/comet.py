@@ -45,7 +45,6 @@ class CometLogger(Logger):
                  online: bool | None = None, prefix: str | None = None, **kwargs: Any) -> None:
         if not _COMET_AVAILABLE:
             raise ModuleNotFoundError(str(_COMET_AVAILABLE))
-        super().__init__(None, None, None)
         project, online = self._take_old_names(kwargs, project, online)
         self._api_key = api_key
         self._workspace = workspace
@@ -155,10 +154,3 @@ class CometLogger(Logger):
         """The experiment's key, once it exists (asking does not start one)."""
         return self._experiment.get_key() if self._experiment is not None else None
 
-    @property
-    def root_dir(self) -> None:
-        return None
-
-    @property
-    def log_dir(self) -> None:
-        return None

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import torch
 
 from gpulayer.trainer.loggers.files import filesystem
-from gpulayer.trainer.loggers.logger import Logger, rank_zero_experiment
+from gpulayer.trainer.loggers.logger import FileLogger, rank_zero_experiment
 from gpulayer.trainer.loggers.params import add_prefix, convert_params
 
 
@@ -96,7 +96,7 @@ class ExperimentWriter:
             f.write(text.getvalue())
 
 
-class CSVLogger(Logger):
+class CSVLogger(FileLogger):
     """``metrics.csv`` and ``hparams.yaml`` in ``save_dir/name/version_N`` (Lightning's ``CSVLogger``).
 
     ``prefix`` is put before every metric name (joined by ``-``); ``experiment`` is the

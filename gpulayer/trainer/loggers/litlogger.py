@@ -54,7 +54,6 @@ class LitLogger(Logger):
                  save_logs: bool = True, checkpoint_name: str | None = None) -> None:
         if not _LITLOGGER_AVAILABLE:
             raise ModuleNotFoundError(str(_LITLOGGER_AVAILABLE))
-        super().__init__(None, None, None)
         self._root_dir = os.fspath(root_dir or "./lightning_logs")
         self._name = name or _create_experiment_name()
         self._version: str | None = None  # the experiment's creation time, set when it is created

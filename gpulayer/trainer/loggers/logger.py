@@ -66,11 +66,61 @@ class Logger:
     """What the Trainer needs from a logger (Lightning's names); subclass it for your own.
 
     A subclass implements ``log_metrics`` and ``log_hyperparams`` and usually ``name`` and ``version``;
-    the rest have defaults that do nothing. ``Logger(save_dir, name, version)`` gives the directory
-    layout ``save_dir/name/version_N`` (the next free N, fixed at first use) that ``log_dir`` reports.
+    the rest have defaults that do nothing. The base writes nowhere of its own: ``save_dir``, ``root_dir`` and
+    ``log_dir`` are None (checkpoints then go under the Trainer's ``default_root_dir``), as in Lightning. A
+    logger that writes files under ``save_dir/name/version_N`` subclasses ``FileLogger``.
     """
 
     LOGGER_JOIN_CHAR = "-"
+
+    @property
+    def save_dir(self) -> str | None:
+        return None
+
+    @property
+    def name(self) -> str | None:
+        return None
+
+    @property
+    def version(self) -> int | str | None:
+        return None
+
+    @property
+    def root_dir(self) -> str | None:
+        return None
+
+    @property
+    def log_dir(self) -> str | None:
+        return None
+
+    @property
+    def group_separator(self) -> str:
+        """What joins a metric's group and name (``"train/loss"``)."""
+        return "/"
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must implement log_metrics(metrics, step)")
+
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def log_graph(self, model: Any, input_array: Any = None) -> None:
+        pass
+
+    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
+        """Called by ``ModelCheckpoint`` after each checkpoint it saves (loggers that upload them override it)."""
+
+    def save(self) -> None:
+        pass
+
+    def finalize(self, status: str) -> None:
+        """At the end of a run (``status``: ``"success"``, ``"failed"``): write what is buffered."""
+        self.save()
+
+
+class FileLogger(Logger):
+    """A logger writing under ``save_dir/name/version_N`` (the next free N, fixed at first use): the directory
+    layout of ``CSVLogger`` and ``TensorBoardLogger``, which ``root_dir`` and ``log_dir`` report."""
 
     def __init__(self, save_dir: str | os.PathLike | None = None, name: str | None = "lightning_logs",
                  version: int | str | None = None):
@@ -102,36 +152,11 @@ class Logger:
         v = self.version
         return os.path.join(self.root_dir or "", v if isinstance(v, str) else f"version_{v}")
 
-    @property
-    def group_separator(self) -> str:
-        """What joins a metric's group and name (``"train/loss"``)."""
-        return "/"
-
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        raise NotImplementedError(f"{type(self).__name__} must implement log_metrics(metrics, step)")
-
-    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def log_graph(self, model: Any, input_array: Any = None) -> None:
-        pass
-
-    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
-        """Called by ``ModelCheckpoint`` after each checkpoint it saves (loggers that upload them override it)."""
-
-    def save(self) -> None:
-        pass
-
-    def finalize(self, status: str) -> None:
-        """At the end of a run (``status``: ``"success"``, ``"failed"``): write what is buffered."""
-        self.save()
-
 
 class DummyLogger(Logger):
     """A logger that logs nothing and answers every method (even ones only some loggers have) with a no-op."""
 
     def __init__(self) -> None:
-        super().__init__(None, "", "")
         self._experiment = DummyExperiment()
 
     @property
@@ -151,14 +176,6 @@ class DummyLogger(Logger):
     @property
     def version(self) -> str:
         return ""
-
-    @property
-    def root_dir(self) -> None:
-        return None  # it writes nowhere
-
-    @property
-    def log_dir(self) -> None:
-        return None
 
     def __getitem__(self, idx: int) -> DummyLogger:
         return self  # trainer.logger[0] where a list of loggers was expected

@@ -61,7 +61,6 @@ class MLFlowLogger(Logger):
             raise ModuleNotFoundError(str(_MLFLOW_AVAILABLE))
         if synchronous is not None and not _MLFLOW_SYNCHRONOUS_AVAILABLE:
             raise ModuleNotFoundError("`synchronous` requires mlflow>=2.8.0")
-        super().__init__(None, None, None)
         tracking_uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or f"{LOCAL_FILE_URI_PREFIX}{save_dir}"
         self._experiment_name = experiment_name
         self._experiment_id: str | None = None
@@ -204,13 +203,6 @@ class MLFlowLogger(Logger):
         """The run's id."""
         return self.run_id
 
-    @property
-    def root_dir(self) -> None:
-        return None
-
-    @property
-    def log_dir(self) -> None:
-        return None
 
 
 def _get_resolve_tags() -> Callable[[dict[str, Any] | None], dict[str, Any]]:

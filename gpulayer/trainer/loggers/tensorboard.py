@@ -16,14 +16,14 @@ from typing import Any, Mapping
 import torch
 
 from gpulayer.trainer.loggers.files import filesystem
-from gpulayer.trainer.loggers.logger import Logger, rank_zero_experiment
+from gpulayer.trainer.loggers.logger import FileLogger, rank_zero_experiment
 from gpulayer.trainer.loggers.params import add_prefix, convert_params, flatten_dict, sanitize_params
 
 # whether TensorBoard's own package is installed (torch.utils.tensorboard needs it)
 _TENSORBOARD_AVAILABLE = importlib.util.find_spec("tensorboard") is not None
 
 
-class TensorBoardLogger(Logger):
+class TensorBoardLogger(FileLogger):
     """Event files for TensorBoard and ``hparams.yaml`` in ``save_dir/name/version_N``.
 
     ``log_graph=True`` adds the module's graph (traced on ``example_input_array``) when the run starts;

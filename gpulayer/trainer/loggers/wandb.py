@@ -56,7 +56,6 @@ class WandbLogger(Logger):
             raise MisconfigurationException(
                 f"Providing log_model={log_model} and offline={offline} is an invalid configuration since model "
                 "checkpoints cannot be uploaded in offline mode.\nHint: Set `offline=False` to log your model.")
-        super().__init__(None, None, None)
         self._offline = offline
         self._log_model = log_model
         self._prefix = prefix
@@ -245,14 +244,6 @@ class WandbLogger(Logger):
     def version(self) -> str | None:
         """The run's id; the one given to the constructor until the run exists (asking does not start it)."""
         return self._experiment.id if self._experiment else self._id
-
-    @property
-    def root_dir(self) -> None:
-        return None  # wandb lays out its own files under save_dir
-
-    @property
-    def log_dir(self) -> None:
-        return None
 
 
 def _run_types() -> tuple[type, ...]:
