@@ -11,6 +11,7 @@ import collections
 import hashlib
 import importlib
 import io
+import os
 import pickle
 import reprlib
 import sys
@@ -315,6 +316,14 @@ def summarize(fn: Callable | FunctionRef, args: tuple = (), kwargs: dict | None 
 _LIBRARY_DIRS = tuple(
     str(Path(p).resolve()) for p in {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
 )
+
+
+def in_library(path: str | os.PathLike) -> bool:
+    """Is ``path`` inside this interpreter's standard library or site-packages? What is not is the user's own
+    code: shipped with the job (``script_root``) and pickled by value (``payload``, the Trainer's cluster fit)."""
+    return str(Path(path).resolve()).startswith(_LIBRARY_DIRS)
+
+
 _by_value: set[str] = set()  # modules already looked at (registered by value or not)
 
 
@@ -335,5 +344,5 @@ def _pickle_user_module_by_value(fn: Callable) -> None:
     path = getattr(module, "__file__", None)
     if path is None:
         return
-    if not str(Path(path).resolve()).startswith(_LIBRARY_DIRS):
+    if not in_library(path):
         cloudpickle.register_pickle_by_value(module)

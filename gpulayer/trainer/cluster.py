@@ -28,9 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import sysconfig
 import uuid
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import cloudpickle
@@ -38,13 +36,10 @@ import cloudpickle
 from gpulayer.trainer.config import TrainerConfig
 from gpulayer.trainer.errors import RankFailed, TrainerConfigError, TrainerError
 from gpulayer.trainer.seed import SEED_ENV, SEED_WORKERS_ENV
+from gpulayer.payload import in_library
 
 # A loader passed as an object travels inside the job's payload (through Redis): only small ones.
 MAX_LOADER_BYTES = 4 << 20
-
-_LIBRARY_DIRS = tuple(
-    str(Path(p).resolve()) for p in {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-)
 
 
 def fit_on_cluster(fit_rank: Callable[..., Any], config: TrainerConfig, module: Any, train: Any, val: Any,
@@ -173,7 +168,7 @@ def _user_code_by_value() -> Iterator[None]:
     for name, mod in list(sys.modules.items()):
         path = getattr(mod, "__file__", None)
         if (name == "__main__" or name in already or name.partition(".")[0] == "gpulayer" or not path
-                or not path.endswith(".py") or str(Path(path).resolve()).startswith(_LIBRARY_DIRS)):
+                or not path.endswith(".py") or in_library(path)):
             continue
         cloudpickle.register_pickle_by_value(mod)
         added.append(mod)

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import os
 import sys
-import sysconfig
 from pathlib import Path
 
-_LIBRARY_DIRS = tuple(
-    str(Path(p).resolve()) for p in {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
-)
+from ..payload import in_library
+
 _ENV_MARKERS = ("site-packages", "dist-packages")
 
 
@@ -40,10 +38,9 @@ def script_root() -> Path | None:
 
 def shippable(root: Path) -> bool:
     """May ``root`` be shipped on its own initiative (not ``/``, ``$HOME``, nor inside an environment)?"""
-    text = str(root)
     if root == Path(root.anchor) or root == Path.home().resolve():
         return False
-    if text.startswith(_LIBRARY_DIRS) or any(m in root.parts for m in _ENV_MARKERS):
+    if in_library(root) or any(m in root.parts for m in _ENV_MARKERS):
         return False
     if (root / "pyvenv.cfg").exists() or any((p / "pyvenv.cfg").exists() for p in root.parents):
         return False  # inside a virtual environment (its bin/, say)
