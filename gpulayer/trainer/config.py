@@ -385,7 +385,9 @@ def build_config(**kwargs: Any) -> TrainerConfig:
     if strategy not in STRATEGIES + ("model_parallel",):
         raise _choices_error("strategy", strategy, STRATEGIES)
     cfg.strategy = strategy
-    from gpulayer.trainer.plugins.precision import for_trainer
+    from gpulayer.trainer.plugins.precision import FSDPPrecision, for_trainer
+    if strategy == "fsdp" and given_precision is not None and not isinstance(given_precision, FSDPPrecision):
+        raise TypeError(f"The FSDP strategy can only work with the `FSDPPrecision` plugin, found {given_precision}")
     cfg.precision_plugin = given_precision if given_precision is not None else \
         for_trainer(cfg.precision, cfg.accelerator, sharded=strategy == "fsdp")
     cfg.precision = getattr(cfg.precision_plugin, "precision", cfg.precision)

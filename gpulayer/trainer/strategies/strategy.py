@@ -147,6 +147,10 @@ class SingleDeviceStrategy(Strategy):
     def barrier(self) -> None:
         pass
 
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Rank ``src``'s ``obj`` (one process: ``obj`` itself)."""
+        return obj
+
     def teardown(self) -> None:
         if self._checkpoint_io is not None:  # an asynchronous writer finishes its writes here
             self._checkpoint_io.teardown()
@@ -277,7 +281,16 @@ class DDPStrategy(SingleDeviceStrategy):
         return bool(t.item())
 
     def barrier(self) -> None:
-        dist.barrier()
+        if dist.is_initialized():  # a strategy object outside its ranks (before a launch) has no one to wait for
+            dist.barrier()
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Rank ``src``'s picklable ``obj`` on every rank (``obj`` itself outside a group)."""
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
 
     def teardown(self) -> None:
         if self._sync_state is not None:
