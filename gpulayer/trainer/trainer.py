@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from gpulayer.trainer import checkpoint, data, evaluate, gcfreeze, optimizers, stage_aids, strategies
+from gpulayer.trainer import checkpoint, data, evaluate, gcfreeze, optimizers, stage_aids
 from gpulayer.trainer import trainer_logging
 from gpulayer.trainer import loggers as loggers_mod
 from gpulayer.trainer.utilities import parsing
@@ -516,9 +516,10 @@ class Trainer(TrainerProperties):
             self.strategy.barrier()
 
     def init_module(self, empty_init: bool | None = None) -> Any:
-        """``with trainer.init_module(): model = Net()`` creates the weights on the device the run uses;
-        ``empty_init=True`` skips their initialization (for weights loaded right after)."""
-        return strategies.init_context(self.strategy.root_device, empty_init)
+        """``with trainer.init_module(): model = Net()`` creates the weights on the device the run uses, in the
+        precision's dtype (``"16-true"``: float16); ``empty_init=True`` skips their initialization (for weights
+        loaded right after)."""
+        return self.strategy.tensor_init_context(empty_init)  # the device, and the precision's dtype
 
     def remove_checkpoint(self, filepath: str | os.PathLike) -> None:
         self.strategy.remove_checkpoint(os.fspath(filepath))

@@ -81,7 +81,6 @@ class FSDPStrategy(DDPStrategy):
         # Lightning's attributes, as given (FSDP1's types where Lightning has them)
         self.checkpoint_io = checkpoint_io
         self.precision_plugin = precision_plugin
-        self._process_group_backend = process_group_backend
         self._timeout = timeout
         self.cpu_offload = cpu_offload if isinstance(cpu_offload, CPUOffload) else \
             CPUOffload(offload_params=bool(cpu_offload))
@@ -100,7 +99,8 @@ class FSDPStrategy(DDPStrategy):
 
     def _init_plan(self, plan: ShardingPlan, device: torch.device | None = None, planned_world_size: int = 1,
                    num_nodes: int = 1) -> None:
-        super().__init__(device, grad_sync="flat", timeout_s=plan.timeout_s, planned_world_size=planned_world_size)
+        super().__init__(device, grad_sync="flat", timeout_s=plan.timeout_s, planned_world_size=planned_world_size,
+                         process_group_backend=plan.backend)
         self.sharding_plan = plan
         self._state_dict_type = plan.state_dict_type
         self.num_nodes = num_nodes

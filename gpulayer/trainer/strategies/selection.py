@@ -36,4 +36,5 @@ def _strategy_for(config: Any) -> SingleDeviceStrategy:
         device = torch.device("cuda", config.device_ids[int(os.environ.get("LOCAL_RANK", "0"))])
     return DDPStrategy(device if cuda else None, config.grad_sync,
                        find_unused_parameters=config.strategy == "ddp_find_unused_parameters_true",
-                       planned_world_size=config.devices * config.num_nodes)
+                       planned_world_size=config.devices * config.num_nodes,
+                       process_group_backend=getattr(config, "process_group_backend", None))
