@@ -35,7 +35,8 @@ from gpulayer.trainer.metrics import MetricStore
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.plugins.precision import Precision
 from gpulayer.trainer.states import RunningStage, TrainerFn, TrainerState
-from gpulayer.trainer.strategies import SingleDeviceStrategy, strategy_for
+from gpulayer.trainer.strategies import DDPStrategy, SingleDeviceStrategy, strategy_for
+from gpulayer.trainer.strategies.selection import adopt_strategy
 from gpulayer.trainer.trainer_state import TrainerProperties
 from gpulayer.trainer.utilities.model_helpers import is_overridden
 
@@ -85,6 +86,12 @@ class Trainer(TrainerProperties):
     def __init__(self, **kwargs: Any) -> None:
         self.config = build_config(**kwargs)
         self._init_state()
+        given = kwargs.get("strategy")
+        if type(given) is not SingleDeviceStrategy and isinstance(given, SingleDeviceStrategy) and \
+                not isinstance(given, DDPStrategy) and not self.config.multi_process:
+            # a user's own single-device strategy (a subclass) runs in this process: its overrides are promises
+            self.strategy = adopt_strategy(given, self.config)
+            self.strategy._trainer = self
 
     @classmethod
     def from_config(cls, config: TrainerConfig) -> "Trainer":

@@ -13,7 +13,11 @@ from gpulayer.trainer.strategies.strategy import DDPStrategy, SingleDeviceStrate
 def strategy_for(config: Any) -> SingleDeviceStrategy:
     """The strategy a ``TrainerConfig`` asks for in this process: DDP in a rank of a multi-process run (rank 0
     of the planned world outside one), else a single device; with the config's precision plugin and checkpoint IO."""
-    strategy = _strategy_for(config)
+    return adopt_strategy(_strategy_for(config), config)
+
+
+def adopt_strategy(strategy: SingleDeviceStrategy, config: Any) -> SingleDeviceStrategy:
+    """``strategy`` with the config's precision plugin, checkpoint IO, layer sync and cluster environment."""
     strategy.precision_plugin = getattr(config, "precision_plugin", None)
     strategy.checkpoint_io = getattr(config, "checkpoint_io", None)
     if isinstance(strategy, DDPStrategy):
