@@ -35,6 +35,14 @@ def test_lightnings_attributes_read_as_lightnings():
     assert isinstance(wrapped._activation_checkpointing_kwargs["auto_wrap_policy"], ModuleWrapPolicy)
 
 
+def test_the_trainers_own_strategy_object_reads_the_same():
+    from torch.distributed.fsdp import ShardingStrategy
+    trainer = Trainer(strategy=FSDPStrategy(sharding_strategy="SHARD_GRAD_OP", cpu_offload=True), accelerator="cpu",
+                      devices=2)
+    assert trainer.strategy.sharding_strategy == ShardingStrategy.SHARD_GRAD_OP
+    assert trainer.strategy.cpu_offload.offload_params and trainer.strategy.kwargs["use_orig_params"]
+
+
 def test_no_shard_is_a_mesh_of_world_by_one():
     from gpulayer.trainer.strategies.fsdp_plan import mesh_layout
     plan = FSDPStrategy(sharding_strategy="no_shard").sharding_plan

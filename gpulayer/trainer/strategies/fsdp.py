@@ -87,15 +87,14 @@ class FSDPStrategy(DDPStrategy):
         self.mixed_precision = mixed_precision
         self.sharding_strategy = ShardingStrategy[sharding_strategy.upper()] if isinstance(sharding_strategy, str) \
             else sharding_strategy
-        self.kwargs: dict[str, Any] = {**kwargs, "use_orig_params": kwargs.get("use_orig_params", True)}
+        self.kwargs = {**kwargs, "use_orig_params": kwargs.get("use_orig_params", True)}
         if auto_wrap_policy is not None:
             self.kwargs["auto_wrap_policy"] = _as_wrap_policy(auto_wrap_policy)
         if device_mesh is not None:
             self.kwargs["device_mesh"] = device_mesh
-        self._activation_checkpointing_kwargs: dict[str, Any] = {} if activation_checkpointing_policy is None and \
+        self._activation_checkpointing_kwargs = {} if activation_checkpointing_policy is None and \
             activation_checkpointing is None else \
             {"auto_wrap_policy": _as_wrap_policy(activation_checkpointing_policy or plan.checkpoint_classes)}
-        self._state_dict_type = state_dict_type
 
     def _init_plan(self, plan: ShardingPlan, device: torch.device | None = None, planned_world_size: int = 1,
                    num_nodes: int = 1) -> None:
@@ -103,6 +102,14 @@ class FSDPStrategy(DDPStrategy):
                          process_group_backend=plan.backend)
         self.sharding_plan = plan
         self._state_dict_type = plan.state_dict_type
+        # Lightning's attributes as the plan says them (the constructor replaces them with the objects given)
+        from torch.distributed.fsdp import CPUOffload, ShardingStrategy
+        self.sharding_strategy = ShardingStrategy[_sharding_name(plan)]
+        self.cpu_offload = CPUOffload(offload_params=plan.cpu_offload)
+        self.mixed_precision = plan.mixed_precision
+        self.kwargs: dict[str, Any] = {"use_orig_params": True}
+        self._activation_checkpointing_kwargs: dict[str, Any] = {}
+        self._timeout = datetime.timedelta(seconds=plan.timeout_s)
         self.num_nodes = num_nodes
         self._device_mesh: Any = None
         self._failed = False
@@ -369,6 +376,14 @@ class ModelParallelStrategy(FSDPStrategy):
             _materialize(module, self.root_device)
         self.model = self.precision_plugin.convert_module(self.model)
         self.barrier()
+
+
+def _sharding_name(plan: ShardingPlan) -> str:
+    if plan.no_shard:
+        return "NO_SHARD"
+    if plan.hybrid:
+        return "HYBRID_SHARD" if plan.reshard_after_forward else "_HYBRID_SHARD_ZERO2"
+    return "FULL_SHARD" if plan.reshard_after_forward else "SHARD_GRAD_OP"
 
 
 def _require_configure_model(strategy: FSDPStrategy, module: Any) -> None:
