@@ -292,11 +292,11 @@ def restore_training_state(trainer, ckpt: dict[str, Any]) -> dict[str, Any]:
     """A resume's second phase, after ``on_fit_start``: optimizers, schedulers, the loss scaler, the counters;
     returns the loop position."""
     states = ckpt["optimizer_states"]
-    if len(states) != len(trainer.optimizers):
-        raise TrainerError(f"the checkpoint has {len(states)} optimizer state(s) but configure_optimizers returned "
-                           f"{len(trainer.optimizers)}")
-    for opt, state in zip(trainer.optimizers, states):
-        trainer.strategy.load_optimizer_state(opt, state)  # FSDP: into this world's shards
+    if trainer.strategy.lightning_restore_optimizer:  # False: a strategy that restored them itself
+        if len(states) != len(trainer.optimizers):
+            raise TrainerError(f"the checkpoint has {len(states)} optimizer state(s) but configure_optimizers "
+                               f"returned {len(trainer.optimizers)}")
+        trainer.strategy.load_optimizer_state_dict(ckpt)  # each through load_optimizer_state (FSDP: into shards)
     for cfg, state in zip(trainer.lr_scheduler_configs, ckpt.get("lr_schedulers", [])):
         cfg.scheduler.load_state_dict(state)
     plugin = trainer.precision_plugin

@@ -85,6 +85,7 @@ class TrainerConfig:
     barebones: bool = False  # every feature that costs speed off (barebones.py)
     profiler: Any = None  # a profilers.Profiler; None: PassThroughProfiler (nothing recorded, nothing paid)
     sharding: Any = None  # strategy "fsdp" / "model_parallel": the fsdp_plan.ShardingPlan every rank builds from
+    process_group_backend: str | None = None  # DDPStrategy(process_group_backend=...); None: nccl on CUDA, else gloo
 
     @property
     def multi_process(self) -> bool:
@@ -110,6 +111,14 @@ def _strategy_name(value: Any) -> Any:
 
 
 _UNUSED_FALSE = ("ddp_find_unused_parameters_false", "ddp_spawn_find_unused_parameters_false")
+
+
+def _registered(value: Any) -> Any:
+    """A name the Trainer does not know itself but ``StrategyRegistry`` holds becomes the object it registers."""
+    if not isinstance(value, str) or value.lower() in STRATEGIES + _UNUSED_FALSE + ("model_parallel",):
+        return value
+    from gpulayer.trainer.strategies.registry import StrategyRegistry
+    return StrategyRegistry.get(value) if value in StrategyRegistry else value
 
 
 def _plugin_kind(plugin: Any) -> str | None:
@@ -343,7 +352,7 @@ def build_config(**kwargs: Any) -> TrainerConfig:
     """Validate Trainer keyword arguments; unknown names get a did-you-mean error."""
     known = set(TrainerConfig.__dataclass_fields__) - {"device_ids", "max_epochs_given", "loggers", "accelerator_object",
                                                         "precision_plugin", "checkpoint_io", "layer_sync",
-                                                        "cluster_environment"}  # derived
+                                                        "cluster_environment", "process_group_backend"}  # derived
     known |= {"fast_dev_run", "logger", "plugins"}
     for name in kwargs:
         if name not in known:
@@ -365,6 +374,7 @@ def build_config(**kwargs: Any) -> TrainerConfig:
         choices = _choices_error("precision", precision, ["32-true", "16-mixed", "bf16-mixed", "16-true",
                                                           "bf16-true", "64-true", 32, "32", 16, "16", "bf16", 64, "64"])
         raise TrainerConfigError(f"Precision {precision!r} is invalid: {choices}")
+    kwargs["strategy"] = _registered(kwargs.get("strategy", "auto"))
     found = _plugins(kwargs.get("plugins"), kwargs.get("strategy", "auto"))
     given_precision, cfg.checkpoint_io = found.get("Precision"), found.get("CheckpointIO")
     cfg.cluster_environment = found.get("ClusterEnvironment")
@@ -385,7 +395,10 @@ def build_config(**kwargs: Any) -> TrainerConfig:
     if strategy not in STRATEGIES + ("model_parallel",):
         raise _choices_error("strategy", strategy, STRATEGIES)
     cfg.strategy = strategy
-    from gpulayer.trainer.plugins.precision import for_trainer
+    cfg.process_group_backend = getattr(kwargs.get("strategy"), "_process_group_backend", None)
+    from gpulayer.trainer.plugins.precision import FSDPPrecision, for_trainer
+    if strategy == "fsdp" and given_precision is not None and not isinstance(given_precision, FSDPPrecision):
+        raise TypeError(f"The FSDP strategy can only work with the `FSDPPrecision` plugin, found {given_precision}")
     cfg.precision_plugin = given_precision if given_precision is not None else \
         for_trainer(cfg.precision, cfg.accelerator, sharded=strategy == "fsdp")
     cfg.precision = getattr(cfg.precision_plugin, "precision", cfg.precision)

@@ -37,3 +37,7 @@ class RankFailed(TrainerError):
 
 class ManualOptimizationRequired(TrainerConfigError, RuntimeError):
     """Several optimizers under automatic optimization (a ``RuntimeError`` in Lightning, so both catch it)."""
+
+
+class DeviceMeshMismatch(TrainerConfigError, RuntimeError):
+    """A model-parallel mesh whose sizes do not multiply to the world size (a ``RuntimeError`` in Lightning)."""

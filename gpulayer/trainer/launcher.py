@@ -115,12 +115,24 @@ def rank_main(tmp: str) -> None:
     os._exit(0)  # skip interpreter teardown: process-group destructors can hang after the parent has the result
 
 
+def _refuse_launch_from_a_child(config) -> None:
+    """A ``plugins=[ClusterEnvironment]`` that says this process is not a launched one, while its local rank is
+    not 0: launching here would start a second set of ranks from inside the first (Lightning's check)."""
+    env = getattr(config, "cluster_environment", None)
+    if env is not None and not env.creates_processes_externally and env.local_rank() != 0:
+        raise RuntimeError(
+            "Lightning attempted to launch new distributed processes with `local_rank > 0`. This should not happen. "
+            "Possible reasons: 1) LOCAL_RANK environment variable was incorrectly modified by the user, "
+            f"2) `{type(env).__name__}.creates_processes_externally` incorrectly implemented.")
+
+
 def fit_in_processes(fit_rank: Callable[..., Any], config, module, train, val, datamodule,
                      ckpt_path) -> dict[str, Any]:
     """``Trainer(devices=M).fit`` on this machine: ``fit_rank`` in M ranks, rank 0's result back.
 
     The caller hands ``fit_rank`` in (``trainer.fit_rank``), so this module never imports the Trainer back.
     """
+    _refuse_launch_from_a_child(config)
     return run_ranks(fit_rank, (config, module, train, val, datamodule, ckpt_path),
                      nodes=1, procs_per_node=config.devices)[0]
 
@@ -129,5 +141,6 @@ def stage_in_processes(stage_rank: Callable[..., Any], config, stage, module, lo
                        kw) -> dict[str, Any]:
     """``Trainer(devices=M).validate / test / predict`` on this machine: ``stage_rank`` in M ranks, rank 0's
     result back."""
+    _refuse_launch_from_a_child(config)
     return run_ranks(stage_rank, (config, stage, module, loaders, datamodule, ckpt_path, kw),
                      nodes=1, procs_per_node=config.devices)[0]

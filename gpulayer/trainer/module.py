@@ -125,7 +125,7 @@ class Module(ExportMixin, HyperparametersMixin, ModuleLogging, nn.Module):
         """Lightning's: the ``DeviceMesh`` of a sharded run (``ModelParallelStrategy``, ``"fsdp"``), for
         ``configure_model`` to parallelize on; None under any other strategy."""
         strategy = getattr(self._trainer, "strategy", None)
-        return getattr(strategy, "device_mesh", None)
+        return getattr(strategy, "_device_mesh", None)  # the strategy's own property raises before the group exists
 
     @property
     def device(self) -> torch.device:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from gpulayer.trainer import checkpoint, data, evaluate, gcfreeze, optimizers, stage_aids, strategies
+from gpulayer.trainer import checkpoint, data, evaluate, gcfreeze, optimizers, stage_aids
 from gpulayer.trainer import trainer_logging
 from gpulayer.trainer import loggers as loggers_mod
 from gpulayer.trainer.utilities import parsing
@@ -35,7 +35,8 @@ from gpulayer.trainer.metrics import MetricStore
 from gpulayer.trainer.module import Module
 from gpulayer.trainer.plugins.precision import Precision
 from gpulayer.trainer.states import RunningStage, TrainerFn, TrainerState
-from gpulayer.trainer.strategies import SingleDeviceStrategy, strategy_for
+from gpulayer.trainer.strategies import DDPStrategy, SingleDeviceStrategy, strategy_for
+from gpulayer.trainer.strategies.selection import adopt_strategy
 from gpulayer.trainer.trainer_state import TrainerProperties
 from gpulayer.trainer.utilities.model_helpers import is_overridden
 
@@ -85,6 +86,12 @@ class Trainer(TrainerProperties):
     def __init__(self, **kwargs: Any) -> None:
         self.config = build_config(**kwargs)
         self._init_state()
+        given = kwargs.get("strategy")
+        if type(given) is not SingleDeviceStrategy and isinstance(given, SingleDeviceStrategy) and \
+                not isinstance(given, DDPStrategy) and not self.config.multi_process:
+            # a user's own single-device strategy (a subclass) runs in this process: its overrides are promises
+            self.strategy = adopt_strategy(given, self.config)
+            self.strategy._trainer = self
 
     @classmethod
     def from_config(cls, config: TrainerConfig) -> "Trainer":
@@ -516,9 +523,10 @@ class Trainer(TrainerProperties):
             self.strategy.barrier()
 
     def init_module(self, empty_init: bool | None = None) -> Any:
-        """``with trainer.init_module(): model = Net()`` creates the weights on the device the run uses;
-        ``empty_init=True`` skips their initialization (for weights loaded right after)."""
-        return strategies.init_context(self.strategy.root_device, empty_init)
+        """``with trainer.init_module(): model = Net()`` creates the weights on the device the run uses, in the
+        precision's dtype (``"16-true"``: float16); ``empty_init=True`` skips their initialization (for weights
+        loaded right after)."""
+        return self.strategy.tensor_init_context(empty_init)  # the device, and the precision's dtype
 
     def remove_checkpoint(self, filepath: str | os.PathLike) -> None:
         self.strategy.remove_checkpoint(os.fspath(filepath))

@@ -256,7 +256,8 @@ def test_the_cli_offers_every_trainer_argument():
     offered = set(inspect.signature(_trainer).parameters)
     # derived from other arguments (device_ids, loggers, sharding, accelerator_object, max_epochs_given), or a Resources
     derived = {"device_ids", "cluster_resources", "max_epochs_given", "loggers", "sharding", "accelerator_object",
-               "precision_plugin", "checkpoint_io", "cluster_environment", "layer_sync"}  # from precision, plugins, strategy
+               "precision_plugin", "checkpoint_io", "cluster_environment", "layer_sync",
+               "process_group_backend"}  # from precision, plugins, strategy
     expected = set(TrainerConfig.__dataclass_fields__) - derived
     assert expected - offered == set()
 

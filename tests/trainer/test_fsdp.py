@@ -204,14 +204,10 @@ def test_model_parallel_strategy_without_configure_model_names_the_hook():
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"sharding_strategy": "NO_SHARD"}, "strategy='ddp'"),
     ({"cpu_offload": True}, None),  # accepted here; refused in the rank when the accelerator is the CPU
     ({"limit_all_gathers": True}, "FSDP1 constructor argument"),
-    ({"use_orig_params": False}, "original parameters"),
-    ({"activation_checkpointing": Block}, "activation_checkpointing_policy"),
+    ({"parallel_devices": [torch.device("cpu")]}, r"Trainer\(devices=...\)"),
     ({"device_mesh": "2x2"}, "tuple"),
-    ({"state_dict_type": "local"}, "'full' or 'sharded'"),
-    ({"precision_plugin": object()}, r"Trainer\(precision=...\)"),
     ({"mixed_precision": "bf16"}, "MixedPrecisionPolicy"),
 ])
 def test_lightning_arguments_are_honoured_or_refused_with_the_fix(kwargs, match):

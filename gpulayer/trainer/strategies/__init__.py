@@ -10,12 +10,15 @@ from gpulayer.trainer.strategies.strategy import DDPStrategy, SingleDeviceStrate
 
 
 def __getattr__(name: str) -> Any:
-    """``FSDPStrategy`` and ``ModelParallelStrategy``, loaded on first use."""
+    """``FSDPStrategy``, ``ModelParallelStrategy`` and ``StrategyRegistry``, loaded on first use."""
     if name in ("FSDPStrategy", "ModelParallelStrategy"):
         from gpulayer.trainer.strategies import fsdp
         return getattr(fsdp, name)
+    if name == "StrategyRegistry":
+        from gpulayer.trainer.strategies.registry import StrategyRegistry
+        return StrategyRegistry
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["DDPStrategy", "FSDPStrategy", "ModelParallelStrategy", "SingleDeviceStrategy", "Strategy",
+__all__ = ["DDPStrategy", "FSDPStrategy", "ModelParallelStrategy", "SingleDeviceStrategy", "Strategy", "StrategyRegistry",
            "init_context", "strategy_for"]

@@ -31,7 +31,6 @@ from torch import nn
 
 from gpulayer.trainer import checkpoint
 from gpulayer.trainer.checkpoint import META_FILE, SHARDED_OPTIMIZER_COUNT, ShardedOptimizerState, sharded_record
-from gpulayer.trainer.errors import CheckpointNotFound
 
 
 def _options(**kw: Any) -> Any:
@@ -45,6 +44,26 @@ def full_model_state(module: nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(module, options=_options(full_state_dict=True, cpu_offload=True))
 
 
+def is_sharded(path: str) -> bool:
+    """A directory holding ``meta.pt``: a sharded checkpoint (Lightning's ``_is_sharded_checkpoint`` rule)."""
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, META_FILE))
+
+
+def clear_for_file(path: str, is_global_zero: bool) -> None:
+    """Make room for a single-file checkpoint at ``path``: a sharded directory there goes (rank 0), any other
+    directory is refused."""
+    if os.path.isdir(path) and not is_sharded(path):
+        raise IsADirectoryError(f"The checkpoint path exists and is a directory: {path}")
+    if is_global_zero and is_sharded(path):
+        shutil.rmtree(path)
+
+
+def model_key(strategy: Any) -> str:
+    """The key of the weights inside a sharded directory: Lightning's FSDPStrategy writes ``"model"``, its
+    ModelParallelStrategy ``"state_dict"``; each reads the other's."""
+    return "model" if strategy.sharding_plan.kind == "fsdp" else "state_dict"
+
+
 def save(strategy: Any, ckpt: dict[str, Any], path: str) -> None:
     """Write ``ckpt`` (built by ``checkpoint.dump`` on every rank) in the strategy's form. Collective."""
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
@@ -56,12 +75,13 @@ def save(strategy: Any, ckpt: dict[str, Any], path: str) -> None:
         ckpt = {**ckpt, "state_dict": get_model_state_dict(module, options=full)}
         if optimizers:
             ckpt["optimizer_states"] = [get_optimizer_state_dict(module, o, options=full) for o in optimizers]
+        clear_for_file(path, strategy.is_global_zero)
         if strategy.is_global_zero:
-            checkpoint.save(ckpt, path)
+            strategy.checkpoint_io.save_checkpoint(ckpt, path)
         return
     import torch.distributed.checkpoint as dcp
 
-    shards: dict[str, Any] = {"state_dict": get_model_state_dict(module)}
+    shards: dict[str, Any] = {model_key(strategy): get_model_state_dict(module)}
     for i, opt in enumerate(optimizers):
         shards[f"optimizer_{i}"] = get_optimizer_state_dict(module, opt)
     if strategy.is_global_zero:
@@ -77,24 +97,37 @@ def save(strategy: Any, ckpt: dict[str, Any], path: str) -> None:
     dist.barrier()  # the directory is whole before any rank goes on (and may read it)
 
 
-def load(strategy: Any, path: str) -> dict[str, Any]:
+def load(strategy: Any, path: str, weights_only: bool | None = None) -> dict[str, Any]:
     """A checkpoint to resume from: a sharded directory (read here at this world size) or a single file."""
+    if os.path.isdir(path) and not is_sharded(path):
+        raise ValueError(f"The path {path!r} does not point to a valid checkpoint. Make sure the path points to either "
+                         f"a directory with FSDP checkpoint shards ({META_FILE} beside them), or a single file with a "
+                         "full checkpoint.")
     if not os.path.isdir(path):
-        ckpt = checkpoint.load(path)
+        ckpt = strategy.checkpoint_io.load_checkpoint(path, weights_only=weights_only)
         _as_shards(strategy.lightning_module, ckpt.get("state_dict") or {})
         return ckpt
-    meta_path = os.path.join(path, META_FILE)
-    if not os.path.isfile(meta_path):
-        raise CheckpointNotFound(f"{path!r} is a directory without {META_FILE}: not a sharded checkpoint that "
-                                 "gpulayer wrote (pass the directory ModelCheckpoint or save_checkpoint made)")
     import torch.distributed.checkpoint as dcp
 
     ckpt = sharded_record(path)
+    names = _saved_names(path)
+    if "optimizer_states" not in ckpt and SHARDED_OPTIMIZER_COUNT not in ckpt:  # written by Lightning: count them
+        count = len({n.split(".", 1)[0] for n in names if n.startswith("optimizer_")})
+        if count:
+            ckpt["optimizer_states"] = [ShardedOptimizerState(path, i) for i in range(count)]
     # the shapes to read into: the module as it is now (whole, or already sharded by configure_model)
-    target = {"state_dict": {k: v.detach().clone() for k, v in strategy.lightning_module.state_dict().items()}}
+    key = "model" if any(n.startswith("model.") for n in names) else "state_dict"
+    target = {key: {k: v.detach().clone() for k, v in strategy.lightning_module.state_dict().items()}}
     dcp.load(target, checkpoint_id=path)
-    ckpt["state_dict"] = target["state_dict"]
+    ckpt["state_dict"] = target[key]
     return ckpt
+
+
+def _saved_names(path: str) -> list[str]:
+    """The flattened names of every tensor in a sharded directory (``model.layer.weight``, ``optimizer_0.state...``):
+    which key the weights are under (``"model"`` or ``"state_dict"``) and how many optimizers there are."""
+    from torch.distributed.checkpoint import FileSystemReader
+    return list(FileSystemReader(path).read_metadata().state_dict_metadata)
 
 
 def _as_shards(module: nn.Module, weights: dict[str, Any]) -> None:

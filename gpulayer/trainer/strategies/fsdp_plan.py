@@ -8,39 +8,42 @@ with what to do instead: an argument that was accepted and ignored would change 
 run without a word.
 
 Honoured (FSDPStrategy): ``process_group_backend``, ``timeout``, ``sharding_strategy``
-(``FULL_SHARD``, ``SHARD_GRAD_OP``, ``HYBRID_SHARD``, ``_HYBRID_SHARD_ZERO2``),
+(``FULL_SHARD``, ``SHARD_GRAD_OP``, ``HYBRID_SHARD``, ``_HYBRID_SHARD_ZERO2``, and ``NO_SHARD``: a
+``(world, 1)`` mesh, every rank holding all parameters and all-reducing gradients, as DDP),
 ``state_dict_type`` (``"full"``: one file written by rank 0; ``"sharded"``: a
-``torch.distributed.checkpoint`` directory), ``auto_wrap_policy`` (a set or list of
-module classes, or FSDP1's ``policy(module, recurse, nonwrapped_numel)`` callable),
-``activation_checkpointing_policy`` (a set or list of module classes),
-``mixed_precision`` (FSDP2's ``MixedPrecisionPolicy``, or FSDP1's ``MixedPrecision``
-with only ``param_dtype`` / ``reduce_dtype`` set), ``cpu_offload`` (CUDA only),
-``device_mesh`` (a ``(replicate, shard)`` tuple), ``use_orig_params=True``.
+``torch.distributed.checkpoint`` directory; any other value fails when a Trainer takes the strategy or a
+checkpoint is saved, with Lightning's "Unknown state_dict_type"), ``auto_wrap_policy`` and
+``activation_checkpointing_policy`` (a set or list of module classes, FSDP1's ``ModuleWrapPolicy``, or a
+``policy(module, recurse, nonwrapped_numel)`` callable), the deprecated ``activation_checkpointing``
+(module classes, with Lightning's deprecation warning), ``mixed_precision`` (FSDP2's ``MixedPrecisionPolicy``,
+or FSDP1's ``MixedPrecision`` with only ``param_dtype`` / ``reduce_dtype`` set), ``cpu_offload`` (a bool or
+FSDP1's ``CPUOffload``; CUDA only), ``device_mesh`` (a ``(replicate, shard)`` tuple), ``use_orig_params``
+(FSDP2 always keeps the original parameters: ``False`` warns that it changes nothing), and ``checkpoint_io`` /
+``precision_plugin`` (kept on the strategy object, which the Trainer reads as it reads ``plugins=``; the
+precision must be an ``FSDPPrecision``, as in Lightning).
 Honoured (ModelParallelStrategy): all of its arguments.
-Refused: ``accelerator``, ``parallel_devices``, ``cluster_environment``,
-``checkpoint_io``, ``precision_plugin`` (the Trainer's own arguments say these),
-``sharding_strategy="NO_SHARD"`` (that is ``strategy="ddp"``), a ``DeviceMesh``
-object (it cannot travel to the ranks), the deprecated ``activation_checkpointing``,
-and every other FSDP1 keyword.
+Refused: ``accelerator``, ``parallel_devices``, ``cluster_environment`` (the Trainer's ``accelerator``,
+``devices``, ``num_nodes`` and ``plugins`` say these), a ``DeviceMesh`` object (it cannot travel to the
+ranks), and every other FSDP1 keyword.
 """
 
 from __future__ import annotations
 
 import datetime
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from torch import nn
 
-from gpulayer.trainer.errors import TrainerConfigError
+from gpulayer.trainer.errors import DeviceMeshMismatch, TrainerConfigError
 
 _SHARDING = {  # Lightning's names -> (reshard after forward, hybrid: replicate across machines)
     "FULL_SHARD": (True, False), "SHARD_GRAD_OP": (False, False),
-    "HYBRID_SHARD": (True, True), "_HYBRID_SHARD_ZERO2": (False, True),
+    "HYBRID_SHARD": (True, True), "_HYBRID_SHARD_ZERO2": (False, True), "NO_SHARD": (False, True),
 }
-_TRAINER_OWNS = {"accelerator": "accelerator", "parallel_devices": "devices",
-                 "cluster_environment": "num_nodes", "checkpoint_io": "callbacks",
-                 "precision_plugin": "precision"}
+_TRAINER_OWNS = {"accelerator": "accelerator", "parallel_devices": "devices", "cluster_environment": "plugins"}
+STATE_DICT_TYPES = ("full", "sharded")
 
 
 @dataclass(frozen=True)
@@ -51,10 +54,12 @@ class ShardingPlan:
     state_dict_type: str = "full"          # "full" | "sharded"
     reshard_after_forward: bool = True
     hybrid: bool = False                   # HSDP: shard inside a machine, replicate across machines
+    no_shard: bool = False                 # NO_SHARD: a (world, 1) mesh, every rank replicates everything
     mesh_shape: tuple[int, int] | None = None  # (replicate, shard) given by the user
     wrap_classes: tuple[type, ...] = ()
     wrap_policy: Callable[..., bool] | None = None
     checkpoint_classes: tuple[type, ...] = ()
+    checkpoint_policy: Callable[..., bool] | None = None
     mixed_precision: Any = None            # torch.distributed.fsdp.MixedPrecisionPolicy
     cpu_offload: bool = False
     backend: str | None = None
@@ -115,23 +120,19 @@ def _mixed_precision(value: Any) -> Any:
 
 def _sharding(value: Any) -> tuple[bool, bool]:
     name = getattr(value, "name", value)  # FSDP1's ShardingStrategy enum, or its name
-    if isinstance(name, str) and name.upper() == "NO_SHARD":
-        raise _refuse("FSDPStrategy", "sharding_strategy", value, "parameters that are not sharded are DDP: use "
-                      "Trainer(strategy='ddp')")
     if not isinstance(name, str) or name.upper() not in _SHARDING:
         raise _refuse("FSDPStrategy", "sharding_strategy", value, f"accepted: {', '.join(_SHARDING)}")
     return _SHARDING[name.upper()]
 
 
 def fsdp_plan(*, accelerator: Any = None, parallel_devices: Any = None, cluster_environment: Any = None,
-              checkpoint_io: Any = None, precision_plugin: Any = None, process_group_backend: str | None = None,
-              timeout: datetime.timedelta | None = None, cpu_offload: Any = None, mixed_precision: Any = None,
-              auto_wrap_policy: Any = None, activation_checkpointing: Any = None,
-              activation_checkpointing_policy: Any = None, sharding_strategy: Any = "FULL_SHARD",
-              state_dict_type: str = "full", device_mesh: Any = None, **kwargs: Any) -> ShardingPlan:
+              process_group_backend: str | None = None, timeout: datetime.timedelta | None = None,
+              cpu_offload: Any = None, mixed_precision: Any = None, auto_wrap_policy: Any = None,
+              activation_checkpointing: Any = None, activation_checkpointing_policy: Any = None,
+              sharding_strategy: Any = "FULL_SHARD", state_dict_type: str = "full", device_mesh: Any = None,
+              **kwargs: Any) -> ShardingPlan:
     """``FSDPStrategy(...)``'s arguments (Lightning's names and defaults), checked."""
-    given = dict(accelerator=accelerator, parallel_devices=parallel_devices, cluster_environment=cluster_environment,
-                 checkpoint_io=checkpoint_io, precision_plugin=precision_plugin)
+    given = dict(accelerator=accelerator, parallel_devices=parallel_devices, cluster_environment=cluster_environment)
     for arg, value in given.items():
         if value is not None:
             raise _refuse("FSDPStrategy", arg, value, f"leave it out and say it with Trainer({_TRAINER_OWNS[arg]}=...)")
@@ -139,17 +140,20 @@ def fsdp_plan(*, accelerator: Any = None, parallel_devices: Any = None, cluster_
         raise ValueError("You cannot set both `activation_checkpointing` and `activation_checkpointing_policy`. Use "
                          "the latter.")
     if activation_checkpointing is not None:
-        raise _refuse("FSDPStrategy", "activation_checkpointing", activation_checkpointing,
-                      "Lightning deprecated it: pass activation_checkpointing_policy={LayerClass} instead")
+        classes = _classes("FSDPStrategy", "activation_checkpointing", activation_checkpointing)
+        warnings.warn(f"`FSDPStrategy(activation_checkpointing={activation_checkpointing})` is deprecated, use "
+                      f"`FSDPStrategy(activation_checkpointing_policy={set(classes)})` instead.", DeprecationWarning,
+                      stacklevel=3)
+        activation_checkpointing_policy = classes
     if kwargs.pop("use_orig_params", True) is not True:
-        raise _refuse("FSDPStrategy", "use_orig_params", False, "FSDP2 always keeps the original parameters")
+        warnings.warn("FSDPStrategy(use_orig_params=False): FSDP2 (fully_shard) always keeps the original parameters; "
+                      "the optimizer sees them as with use_orig_params=True", UserWarning, stacklevel=3)
     if kwargs:
         name = sorted(kwargs)[0]
         raise _refuse("FSDPStrategy", name, kwargs[name], "it is an FSDP1 constructor argument with no FSDP2 "
                       "(fully_shard) equivalent; remove it")
-    if state_dict_type not in ("full", "sharded"):
-        raise _refuse("FSDPStrategy", "state_dict_type", state_dict_type, "use 'full' or 'sharded'")
     reshard, hybrid = _sharding(sharding_strategy)
+    no_shard = getattr(sharding_strategy, "name", sharding_strategy).upper() == "NO_SHARD"
     mesh_shape = None
     if device_mesh is not None:
         if not (isinstance(device_mesh, tuple) and len(device_mesh) == 2 and all(isinstance(n, int) and n > 0
@@ -157,19 +161,31 @@ def fsdp_plan(*, accelerator: Any = None, parallel_devices: Any = None, cluster_
             raise _refuse("FSDPStrategy", "device_mesh", device_mesh, "pass a (replicate, shard) tuple of sizes: a "
                           "DeviceMesh object cannot travel to the rank processes, which build it themselves")
         mesh_shape, hybrid = device_mesh, True
-    wrap_policy, wrap_classes = None, ()
-    if callable(auto_wrap_policy) and not isinstance(auto_wrap_policy, type):
-        wrap_policy = auto_wrap_policy
-    else:
-        wrap_classes = _classes("FSDPStrategy", "auto_wrap_policy", auto_wrap_policy)
+    wrap_policy, wrap_classes = _policy("auto_wrap_policy", auto_wrap_policy)
+    checkpoint_policy, checkpoint_classes = _policy("activation_checkpointing_policy", activation_checkpointing_policy)
     offload = cpu_offload if isinstance(cpu_offload, bool) or cpu_offload is None else \
         bool(getattr(cpu_offload, "offload_params", False))
     return ShardingPlan(
         kind="fsdp", state_dict_type=state_dict_type, reshard_after_forward=reshard, hybrid=hybrid,
-        mesh_shape=mesh_shape, wrap_classes=wrap_classes, wrap_policy=wrap_policy,
-        checkpoint_classes=_classes("FSDPStrategy", "activation_checkpointing_policy", activation_checkpointing_policy),
+        no_shard=no_shard, mesh_shape=mesh_shape, wrap_classes=wrap_classes, wrap_policy=wrap_policy,
+        checkpoint_classes=checkpoint_classes, checkpoint_policy=checkpoint_policy,
         mixed_precision=_mixed_precision(mixed_precision), cpu_offload=bool(offload),
         backend=_backend("FSDPStrategy", process_group_backend), timeout_s=_timeout("FSDPStrategy", timeout))
+
+
+def _policy(arg: str, value: Any) -> tuple[Callable[..., bool] | None, tuple[type, ...]]:
+    """(a policy callable, module classes) from a wrap or checkpointing policy; FSDP1's ``ModuleWrapPolicy`` is
+    a callable of that signature too."""
+    if callable(value) and not isinstance(value, type):
+        return value, ()
+    return None, _classes("FSDPStrategy", arg, value)
+
+
+def check_state_dict_type(value: Any) -> None:
+    """Lightning's error for a ``state_dict_type`` it does not know (raised where Lightning raises it: when the
+    checkpoint is written; gpulayer also raises it when a Trainer takes the strategy, before any rank starts)."""
+    if value not in STATE_DICT_TYPES:
+        raise ValueError(f"Unknown state_dict_type: {value} (FSDPStrategy(state_dict_type=...) is 'full' or 'sharded')")
 
 
 def model_parallel_plan(data_parallel_size: int | str = "auto", tensor_parallel_size: int | str = "auto",
@@ -193,10 +209,13 @@ def mesh_layout(plan: ShardingPlan, world: int, num_nodes: int) -> tuple[tuple[i
         dp = num_nodes if plan.data_parallel_size == "auto" else plan.data_parallel_size
         tp = world // num_nodes if plan.tensor_parallel_size == "auto" else plan.tensor_parallel_size
         if dp * tp != world:
-            raise TrainerConfigError(f"ModelParallelStrategy(data_parallel_size={plan.data_parallel_size!r}, "
-                                     f"tensor_parallel_size={plan.tensor_parallel_size!r}) makes a {dp} x {tp} mesh, "
-                                     f"but the run has {world} processes; choose sizes whose product is {world}")
+            raise DeviceMeshMismatch(f"The sizes `data_parallel_size={dp}` and `tensor_parallel_size={tp}` multiplied "
+                                     f"should equal the world size ({world}): ModelParallelStrategy(data_parallel_size="
+                                     f"{plan.data_parallel_size!r}, tensor_parallel_size={plan.tensor_parallel_size!r})"
+                                     f" makes a {dp} x {tp} mesh; choose sizes whose product is {world}")
         return (dp, tp), ("data_parallel", "tensor_parallel")
+    if plan.no_shard:
+        return (world, 1), ("replicate", "shard")
     if not plan.hybrid:
         return (world,), ("shard",)
     replicate, shard = plan.mesh_shape or (num_nodes, world // num_nodes)
@@ -211,4 +230,7 @@ def plan_for(value: Any) -> ShardingPlan | None:
     if isinstance(value, str) and value == "fsdp":
         return fsdp_plan()
     plan = getattr(value, "sharding_plan", None)
-    return plan if isinstance(plan, ShardingPlan) else None
+    if not isinstance(plan, ShardingPlan):
+        return None
+    check_state_dict_type(plan.state_dict_type)
+    return plan

@@ -13,7 +13,11 @@ from gpulayer.trainer.strategies.strategy import DDPStrategy, SingleDeviceStrate
 def strategy_for(config: Any) -> SingleDeviceStrategy:
     """The strategy a ``TrainerConfig`` asks for in this process: DDP in a rank of a multi-process run (rank 0
     of the planned world outside one), else a single device; with the config's precision plugin and checkpoint IO."""
-    strategy = _strategy_for(config)
+    return adopt_strategy(_strategy_for(config), config)
+
+
+def adopt_strategy(strategy: SingleDeviceStrategy, config: Any) -> SingleDeviceStrategy:
+    """``strategy`` with the config's precision plugin, checkpoint IO, layer sync and cluster environment."""
     strategy.precision_plugin = getattr(config, "precision_plugin", None)
     strategy.checkpoint_io = getattr(config, "checkpoint_io", None)
     if isinstance(strategy, DDPStrategy):
@@ -36,4 +40,5 @@ def _strategy_for(config: Any) -> SingleDeviceStrategy:
         device = torch.device("cuda", config.device_ids[int(os.environ.get("LOCAL_RANK", "0"))])
     return DDPStrategy(device if cuda else None, config.grad_sync,
                        find_unused_parameters=config.strategy == "ddp_find_unused_parameters_true",
-                       planned_world_size=config.devices * config.num_nodes)
+                       planned_world_size=config.devices * config.num_nodes,
+                       process_group_backend=getattr(config, "process_group_backend", None))

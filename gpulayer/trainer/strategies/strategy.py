@@ -62,6 +62,48 @@ class Strategy:
             raise RuntimeError("Strategy.backward runs inside a Trainer's fit; this strategy is attached to none")
         return stepping.backward(self._trainer, closure_loss, optimizer, *args, **kwargs)
 
+    _optimizers: list | None = None  # set through ``optimizers``; None: the attached Trainer's
+
+    @property
+    def optimizers(self) -> list:
+        """The run's optimizers (Lightning's ``strategy.optimizers``): those set here, else the Trainer's."""
+        if self._optimizers is not None:
+            return self._optimizers
+        return list(self._trainer.optimizers) if self._trainer is not None else []
+
+    @optimizers.setter
+    def optimizers(self, optimizers: list) -> None:
+        from gpulayer.trainer.core.optimizer import LightningOptimizer
+        self._optimizers = list(optimizers)
+        self._lightning_optimizers = [LightningOptimizer(o) for o in self._optimizers]
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a LightningOptimizer's class is made at run time (it mimics the optimizer's): rebuilt after unpickling
+        return {k: v for k, v in self.__dict__.items() if k != "_lightning_optimizers"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self._optimizers is not None:
+            self.optimizers = self._optimizers
+
+    @contextlib.contextmanager
+    def tensor_init_context(self, empty_init: bool | None = None) -> Any:
+        """Tensors created inside land on the root device in the precision's dtype; ``empty_init=True`` also
+        skips their initialization (``Trainer.init_module``)."""
+        with init_context(self.root_device, empty_init), self.precision_plugin.tensor_init_context():
+            yield
+
+    @property
+    def lightning_restore_optimizer(self) -> bool:
+        """Whether the Trainer restores the optimizers' states from a checkpoint through
+        ``load_optimizer_state_dict`` (a strategy that restores them itself returns False)."""
+        return True
+
+    def load_optimizer_state_dict(self, checkpoint: Any) -> None:
+        """Each optimizer's state from ``checkpoint["optimizer_states"]``, in order."""
+        for optimizer, state in zip(self.optimizers, checkpoint.get("optimizer_states", [])):
+            self.load_optimizer_state(optimizer, state)
+
     def on_exception(self, exception: BaseException) -> None:
         """Called when a stage ends with an error (after the callbacks' ``on_exception``); nothing to undo here."""
 
@@ -95,10 +137,19 @@ class SingleDeviceStrategy(Strategy):
 
     def __init__(self, device: torch.device | str | int = "cpu", accelerator: Any = None, checkpoint_io: Any = None,
                  precision_plugin: Any = None):
-        self.root_device = device if isinstance(device, torch.device) else torch.device(device)
+        self._device = device if isinstance(device, torch.device) else torch.device(device)
         self._checkpoint_io, self._precision_plugin = checkpoint_io, precision_plugin
         self.model: nn.Module | None = None  # what the training step is called through
         self.lightning_module: nn.Module | None = None  # the user's module (``trainer.lightning_module``)
+
+    @property
+    def root_device(self) -> torch.device:
+        """The device this process runs on (a subclass may compute it: Lightning's strategies do)."""
+        return self._device
+
+    @root_device.setter
+    def root_device(self, device: torch.device) -> None:
+        self._device = device
 
     def connect(self, model: nn.Module) -> None:
         """Hold ``model`` as the module of the run (Lightning's ``strategy.connect``), before any setup."""
@@ -147,6 +198,10 @@ class SingleDeviceStrategy(Strategy):
     def barrier(self) -> None:
         pass
 
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Rank ``src``'s ``obj`` (one process: ``obj`` itself)."""
+        return obj
+
     def teardown(self) -> None:
         if self._checkpoint_io is not None:  # an asynchronous writer finishes its writes here
             self._checkpoint_io.teardown()
@@ -177,7 +232,7 @@ class DDPStrategy(SingleDeviceStrategy):
 
     def __init__(self, device: torch.device | None = None, grad_sync: str = "auto",
                  find_unused_parameters: bool = False, timeout_s: float = 1800.0, planned_world_size: int = 1,
-                 checkpoint_io: Any = None, precision_plugin: Any = None):
+                 checkpoint_io: Any = None, precision_plugin: Any = None, process_group_backend: str | None = None):
         # built outside a launched rank (``DDPStrategy()`` as a Lightning user writes it, or a Trainer's strategy
         # before its fit launches the ranks): rank 0 of the world it will launch
         self.global_rank = int(os.environ.get("RANK", "0"))
@@ -192,6 +247,7 @@ class DDPStrategy(SingleDeviceStrategy):
         self.timeout_s = timeout_s
         self.ddp: nn.parallel.DistributedDataParallel | None = None
         self.backend: str | None = None
+        self._process_group_backend = process_group_backend
         self.comm_hook = "flat"  # "shared_memory" or "two_level" once gradsync installs its hook
         self._sync_state: gradsync.TwoLevelState | None = None
         self._owns_group = False
@@ -225,11 +281,20 @@ class DDPStrategy(SingleDeviceStrategy):
             per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
             torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", max(1, (os.cpu_count() or 1) // per_node))))
         if not dist.is_initialized():
-            backend = "nccl" if self.root_device.type == "cuda" else "gloo"
+            backend = self._get_process_group_backend()
             dist.init_process_group(backend, timeout=datetime.timedelta(seconds=self.timeout_s),
                                     **({"device_id": self.root_device} if backend == "nccl" else {}))
             self._owns_group = True
         self.backend = dist.get_backend()
+
+    @property
+    def process_group_backend(self) -> str | None:
+        """The backend asked for (``DDPStrategy(process_group_backend=...)``); None: the device's default."""
+        return self._process_group_backend
+
+    def _get_process_group_backend(self) -> str:
+        """The backend the group is made with: the one asked for, else nccl on CUDA and gloo on the CPU."""
+        return self._process_group_backend or ("nccl" if self.root_device.type == "cuda" else "gloo")
 
     def setup_module(self, module: nn.Module) -> Any:
         if self._layer_sync is not None:  # in place below the module itself (it is never a BatchNorm)
@@ -277,7 +342,16 @@ class DDPStrategy(SingleDeviceStrategy):
         return bool(t.item())
 
     def barrier(self) -> None:
-        dist.barrier()
+        if dist.is_initialized():  # a strategy object outside its ranks (before a launch) has no one to wait for
+            dist.barrier()
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Rank ``src``'s picklable ``obj`` on every rank (``obj`` itself outside a group)."""
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
 
     def teardown(self) -> None:
         if self._sync_state is not None:
