@@ -241,7 +241,8 @@ def _preempt_for(store: GangStore, spec: GangSpec, attempt: int, workers, held: 
     names = []
     for victim in choice.victims:
         reason = f"priority {spec.priority} over {victim.priority}"
-        if store.preempt(victim.id, _attempt_of(records, victim.id), spec.gang_id, reason, grace):
+        if store.preempt(victim.id, _attempt_of(records, victim.id), spec.gang_id, reason, grace,
+                         ran=victim.runtime(now)):
             log.info("gpulayer coordinator: gang %s preempts gang %s (%s), grace %.1f s", spec.gang_id, victim.id,
                      reason, grace)
             names.append(victim.id)
@@ -300,6 +301,7 @@ def conclude(store: GangStore, spec: GangSpec, attempt: int) -> None:
             line = f"preempted by {mark['by']} ({mark['reason']})"
             attempts.ended(entry, "preempted")
             entry["preempted_by"], entry["failure"] = mark["by"], line
+            entry["preempted_after"] = float(mark.get("ran", 0.0))  # seconds it had run (>= preempt_min_runtime)
             if spec.workdir is not None:
                 entry["restart_from"] = attempts.restart_source(spec.workdir.restart_from, attempt,
                                                                 store.restart_files(gang_id, with_archive=False))

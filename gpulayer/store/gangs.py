@@ -135,7 +135,7 @@ class GangStore:
         """When the running attempt was placed (Redis's clock): preemption spares the youngest last."""
         self.r.hset(keys.gang(gang_id), "started", at)
 
-    def preempt(self, gang_id: str, attempt: int, by: str, reason: str, grace: float) -> bool:
+    def preempt(self, gang_id: str, attempt: int, by: str, reason: str, grace: float, ran: float = 0.0) -> bool:
         """Ask every node of the running ``attempt`` to stop its ranks (SIGTERM, SIGKILL after ``grace`` s)
         for gang ``by``; the attempt then ends as preempted and the gang waits again (``restart``).
         False when that attempt no longer runs, or is already being stopped."""
@@ -148,7 +148,7 @@ class GangStore:
                     return False
                 pipe.multi()
                 pipe.hset(key, "preempting", json.dumps({"attempt": attempt, "by": by, "reason": reason,
-                                                        "grace": grace}))
+                                                        "grace": grace, "ran": ran}))
                 pipe.publish(keys.gang_events(gang_id), f"preempt:{attempt}:{grace}")
                 pipe.execute()
                 return True

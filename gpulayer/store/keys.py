@@ -70,7 +70,9 @@ SLOTS_HELD = f"{NAMESPACE}:slots:held"
 
 # Gangs (distributed jobs). <a> is the attempt number (restarts start a new attempt).
 #   gl:gangs                   zset   gang id -> created (time); the index `gpulayer status` reads
-#   gl:gang:<id>               hash   spec, state, reason, placement, attempt, created, finished
+#   gl:gang:<id>               hash   spec, state, reason, placement, attempt, created, finished; started (the
+#                                     attempt's placing), preempting (JSON, while a preemption stops it),
+#                                     preemptions (count), preempted (the last one's line)
 #   gl:gang:<id>:payload       string the signed (function, args, kwargs)
 #   gl:gang:<id>:pulled        hash   what node 0's ranks wrote in that directory, for the client: attempt, worker,
 #                                     files (JSON), archive (signed gzipped tar) or error (one line); expires in an hour

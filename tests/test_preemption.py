@@ -1,0 +1,137 @@
+"""Preemption on real workers: a gang of higher priority stops a running one (SIGTERM, SIGKILL after the grace),
+which is requeued whole, its restarts untouched. The victim choice alone is ``test_preemption_choice.py``."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+import gpulayer
+from gpulayer import distributed
+from gpulayer.app import redis_client
+from gpulayer.lab.fleet import wait_until
+from gpulayer.store.gangs import GangStore
+from tests.fleets import running_fleet
+
+GRACE, MIN_RUNTIME = 3.0, 2.0
+SETTINGS = {"GPULAYER_PREEMPT_GRACE": str(GRACE), "GPULAYER_PREEMPT_MIN_RUNTIME": str(MIN_RUNTIME)}
+
+
+@pytest.fixture(scope="module")
+def full_fleet(tmp_path_factory):
+    """Two workers of 2 slots: a 2 x 2 gang fills it."""
+    env = dict(os.environ, **SETTINGS)
+    workers = {name: dict(slots=2, zone="pre-1a", region="pre", env=env) for name in ("p1", "p2")}
+    with running_fleet(tmp_path_factory.mktemp("preempt"), workers) as f:
+        yield f
+
+
+@pytest.fixture
+def fleet(full_fleet):
+    full_fleet.connect()
+    yield full_fleet
+    store = GangStore(redis_client())
+    wait_until(lambda: not store.held() and not store.waiting(), 60, "every slot free and no gang waiting")
+
+
+def runs_until_sigterm(where: str, ignore: bool = False):
+    """A rank of a first attempt: runs until SIGTERM (and records it); ``ignore``: goes on after it (SIGKILL
+    ends it). A later attempt returns at once, saying which."""
+    import signal
+    import time
+
+    rank, attempt = os.environ["RANK"], int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    if attempt:
+        return f"attempt {attempt}"
+
+    def on_sigterm(signum, frame):
+        Path(where, f"sigterm-{rank}").write_text("1")
+        if not ignore:
+            os._exit(0)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    Path(where, f"started-{rank}").write_text("1")
+    while True:
+        time.sleep(0.02)
+
+
+def holds_until_released(key: str):
+    r = gpulayer.app.redis_client()
+    assert r.blpop([key], timeout=120), f"never released: {key}"
+    return os.environ["RANK"]
+
+
+def _started(where: Path, n: int) -> bool:
+    return len(list(where.glob("started-*"))) == n
+
+
+def test_a_higher_priority_gang_preempts_a_full_fleet_and_the_victim_is_requeued_whole(fleet, tmp_path):
+    low = distributed(runs_until_sigterm, str(tmp_path), nodes=2, procs_per_node=2, max_restarts=0, timeout=600)
+    wait_until(lambda: _started(tmp_path, 4), 120, "the low-priority gang's 4 ranks to start")
+    release = f"test:release:{uuid.uuid4().hex}"
+    high = distributed(holds_until_released, release, nodes=2, procs_per_node=2, priority=5, timeout=600)
+    assert set(high.wait_placement(timeout=120).workers) == {"p1", "p2"}
+    # Every rank of the victim got SIGTERM (and saved, here a file); the victim waits again, not failed.
+    assert sorted(p.name for p in tmp_path.glob("sigterm-*")) == [f"sigterm-{r}" for r in range(4)]
+    wait_until(lambda: low.status()["state"] == "waiting" and "waiting for" in low.status()["reason"], 60,
+               "the preempted gang to wait again")
+    st = low.status()
+    assert st["preemptions"] == 1 and st["attempt"] == 1
+    assert st["preempted"] == f"preempted by {high.id} (priority 5 over 0)"
+    assert st["reason"].startswith(f"preempted by {high.id} (priority 5 over 0); waiting for 2 workers")
+    assert st["preempted_attempts"] == [
+        f"attempt 1 preempted by {high.id} (priority 5 over 0); requeued 2 x 2 (attempt 2; a preemption uses "
+        "none of the 0 restarts)"]
+    first = low.attempts[0]
+    assert first["outcome"] == "preempted" and first["preempted_by"] == high.id
+    assert first["preempted_after"] >= MIN_RUNTIME  # never one that has run less than preempt_min_runtime
+    # `gpulayer status` shows it.
+    from gpulayer.status import collect
+
+    rows = {g["id"]: g for g in collect()["gangs"]}
+    assert rows[low.id]["preemptions"] == 1 and rows[low.id]["reason"].startswith(f"preempted by {high.id}")
+    assert rows[high.id]["priority"] == 5
+    redis_client().rpush(release, *["go"] * 4)
+    assert high.get(timeout=120) == ["0", "1", "2", "3"]
+    # Requeued with max_restarts=0 and still run again: a preemption is no failure.
+    assert low.get(timeout=120) == ["attempt 1"] * 4
+    # The ranks that exited within the grace were not killed.
+    nodes = GangStore(redis_client()).nodes(low.id, 0)
+    assert sorted(n["state"] for n in nodes.values()) == ["preempted", "preempted"]
+    assert all(code == 0 for n in nodes.values() for code in n["exit_codes"])
+
+
+def test_a_victim_that_ignores_sigterm_is_sigkilled_after_the_grace(fleet, tmp_path):
+    low = distributed(runs_until_sigterm, str(tmp_path), True, nodes=2, procs_per_node=2, timeout=600)
+    wait_until(lambda: _started(tmp_path, 4), 120, "the low-priority gang's 4 ranks to start")
+    release = f"test:release:{uuid.uuid4().hex}"
+    high = distributed(holds_until_released, release, nodes=2, procs_per_node=2, priority=3, timeout=600)
+    high.wait_placement(timeout=120)
+    assert len(list(tmp_path.glob("sigterm-*"))) == 4  # told, and went on
+    nodes = GangStore(redis_client()).nodes(low.id, 0)
+    assert [code for n in nodes.values() for code in n["exit_codes"]] == [-9] * 4  # SIGKILL
+    stopped = [n["stopped_at"] for n in nodes.values()]
+    assert all(s is not None for s in stopped)
+    redis_client().rpush(release, *["go"] * 4)
+    high.get(timeout=120)
+    assert low.get(timeout=120) == ["attempt 1"] * 4
+
+
+def test_a_gang_of_equal_or_lower_priority_only_waits(fleet, tmp_path):
+    release = f"test:release:{uuid.uuid4().hex}"
+    running = distributed(holds_until_released, release, nodes=2, procs_per_node=2, priority=4, timeout=600)
+    running.wait_placement(timeout=120)
+    same = distributed(holds_until_released, release, nodes=1, procs_per_node=2, priority=4, timeout=600)
+    lower = distributed(holds_until_released, release, nodes=1, procs_per_node=2, priority=1, timeout=600)
+    wait_until(lambda: "waiting for 1 workers" in lower.status()["reason"], 60, "the lower gang's reason")
+    wait_until(lambda: "waiting for 1 workers" in same.status()["reason"], 60, "the equal gang's reason")
+    assert running.status()["state"] == "running" and running.status()["preemptions"] == 0
+    # The line puts the higher priority first, whatever the arrival.
+    store = GangStore(redis_client())
+    assert store.waiting() == [same.id, lower.id]
+    redis_client().rpush(release, *["go"] * 8)
+    assert running.get(timeout=120) == ["0", "1", "2", "3"]
+    same.get(timeout=120), lower.get(timeout=120)
