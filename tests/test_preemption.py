@@ -135,3 +135,114 @@ def test_a_gang_of_equal_or_lower_priority_only_waits(fleet, tmp_path):
     redis_client().rpush(release, *["go"] * 8)
     assert running.get(timeout=120) == ["0", "1", "2", "3"]
     same.get(timeout=120), lower.get(timeout=120)
+
+
+# -- a Trainer fit, preempted: it checkpoints on SIGTERM and resumes where it stopped -----------------------
+STEPS = 40  # 10 epochs of 64 samples in steps of 4 ranks x 4
+
+
+def _dataset():
+    import torch
+    from torch.utils.data import TensorDataset
+
+    g = torch.Generator().manual_seed(11)
+    return TensorDataset(torch.randn(64, 6, generator=g), torch.randn(64, 1, generator=g))
+
+
+def _net(marks: str | None = None):
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader
+
+    from gpulayer.trainer import Module
+
+    class Net(Module):
+        """A linear model; with ``marks``, rank 0 records the steps each attempt trains (slowly on attempt 0)."""
+
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.Linear(6, 1)
+
+        def training_step(self, batch, batch_idx):
+            if marks and self.global_rank == 0:
+                import time
+
+                attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+                with open(os.path.join(marks, "steps"), "a") as f:
+                    f.write(f"{attempt} {self.global_step}\n")
+                if attempt == 0:
+                    time.sleep(0.1)  # long enough to be preempted mid-fit
+            x, y = batch
+            return nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+
+        def train_dataloader(self):  # no shuffle: the same order in every attempt
+            return DataLoader(_dataset(), batch_size=4)
+
+    return Net()
+
+
+def _trainer(root: Path, **kw):
+    from gpulayer.trainer import Trainer
+
+    return Trainer(accelerator="cpu", num_nodes=2, devices=2, max_epochs=10, logger=False, enable_progress_bar=False,
+                   enable_model_summary=False, enable_checkpointing=False, default_root_dir=str(root), **kw)
+
+
+def _steps(marks: Path) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for line in (marks / "steps").read_text().splitlines():
+        attempt, step = (int(x) for x in line.split())
+        out.setdefault(attempt, []).append(step)
+    return out
+
+
+def test_a_preempted_trainer_fit_checkpoints_on_sigterm_and_resumes_to_the_same_weights(fleet, tmp_path):
+    import threading
+
+    import torch
+
+    from gpulayer.trainer import seed_everything
+
+    seed_everything(1)
+    reference = _net()
+    plain = _trainer(tmp_path / "plain")
+    plain.fit(reference)
+    assert plain.global_step == STEPS and [a["outcome"] for a in plain.fit_info["attempts"]] == ["succeeded"]
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    high: dict = {}
+
+    def preempt_it() -> None:
+        try:
+            wait_until(lambda: (marks / "steps").exists() and len(_steps(marks).get(0, [])) >= 3, 300,
+                       "the fit to train a few steps", every=0.05)
+            job = distributed(os.getpid, nodes=2, procs_per_node=2, priority=5, timeout=600)
+            high["id"], high["ranks"] = job.id, job.get(timeout=300)
+        except BaseException as err:
+            high["error"] = err
+
+    thread = threading.Thread(target=preempt_it, daemon=True)
+    thread.start()
+    seed_everything(1)
+    model = _net(str(marks))
+    trainer = _trainer(tmp_path / "root")  # max_restarts=0: a preemption uses none
+    trainer.fit(model)
+    thread.join(60)
+    assert "error" not in high and len(high.get("ranks", [])) == 4, high
+    info = trainer.fit_info
+    assert [a["outcome"] for a in info["attempts"]] == ["preempted", "succeeded"]
+    assert info["attempts"][0]["preempted_by"] == high["id"]
+    assert info["attempts"][0]["failure"] == f"preempted by {high['id']} (priority 5 over 0)"
+    # Rank 0 saved within the grace, at the end of a batch; the requeued attempt began right there.
+    saved = info["resumed_from"]
+    assert Path(saved["path"]).name == f"preempted-step={saved['global_step']}.ckpt"
+    assert Path(saved["path"]).parent == tmp_path / "root" / "checkpoints"
+    steps = _steps(marks)
+    assert steps[0] == list(range(saved["global_step"])) and steps[1] == list(range(saved["global_step"], STEPS))
+    assert trainer.global_step == STEPS
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, reference.state_dict()[name], rtol=0, atol=1e-6)

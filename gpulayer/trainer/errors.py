@@ -37,3 +37,10 @@ class RankFailed(TrainerError):
 
 class ManualOptimizationRequired(TrainerConfigError, RuntimeError):
     """Several optimizers under automatic optimization (a ``RuntimeError`` in Lightning, so both catch it)."""
+
+
+class SIGTERMException(SystemExit):
+    """Lightning's: the fit stops after ``received_sigterm`` (on the cluster, once rank 0 saved its checkpoint).
+
+    Exits with 143 (128 + SIGTERM), as a process ended by SIGTERM reports itself in a shell.
+    """
