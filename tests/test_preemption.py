@@ -61,7 +61,7 @@ def runs_until_sigterm(where: str, ignore: bool = False):
 def holds_until_released(key: str):
     r = gpulayer.app.redis_client()
     assert r.blpop([key], timeout=120), f"never released: {key}"
-    return os.environ["RANK"]
+    return os.environ.get("RANK", "job")
 
 
 def _started(where: Path, n: int) -> bool:
@@ -246,3 +246,28 @@ def test_a_preempted_trainer_fit_checkpoints_on_sigterm_and_resumes_to_the_same_
     assert trainer.global_step == STEPS
     for name, value in model.state_dict().items():
         torch.testing.assert_close(value, reference.state_dict()[name], rtol=0, atol=1e-6)
+
+
+# -- one convention: for jobs too, the higher priority runs first -------------------------------------------
+def records_priority(key: str, priority: int) -> int:
+    gpulayer.app.redis_client().rpush(key, priority)
+    return priority
+
+
+def test_queued_jobs_of_higher_priority_run_first(fleet):
+    from gpulayer import Resources, submit
+
+    release, order = f"test:release:{uuid.uuid4().hex}", f"test:order:{uuid.uuid4().hex}"
+    on_p1 = Resources(worker_ids=["p1"])
+    blockers = [submit.delay(holds_until_released, release, resources=on_p1) for _ in range(2)]
+    client = redis_client()
+    wait_until(lambda: {w.id: w.busy for w in gpulayer.app.registry().snapshot()}.get("p1") == 2, 60,
+               "p1's two slots busy")
+    jobs = [submit.apply_async((records_priority, order, p), {"resources": on_p1}, priority=p) for p in (0, 9, 3)]
+    jobs.append(submit.delay(records_priority, order, 0, resources=on_p1))  # none given: 0, the lowest
+    client.rpush(release, "go")  # one slot frees: the queued jobs run one by one on it
+    assert [j.get(timeout=120) for j in jobs] == [0, 9, 3, 0]
+    assert [int(x) for x in client.lrange(order, 0, -1)] == [9, 3, 0, 0]
+    client.rpush(release, "go")
+    for b in blockers:
+        b.get(timeout=120)
