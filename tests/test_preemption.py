@@ -271,3 +271,61 @@ def test_queued_jobs_of_higher_priority_run_first(fleet):
     client.rpush(release, "go")
     for b in blockers:
         b.get(timeout=120)
+
+
+# -- a `gpulayer train` script, preempted: it saves in its working directory and resumes from there ---------
+SCRIPT = '''
+import json, os, signal, sys, time
+import torch, torch.distributed as dist
+
+stop = False
+def on_sigterm(signum, frame):  # a preemption: finish the step, save, exit
+    global stop
+    stop = True
+signal.signal(signal.SIGTERM, on_sigterm)
+
+dist.init_process_group("gloo")
+rank, attempt = dist.get_rank(), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+start = json.load(open("snapshot.json"))["epoch"] if os.path.exists("snapshot.json") else 0
+print(f"attempt {attempt}: starts at epoch {start}", flush=True)
+for epoch in range(start, 60):
+    t = torch.ones(1)
+    dist.all_reduce(t)  # a training step
+    if attempt == 0:
+        time.sleep(0.05)
+        open(f"epoch-{rank}", "w").write(str(epoch))
+    flag = torch.tensor([float(stop)])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops after the same step
+    if flag.item():
+        if rank == 0:
+            json.dump({"epoch": epoch + 1}, open("snapshot.json.tmp", "w"))
+            os.replace("snapshot.json.tmp", "snapshot.json")
+        sys.exit(143)  # not finished: the attempt counts as preempted, and is requeued
+print(f"rank {rank} done", flush=True)
+'''
+
+
+def test_a_preempted_train_script_resumes_from_its_working_directory(fleet, tmp_path):
+    from gpulayer.cli.train import package_workdir, run_script
+    from gpulayer.gang.workdir import ShippedDir
+
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "train.py").write_text(SCRIPT)
+    lines: list[tuple[int, str]] = []
+    low = distributed(run_script, "train.py", [], nodes=2, procs_per_node=2, timeout=600,
+                      on_output=lambda rank, stream, line: lines.append((rank, line)),
+                      workdir=ShippedDir(package_workdir(proj)[0]))
+    wait_until(lambda: any(line == "attempt 0: starts at epoch 0" for _, line in lines)
+               and len([1 for _, line in lines if "starts at epoch" in line]) == 4, 120, "the script to start")
+    wait_until(lambda: low.status()["state"] == "running", 60, "the script to run")
+    high = distributed(os.getpid, nodes=2, procs_per_node=2, priority=9, timeout=600)
+    assert len(high.get(timeout=300)) == 4
+    low.get(timeout=300)
+    starts = sorted(line for _, line in lines if line.startswith("attempt 1: starts at epoch"))
+    assert len(starts) == 4 and len(set(starts)) == 1, lines  # every rank, on both nodes, from node 0's snapshot
+    resumed = int(starts[0].rsplit(" ", 1)[1])
+    assert resumed > 0
+    assert sorted(line for _, line in lines if line.endswith(" done")) == [f"rank {r} done" for r in range(4)]
+    first = low.attempts[0]
+    assert first["outcome"] == "preempted" and first["restart_from"].startswith("every node from node 0's files")
