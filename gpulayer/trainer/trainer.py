@@ -479,8 +479,8 @@ class Trainer(TrainerProperties):
         The save is rank 0's alone (no barrier); written beside, then renamed, so a SIGKILL mid-write leaves
         the newest complete checkpoint the newest.
         """
-        if not self.is_global_zero:
-            return
+        if not self.is_global_zero or hasattr(self.strategy, "sharding_plan"):
+            return  # a sharded (FSDP) save is collective: the ranks are SIGKILLed after the grace instead
         folder = self._sigterm_dir()
         os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, f"preempted-step={self.global_step}.ckpt")
