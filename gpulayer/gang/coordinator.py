@@ -195,6 +195,12 @@ class _RunningGangs:
                              if r["state"] == GangState.RUNNING.value and r.get("placement") and r.get("spec")]
         return self._records
 
+    def stopped(self, gang_ids: list[str]) -> None:
+        """This pass preempted ``gang_ids``: a gang tried after it sees them being stopped."""
+        for rec in self.records():
+            if rec["gang_id"] in gang_ids:
+                rec["preempting"] = {"attempt": rec["attempt"]}
+
 
 def _holds(rec: dict) -> dict[str, int]:
     m = int(rec["spec"]["procs_per_node"])
@@ -214,7 +220,8 @@ def _preempt_for(store: GangStore, spec: GangSpec, attempt: int, workers, held: 
     """Preempt what makes room for ``spec`` (waiting, of priority > 0); the reason it waits now, or None.
 
     Gangs already being stopped count as gone: their slots are on their way back, so a gang that fits
-    once they are stops nobody more.
+    once they are stops nobody more. The slots it waits for are promised to it for the rest of the pass
+    (added to ``held``): a gang behind it in the line, of lower priority, cannot take them as they come back.
     """
     records = [r for r in running.records() if r["gang_id"] != spec.gang_id]
     stopping = [r for r in records if _stopping(r)]
@@ -224,7 +231,8 @@ def _preempt_for(store: GangStore, spec: GangSpec, attempt: int, workers, held: 
             after[worker_id] = max(0, after.get(worker_id, 0) - n)
     if stopping:
         try:
-            place_gang(spec, workers, after)
+            placement = place_gang(spec, workers, after)
+            _promise(held, placement, spec.procs_per_node)
             return (f"waiting: {', '.join(r['gang_id'] for r in stopping)} "
                     f"{'is' if len(stopping) == 1 else 'are'} being preempted to make room")
         except (GangWaiting, JobRejected):
@@ -248,8 +256,16 @@ def _preempt_for(store: GangStore, spec: GangSpec, attempt: int, workers, held: 
             names.append(victim.id)
     if not names:
         return None
+    running.stopped(names)
+    _promise(held, choice.placement, spec.procs_per_node)
     return (f"waiting: preempting {', '.join(names)} (lower priority) to make room; their ranks have "
             f"{grace:g} s to stop")
+
+
+def _promise(held: dict[str, int], placement, procs: int) -> None:
+    """What the rest of the pass sees: the preempting gang's future slots as taken."""
+    for worker_id in placement.workers:
+        held[worker_id] = held.get(worker_id, 0) + procs
 
 
 def _attempt_of(records: list[dict], gang_id: str) -> int:
