@@ -37,9 +37,9 @@ def fleet(full_fleet):
     wait_until(lambda: not store.held() and not store.waiting(), 60, "every slot free and no gang waiting")
 
 
-def runs_until_sigterm(where: str, ignore: bool = False):
+def runs_until_sigterm(where: str, ignore: bool | str = False):
     """A rank of a first attempt: runs until SIGTERM (and records it); ``ignore``: goes on after it (SIGKILL
-    ends it). A later attempt returns at once, saying which."""
+    ends it), ``"node 1"``: only node 1's ranks do. A later attempt returns at once, saying which."""
     import signal
     import time
 
@@ -47,9 +47,11 @@ def runs_until_sigterm(where: str, ignore: bool = False):
     if attempt:
         return f"attempt {attempt}"
 
+    ignores = ignore is True or ignore == f"node {os.environ['GROUP_RANK']}"
+
     def on_sigterm(signum, frame):
         Path(where, f"sigterm-{rank}").write_text("1")
-        if not ignore:
+        if not ignores:
             os._exit(0)
 
     signal.signal(signal.SIGTERM, on_sigterm)
@@ -118,6 +120,28 @@ def test_a_victim_that_ignores_sigterm_is_sigkilled_after_the_grace(fleet, tmp_p
     redis_client().rpush(release, *["go"] * 4)
     high.get(timeout=120)
     assert low.get(timeout=120) == ["attempt 1"] * 4
+
+
+def test_a_gang_behind_the_preempting_one_does_not_take_the_slots_coming_back(fleet, tmp_path):
+    # Node 0 of the victim stops at once, node 1 only when SIGKILLed after the grace: in between, passes see
+    # node 0's slots free.
+    low = distributed(runs_until_sigterm, str(tmp_path), "node 1", nodes=2, procs_per_node=2, timeout=600)
+    wait_until(lambda: _started(tmp_path, 4), 120, "the low-priority gang's 4 ranks to start")
+    release = f"test:release:{uuid.uuid4().hex}"
+    small = distributed(holds_until_released, release, nodes=1, procs_per_node=1, timeout=600)  # priority 0
+    seen: list[str] = []
+    try:
+        wait_until(lambda: seen.append(small.status()["reason"]) or "waiting for 1 workers" in seen[-1], 60,
+                   "the small gang to wait")
+    except TimeoutError:
+        pytest.fail(f"the small gang's reason: {seen[-1]!r}; its status {small.status()}")
+    high = distributed(holds_until_released, release, nodes=2, procs_per_node=2, priority=5, timeout=600)
+    high.wait_placement(timeout=120)
+    # The victim's node 0 gave its slots back seconds before node 1: they waited for the gang that preempted.
+    assert small.status()["state"] == "waiting" and small.status()["preemptions"] == 0
+    redis_client().rpush(release, *["go"] * 5)
+    assert high.get(timeout=120) == ["0", "1", "2", "3"] and small.get(timeout=120) == ["0"]
+    assert len(small.attempts) == 1 and low.get(timeout=120) == ["attempt 1"] * 4
 
 
 def test_a_gang_of_equal_or_lower_priority_only_waits(fleet, tmp_path):
