@@ -286,7 +286,8 @@ def _one_line(message: str):
 
 
 def _check_priority(priority) -> None:
-    """Redis keeps a priority as one list per step (kombu's ``priority_steps``), 0 served first."""
+    """Redis keeps a priority as one list per step (kombu's ``priority_steps``); gpulayer's transport serves the
+    highest step first and the base list (no priority, or 0) last, as gangs' priorities go (higher wins)."""
     if priority is None:
         return
     from kombu.transport.redis import PRIORITY_STEPS
@@ -294,7 +295,7 @@ def _check_priority(priority) -> None:
     steps = list((app.conf.broker_transport_options or {}).get("priority_steps") or PRIORITY_STEPS)
     if isinstance(priority, bool) or not isinstance(priority, int) or priority not in steps:
         raise UnsupportedOption(
-            f"priority={priority!r}: the Redis broker keeps priorities {', '.join(map(str, steps))} (lower runs "
+            f"priority={priority!r}: the Redis broker keeps priorities {', '.join(map(str, steps))} (higher runs "
             f"first), and would run any other value as the step below it; pass one of {steps}")
 
 

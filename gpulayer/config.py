@@ -98,6 +98,10 @@ class Settings(BaseModel):
                                                                 "slots stay busy before they go back to their queue")
     max_deliveries: int = Field(default=3, ge=1, le=100,
                                 description="deliveries of a job whose process or worker dies, before it fails")
+    preempt_grace: float = Field(default=30.0, ge=0, description="seconds a preempted gang's ranks have between "
+                                                                 "SIGTERM and SIGKILL (to save a checkpoint)")
+    preempt_min_runtime: float = Field(default=60.0, ge=0, description="seconds a gang must have run before a gang "
+                                                                       "of higher priority may preempt it")
     log_to_client: bool = Field(default=True, description="print the output lines (print, logging) of the jobs "
                                                           "this process sends on its own stdout/stderr as they "
                                                           "come, prefixed (fn pid=N on worker); off, they are "

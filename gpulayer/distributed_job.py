@@ -65,7 +65,7 @@ def init_process_group(backend: str | None = None, **kwargs):
 
 def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int = 1,
                 resources: Resources | dict | None = None, backend: str = "gloo", launcher: str = "direct",
-                timeout: float | None = None, max_restarts: int = 0, warm: bool = True,
+                timeout: float | None = None, max_restarts: int = 0, warm: bool = True, priority: int = 0,
                 workdir: ShippedDir | None = None, on_output: OutputFn | None = None, working_dir=None,
                 py_modules=None, excludes=None, runtime_env: dict | None = None, **kwargs) -> GangHandle:
     """Run ``fn(*args, **kwargs)`` in every rank of a ``nodes`` x ``procs_per_node`` gang.
@@ -87,6 +87,10 @@ def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int =
     file system (``ShippedDir(..., restart_from="own")``: each worker's own directory;
     ``"fresh"``: the shipped copy). ``handle.on_restart(fn)`` and ``handle.status()``
     tell each restart and why.
+    ``priority`` (0 to 9, higher wins; 0, the default, is the lowest): a waiting gang is placed before
+    those of lower priority, and one that does not fit preempts running gangs of lower priority that
+    have run ``preempt_min_runtime`` seconds: their ranks get SIGTERM, SIGKILL after ``preempt_grace``
+    seconds, and each is requeued whole, its restarts untouched (docs/DISTRIBUTED.md).
     With the direct launcher, ranks fork from each worker's warm template
     (torch already imported); ``warm=False`` (or ``GPULAYER_WARM_RANKS=0`` on
     the worker) starts fresh interpreters instead.
@@ -107,7 +111,8 @@ def distributed(fn: Callable | str, *args, nodes: int = 1, procs_per_node: int =
     try:
         spec = GangSpec(gang_id=uuid.uuid4().hex, nodes=nodes, procs_per_node=procs_per_node,
                         resources=as_resources(resources), backend=backend, launcher=launcher, timeout=timeout,
-                        max_restarts=max_restarts, warm=warm, name=function_name(fn) if not isinstance(fn, str) else fn,
+                        max_restarts=max_restarts, warm=warm, priority=priority,
+                        name=function_name(fn) if not isinstance(fn, str) else fn,
                         workdir=workdir.spec() if workdir is not None else None, client=app_mod.client_identity(),
                         output=watch.output_id(force=True) if on_output is not None else output_header(app_mod.app),
                         code=code)
@@ -256,14 +261,19 @@ class GangHandle:
 
     def status(self) -> dict:
         """The gang's record: state, reason (why it waits, or where it runs), attempt (from 0), placement;
+        ``preemptions`` (how many attempts a gang of higher priority stopped; none used a restart),
+        ``preempted`` (the last one's ``preempted by <id> (<reason>)``), ``preempted_attempts`` (a line each);
         ``max_restarts``, and ``restarts``: one line per failed attempt that was restarted, e.g.
         ``attempt 1 failed (rank 2 on w-b: killed by SIGKILL); restarting 2 x 2 (attempt 2 of 2), every node
         from node 0's files (1 file, 18 bytes, from w-a)``."""
         try:
             rec = self.store.record(self.id)
             rec["max_restarts"] = self.spec.max_restarts
-            rec["restarts"] = [self._announce(entry) for entry in self.store.attempts(self.id)
+            done = self.store.attempts(self.id)
+            rec["restarts"] = [self._announce(entry) for entry in done
                                if entry["outcome"] == "failed" and entry["attempt"] < rec["attempt"]]
+            # One line per attempt stopped for a gang of higher priority: "attempt 1 preempted by <id> (...)".
+            rec["preempted_attempts"] = [self._announce(entry) for entry in done if entry["outcome"] == "preempted"]
         except BROKER_ERRORS as err:
             raise self._lost.error(err) from err
         return rec

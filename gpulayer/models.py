@@ -181,6 +181,9 @@ class GangSpec(BaseModel):
     client: str | None = None  # the identity that sent it (config ``client_id``): `gpulayer cancel --all-mine`
     output: str | None = None  # the sending process's output id: where its ranks' lines go (gpulayer/output/)
     code: str | None = None  # the digest of the user's code its ranks import from (gpulayer/workspace/)
+    # Higher wins: a waiting gang of higher priority is placed first and may preempt running gangs of lower
+    # priority (gpulayer/preemption.py); 0, the default, is the lowest and preempts nothing.
+    priority: int = Field(default=0, ge=0, le=9)
 
     @model_validator(mode="after")
     def _nccl_needs_cuda(self) -> GangSpec:

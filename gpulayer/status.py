@@ -142,13 +142,22 @@ def _collect(settings: Settings, registry: Registry, full: bool | None, top: int
         "objects": _objects(settings, client),
         "unread_queues": sorted(q for q, n in lengths.items() if n and q not in read),
         "gangs": [
-            {"id": g["gang_id"], "name": g.get("spec", {}).get("name"), "state": g["state"], "reason": g["reason"],
+            {"id": g["gang_id"], "name": g.get("spec", {}).get("name"), "state": g["state"], "reason": _reason(g),
+             "priority": g.get("spec", {}).get("priority", 0), "preemptions": g.get("preemptions", 0),
              "nodes": g.get("spec", {}).get("nodes"), "procs_per_node": g.get("spec", {}).get("procs_per_node"),
              "workers": (g.get("placement") or {}).get("workers", []), "attempt": g["attempt"],
              "in_line": line.get(g["gang_id"]), "ranks": _ranks(g)}
             for g in gangs
         ],
     }
+
+
+def _reason(gang: dict) -> str:
+    """Why the gang waits or where it runs; a running one a gang of higher priority is stopping says so."""
+    mark = gang.get("preempting")
+    if mark and int(mark["attempt"]) == gang["attempt"] and gang["state"] == "running":
+        return f"being preempted by {mark['by']} ({mark['reason']}): its ranks have {mark['grace']:g} s to stop"
+    return gang["reason"]
 
 
 def _ranks(gang: dict) -> list[dict]:

@@ -148,7 +148,7 @@ def test_options_the_broker_cannot_honour_are_refused(fleet):
 
     assert submit.apply_async((square, 4), priority=9).get(timeout=60) == 16  # a step Redis keeps: honoured
     for bad in (5, 42, "high"):
-        with pytest.raises(UnsupportedOption, match=r"priorities 0, 3, 6, 9 \(lower runs first\)"):
+        with pytest.raises(UnsupportedOption, match=r"priorities 0, 3, 6, 9 \(higher runs first\)"):
             submit.apply_async((square, 4), priority=bad)
     with pytest.raises(UnsupportedOption, match="signed serializer"):
         submit.apply_async((square, 4), serializer="json")

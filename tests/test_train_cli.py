@@ -333,7 +333,9 @@ def test_train_refuses_a_bad_flag_in_one_line_naming_it(fleet, project):
                                                                       "equal to 512"),
                        (["--nodes", "1", "--procs-per-node", "1", "--max-restarts", "-1"], "--max-restarts -1"),
                        (["--nodes", "1", "--procs-per-node", "1", "--timeout", "0"], "--timeout 0.0: must be "
-                                                                                      "greater than 0")):
+                                                                                      "greater than 0"),
+                       (["--nodes", "1", "--procs-per-node", "1", "--priority", "10"], "--priority 10: must be less "
+                                                                                        "than or equal to 9")):
         out = run_train(fleet, project, *args, "train.py")
         assert out.returncode == 2, out.stderr
         assert out.stderr.splitlines() == [f"gpulayer train: error: {said}"
@@ -352,6 +354,7 @@ def test_train_help_documents_every_flag(fleet, project):
                         ("--launcher {direct,torchrun}", "direct: each worker starts its ranks itself"),
                         ("--zone ZONE", "run only on workers in this zone"),
                         ("--max-restarts K", "start the whole job again"),
+                        ("--priority P", "0 (the lowest, default) to 9; higher wins"),
                         ("--timeout SECONDS", "give up when the job has waited this long")):
         assert f"{flag} {words}" in text, (flag, text)
     train = build_parser()._subparsers._group_actions[0].choices["train"]

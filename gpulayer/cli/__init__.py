@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--workdir", default=None, help="directory to package and send (default: current)")
     tr.add_argument("--max-restarts", type=int, default=0, metavar="K",
                     help="start the whole job again up to K times after a rank fails or a worker dies (default 0)")
+    tr.add_argument("--priority", type=int, default=0, metavar="P",
+                    help="0 (the lowest, default) to 9; higher wins: placed before jobs of lower priority, and may "
+                         "preempt running ones (SIGTERM, then SIGKILL after preempt_grace; they are requeued)")
     tr.add_argument("--restart-from", choices=("node0", "own", "fresh"), default="node0",
                     help="where each node of a restarted attempt starts: node 0's files at the end of the failed "
                          "attempt, as on a shared file system (default); its own directory; the shipped copy")
@@ -234,7 +237,8 @@ def _train(args) -> int:
 
     return train(args.script, args.args, nodes=args.nodes, procs_per_node=args.procs_per_node,
                  launcher=args.launcher, cuda=args.cuda, zone=args.zone, workdir=args.workdir,
-                 max_restarts=args.max_restarts, timeout=args.timeout, keep_workdir=args.keep_workdir,
+                 max_restarts=args.max_restarts, priority=args.priority, timeout=args.timeout,
+                 keep_workdir=args.keep_workdir,
                  pull=not args.no_pull, detach=args.detach, restart_from=args.restart_from)
 
 

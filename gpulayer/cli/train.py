@@ -60,7 +60,7 @@ def run_script(script: str, argv: list[str]) -> int:
 
 
 _FLAGS = {"nodes": "--nodes", "procs_per_node": "--procs-per-node", "max_restarts": "--max-restarts",
-          "timeout": "--timeout"}
+          "timeout": "--timeout", "priority": "--priority"}
 
 
 def check_flags(**values) -> None:
@@ -93,7 +93,7 @@ def check_fits(nodes: int, procs_per_node: int, resources) -> None:
 
 def train(script: str, args: list[str], *, nodes: int = 1, procs_per_node: int = 1, launcher: str = "direct",
           cuda: bool = False, zone: str | None = None, workdir: str | None = None, max_restarts: int = 0,
-          timeout: float | None = None, keep_workdir: bool = False, pull: bool = True, detach: bool = False,
+          priority: int = 0, timeout: float | None = None, keep_workdir: bool = False, pull: bool = True, detach: bool = False,
           restart_from: str = "node0", out=None, err=None) -> int:
     """The ``gpulayer train`` command; returns its exit status.
 
@@ -103,7 +103,8 @@ def train(script: str, args: list[str], *, nodes: int = 1, procs_per_node: int =
     import gpulayer
     from gpulayer import Resources, distributed
 
-    check_flags(nodes=nodes, procs_per_node=procs_per_node, max_restarts=max_restarts, timeout=timeout)
+    check_flags(nodes=nodes, procs_per_node=procs_per_node, max_restarts=max_restarts, timeout=timeout,
+                priority=priority)
     out, err = out or sys.stdout, err or sys.stderr
     wd = Path(workdir or ".").resolve()
     if not wd.is_dir():
@@ -137,7 +138,7 @@ def train(script: str, args: list[str], *, nodes: int = 1, procs_per_node: int =
     # on_output subscribes before the gang can start: warm ranks print their first lines within milliseconds.
     job = distributed(run_script, str(rel), list(args), nodes=nodes, procs_per_node=procs_per_node,
                       launcher=launcher, resources=resources, timeout=timeout,
-                      max_restarts=max_restarts, backend="nccl" if cuda else "gloo",
+                      max_restarts=max_restarts, priority=priority, backend="nccl" if cuda else "gloo",
                       workdir=ShippedDir(archive, keep=keep_workdir, pull=pull, restart_from=restart_from),
                       on_output=show)
     # Each restart in one line, as it happens: which attempt failed and why, where the next one starts.

@@ -216,7 +216,10 @@ class Channel(Prefetch, SentinelPools, kredis.Channel):
                 return
             self._poll_keys = []  # results to store (with the acks that wait), nothing to take
         else:
-            self._poll_keys = [self._q_for_pri(q, pri) for pri in self.priority_steps for q in queues]
+            # Higher priority first (gpulayer's one convention for jobs and gangs): kombu's highest step's list,
+            # its base list (no priority, or 0) last. kombu itself serves step 0 first.
+            self._poll_keys = [self._q_for_pri(q, pri) for pri in sorted(self.priority_steps, reverse=True)
+                               for q in queues]
         if self._taking_again or self._carry:
             self._poll_command = "EVAL"
             self._take_sent = self._take_args()

@@ -248,6 +248,7 @@ class GangRun:
         self._aborted = threading.Event()
         self.abort_reason = ""
         self.abort_kind = "agent"
+        self.preempted_grace: float | None = None  # set once a gang of higher priority preempts this attempt
         self.ended = threading.Event()
         # This node's gang directory (``workdir.py``): the shipped working directory (the ranks' cwd)
         # and torchrun's logs live in it, and nothing else of the gang's is left on this worker.
@@ -311,9 +312,28 @@ class GangRun:
             except LOST:  # a broker failover: the loop reads the failures and the state again
                 msg = None
                 time.sleep(POLL)
-            if msg and msg["data"] == b"cancel":
+            if msg and (msg["data"] == b"cancel" or self._preempt_grace(msg["data"]) is not None):
                 return False
         return True
+
+    def _preempt_grace(self, data) -> float | None:
+        """The grace of a ``preempt:<attempt>:<grace>`` event for this attempt, else None."""
+        text = data.decode() if isinstance(data, bytes) else str(data)
+        head, _, grace = text.rpartition(":")
+        if head != f"preempt:{self.attempt}":
+            return None
+        try:
+            return float(grace)
+        except ValueError:
+            return None
+
+    def _preempt_mark(self) -> float | None:
+        """The grace when the record says this attempt is being preempted (its event may have come before
+        this agent listened, or been lost in a broker failover), else None."""
+        mark = self.store.record(self.gang_id).get("preempting")
+        if mark and int(mark["attempt"]) == self.attempt:
+            return float(mark["grace"])
+        return None
 
     def _master(self) -> tuple[str, int, bool] | None:
         """The attempt's TCP store: ``(addr, port, agent_store)``. Node 0 hosts it here when it can (direct
@@ -344,7 +364,7 @@ class GangRun:
     def _launch(self) -> bool:
         # A peer that failed before this agent subscribed to the gang's events (its workdir could not be made,
         # say) published its "fail" to nobody here: read the record, or these ranks would wait for it forever.
-        if self.store.failures(self.gang_id, self.attempt):
+        if self.store.failures(self.gang_id, self.attempt) or self._preempt_mark() is not None:
             return False
         if self.spec.workdir is not None:  # before the rendezvous address is out: unpacking takes a while
             self.cwd, how = workdir.for_attempt(
@@ -431,16 +451,22 @@ class GangRun:
             workdir.remove(self.base)
             return None
         try:
-            cancelled = self.store.state(self.gang_id) == GangState.CANCELLED
+            rec = self.store.record(self.gang_id)
+            cancelled = rec["state"] == GangState.CANCELLED.value
+            preempted = outcome == "preempted" and not cancelled  # requeued whole: the next attempt resumes
+            failed_before = self.attempt - rec["preemptions"]  # the restarts used (a preemption uses none)
             all_results = outcome == "succeeded" and len(self.store.results(self.gang_id, self.attempt)) == \
                 self.spec.world_size
-            pull, over = workdir.end_of_attempt(outcome, self.attempt, self.spec.max_restarts, cancelled=cancelled,
+            pull, over = workdir.end_of_attempt(outcome, failed_before, self.spec.max_restarts, cancelled=cancelled,
                                                 aborted=self._aborted.is_set(), all_results=all_results)
+            if preempted:
+                pull, over = False, False
             node0 = self.node == 0 and self.cwd is not None
             pull = pull and node0 and self.spec.workdir.pull
             # A restart may follow: the next attempt's nodes start from these files (--restart-from node0).
             restart = (node0 and self.spec.workdir.restart_from == "node0" and not cancelled
-                       and self.attempt < self.spec.max_restarts and not (outcome == "succeeded" and all_results))
+                       and (preempted or failed_before < self.spec.max_restarts)
+                       and not (outcome == "succeeded" and all_results))
             packed = self._pack() if pull or restart else None
             if restart:  # before this node's report: the attempt cannot be concluded (and restarted) without it
                 self.store.set_restart_files(self.gang_id, packed)
@@ -499,6 +525,18 @@ class GangRun:
                 missed, data = True, ""
                 time.sleep(POLL)
             stop = None
+            grace = self._preempt_grace(data) if data.startswith("preempt:") else None
+            if grace is None and data == "" and time.monotonic() > next_peer_check:
+                try:
+                    grace = self._preempt_mark()  # its event may have come before this agent listened
+                except LOST:
+                    grace = None
+            if grace is not None:
+                # SIGTERM, then SIGKILL after the grace: the ranks may save a checkpoint. Not a failure: no report,
+                # so the other nodes keep their own grace too; the coordinator requeues the gang (conclude).
+                self.preempted_grace = grace
+                stop = runner.stop(grace, reason="preempted")
+                return "preempted", stop.stopped_at, stop.exit_codes
             if data == f"fail:{self.attempt}":
                 stop = runner.stop(FAIL_GRACE, reason="peer failed")
             elif data == "cancel":
@@ -531,6 +569,9 @@ class GangRun:
         """The event this node may have missed while its connection was away: a peer's failure, or a cancel."""
         if self.store.failures(self.gang_id, self.attempt):
             return f"fail:{self.attempt}"
+        grace = self._preempt_mark()
+        if grace is not None:
+            return f"preempt:{self.attempt}:{grace}"
         return "cancel" if self.store.state(self.gang_id) == GangState.CANCELLED else ""
 
     def _lost_peer(self) -> tuple[int, str] | None:

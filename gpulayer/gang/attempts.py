@@ -78,9 +78,13 @@ def restart_source(restart_from: str | None, attempt: int, node0: dict | None) -
 def announcement(entry: dict, nodes: int, procs_per_node: int, max_restarts: int) -> str:
     """The line the client prints when attempt ``entry`` failed and the gang restarts (attempts count from 1)."""
     number = entry["attempt"] + 1
-    why = entry.get("cause") or entry.get("failure") or "no failure report"
-    line = (f"attempt {number} failed ({why}); restarting {nodes} x {procs_per_node} "
-            f"(attempt {number + 1} of {max_restarts + 1})")
+    if entry.get("outcome") == "preempted":  # requeued whole; its restarts untouched
+        line = (f"attempt {number} {entry.get('failure') or 'preempted'}; requeued {nodes} x {procs_per_node} "
+                f"(attempt {number + 1}; a preemption uses none of the {max_restarts} restarts)")
+    else:
+        why = entry.get("cause") or entry.get("failure") or "no failure report"
+        line = (f"attempt {number} failed ({why}); restarting {nodes} x {procs_per_node} "
+                f"(attempt {number + 1} of {max_restarts + 1})")
     source = entry.get("restart_from")
     if source:
         line += f"; {source}" if source.startswith("warning:") else f", {source}"

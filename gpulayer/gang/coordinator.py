@@ -8,6 +8,13 @@ all at once (``reserve.lua``), or told why it waits. One pass runs at a time
 fleet-wide; a pass asked for while one runs is not lost: the running one goes
 round again (``keys.COORDINATOR_AGAIN``).
 
+Priorities: the line is ordered by priority (higher first), then arrival; a gang that does
+not fit and outranks running gangs preempts the fewest of them that make room
+(``gpulayer/preemption.py``, pure): their nodes stop their ranks (SIGTERM, SIGKILL after
+``preempt_grace``), and each victim's attempt ends as *preempted*, the gang waiting again
+whole, its restarts untouched (``conclude``). The waiting gang is placed when their slots
+come back.
+
 Who asks for a pass: the client after it created a gang (a message), a node whose
 ranks stopped and gave their slots back (``node_stopped``, directly, in the
 worker), the janitor burying a dead worker (``worker_lost``), and each worker's
@@ -27,6 +34,7 @@ from .. import queues
 from ..errors import JobRejected
 from ..models import GangPlacement, GangSpec, GangState
 from ..placement import GangWaiting, place_gang
+from ..preemption import Running, choose_victims
 from ..store import keys
 from ..store import reconcile
 from ..store.gangs import GangStore
@@ -89,9 +97,10 @@ def one_pass(client) -> list[str]:
         return []
     held = store.held()
     placed = []
+    running = _RunningGangs(store)
     for gang_id in waiting:
         try:
-            if _try_one(store, gang_id, workers, held, now):
+            if _try_one(store, gang_id, workers, held, now, running):
                 placed.append(gang_id)
         except Exception:  # one broken record must not stop the line behind it
             log.exception("gpulayer coordinator: could not try gang %s", gang_id)
@@ -134,7 +143,8 @@ def audit_after_failover(client, epoch: str) -> int | None:
         client.eval(_UNLOCK, 1, keys.COORDINATOR_LOCK, token)
 
 
-def _try_one(store: GangStore, gang_id: str, workers, held: dict[str, int], now: float) -> bool:
+def _try_one(store: GangStore, gang_id: str, workers, held: dict[str, int], now: float,
+             running: _RunningGangs | None = None) -> bool:
     rec = store.record(gang_id)
     if rec["state"] != GangState.WAITING.value or "spec" not in rec:
         store.r.zrem(keys.GANGS_WAITING, gang_id)  # ended meanwhile (cancelled, or its record expired)
@@ -148,7 +158,10 @@ def _try_one(store: GangStore, gang_id: str, workers, held: dict[str, int], now:
     try:
         placement = place_gang(spec, workers, held)
     except GangWaiting as waiting:
-        store.set_waiting(gang_id, str(waiting), since=now)
+        why = str(waiting)
+        if spec.priority > 0 and running is not None:
+            why = _preempt_for(store, spec, attempt, workers, held, now, running) or why
+        store.set_waiting(gang_id, _after_preemption(rec, why), since=now)
         return False
     except JobRejected as rejected:
         store.finish_if_waiting(gang_id, GangState.FAILED, str(rejected))
@@ -162,9 +175,112 @@ def _try_one(store: GangStore, gang_id: str, workers, held: dict[str, int], now:
         return False
     for worker_id in placement.workers:  # what the rest of this pass sees
         held[worker_id] = held.get(worker_id, 0) + spec.procs_per_node
+    store.set_started(gang_id, now)
     store.send_orders(spec, attempt, placement, app_mod.settings().broker_url)
     store.announce(gang_id, f"placed:{attempt}")
     return True
+
+
+# -- preemption ----------------------------------------------------------------------------------
+class _RunningGangs:
+    """The running gangs' records, read once per pass and only if a gang of some priority waits."""
+
+    def __init__(self, store: GangStore):
+        self.store = store
+        self._records: list[dict] | None = None
+
+    def records(self) -> list[dict]:
+        if self._records is None:
+            self._records = [r for r in self.store.active()
+                             if r["state"] == GangState.RUNNING.value and r.get("placement") and r.get("spec")]
+        return self._records
+
+    def stopped(self, gang_ids: list[str]) -> None:
+        """This pass preempted ``gang_ids``: a gang tried after it sees them being stopped."""
+        for rec in self.records():
+            if rec["gang_id"] in gang_ids:
+                rec["preempting"] = {"attempt": rec["attempt"]}
+
+
+def _holds(rec: dict) -> dict[str, int]:
+    m = int(rec["spec"]["procs_per_node"])
+    out: dict[str, int] = {}
+    for worker_id in rec["placement"]["workers"]:
+        out[worker_id] = out.get(worker_id, 0) + m
+    return out
+
+
+def _stopping(rec: dict) -> bool:
+    mark = rec.get("preempting")
+    return bool(mark) and int(mark["attempt"]) == rec["attempt"]
+
+
+def _preempt_for(store: GangStore, spec: GangSpec, attempt: int, workers, held: dict[str, int], now: float,
+                 running: _RunningGangs) -> str | None:
+    """Preempt what makes room for ``spec`` (waiting, of priority > 0); the reason it waits now, or None.
+
+    Gangs already being stopped count as gone: their slots are on their way back, so a gang that fits
+    once they are stops nobody more. The slots it waits for are promised to it for the rest of the pass
+    (added to ``held``): a gang behind it in the line, of lower priority, cannot take them as they come back.
+    """
+    records = [r for r in running.records() if r["gang_id"] != spec.gang_id]
+    stopping = [r for r in records if _stopping(r)]
+    after = dict(held)
+    for rec in stopping:
+        for worker_id, n in _holds(rec).items():
+            after[worker_id] = max(0, after.get(worker_id, 0) - n)
+    if stopping:
+        try:
+            placement = place_gang(spec, workers, after)
+            _promise(held, placement, spec.procs_per_node)
+            return (f"waiting: {', '.join(r['gang_id'] for r in stopping)} "
+                    f"{'is' if len(stopping) == 1 else 'are'} being preempted to make room")
+        except (GangWaiting, JobRejected):
+            pass
+    candidates = [Running(id=r["gang_id"], priority=int(r["spec"].get("priority", 0)),
+                          started=float(r.get("started", r["created"])), holds=_holds(r),
+                          over_share=over_share(r)) for r in records if not _stopping(r)]
+    settings = app_mod.settings()
+    grace = settings.preempt_grace if settings else 30.0
+    min_runtime = settings.preempt_min_runtime if settings else 60.0
+    choice = choose_victims(spec, workers, after, candidates, now=now, min_runtime=min_runtime)
+    if choice is None:
+        return None
+    names = []
+    for victim in choice.victims:
+        reason = f"priority {spec.priority} over {victim.priority}"
+        if store.preempt(victim.id, _attempt_of(records, victim.id), spec.gang_id, reason, grace,
+                         ran=victim.runtime(now)):
+            log.info("gpulayer coordinator: gang %s preempts gang %s (%s), grace %.1f s", spec.gang_id, victim.id,
+                     reason, grace)
+            names.append(victim.id)
+    if not names:
+        return None
+    running.stopped(names)
+    _promise(held, choice.placement, spec.procs_per_node)
+    return (f"waiting: preempting {', '.join(names)} (lower priority) to make room; their ranks have "
+            f"{grace:g} s to stop")
+
+
+def _promise(held: dict[str, int], placement, procs: int) -> None:
+    """What the rest of the pass sees: the preempting gang's future slots as taken."""
+    for worker_id in placement.workers:
+        held[worker_id] = held.get(worker_id, 0) + procs
+
+
+def _attempt_of(records: list[dict], gang_id: str) -> int:
+    return next(r["attempt"] for r in records if r["gang_id"] == gang_id)
+
+
+def over_share(rec: dict) -> float:
+    """How far the gang's user is over its share, for the victim order; 0 until fair-share accounting feeds it."""
+    return 0.0
+
+
+def _after_preemption(rec: dict, why: str) -> str:
+    """A requeued victim says so while it waits again."""
+    last = rec.get("preempted")
+    return f"{last}; {why}" if last and rec.get("preemptions") else why
 
 
 # -- the end of an attempt -----------------------------------------------------------------------
@@ -195,6 +311,19 @@ def conclude(store: GangStore, spec: GangSpec, attempt: int) -> None:
         results = store.result_count(gang_id, attempt)
         failures = store.failures(gang_id, attempt)
         entry = attempts.record(attempt, GangPlacement.model_validate(rec["placement"]))
+        mark = rec.get("preempting")
+        if mark and int(mark["attempt"]) == attempt and results < spec.world_size:
+            # Stopped for a gang of higher priority: requeued whole, none of its restarts used.
+            line = f"preempted by {mark['by']} ({mark['reason']})"
+            attempts.ended(entry, "preempted")
+            entry["preempted_by"], entry["failure"] = mark["by"], line
+            entry["preempted_after"] = float(mark.get("ran", 0.0))  # seconds it had run (>= preempt_min_runtime)
+            if spec.workdir is not None:
+                entry["restart_from"] = attempts.restart_source(spec.workdir.restart_from, attempt,
+                                                                store.restart_files(gang_id, with_archive=False))
+            store.add_attempt(gang_id, entry)
+            store.restart(gang_id, attempt + 1, f"{line}; waiting to run again", preempted=line)
+            return
         # Every rank returned and none failed: a worker lost after that (its node never reported) changes nothing.
         if results >= spec.world_size and all(f["kind"] in ("worker_lost", "record_lost") for f in failures):
             attempts.ended(entry, "succeeded")
@@ -209,7 +338,7 @@ def conclude(store: GangStore, spec: GangSpec, attempt: int) -> None:
             "see the workers' logs")
         attempts.ended(entry, "failed", error, attempts.lost_nodes(nodes))
         entry["failure"] = message
-        restart = attempt < spec.max_restarts
+        restart = attempt - rec["preemptions"] < spec.max_restarts  # preempted attempts use up no restart
         if restart and spec.workdir is not None:  # where the next attempt's nodes start (gang/workdir.py)
             entry["restart_from"] = attempts.restart_source(spec.workdir.restart_from, attempt,
                                                             store.restart_files(gang_id, with_archive=False))

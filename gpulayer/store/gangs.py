@@ -14,6 +14,12 @@ from .registry import load_script
 KEEP_SECONDS = 86400
 PULLED_KEEP_SECONDS = 3600  # what came back from a gang's working directory waits this long for its client
 FIRST_REASON = "waiting for the coordinator"  # a new gang's, until the coordinator places it or says why it waits
+PRIORITY_STRIDE = 2.0 ** 40  # arrivals a priority step outweighs in the waiting line (exact in a double)
+
+
+def line_score(priority: int, arrival: float) -> float:
+    """A gang's place in the waiting line: higher priority first, then order of arrival."""
+    return float(arrival) - priority * PRIORITY_STRIDE
 
 
 class GangStore:
@@ -38,7 +44,7 @@ class GangStore:
             "reason": FIRST_REASON, "created": now, "arrival": arrival})
         pipe.set(keys.gang_payload(spec.gang_id), payload)
         pipe.zadd(keys.GANGS, {spec.gang_id: now})
-        pipe.zadd(keys.GANGS_WAITING, {spec.gang_id: arrival})
+        pipe.zadd(keys.GANGS_WAITING, {spec.gang_id: line_score(spec.priority, arrival)})
         pipe.execute()
 
     def spec(self, gang_id: str) -> GangSpec:
@@ -53,6 +59,13 @@ class GangStore:
                "attempt": int(raw.get("attempt", 0)), "created": float(raw.get("created", 0))}
         if raw.get("waiting_since"):
             out["waiting_since"] = float(raw["waiting_since"])
+        if raw.get("started"):
+            out["started"] = float(raw["started"])
+        out["preemptions"] = int(raw.get("preemptions", 0))
+        if raw.get("preempted"):  # the last preemption, in a line: "preempted by <id> (<reason>)"
+            out["preempted"] = raw["preempted"]
+        if raw.get("preempting"):  # being stopped for another gang: {"attempt", "by", "reason", "grace"}
+            out["preempting"] = json.loads(raw["preempting"])
         if raw.get("placement"):
             out["placement"] = json.loads(raw["placement"])
         if raw.get("spec"):
@@ -100,16 +113,47 @@ class GangStore:
         pipe.delete(keys.gang_restart_files(gang_id))  # no attempt starts after this
         pipe.publish(keys.gang_events(gang_id), f"done:{state.value}")
 
-    def restart(self, gang_id: str, attempt: int, reason: str) -> None:
-        """The whole gang waits again, as attempt ``attempt``, in its first arrival's place in line."""
+    def restart(self, gang_id: str, attempt: int, reason: str, preempted: str | None = None) -> None:
+        """The whole gang waits again, as attempt ``attempt``, in its first arrival's place in line.
+
+        ``preempted``: the attempt before was preempted (``"preempted by <id> (<reason>)"``), which uses up
+        none of its restarts (``preemptions`` counts them)."""
         key = keys.gang(gang_id)
         arrival = float(self.r.hget(key, "arrival") or 0)
+        priority = self.spec(gang_id).priority
         pipe = self.r.pipeline()
         pipe.hset(key, mapping={"state": GangState.WAITING.value, "attempt": attempt, "reason": reason})
-        pipe.hdel(key, "placement", "waiting_since")
-        pipe.zadd(keys.GANGS_WAITING, {gang_id: arrival})
+        pipe.hdel(key, "placement", "waiting_since", "started", "preempting")
+        if preempted is not None:
+            pipe.hincrby(key, "preemptions", 1)
+            pipe.hset(key, "preempted", preempted)
+        pipe.zadd(keys.GANGS_WAITING, {gang_id: line_score(priority, arrival)})
         pipe.publish(keys.gang_events(gang_id), f"waiting:{attempt}")
         pipe.execute()
+
+    def set_started(self, gang_id: str, at: float) -> None:
+        """When the running attempt was placed (Redis's clock): preemption spares the youngest last."""
+        self.r.hset(keys.gang(gang_id), "started", at)
+
+    def preempt(self, gang_id: str, attempt: int, by: str, reason: str, grace: float, ran: float = 0.0) -> bool:
+        """Ask every node of the running ``attempt`` to stop its ranks (SIGTERM, SIGKILL after ``grace`` s)
+        for gang ``by``; the attempt then ends as preempted and the gang waits again (``restart``).
+        False when that attempt no longer runs, or is already being stopped."""
+        key = keys.gang(gang_id)
+        with self.r.pipeline() as pipe:
+            try:
+                pipe.watch(key)
+                state, current, already = pipe.hmget(key, "state", "attempt", "preempting")
+                if state != GangState.RUNNING.value.encode() or int(current or -1) != attempt or already:
+                    return False
+                pipe.multi()
+                pipe.hset(key, "preempting", json.dumps({"attempt": attempt, "by": by, "reason": reason,
+                                                        "grace": grace, "ran": ran}))
+                pipe.publish(keys.gang_events(gang_id), f"preempt:{attempt}:{grace}")
+                pipe.execute()
+                return True
+            except redis.WatchError:  # it ended or changed meanwhile: the next pass looks again
+                return False
 
     def place_in_line(self, gang_id: str) -> int | None:
         """The gang's place among those waiting for slots (1: the next to be placed), or None."""

@@ -70,7 +70,9 @@ SLOTS_HELD = f"{NAMESPACE}:slots:held"
 
 # Gangs (distributed jobs). <a> is the attempt number (restarts start a new attempt).
 #   gl:gangs                   zset   gang id -> created (time); the index `gpulayer status` reads
-#   gl:gang:<id>               hash   spec, state, reason, placement, attempt, created, finished
+#   gl:gang:<id>               hash   spec, state, reason, placement, attempt, created, finished; started (the
+#                                     attempt's placing), preempting (JSON, while a preemption stops it),
+#                                     preemptions (count), preempted (the last one's line)
 #   gl:gang:<id>:payload       string the signed (function, args, kwargs)
 #   gl:gang:<id>:pulled        hash   what node 0's ranks wrote in that directory, for the client: attempt, worker,
 #                                     files (JSON), archive (signed gzipped tar) or error (one line); expires in an hour
@@ -84,10 +86,12 @@ SLOTS_HELD = f"{NAMESPACE}:slots:held"
 #   gl:gang:<id>:<a>:nodes     hash   node rank -> JSON node report (worker, state, stopped_at)
 #   gl:gang:<id>:<a>:released  hash   worker id -> 1 once its slots for this attempt went back
 #   gl:gang:<id>:<a>:concluded string set once by whoever ends the attempt (its last node report)
-#   gl:gang:<id>:events        channel "fail:<a>" / "cancel" for every agent of the gang; "placed:<a>",
+#   gl:gang:<id>:events        channel "fail:<a>" / "cancel" / "preempt:<a>:<grace s>" for every agent of the
+#                                     gang; "placed:<a>",
 #                                     "waiting:<a>", "stopped:<a>", "done:<state>" for the client's handle
 #   gl:agent:<worker id>       list   gang orders for that worker's agent
-#   gl:gangs:waiting           zset   gang id -> arrival number: the gangs the coordinator tries, in that order
+#   gl:gangs:waiting           zset   gang id -> its place: arrival number, less PRIORITY_STRIDE per priority
+#                                     step (store/gangs.line_score), the gangs the coordinator tries, in that order
 #   gl:gangs:arrivals          string counter that numbers the arrivals
 #   gl:coordinator:lock        string one coordinator pass at a time (gang/coordinator.py)
 #   gl:coordinator:again       string "try again": set by whoever asks for a pass, taken by the pass

@@ -53,6 +53,7 @@ def _trainer(
     prefetch: bool = True,
     grad_sync: str = "auto",
     max_restarts: int = 0,
+    priority: int = 0,
     profiler: Optional[Union[Profiler, str]] = None,
     detect_anomaly: bool = False,
     barebones: bool = False,
@@ -100,6 +101,8 @@ def _trainer(
         grad_sync: "auto", "two_level" or "flat" gradient synchronisation (gpulayer).
         max_restarts: with num_nodes > 1, restart the fit on live workers from its newest checkpoint after a rank
             or a worker fails, up to this many times (gpulayer).
+        priority: with num_nodes > 1, the fit's priority on the cluster, 0 (lowest) to 9: higher is placed first
+            and may preempt running fits and gangs of lower priority, which checkpoint and resume (gpulayer).
         profiler: "simple", "advanced", "pytorch" or a Profiler: time the hooks, steps and batch fetches.
         detect_anomaly: autograd's anomaly detection (slow; names the operation that produced a NaN).
         barebones: turn off everything that costs speed (checkpoints, logging, progress bar, summary...).

@@ -21,6 +21,12 @@ so at most one checkpoint interval is lost; with none written yet it starts
 over. The checkpoint directory must be one every worker reads: the local disk
 for workers on one machine, shared storage on a real cluster.
 ``fit_info["attempts"]`` says where each attempt ran and why it ended.
+
+With ``Trainer(priority=P)`` the gang waits and preempts as ``distributed(priority=P)`` does. A
+preempted fit's ranks get SIGTERM: ``trainer.received_sigterm`` turns True, rank 0 saves a full
+checkpoint at the end of its batch (``preempted-step=N.ckpt`` in the first checkpoint callback's
+directory, else ``<default_root_dir>/checkpoints``) and the attempt stops; requeued, the fit
+resumes from it as a restart does (the preemption uses none of ``max_restarts``).
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ def fit_on_cluster(fit_rank: Callable[..., Any], config: TrainerConfig, module: 
     job = gpulayer.distributed(
         run_rank, blob, nodes=config.num_nodes, procs_per_node=config.devices, resources=_resources(config),
         backend="nccl" if config.accelerator == "cuda" else "gloo", max_restarts=config.max_restarts,
+        priority=config.priority,
         on_output=show_as_local if watch.enabled() else None,
     )
     try:

@@ -80,6 +80,7 @@ class TrainerConfig:
     grad_sync: str = "auto"
     cluster_resources: Any = None  # num_nodes > 1: gpulayer.Resources (or a dict) every rank's worker must offer
     max_restarts: int = 0  # num_nodes > 1: restarts of the whole gang after a rank or worker fails (gpulayer)
+    priority: int = 0  # num_nodes > 1: the gang's priority, 0-9, higher wins and may preempt (gpulayer)
     max_epochs_given: bool = True  # False: max_epochs was derived (Lightning reports None until a fit resolves it)
     detect_anomaly: bool = False  # autograd's anomaly detection around every stage (slow: a debugging aid)
     barebones: bool = False  # every feature that costs speed off (barebones.py)
@@ -527,6 +528,7 @@ def build_config(**kwargs: Any) -> TrainerConfig:
     cfg.grad_sync = grad_sync
     cfg.cluster_resources = _cluster_resources(kwargs.get("cluster_resources"), cfg.num_nodes)
     cfg.max_restarts = _max_restarts(kwargs.get("max_restarts", 0), cfg.num_nodes)
+    cfg.priority = _priority(kwargs.get("priority", 0), cfg.num_nodes)
 
     if not isinstance(fast_dev_run, int) or fast_dev_run < 0:  # bool is an int: True means 1 batch
         raise TrainerConfigError(f"fast_dev_run={fast_dev_run!r} is not a valid configuration. It should be >= 0.")
@@ -584,6 +586,18 @@ def _max_restarts(value: Any, num_nodes: int) -> int:
         raise TrainerConfigError(
             f"Trainer(max_restarts={value}) applies to fits on the cluster (num_nodes > 1), which resume from their "
             "last checkpoint on live workers; set num_nodes > 1 or drop it")
+    return value
+
+
+def _priority(value: Any, num_nodes: int) -> int:
+    """A cluster fit's priority as a gang's (``distributed(priority=)``): 0 to 9, higher wins, 0 the lowest."""
+    value = _int_at_least("priority", value, 0)
+    if value > 9:
+        raise TrainerConfigError(f"Trainer(priority={value}): priorities go from 0 (the lowest, the default) to 9")
+    if value and num_nodes == 1:
+        raise TrainerConfigError(
+            f"Trainer(priority={value}) applies to fits on the cluster (num_nodes > 1), which wait in its line and "
+            "may preempt gangs of lower priority; set num_nodes > 1 or drop it")
     return value
 
 

@@ -41,3 +41,10 @@ class ManualOptimizationRequired(TrainerConfigError, RuntimeError):
 
 class DeviceMeshMismatch(TrainerConfigError, RuntimeError):
     """A model-parallel mesh whose sizes do not multiply to the world size (a ``RuntimeError`` in Lightning)."""
+
+
+class SIGTERMException(SystemExit):
+    """Lightning's: the fit stops after ``received_sigterm`` (on the cluster, once rank 0 saved its checkpoint).
+
+    Exits with 143 (128 + SIGTERM), as a process ended by SIGTERM reports itself in a shell.
+    """

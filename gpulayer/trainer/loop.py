@@ -299,6 +299,8 @@ class FitLoop:
                 store.context = store.TRAIN_STEP
             if stepping and step_plateaus and batch_idx + 1 != total:  # the last batch's: after its validation
                 self._step_schedulers(batch_idx, last=False, stepped=True, plateau=True)
+            if t._received_sigterm and stepping and batch_idx + 1 != total:  # a preemption (cluster fits only)
+                t._on_sigterm()
             if stepping and (max_steps != -1 and t.global_step >= max_steps
                              or t.should_stop and self._can_stop_early(t.current_epoch)):
                 stopped_early = self.batches_done < total

@@ -9,9 +9,11 @@ works in any process whose torchrun environment is set.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
+import signal
 import sys
 import warnings
 from typing import Any
@@ -26,7 +28,7 @@ from gpulayer.trainer.callbacks import Callback
 from gpulayer.trainer.config import TrainerConfig, build_config
 from gpulayer.trainer.datamodule import LightningDataModule
 from gpulayer.trainer.core.optimizer import LightningOptimizer
-from gpulayer.trainer.errors import TrainerConfigError, TrainerError, TrainerTypeError
+from gpulayer.trainer.errors import SIGTERMException, TrainerConfigError, TrainerError, TrainerTypeError
 from gpulayer.trainer.fit_data import FitData, Loaders
 from gpulayer.trainer.hooks import Hooks
 from gpulayer.trainer.loop import FitLoop
@@ -133,6 +135,7 @@ class Trainer(TrainerProperties):
         self.fit_id: str | None = None
         self._resume_newest = False
         self._resumed_from: dict[str, Any] | None = None
+        self._received_sigterm = False  # a cluster fit's rank was sent SIGTERM (a preemption): see _on_sigterm
 
     @property
     def precision_plugin(self) -> Precision:
@@ -458,6 +461,7 @@ class Trainer(TrainerProperties):
         ``None`` when the fit had written none yet: it starts again from the beginning.
         """
         dirs = [c.dirpath for c in self.checkpoint_callbacks if c.dirpath]
+        dirs += [d for d in [self._sigterm_dir()] if d not in dirs]  # where a preempted attempt saved
         found = checkpoint.newest_of_fit(dirs, self.fit_id)
         if found is None:
             return None
@@ -467,6 +471,31 @@ class Trainer(TrainerProperties):
         self.ckpt_path = path
         self._resumed_from = {"path": path, "global_step": ckpt["global_step"], "epoch": ckpt["epoch"]}
         return ckpt
+
+    def _sigterm_dir(self) -> str:
+        """Where a cluster fit's rank 0 saves on SIGTERM: the first checkpoint callback's directory, else
+        ``<default_root_dir>/checkpoints``; a restarted attempt looks there too (``_resume_attempt``)."""
+        dirs = [c.dirpath for c in self.checkpoint_callbacks if c.dirpath]
+        return dirs[0] if dirs else os.path.join(self.default_root_dir, "checkpoints")
+
+    def _on_sigterm(self) -> None:
+        """A batch ended after SIGTERM (a preemption): rank 0 saves a full checkpoint and the fit stops.
+
+        The other ranks carry on into the next batch's gradient all-reduce, which ends when rank 0 exits:
+        had they stopped at their own batch end, rank 0 could be left waiting in a collective before it saved.
+        The save is rank 0's alone (no barrier); written beside, then renamed, so a SIGKILL mid-write leaves
+        the newest complete checkpoint the newest.
+        """
+        if not self.is_global_zero or hasattr(self.strategy, "sharding_plan"):
+            return  # a sharded (FSDP) save is collective: the ranks are SIGKILLed after the grace instead
+        folder = self._sigterm_dir()
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"preempted-step={self.global_step}.ckpt")
+        self.strategy.save_checkpoint(checkpoint.dump(self), path + ".part")
+        os.replace(path + ".part", path)
+        print(f"Received SIGTERM: saved {path}; stopping the fit (a restart resumes from it)", file=sys.stderr,
+              flush=True)
+        raise SIGTERMException(143)
 
     def _resume_checkpoint(self, ckpt_path: str) -> dict[str, Any] | None:
         """The checkpoint to resume from, loaded: ``ckpt_path`` is a file, ``"last"``, ``"best"`` or ``"hpc"``;
@@ -549,8 +578,9 @@ def fit_rank(config: TrainerConfig, module: Module, train_dataloaders: Any = Non
     trainer.fit_id, trainer._resume_newest = fit_id, resume and fit_id is not None
     # a running fit, as Trainer.fit marks it: ModelCheckpoint saves only while the state says so
     trainer._begin(TrainerFn.FITTING, RunningStage.TRAINING)
-    trainer._call_and_handle_interrupt(trainer._fit_here, module, train_dataloaders, val_dataloaders, datamodule,
-                                       ckpt_path)
+    with _sigterm_sets_flag(trainer):  # a preemption's SIGTERM: checkpoint at the batch end, then stop
+        trainer._call_and_handle_interrupt(trainer._fit_here, module, train_dataloaders, val_dataloaders,
+                                           datamodule, ckpt_path)
     if not trainer.is_global_zero:
         return None
     if trainer._resume_newest:
@@ -567,6 +597,23 @@ def fit_rank(config: TrainerConfig, module: Module, train_dataloaders: Any = Non
         "loggers": loggers_mod.states_for_caller(trainer),
         "fit_info": trainer.fit_info,
     }
+
+
+@contextlib.contextmanager
+def _sigterm_sets_flag(trainer: Trainer):
+    """While the rank fits, SIGTERM sets ``trainer.received_sigterm`` (Lightning's flag) instead of ending it."""
+    def on_sigterm(signum, frame) -> None:
+        trainer._received_sigterm = True
+
+    try:
+        previous = signal.signal(signal.SIGTERM, on_sigterm)
+    except ValueError:  # not the main thread: signals cannot be caught here, a SIGTERM ends the process
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def stage_rank(config: TrainerConfig, stage: str, module: Module, loaders: Any, datamodule: Any,

@@ -202,7 +202,10 @@ class TrainerProperties:
 
     @property
     def received_sigterm(self) -> bool:
-        return False  # gpulayer installs no SIGTERM handler: a SIGTERM ends the process as usual
+        """Lightning's flag: a SIGTERM came during the fit. Only a cluster fit's ranks (``fit_rank``) listen for
+        it (a preemption's): rank 0 saves a checkpoint at the end of the batch and the fit stops; elsewhere
+        gpulayer installs no handler and a SIGTERM ends the process as usual."""
+        return getattr(self, "_received_sigterm", False)
 
     @property
     def state_stage(self) -> str | None:

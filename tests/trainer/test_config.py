@@ -24,6 +24,9 @@ from gpulayer.trainer import EarlyStopping, ModelCheckpoint, Module, Trainer, Tr
         ({"callbacks": [object()]}, r"callbacks must subclass"),
         ({"max_time": "soon"}, r"max_time='soon'.*DD:HH:MM:SS"),
         ({"max_epoch": 3}, r"unexpected keyword argument 'max_epoch'; did you mean 'max_epochs'"),
+        ({"priority": 3}, r"Trainer\(priority=3\) applies to fits on the cluster \(num_nodes > 1\)"),
+        ({"priority": 10, "num_nodes": 2}, r"Trainer\(priority=10\): priorities go from 0"),
+        ({"priority": -1, "num_nodes": 2}, r"priority=-1"),
     ],
 )
 def test_bad_arguments_name_the_argument_and_the_accepted_values(kwargs, match):
