@@ -196,6 +196,11 @@ class Settings(BaseModel):
     def _store_or_none(cls, value: str | None) -> str | None:
         return value.strip() if value and value.strip() else None
 
+    @field_validator("token", mode="before")
+    @classmethod
+    def _token_or_none(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value.strip() else value
+
     def __repr_args__(self):
         # repr and str (a notebook shows what init() returns) mask the broker URL's password; the secret is a
         # SecretStr already. The field itself keeps the URL whole: connections use it.

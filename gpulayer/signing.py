@@ -111,6 +111,10 @@ def current_secret() -> bytes:
 
 
 def _need_secret() -> bytes:
+    if not _secret and _token is not None:
+        raise PayloadError(f"this needs the cluster secret, and this process holds user {_token.user}'s token "
+                           "only: the object store (values over inline_limit_bytes, gpulayer.put) is not open to "
+                           "tokens yet (docs/SECURITY.md); send smaller values, or run it where GPULAYER_SECRET is")
     if not _secret:
         raise PayloadError("no cluster secret is configured: set GPULAYER_SECRET to the cluster's secret "
                            "(`gpulayer up` writes one to its state file) or call gpulayer.init()")
