@@ -151,6 +151,23 @@ def test_alices_job_runs_and_only_alice_reads_its_result(ufleet):
         gpulayer.app.app.AsyncResult(job.id).get(timeout=10)
 
 
+def rank_value(x):
+    return x * 10 + int(os.environ["RANK"])
+
+
+def test_alices_distributed_job_runs_and_its_results_are_sealed_to_her(ufleet):
+    from gpulayer.store.gangs import GangStore
+
+    as_user(ufleet, ufleet.tokens["alice"])
+    job = gpulayer.distributed(rank_value, 4, nodes=2, procs_per_node=1, timeout=120)
+    assert job.get(timeout=240) == [40, 41]
+    results = GangStore(ufleet.client()).results(job.id, 0)
+    assert results and all(v.startswith(signing.SEALED_MAGIC) for v in results.values()), results
+    as_user(ufleet, ufleet.tokens["bob"])
+    with pytest.raises(PayloadRejected, match="sealed to user 'alice'"):
+        signing.loads(next(iter(results.values())))
+
+
 def test_bob_cannot_cancel_alices_job_and_an_admin_can(ufleet):
     go = f"test:go:{uuid.uuid4().hex}"
     as_user(ufleet, ufleet.tokens["alice"])
