@@ -114,8 +114,29 @@ def test_users_add_prints_the_token_once_and_list_shows_no_secret(ufleet):
         assert seed.hex().encode() not in stored and seed not in stored
     again = cli(ufleet, "users", "add", "alice")
     assert again.returncode == 2 and "exists already" in again.stderr and "glt1." not in again.stdout
-    refused = cli(ufleet, "users", "add", "mallory", token=ufleet.tokens["root"])
-    assert refused.returncode == 2 and "cluster secret" in refused.stderr
+    refused = cli(ufleet, "users", "add", "mallory", token=ufleet.tokens["bob"])
+    assert refused.returncode == 2 and "user bob is not an admin" in refused.stderr, refused.stderr
+
+
+def test_an_admins_token_adds_and_revokes_users_but_makes_no_admins(ufleet):
+    root = ufleet.tokens["root"]
+    out = cli(ufleet, "users", "add", "dave", "--max-gpus", "1", token=root)
+    assert out.returncode == 0, out.stderr
+    dave = next(line for line in out.stdout.splitlines() if line.startswith("glt1."))
+    assert '"by": "root"' in ufleet.client().hget(keys.USERS, "dave").decode()
+    as_user(ufleet, dave)
+    assert submit.delay(pow, 5, 2).get(timeout=60) == 25  # at once: the workers take an entry root's token signed
+    made = cli(ufleet, "users", "add", "eve", "--admin", token=root)
+    assert made.returncode == 2 and "adds users, not admins" in made.stderr
+    touched = cli(ufleet, "users", "set", "root", "--share", "9", token=root)
+    assert touched.returncode == 2 and "is an admin" in touched.stderr
+    listing = cli(ufleet, "users", "list", token=root)
+    assert listing.returncode == 0 and "no entry is checked" in listing.stdout and "dave" in listing.stdout
+    assert cli(ufleet, "users", "revoke", "dave", token=root).returncode == 0
+    logged_before = worker_logs(ufleet).count("user 'dave', whose token was revoked")
+    wait_until(lambda: submit.delay(pow, 5, 2) and
+               worker_logs(ufleet).count("user 'dave', whose token was revoked") > logged_before, 10,
+               "dave's job refused", every=0.25)
 
 
 def test_an_entry_written_without_the_secret_counts_for_nothing(ufleet):
@@ -255,6 +276,7 @@ def test_a_revoked_token_is_refused_within_5_s(ufleet):
     name = Token.parse(carol).user
     as_user(ufleet, carol)
     assert submit.delay(pow, 3, 3).get(timeout=60) == 27
+    before = ufleet.client().hget(keys.USERS, name)
     out = cli(ufleet, "users", "revoke", name)
     assert out.returncode == 0 and "revoked" in out.stdout, out.stderr
     revoked_at = time.monotonic()
@@ -266,6 +288,22 @@ def test_a_revoked_token_is_refused_within_5_s(ufleet):
 
     wait_until(refused, 5.0, "a job of the revoked token refused (issue 45: within 5 s)", every=0.25)
     print(f"refused {time.monotonic() - revoked_at:.2f} s after the revoke returned ({len(sent)} jobs sent)")
+
+    # Writing back the entry from before the revocation (its MAC is right) does not bring the token back to the
+    # running workers: each read the table since (their heartbeats read it every TTL) and keeps what it saw.
+    time.sleep(table.TTL + 1.0)  # not a wait for a state: past it every running worker read the revocation
+    r = ufleet.client()
+    r.hset(keys.USERS, name, before)
+    assert not table.read(r, ufleet.secret.encode())[name].revoked  # Redis says "not revoked" again
+    time.sleep(table.TTL + 0.5)  # not a wait for a state: past it every cache has read the written-back entry
+    refusals = worker_logs(ufleet).count(f"user {name!r}, whose token was revoked")
+    key = f"test:ran:{uuid.uuid4().hex}"
+    submit.delay(mark, key)
+    wait_until(lambda: worker_logs(ufleet).count(f"user {name!r}, whose token was revoked") > refusals, 30,
+               "the written-back entry's job refused")
+    assert r.get(key) is None
+    r.hset(keys.USERS, name, table.encode(ufleet.secret.encode(), table.read(r, ufleet.secret.encode())[name]
+                                          .with_(revoked=True)))
     as_user(ufleet, ufleet.tokens["alice"])  # the others go on
     assert submit.delay(pow, 2, 2).get(timeout=60) == 4
 

@@ -1,7 +1,8 @@
 """``gpulayer users add / list / set / revoke``: the users the cluster knows (gpulayer/users/table.py).
 
 Admin commands: they sign the table's entries, so they need the cluster secret (GPULAYER_SECRET, or the state
-file `gpulayer up` writes). ``add`` prints the new user's token once; it is stored nowhere, and ``list`` shows
+file `gpulayer up` writes) or an admin's token (GPULAYER_TOKEN of a user added with ``--admin``; it adds,
+changes and revokes users that are not admins, users/table.py). ``add`` prints the new user's token once; it is stored nowhere, and ``list`` shows
 no secret. A revocation reaches running workers within ``table.TTL`` seconds plus one message.
 """
 
@@ -17,24 +18,31 @@ COLUMNS = ("name", "admin", "revoked", "share", "max_slots", "max_gpus", "max_ga
 
 
 def _admin():
-    """(Redis client, cluster secret) for an admin command, or ``ConfigError`` naming what is missing."""
+    """(Redis client, signer) for an admin command: the cluster secret, else an admin's token; or
+    ``ConfigError`` naming what is missing."""
     from .. import app as app_mod
     from ..config import load_settings
+    from ..users.token import Token
     from .cluster import connected_client
 
     settings = load_settings()
-    secret = settings.secret_bytes()
-    if not secret:
-        raise ConfigError("`gpulayer users` signs the user table with the cluster secret: run it where "
-                          "GPULAYER_SECRET is set (or on the `gpulayer up` machine); a user's token cannot")
     connected_client("manage users on")
-    return app_mod.redis_client(settings), secret
+    r = app_mod.redis_client(settings)
+    if settings.secret_bytes():
+        return r, settings.secret_bytes()
+    token = Token.parse(settings.token.get_secret_value()) if settings.token else None
+    entry = table.unverified(r, token.user) if token else None
+    if entry is None or not entry.admin or entry.revoked:
+        who = f"user {token.user} is not an admin" if token else "neither is set"
+        raise ConfigError(f"`gpulayer users` signs the user table: run it where GPULAYER_SECRET is set (or on the "
+                          f"`gpulayer up` machine), or with an admin's GPULAYER_TOKEN ({who})")
+    return r, token
 
 
 def add(name: str, out=None, **fields) -> int:
     out = out or sys.stdout
-    r, secret = _admin()
-    entry, token = table.add(r, secret, name, **fields)
+    r, signer = _admin()
+    entry, token = table.add(r, signer, name, **fields)
     print(f"added user {name} ({_quotas(entry)}). Its token, shown this once and stored nowhere "
           "(keep it secret; `gpulayer users revoke` ends it):", file=out)
     print(str(token), file=out)
@@ -44,16 +52,16 @@ def add(name: str, out=None, **fields) -> int:
 
 def update(name: str, out=None, **fields) -> int:
     out = out or sys.stdout
-    r, secret = _admin()
-    entry = table.update(r, secret, name, **fields)
+    r, signer = _admin()
+    entry = table.update(r, signer, name, **fields)
     print(f"user {name}: {_quotas(entry)}", file=out)
     return 0
 
 
 def revoke(name: str, out=None) -> int:
     out = out or sys.stdout
-    r, secret = _admin()
-    table.update(r, secret, name, revoked=True)
+    r, signer = _admin()
+    table.update(r, signer, name, revoked=True)
     print(f"user {name}: revoked; running workers refuse its token within {table.TTL + 1:.0f} s", file=out)
     return 0
 
@@ -74,8 +82,12 @@ def render(entries: dict) -> list[str]:
 
 def list_users(out=None) -> int:
     out = out or sys.stdout
-    r, secret = _admin()
-    entries = table.read(r, secret)
+    r, signer = _admin()
+    if isinstance(signer, bytes):
+        entries = table.read(r, signer)
+    else:  # an admin's token cannot check the MACs: what Redis holds, said so
+        entries = {n.decode(): table.unverified(r, n.decode()) for n in r.hkeys(table.keys.USERS)}
+        print("(as Redis holds them: without the cluster secret here, no entry is checked)", file=out)
     if not entries:
         print("no users: every client that holds the cluster secret acts as the cluster "
               "(`gpulayer users add NAME` makes the first)", file=out)
