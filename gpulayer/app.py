@@ -117,7 +117,7 @@ def configure(settings: Settings) -> None:
             redis_socket_timeout=30.0,
             worker_send_task_events=settings.events,
         )
-        signing.configure(settings.secret_bytes(), settings.max_payload_bytes)
+        signing.configure(settings.secret_bytes(), settings.max_payload_bytes, **_principal(settings))
         # Celery's own entry points (celery.result.AsyncResult(id), GroupResult.restore, signatures
         # built without an app) use the current/default app: make that this one.
         app.set_default()
@@ -126,6 +126,17 @@ def configure(settings: Settings) -> None:
         _identity = settings.client_identity()
         _snapshot = CachedSnapshot(Registry(redis_client(settings), settings.worker_dead_after),
                                    settings.registry_cache_seconds)
+
+
+def _principal(settings: Settings) -> dict:
+    """Who this process signs as (a user's token) and, holding the cluster secret, its view of the user table."""
+    from .users.table import UsersCache
+    from .users.token import Token
+
+    token = Token.parse(settings.token.get_secret_value()) if settings.token else None
+    secret = settings.secret_bytes()
+    cache = UsersCache(lambda: redis_client(settings), secret) if secret else None
+    return {"token": token, "users": cache}
 
 
 def settings() -> Settings | None:

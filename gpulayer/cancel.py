@@ -31,6 +31,7 @@ from .session import BROKER_ERRORS, broker_lost, outage
 from .store import keys
 from .sweep import Sweep
 from .tasks.refs import cancelled as release_cancelled, value_of
+from .users import permits
 from .tasks.whereabouts import batch_timeout, holders, unfinished  # noqa: F401 (unfinished: also cancel's API)
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ def cancel_jobs(ids: Sequence[str], only_unfinished: bool = True) -> int:
         for start in range(0, len(targets), _CHUNK):
             chunk = targets[start:start + _CHUNK]
             app_mod.app.control.revoke(chunk)  # queued: every worker drops them on sight
-            pipe.publish(keys.CANCEL_CHANNEL, "\n".join(chunk))  # running: their workers' reapers kill them
+            pipe.publish(keys.CANCEL_CHANNEL, permits.pack(chunk))  # running: their workers' reapers kill them
         pipe.execute()
         for start in range(0, len(targets), _CHUNK):  # the objects their arguments held go with them
             release_cancelled(client, targets[start:start + _CHUNK])

@@ -60,6 +60,9 @@ class Settings(BaseModel):
     sentinel_password: SecretStr | None = Field(default=None, description="sentinel:// only: the sentinels' own "
                                                                           "password (requirepass in sentinel.conf)")
     secret: SecretStr | None = Field(default=None, description="cluster secret that signs every message")
+    token: SecretStr | None = Field(default=None, description="a user's token (`gpulayer users add` prints it): "
+                                                              "this process sends as that user, and needs no "
+                                                              "cluster secret")
     heartbeat_interval: float = Field(default=1.0, gt=0, description="seconds between worker heartbeats")
     worker_dead_after: float = Field(default=5.0, gt=0, description="seconds of silence before a worker is dead")
     registry_cache_seconds: float = Field(default=1.0, ge=0, description="how long a client reuses a registry snapshot")
@@ -168,7 +171,10 @@ class Settings(BaseModel):
         return max(self.min_replicas, 1) if self.durability == STRICT else self.min_replicas
 
     def client_identity(self) -> str:
-        """``client_id``, else ``user@host``: what `gpulayer cancel --all-mine` means by "mine"."""
+        """The token's user, else ``client_id``, else ``user@host``: what `gpulayer cancel --all-mine` means by
+        "mine"."""
+        if self.token:
+            return token_user(self.token.get_secret_value())
         if self.client_id:
             return self.client_id
         try:
@@ -194,6 +200,11 @@ class Settings(BaseModel):
     def _store_or_none(cls, value: str | None) -> str | None:
         return value.strip() if value and value.strip() else None
 
+    @field_validator("token", mode="before")
+    @classmethod
+    def _token_or_none(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value.strip() else value
+
     def __repr_args__(self):
         # repr and str (a notebook shows what init() returns) mask the broker URL's password; the secret is a
         # SecretStr already. The field itself keeps the URL whole: connections use it.
@@ -204,6 +215,13 @@ class Settings(BaseModel):
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b|b)?\s*", re.IGNORECASE)
 _UNITS = {"b": 1, **{f"{p}b": 1000 ** (i + 1) for i, p in enumerate("kmgt")},
           **{f"{p}ib": 1024 ** (i + 1) for i, p in enumerate("kmgt")}}
+
+
+def token_user(token: str) -> str:
+    """The user name a token carries (``users/token.py`` checks the rest where it is used)."""
+    from .users.token import Token  # (config sits below users/: imported where a token is set)
+
+    return Token.parse(token).user
 
 
 def parse_size(value: Any, key: str = "size") -> Any:

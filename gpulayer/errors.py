@@ -99,6 +99,10 @@ class PayloadRejected(GpulayerError):
     """A message body failed signature verification and was not unpickled."""
 
 
+class NotAllowed(GpulayerError):
+    """A user asked for what only another user (the job's owner) or an admin may do."""
+
+
 class ObjectStoreFull(PayloadError):
     """A value does not fit in the object store (its size limit, or its disk's free space): nothing was written."""
 

@@ -41,9 +41,10 @@ def _no_last_collection() -> None:
 def connect(settings: Settings) -> Settings:
     """Point this process at the cluster ``settings`` names; fail fast if Redis is unreachable."""
     reachable(settings.broker_url, settings.connect_timeout).close()
-    if not settings.secret:
-        raise ConfigError("no cluster secret: set GPULAYER_SECRET to the secret the workers use "
-                          "(`gpulayer up` writes one to its state file)")
+    if not settings.secret and not settings.token:
+        raise ConfigError("no cluster secret: set GPULAYER_TOKEN to the token `gpulayer users add` printed "
+                          "for you, or GPULAYER_SECRET to the secret the workers use (`gpulayer up` writes one "
+                          "to its state file)")
     app_mod.configure(settings)
     from .workspace import shipping
 

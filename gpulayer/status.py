@@ -94,6 +94,48 @@ def _objects(settings: Settings, client) -> dict:
     return {"count": count, "bytes": size, "store": store}
 
 
+USER_FIELDS = ("admin", "revoked", "share", "max_slots", "max_gpus", "max_gangs", "priority")
+
+
+def _users(settings: Settings, client) -> list[dict]:
+    """The users the cluster knows (``gl:users``, gpulayer/users/table.py), without their keys: one row each,
+    ``verified`` when this process holds the cluster secret and the entry's MAC matches it (None: no secret
+    here to check with). Empty: a cluster without users."""
+    import json
+
+    from .users.table import read
+
+    secret = settings.secret_bytes()
+    verified = read(client, secret) if secret else {}
+    rows = []
+    for name, raw in sorted(client.hgetall(keys.USERS).items()):
+        name = name.decode()
+        entry = verified.get(name)
+        try:
+            fields = entry.body() if entry is not None else json.loads(raw)
+        except ValueError:
+            fields = {}
+        rows.append({"name": name, **{k: fields.get(k) for k in USER_FIELDS},
+                     "verified": (entry is not None) if secret else None})
+    return rows
+
+
+def _users_table(users: list[dict]) -> "_Lines":
+    def cell(value) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, bool):
+            return "yes" if value else "no"
+        return f"{value:g}" if isinstance(value, float) else str(value)
+
+    rows = [(u["name"], *(cell(u[k]) for k in USER_FIELDS),
+             {True: "", False: "not signed with the cluster secret: ignored", None: ""}[u["verified"]])
+            for u in users]
+    noted = any(r[-1] for r in rows)
+    return _Lines(f"Users ({len(users)})", [("user", *USER_FIELDS, *(("note",) if noted else ())),
+                                            *(r if noted else r[:-1] for r in rows)])
+
+
 SUMMARY_ABOVE = 50  # a fleet of more live workers is shown as a summary unless --all is asked
 TOP = 10  # busiest workers the summary lists
 
@@ -140,6 +182,7 @@ def _collect(settings: Settings, registry: Registry, full: bool | None, top: int
         "summary": summarize(workers, held, registry.dead(), busiest),
         "queues": lengths,
         "objects": _objects(settings, client),
+        "users": _users(settings, client),
         "unread_queues": sorted(q for q, n in lengths.items() if n and q not in read),
         "gangs": [
             {"id": g["gang_id"], "name": g.get("spec", {}).get("name"), "state": g["state"], "reason": _reason(g),
@@ -284,6 +327,8 @@ def renderables(report: dict, full: bool | None = None) -> list:
         out.append(_Lines("queues", [("queue", "waiting", *(("note",) if noted else ())),
                                      *((name, n, *((note,) if noted else ())) for name, n, note in rows)],
                           caption, right=(1,)))
+    if report.get("users"):
+        out.append(_users_table(report["users"]))
     if report["gangs"]:
         out.append(_Lines("distributed jobs", [("id", "function", "shape", "state", "workers", "why"), *(
             (job["id"][:12], job["name"] or "-", f"{job['nodes']} x {job['procs_per_node']}",

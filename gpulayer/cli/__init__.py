@@ -102,6 +102,22 @@ def build_parser() -> argparse.ArgumentParser:
                     help="everything this client identity sent in the last day that has not finished "
                          "(config client_id, default user@host)")
 
+    us = sub.add_parser("users", help="the users the cluster knows: add (prints a token), list, set, revoke")
+    usub = us.add_subparsers(dest="users_command", required=True, metavar="ACTION")
+    for action, text in (("add", "a new user; prints its token once"), ("set", "change a user's quotas")):
+        a = usub.add_parser(action, help=text)
+        a.add_argument("name", metavar="NAME")
+        a.add_argument("--share", type=float, default=None, help="fair-share weight (default 1)")
+        a.add_argument("--max-slots", type=int, default=None, metavar="N", help="slots it may hold at once")
+        a.add_argument("--max-gpus", type=int, default=None, metavar="G", help="GPUs it may hold at once")
+        a.add_argument("--max-gangs", type=int, default=None, metavar="K", help="distributed jobs at once")
+        a.add_argument("--priority", type=int, default=None, metavar="P", help="higher goes first (default 0)")
+        a.add_argument("--admin", action=argparse.BooleanOptionalAction, default=None,
+                       help="may cancel anyone's jobs")
+    usub.add_parser("list", help="every user and its quotas (no secret shown)")
+    rv = usub.add_parser("revoke", help="end a user's token (running workers refuse it within seconds)")
+    rv.add_argument("name", metavar="NAME")
+
     lo = sub.add_parser("logs", help="what a job or a distributed job's ranks printed",
                         description="Print what a job (or each rank of a distributed job) printed: its stdout, "
                                     "stderr and logging lines, the newest up to 1 MiB, kept as long as its result.")
@@ -251,6 +267,17 @@ def _cancel(args) -> int:
     return cancel(args.ids, all_mine=args.all_mine)
 
 
+def _users(args) -> int:
+    from . import users
+
+    if args.users_command == "list":
+        return users.list_users()
+    if args.users_command == "revoke":
+        return users.revoke(args.name)
+    fields = {k: getattr(args, k) for k in ("share", "max_slots", "max_gpus", "max_gangs", "priority", "admin")}
+    return (users.add if args.users_command == "add" else users.update)(args.name, **fields)
+
+
 def _logs(args) -> int:
     from .logs import logs
 
@@ -277,4 +304,4 @@ def _demo(args) -> int:
 
 
 _COMMANDS = {"up": _up, "down": _down, "worker": _worker, "status": _status, "train": _train, "cancel": _cancel,
-             "logs": _logs, "flower": _flower, "metrics": _metrics, "demo": _demo}
+             "users": _users, "logs": _logs, "flower": _flower, "metrics": _metrics, "demo": _demo}

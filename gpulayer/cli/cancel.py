@@ -4,8 +4,9 @@ An id is a whole id or any unique prefix of at least 6 characters (``gpulayer/id
 names what it matches). It is looked up as a distributed job (``gl:gang:<id>``), then as a ``submit_batch`` or Celery group
 (``gl:batch:<id>``), then as a job (its stored result, or a sender's record: ``store/sent.py``). Jobs stop
 as ``batch.cancel()`` stops them (``cancel.cancel_jobs``), distributed jobs as ``job.cancel()`` does
-(``distributed_job.cancel_gang``). ``--all-mine`` stops what this client identity (config ``client_id``,
-default ``user@host``) sent in the last day. One line per id; the exit status is 1 when an id is unknown
+(``distributed_job.cancel_gang``). ``--all-mine`` stops what this client identity (the token's user, else config ``client_id``,
+default ``user@host``) sent in the last day. On a cluster with users, a user's cancel of another user's job is
+refused (said here from the senders' records; decided by the workers, users/permits.py). One line per id; the exit status is 1 when an id is unknown
 or a distributed job's ranks did not all report stopped, else 0 (an id that had finished already is fine).
 """
 
@@ -86,8 +87,33 @@ def _job(r, job_id: str) -> tuple[str, bool]:
         short = f"; a short id needs at least {MIN_PREFIX} characters" if len(job_id) < MIN_PREFIX else ""
         return (f"unknown id {job_id}: no job, distributed job or batch with this id was sent in the last day "
                 f"(check the id; a finished job's result expires after result_expires{short})"), False
+    refused = _not_mine(r, job_id)
+    if refused:
+        return refused, False
     cancel_jobs([job_id], only_unfinished=False)
     return f"job {job_id}: cancelled ({f'on worker {worker}' if worker else 'queued'})", True
+
+
+def _not_mine(r, job_id: str) -> str | None:
+    """Why this user's cancel of ``job_id`` will be refused (another user sent it), else None. Workers decide
+    (users/permits.py); this only says so before asking them."""
+    import json
+
+    from .. import signing
+    from ..store import keys
+    from ..store.sent import senders_of
+
+    me = signing.current_user()
+    if me is None:
+        return None  # the cluster secret's holder, or a cluster without users
+    senders = senders_of(r, job_id)
+    if not senders or me in senders:
+        return None
+    raw = r.hget(keys.USERS, me)
+    if raw and json.loads(raw).get("admin"):  # (unverified here; the workers check the entry's MAC)
+        return None
+    return (f"job {job_id}: refused: it was sent by {', '.join(senders)}, and user {me} may cancel only its own "
+            "jobs (an admin may cancel any)")
 
 
 def _stop_jobs(ids: list[str]) -> tuple[str, list[str]]:

@@ -30,7 +30,7 @@ from ..store.connection import connect_redis
 from .sentinel import broker_url
 from ..errors import JobStopped
 from ..procs import runtime
-from . import transport
+from . import revoke, transport
 from .batches import batches
 from .results import StoreLater, trace_storing_later
 from .upstream import patch
@@ -86,6 +86,7 @@ class JobRequest(Request):
         # Celery's strategy subclasses this class and overrides on_success there, and hands the pool
         # ``self.on_success`` as the job's callback: an instance attribute comes first.
         self.on_success = self._store_then_succeed
+        revoke.on_taken(self)  # a user's revoke that reached this worker before the job did (engine/revoke.py)
         if self.delivery_info.get("redelivered"):
             # Celery's "retries" (in the task-received event, so in Flower): the deliveries that died.
             try:

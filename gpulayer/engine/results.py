@@ -47,10 +47,11 @@ from kombu.exceptions import EncodeError
 from kombu.utils.encoding import bytes_to_str
 
 from ..deadline import Deadline
-from .. import retries
+from .. import retries, signing
 from ..payload import unsendable_result
 from ..store import durability, keys
 from .redis_tls import TLSConnection
+from .senders import owner_of
 from .sentinel import backend_pool
 from ..store.registry import load_script
 from ..remote_errors import RECORD_KEY, take_captured
@@ -178,7 +179,8 @@ class ResultBackend(RedisBackend):
         meta = self._get_result_meta(result=result, state=state, traceback=traceback, request=request)
         meta["task_id"] = bytes_to_str(task_id)
         try:
-            value = self.encode(meta)
+            with signing.sealed_to(owner_of(request)):  # a user's job: its result opens with its owner's token only
+                value = self.encode(meta)
         except EncodeError as err:  # the job's return value, not its arguments: say so (Celery stores this)
             if state != states.SUCCESS:
                 raise

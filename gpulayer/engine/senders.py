@@ -27,6 +27,18 @@ REFRESH_EVERY = 10.0  # seconds between refreshes of a sender's expiry and of th
 _refreshed: dict[tuple[int, str], float] = {}  # (pid, sender) -> when this process last refreshed them
 
 
+def owner_of(request) -> str | None:
+    """The sender a job's request names (a worker's ``Request``, or the ``Context`` a job's process sees): for
+    a job a user signed, that user (checked on receipt, engine/transport.py ``check_sender``)."""
+    if request is None:
+        return None
+    owner = getattr(request, CLIENT_HEADER, None)
+    for holder in ("request_dict", "headers"):
+        if owner is None:
+            owner = (getattr(request, holder, None) or {}).get(CLIENT_HEADER)
+    return owner if isinstance(owner, str) else None
+
+
 def refresh_due(sender: str) -> bool:
     """Should this job's records also refresh ``sender``'s expiry and the senders' set?"""
     return monotonic() - _refreshed.get((os.getpid(), sender), -REFRESH_EVERY) >= REFRESH_EVERY

@@ -51,9 +51,10 @@ from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps
 
 from .. import signing
-from ..errors import ConfigError
+from ..errors import ConfigError, PayloadRejected
 from ..store import durability, keys
 from . import batches, senders, takeover
+from .senders import CLIENT_HEADER
 from .bells import BELL_TOKENS, ring
 from .carry import Carry
 from .envelope import loads_message
@@ -102,10 +103,27 @@ class Message(virtual.Message):
                 self.content_type == signing.CONTENT_TYPE:
             try:  # its signature is still checked here: a forged message is refused on receipt, as before
                 signing.verify(self.body)
+                check_sender(self.headers)
             except Exception as err:
                 raise DecodeError(err) from err
             return UNREAD
-        return super()._decode()
+        decoded = super()._decode()
+        if self.content_type == signing.CONTENT_TYPE:
+            try:
+                check_sender(self.headers)
+            except PayloadRejected as err:
+                raise DecodeError(err) from err
+        return decoded
+
+
+def check_sender(headers: dict) -> None:
+    """A job signed by a user names that user as its sender (``CLIENT_HEADER``), or is refused: the header,
+    outside the signature, is what cancels, results and `--all-mine` go by. A job signed by the cluster (a
+    worker's retry or chain step, an admin holding the secret) may name any sender."""
+    signer = signing.last_signer()
+    if signer is not None and headers.get("task") and headers.get(CLIENT_HEADER) != signer:
+        raise PayloadRejected(f"job {headers.get('id')} is signed by user {signer!r} but names "
+                              f"{headers.get(CLIENT_HEADER)!r} as its sender; refused")
 
 
 class Channel(Prefetch, SentinelPools, kredis.Channel):

@@ -39,10 +39,12 @@ def main(argv: list[str]) -> int:
     # It waits for its peers first (_leave_together): gloo's init returns on one side of a pair before the
     # other side has finished its handshake, and a rank that exited at once failed that peer's init.
     code = os.environ.get(CODE_ENV) or None
+    owner = None  # the user who signed the payload: its ranks' results are sealed to it (signing.py GL4)
     try:
         try:
             code_cache.enter(code, lambda: client)  # the user's modules first on sys.path (workspace/cache.py)
             fn_ref, args, kwargs = signing.loads(store.payload(gang_id))
+            owner = signing.last_signer()
             fn = resolve_function(fn_ref)
             result = fn(*args, **kwargs)
         except ModuleNotFoundError as err:
@@ -53,7 +55,8 @@ def main(argv: list[str]) -> int:
     except SystemExit as exit_:  # sys.exit(n) in the rank: exit with n, like the script would
         code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
         if code == 0:
-            store.set_result(gang_id, attempt, rank, signing.dumps(None))
+            with signing.sealed_to(owner):
+                store.set_result(gang_id, attempt, rank, signing.dumps(None))
             _leave_together()
             return 0
         report_failure(exit_code=code, message=f"sys.exit({exit_.code!r})")
@@ -66,7 +69,8 @@ def main(argv: list[str]) -> int:
         sys.stderr.flush()
         _destroy_process_group()
         return 1
-    store.set_result(gang_id, attempt, rank, signing.dumps(result))
+    with signing.sealed_to(owner):
+        store.set_result(gang_id, attempt, rank, signing.dumps(result))
     _leave_together()
     return 0
 

@@ -205,8 +205,14 @@ def job_output(job_id: str, rank: int | None = None) -> str:
     return f"{NAMESPACE}:job:{job_id}:out" + ("" if rank is None else f":{rank}")
 
 
-# Cancels of ordinary jobs, broadcast to every worker's reaper.
+# Cancels of ordinary jobs, broadcast to every worker's reaper (signed: ids, one a line; gpulayer/cancel.py).
 CANCEL_CHANNEL = f"{NAMESPACE}:cancel"
+
+# Users the cluster knows (gpulayer/users/table.py); absent or empty: no users, today's single-secret cluster.
+#   gl:users                   hash   user name -> JSON {share, max_slots, max_gpus, max_gangs, priority, admin,
+#                                     revoked, keys: {ed25519, x25519}, created_at, mac}; the mac (HMAC with a key
+#                                     derived from the cluster secret) is made by `gpulayer users`, checked by readers
+USERS = f"{NAMESPACE}:users"
 
 
 # Who sent what, for `gpulayer cancel` from a shell (the sending process may be gone). The transport records

@@ -58,8 +58,14 @@ def forget(r: redis.Redis, identity: str, ids: Sequence[str]) -> None:
 
 def was_sent(r: redis.Redis, job_id: str) -> bool:
     """Did any client send a job with this id in the last day (one ZSCORE per known identity)?"""
+    return bool(senders_of(r, job_id))
+
+
+def senders_of(r: redis.Redis, job_id: str) -> list[str]:
+    """The identities whose record holds ``job_id`` (one ZSCORE per known identity). Clients write these
+    records: good for saying why a cancel will be refused, never for deciding it (workers do, users/permits.py)."""
     identities = [c.decode() for c in r.smembers(keys.CLIENTS)]
     pipe = r.pipeline(transaction=False)
     for identity in identities:
         pipe.zscore(keys.client_jobs(identity), job_id)
-    return any(score is not None for score in pipe.execute())
+    return [identity for identity, score in zip(identities, pipe.execute()) if score is not None]

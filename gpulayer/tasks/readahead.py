@@ -80,7 +80,10 @@ def meta(backend, job_id: str, window: int = WINDOW) -> dict:
     done = {}
     for other, raw in zip(others, raws[1:]):
         if raw is not None and len(raw) <= KEEP_BYTES:
-            decoded = backend.decode_result(raw)
+            try:
+                decoded = backend.decode_result(raw)
+            except Exception:  # (one this process cannot open, e.g. sealed to another user): its own get says why
+                continue
             if decoded.get("status") in states.READY_STATES:
                 done[other] = decoded
     if done:

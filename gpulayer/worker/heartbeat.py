@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from .. import signing
 from ..app import redis_client, settings as app_settings
 from ..store.connection import client_name
 from ..models import WorkerInfo
@@ -50,6 +51,11 @@ class Heartbeat(LoopStep):
                     self.registry.mark_answering(self.worker_info.id)
             self.epoch = epoch
         self.registry.heartbeat(self.worker_info.model_copy(update={"busy": ordinary_active(), "held": slots.held}))
+        # The user table, read at least every users/table.py TTL whether or not a message comes: a revocation is
+        # seen within it, and kept for this process's life (UsersCache._sticky) if an older entry comes back.
+        users = signing.users()
+        if users is not None:
+            users.entries()
 
     def loop(self) -> None:
         failing = False

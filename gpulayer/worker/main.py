@@ -162,6 +162,7 @@ def _start(settings, registry: Registry, worker_id: str, host: str, gpu_ids: lis
     from .. import queues
     from ..engine import request as job_request
     from ..engine import pool_stop, respawn, revoke
+    from ..users import permits
     from ..engine.batches import PoolBatches
     from ..engine.events import EventPacer
     from ..engine.transport import consume_as
@@ -216,7 +217,8 @@ def _start(settings, registry: Registry, worker_id: str, host: str, gpu_ids: lis
     # Celery set up its log handlers as it built the worker; the pool's processes inherit them, filters and all.
     mask_logs(secrets_of(settings.broker_url, settings.secret.get_secret_value()))
     respawn.install()  # last before the pool forks: a killed job's process is replaced in milliseconds
-    revoke.install()  # a revoke(terminate=True) is told by the worker that holds the job
+    # A revoke(terminate=True) is told by the worker that holds the job; a user's, only for its own jobs.
+    revoke.install(refusal=permits.refusal)
     pool_stop.install()  # a stopping worker's pool ends once its jobs are done, without billiard's exit sleeps
     worker.start()
     exit_at_once(worker.exitcode or 0)
