@@ -1,0 +1,115 @@
+"""Fair share and quotas on a real Redis with real workers (gpulayer/store/fair.py, store/lua/take.lua)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+from gpulayer import submit
+from gpulayer.app import redis_client
+from gpulayer.fairshare import Policy
+from gpulayer.store import fair, keys
+from gpulayer.deadline import wait_until
+
+
+def span(seconds: float):
+    import time as _t
+
+    start = _t.time()
+    _t.sleep(seconds)
+    return start, _t.time()
+
+
+def as_user(user: str, seconds: float):
+    return submit.apply_async((span, seconds), headers={"gl_client": user})
+
+
+def set_policies(client, **users: Policy) -> None:
+    client.hset(keys.USERS, mapping={u: json.dumps({"share": p.share, "max_slots": p.max_slots,
+                                                   "max_gpus": p.max_gpus, "max_gangs": p.max_gangs,
+                                                   "priority": p.priority, "sig": "ignored"})
+                                    for u, p in users.items()})
+    fair.forget()
+
+
+def most_at_once(spans) -> int:
+    edges = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans], key=lambda x: (x[0], x[1]))
+    now = best = 0
+    for _, d in edges:
+        now += d
+        best = max(best, now)
+    return best
+
+
+def test_a_quota_of_slots_is_never_exceeded_and_the_job_waits_with_its_reason(fresh_fleet):
+    fleet = fresh_fleet
+    fleet.add_workers({"fq": dict(slots=4, torch=False)})
+    fleet.connect()
+    client = redis_client()
+    set_policies(client, alice=Policy(max_slots=2))
+    handles = [as_user("alice", 0.3) for _ in range(12)]
+    seen, reasons, done = [], set(), threading.Event()
+
+    def sample():
+        while not done.is_set():
+            seen.append(int(client.hget(keys.FAIR_RUNNING, "slots:alice") or 0))
+            reason = client.hget(keys.FAIR_WAITING, "alice")
+            if reason:
+                reasons.add(reason.decode())
+            time.sleep(0.01)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        spans = [h.get(timeout=120) for h in handles]
+    finally:
+        done.set()
+        sampler.join()
+    assert most_at_once(spans) <= 2 and max(seen) <= 2
+    assert max(seen) == 2 and most_at_once(spans) == 2  # the quota was reached, so it was what held them back
+    assert "alice: 2 of 2 slots in use (quota)" in reasons
+    wait_until(lambda: int(client.hget(keys.FAIR_RUNNING, "slots:alice") or 0) == 0, 10, "alice's slots back")
+    assert client.hlen(keys.FAIR_TAKEN) == 0
+    usage = float(client.hget(keys.FAIR_USAGE, "u:alice"))
+    assert 12 * 0.3 <= usage < 12 * 0.3 + 10  # slot-seconds charged as the jobs ended
+
+
+def test_the_user_furthest_below_its_share_gets_the_contended_slot(fresh_fleet):
+    fleet = fresh_fleet
+    fleet.add_workers({"fs": dict(slots=1, torch=False)})
+    fleet.connect()
+    client = redis_client()
+    set_policies(client, alice=Policy(share=1), bob=Policy(share=1))
+    client.hset(keys.FAIR_USAGE, mapping={"u:bob": 1000.0, "at:bob": time.time()})  # bob used far more
+    pid = fleet.workers["fs"].pid
+    os.kill(pid, signal.SIGSTOP)  # both backlogs wait before the worker takes anything
+    try:
+        bobs = [as_user("bob", 0.05) for _ in range(3)]
+        alices = [as_user("alice", 0.05) for _ in range(3)]
+        assert client.llen(keys.user_queue("gl.q.cpu", "bob")) == 3  # each user's list of the queue
+        assert client.llen(keys.user_queue("gl.q.cpu", "alice")) == 3
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    alice_starts = [h.get(timeout=60)[0] for h in alices]
+    bob_starts = [h.get(timeout=60)[0] for h in bobs]
+    assert max(alice_starts) < min(bob_starts)  # bob, sent first, waited for alice (below her share)
+
+
+def test_without_policies_jobs_stay_in_the_queue_s_own_list(fresh_fleet):
+    fleet = fresh_fleet
+    fleet.add_workers({"fn": dict(slots=1, torch=False)})
+    fleet.connect()
+    client = redis_client()
+    fair.forget()
+    pid = fleet.workers["fn"].pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        h = as_user("carol", 0.0)
+        assert client.llen("gl.q.cpu") == 1 and not client.keys(f"*{keys.USER_SEP}*")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    h.get(timeout=60)
+    assert not client.exists(keys.FAIR_TAKEN, keys.FAIR_RUNNING, keys.FAIR_USAGE)
