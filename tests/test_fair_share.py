@@ -8,7 +8,7 @@ import signal
 import threading
 import time
 
-from gpulayer import submit
+from gpulayer import status, submit
 from gpulayer.app import redis_client
 from gpulayer.fairshare import Policy
 from gpulayer.store import fair, keys
@@ -51,7 +51,7 @@ def test_a_quota_of_slots_is_never_exceeded_and_the_job_waits_with_its_reason(fr
     client = redis_client()
     set_policies(client, alice=Policy(max_slots=2))
     handles = [as_user("alice", 0.3) for _ in range(12)]
-    seen, reasons, done = [], set(), threading.Event()
+    seen, reasons, rows, done = [], set(), [], threading.Event()
 
     def sample():
         while not done.is_set():
@@ -59,6 +59,10 @@ def test_a_quota_of_slots_is_never_exceeded_and_the_job_waits_with_its_reason(fr
             reason = client.hget(keys.FAIR_WAITING, "alice")
             if reason:
                 reasons.add(reason.decode())
+            if not rows:  # what `gpulayer status` shows while alice's jobs wait
+                row = next(r for r in status.collect()["fair_share"] if r["user"] == "alice")
+                if row["waiting"] and row["reason"] and "quota" in row["reason"]:
+                    rows.append(row)
             time.sleep(0.01)
 
     sampler = threading.Thread(target=sample)
@@ -71,6 +75,9 @@ def test_a_quota_of_slots_is_never_exceeded_and_the_job_waits_with_its_reason(fr
     assert most_at_once(spans) <= 2 and max(seen) <= 2
     assert max(seen) == 2 and most_at_once(spans) == 2  # the quota was reached, so it was what held them back
     assert "alice: 2 of 2 slots in use (quota)" in reasons
+    assert rows and rows[0]["reason"] == "alice: 2 of 2 slots in use (quota)" and rows[0]["max_slots"] == 2
+    assert "alice: 2 of 2 slots in use (quota)" in "\n".join(x.text() for x in status.renderables(
+        {**status.collect(), "fair_share": rows}))
     wait_until(lambda: int(client.hget(keys.FAIR_RUNNING, "slots:alice") or 0) == 0, 10, "alice's slots back")
     assert client.hlen(keys.FAIR_TAKEN) == 0
     usage = float(client.hget(keys.FAIR_USAGE, "u:alice"))
