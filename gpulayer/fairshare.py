@@ -52,6 +52,9 @@ class Weights:
     age: float = 0.0
     priority: float = 0.0
     max_age: float = 7 * 86400.0
+    # A ranking charges each slot a user holds now for this many seconds more (not Slurm's): without it, every
+    # freed slot goes to one user until its usage crosses the other's, and slots swing 8/0 - 0/8 around the share
+    running_horizon: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -198,7 +201,13 @@ def rank(snap: Snapshot, weights: Weights = Weights()) -> list[str]:
     """The users with a policy, the one whose jobs should take the next contended slot first.
 
     Each user's priority is :func:`multifactor` of its F and its policy's priority (a take sees users, not jobs:
-    no age). Ties (no usage yet, the same F) go to the user holding fewest slots per share, then by name."""
+    no age), F from its usage plus ``running_horizon`` seconds of the slots it holds now (so the slots settle at
+    the shares instead of swinging). Ties (no usage yet, the same F) go to the user holding fewest slots per
+    share, then by name."""
+    if weights.running_horizon > 0:
+        ahead = {u: snap.usage.get(u, 0.0) + weights.running_horizon * snap.running.get(u, Running()).slots
+                 for u in snap.policies}
+        snap = Snapshot(policies=snap.policies, accounts=snap.accounts, usage=ahead, running=snap.running)
     computed = shares(snap)
     max_priority = max((p.priority for p in snap.policies.values()), default=0)
 
