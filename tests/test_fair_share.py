@@ -120,3 +120,41 @@ def test_without_policies_jobs_stay_in_the_queue_s_own_list(fresh_fleet):
         os.kill(pid, signal.SIGCONT)
     h.get(timeout=60)
     assert not client.exists(keys.FAIR_TAKEN, keys.FAIR_RUNNING, keys.FAIR_USAGE)
+
+
+def blocks_until_released(key):
+    import gpulayer
+
+    assert gpulayer.app.redis_client().blpop([key], timeout=120), f"never released: {key}"
+    return os.environ.get("RANK")
+
+
+def test_a_distributed_job_over_its_users_gang_quota_waits_with_the_reason(fresh_fleet):
+    import uuid
+
+    from gpulayer import app as app_mod, distributed
+
+    fleet = fresh_fleet
+    fleet.add_workers({"fg": dict(slots=4, torch=False)})
+    fleet.connect()
+    client = redis_client()
+    me = app_mod.client_identity()  # a distributed job's user: its spec's client
+    set_policies(client, **{me: Policy(max_gangs=1, max_slots=3)})
+    release = f"test:release:{uuid.uuid4().hex}"
+    hold = distributed(blocks_until_released, release, nodes=1, procs_per_node=2, backend="gloo")
+    hold.placement  # noqa: B018 (placed: running)
+    held = fair.running_of(client.hgetall(keys.FAIR_RUNNING), me)
+    assert (held.slots, held.gangs) == (2, 1)
+    try:
+        late = distributed(span, 0.0, nodes=1, procs_per_node=1, backend="gloo", timeout=300)
+        wait_until(lambda: f"{me}: 1 of 1 distributed jobs in use (quota)" in late.status()["reason"], 30,
+                   "the second distributed job to wait for its user's quota")
+        assert late.status()["state"] == "waiting"
+    finally:
+        client.rpush(release, *["go"] * 2)
+    hold.get(timeout=120)
+    assert len(late.get(timeout=180)) == 1  # placed once the first one ended
+    wait_until(lambda: fair.running_of(client.hgetall(keys.FAIR_RUNNING), me) == fair.Running(), 30,
+               "the user's holds to end")
+    assert not client.hkeys(keys.FAIR_TAKEN)
+    assert float(client.hget(keys.FAIR_USAGE, f"u:{me}")) > 0  # its slot-seconds charged

@@ -141,3 +141,14 @@ def release(pipe, tags: list[str], charge: bool, now: float | None = None) -> No
     if tags:
         pipe.eval(RELEASE, len(keys.FAIR_KEYS), *keys.FAIR_KEYS, time() if now is None else now, half_life,
                   1 if charge else 0, *tags)
+
+
+def gang_hold(gang_id: str, attempt: int, worker_id: str) -> str:
+    """The ``keys.FAIR_TAKEN`` field of one gang node's hold (reserve.lua writes it)."""
+    return f"gang:{gang_id}:{attempt}:{worker_id}"
+
+
+def gang_holds_of(client, worker_id: str) -> list[str]:
+    """Every gang node's hold on ``worker_id`` (a worker that restarts holds none any more)."""
+    return [raw.decode() if isinstance(raw, bytes) else raw for raw, _ in
+            client.hscan_iter(keys.FAIR_TAKEN, match=f"gang:*:{keys.glob_escape(worker_id)}", count=1000)]

@@ -10,11 +10,13 @@ for i = 4, #ARGV do
   local held = redis.call('HGET', taken, ARGV[i])
   if held then
     redis.call('HDEL', taken, ARGV[i])
-    local user, start, w, g = string.match(held, '^(.*)\t([^\t]*)\t([^\t]*)\t([^\t]*)$')
-    if user then
-      start, w, g = tonumber(start), tonumber(w), tonumber(g)
-      redis.call('HINCRBY', running, 'slots:' .. user, -1)
+    local v = {}  -- user, start, weight, GPUs[, slots, gangs] (a gang node's hold: reserve.lua)
+    for part in string.gmatch(held, '[^\t]+') do v[#v + 1] = part end
+    if #v >= 4 then
+      local user, start, w, g = v[1], tonumber(v[2]), tonumber(v[3]), tonumber(v[4])
+      redis.call('HINCRBY', running, 'slots:' .. user, -tonumber(v[5] or '1'))
       if g > 0 then redis.call('HINCRBY', running, 'gpus:' .. user, -g) end
+      if tonumber(v[6] or '0') > 0 then redis.call('HINCRBY', running, 'gangs:' .. user, -tonumber(v[6])) end
       redis.call('HINCRBYFLOAT', running, 'weight:' .. user, -w)
       redis.call('HINCRBYFLOAT', running, 'since:' .. user, -w * start)
       if charge then

@@ -35,11 +35,13 @@ local function release(tag)
   local held = redis.call('HGET', taken, tag)
   if not held then return end
   redis.call('HDEL', taken, tag)
-  local user, start, w, g = string.match(held, '^(.*)\t([^\t]*)\t([^\t]*)\t([^\t]*)$')
-  if not user then return end
-  start, w, g = tonumber(start), tonumber(w), tonumber(g)
-  redis.call('HINCRBY', running, 'slots:' .. user, -1)
+  local v = {}  -- user, start, weight, GPUs[, slots, gangs] (a gang node's hold: reserve.lua)
+  for part in string.gmatch(held, '[^\t]+') do v[#v + 1] = part end
+  if #v < 4 then return end
+  local user, start, w, g = v[1], tonumber(v[2]), tonumber(v[3]), tonumber(v[4])
+  redis.call('HINCRBY', running, 'slots:' .. user, -tonumber(v[5] or '1'))
   if g > 0 then redis.call('HINCRBY', running, 'gpus:' .. user, -g) end
+  if tonumber(v[6] or '0') > 0 then redis.call('HINCRBY', running, 'gangs:' .. user, -tonumber(v[6])) end
   redis.call('HINCRBYFLOAT', running, 'weight:' .. user, -w)
   redis.call('HINCRBYFLOAT', running, 'since:' .. user, -w * start)
   local old = tonumber(redis.call('HGET', usage, 'u:' .. user) or '0')
