@@ -257,9 +257,16 @@ def fair_share(client, waiting: dict[str, int]) -> list[dict] | None:
                      "usage": snap.usage.get(user, 0.0), "factor": share.factor if share else 0.0,
                      "max_slots": p.max_slots, "max_gpus": p.max_gpus, "max_gangs": p.max_gangs,
                      "priority": p.priority, "waiting": waiting.get(user, 0),
-                     "reason": (reasons.get(user) if waiting.get(user) else None)
-                     or ("waits for a free slot" if waiting.get(user) else None)})
+                     "reason": _waits_because(user, p, held, reasons.get(user)) if waiting.get(user) else None})
     return rows
+
+
+def _waits_because(user: str, policy, held, written: str | None) -> str:
+    """Why a user's queued jobs wait now: its slot quota as the snapshot has it, a GPU quota a take found
+    (``written``, while the user still holds GPUs), or no free slot."""
+    return (fairshare.over_quota(user, policy, held)
+            or (written if written and "GPUs" in written and held.gpus else None)
+            or "waits for a free slot")
 
 
 def _fair_cells(row: dict) -> tuple[str, ...]:

@@ -158,3 +158,20 @@ def test_a_distributed_job_over_its_users_gang_quota_waits_with_the_reason(fresh
                "the user's holds to end")
     assert not client.hkeys(keys.FAIR_TAKEN)
     assert float(client.hget(keys.FAIR_USAGE, f"u:{me}")) > 0  # its slot-seconds charged
+
+
+def test_a_dead_workers_jobs_give_their_users_slots_back_when_they_are_requeued(fresh_fleet):
+    fleet = fresh_fleet
+    fleet.add_workers({"fd1": dict(slots=1, torch=False), "fd2": dict(slots=1, torch=False)})
+    fleet.connect()
+    client = redis_client()
+    set_policies(client, alice=Policy(max_slots=2))
+    handles = [as_user("alice", 2.0) for _ in range(2)]
+    wait_until(lambda: int(client.hget(keys.FAIR_RUNNING, "slots:alice") or 0) == 2 and
+               client.hlen(keys.FAIR_TAKEN) == 2, 30, "both jobs taken, one per worker")
+    fleet.kill_worker("fd1", signal.SIGKILL)
+    # fd2's janitor requeues fd1's job (its hold ends, charged), then runs it after its own
+    spans = [h.get(timeout=120) for h in handles]
+    assert len(spans) == 2
+    wait_until(lambda: int(client.hget(keys.FAIR_RUNNING, "slots:alice") or 0) == 0, 30, "alice's slots back")
+    assert client.hlen(keys.FAIR_TAKEN) == 0 and float(client.hget(keys.FAIR_RUNNING, "weight:alice")) == 0

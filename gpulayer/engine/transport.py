@@ -50,7 +50,7 @@ from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps
 
-from .. import signing
+from .. import queues, signing
 from ..errors import ConfigError
 from ..store import durability, fair, keys
 from . import batches, senders, takeover
@@ -150,8 +150,9 @@ class Channel(Prefetch, SentinelPools, kredis.Channel):
     def _put(self, queue, message, **kwargs):
         bell_key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))
         batch = kwargs.get("_publish_batch")
+        user = (message.get("headers") or {}).get(senders.CLIENT_HEADER) if queue != queues.CONTROL else None
         with self.conn_or_acquire() as client:  # a user with a policy: its own list (store/fair.py)
-            key = fair.queue_key(client, bell_key, (message.get("headers") or {}).get(senders.CLIENT_HEADER))
+            key = fair.queue_key(client, bell_key, user)
         if batch is not None:
             if key == bell_key:
                 super()._put(queue, message, **kwargs)
@@ -179,6 +180,8 @@ class Channel(Prefetch, SentinelPools, kredis.Channel):
 
     def _do_restore_message(self, payload, exchange, routing_key, pipe, leftmost=False):
         user = (payload.get("headers") or {}).get(senders.CLIENT_HEADER) if isinstance(payload, dict) else None
+        if any(queue == queues.CONTROL for queue in self._lookup(exchange, routing_key)):
+            user = None  # (the control consumer reads its queue's own list only)
         with self.conn_or_acquire() as client:
             has_policy = bool(user) and user in fair.policies(client)
         if not has_policy:

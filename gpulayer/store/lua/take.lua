@@ -51,11 +51,12 @@ local function release(tag)
   redis.call('HSET', usage, 'u:' .. user, tostring(old + w * math.max(0, now - start)), 'at:' .. user, tostring(t))
 end
 
+local holds = f > 0 and #ARGV >= 5 + 2 * r and redis.call('EXISTS', taken) == 1  -- (none: no HGET per ack)
 for i = 5 + 2 * r, #ARGV do
   redis.call('ZREM', index, ARGV[i])
   redis.call('HDEL', unacked, ARGV[i])
   redis.call('HDEL', records, ARGV[i])
-  if f > 0 then release(ARGV[i]) end
+  if holds then release(ARGV[i]) end
 end
 
 -- The envelope without its body: kombu writes the body first, and a signed body is base64 (no quote, no
