@@ -29,7 +29,7 @@ from .errors import ClusterUnavailable, JobRejected, PayloadError, UnsupportedOp
 from .models import Resources
 from .sentinel_url import is_sentinel_url
 from .store import durability
-from .store.connection import connect_redis
+from .store.connection import client_name, connect_redis
 from .store.reconcile import RECONCILE_WAIT, switched_within
 from .store.registry import CachedSnapshot, Registry
 
@@ -135,8 +135,16 @@ def _principal(settings: Settings) -> dict:
 
     token = Token.parse(settings.token.get_secret_value()) if settings.token else None
     secret = settings.secret_bytes()
-    cache = UsersCache(lambda: redis_client(settings), secret) if secret else None
+    cache = UsersCache(lambda: redis_client(settings, name=_users_client_name(), one_connection=True),
+                       secret) if secret else None
     return {"token": token, "users": cache}
+
+
+def _users_client_name() -> str | None:
+    """A worker's user-table reads show as ``gpulayer:<worker>:users`` in ``CLIENT LIST`` (one per process)."""
+    from .procs.runtime import current_worker
+    worker = current_worker()
+    return client_name(worker.id, "users") if worker is not None else None
 
 
 def settings() -> Settings | None:

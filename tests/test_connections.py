@@ -24,6 +24,9 @@ from gpulayer import Resources, submit
 from .fleets import running_fleet
 
 IDLE = 9  # the main process's connections, above
+# The user table's reads (app._users_client_name): one connection per process holding the secret, the main
+# process and each pool process; not yet shared with another of the process's connections (issue 45).
+SLOTS = {"w-one": 1, "w-four": 4}
 
 
 def test_a_worker_holds_nine_connections_and_one_per_pool_process_that_stored_a_result_itself(tmp_path):
@@ -39,7 +42,8 @@ def test_a_worker_holds_nine_connections_and_one_per_pool_process_that_stored_a_
             job.get(timeout=60)
         for name in ("w-one", "w-four"):  # successes only: their pool processes never connected
             names = sorted(c["name"] for c in fleet.connections(name))
-            assert len(names) <= IDLE, (name, ", ".join(names))
+            users = names.count(f"gpulayer:{name}:users")
+            assert users <= 1 + SLOTS[name] and len(names) - users <= IDLE, (name, ", ".join(names))
             assert all(n.startswith(f"gpulayer:{name}:") for n in names), names
             assert names.count(f"gpulayer:{name}:worker") == 1, names  # registry checks and janitor share one
             assert names.count(f"gpulayer:{name}:heartbeat") == 1, names
@@ -47,7 +51,7 @@ def test_a_worker_holds_nine_connections_and_one_per_pool_process_that_stored_a_
         failed = submit.s(divmod, 1, 0, resources=Resources(worker_ids=["w-one"])).apply_async(working_dir=False)
         assert failed.get(timeout=60, propagate=False) is not None and failed.failed()
         names = sorted(c["name"] for c in fleet.connections("w-one"))
-        assert len(names) <= IDLE + 1, names
+        assert len(names) - names.count("gpulayer:w-one:users") <= IDLE + 1, names
         assert "gpulayer:w-one:results" in names, names  # the failure's store: the count sees pool processes too
 
 

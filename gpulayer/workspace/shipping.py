@@ -49,7 +49,9 @@ class CodeSpec(NamedTuple):
 
 _default = CodeSpec()
 _built: dict[CodeSpec, archive.Archive | None] = {}
-_last_put: dict[str, float] = {}  # digest -> when this process last put it in (or renewed it in) the Redis it uses
+# (signer, digest) -> when this process last put it in (or renewed it in) the Redis it uses; the signer is the
+# token's user (None: the cluster secret), as each user's archive is signed by that user
+_last_put: dict[tuple[str | None, str], float] = {}
 RENEW_EVERY = keys.CODE_TTL / 4  # a client that keeps using an archive renews its expiry this often
 _lock = threading.Lock()
 _warned: set[str] = set()
@@ -176,10 +178,12 @@ def upload(client, found: archive.Archive) -> str:
     """Put ``found`` in the cluster's Redis, or renew its expiry there if it is there already; its digest."""
     name = keys.code_archive(found.digest)
     pipe = client.pipeline(transaction=False)
-    pipe.set(name, signing.sign(found.blob), ex=keys.CODE_TTL, nx=True)
+    # On a cluster with users, the archive goes in signed by this user even if another user's copy of the same
+    # content is there: workers check the signer, and that other user's token may be revoked.
+    pipe.set(name, signing.sign(found.blob), ex=keys.CODE_TTL, nx=signing.current_user() is None)
     pipe.expire(name, keys.CODE_TTL)  # one that was there already lives on from now
     pipe.execute()
-    _last_put[found.digest] = time.monotonic()
+    _last_put[(signing.current_user(), found.digest)] = time.monotonic()
     return found.digest
 
 
@@ -203,7 +207,7 @@ def digest_for(redis_client: Callable[[], object], options: dict | None = None) 
         found = build(spec)
     if found is None:
         return None
-    if time.monotonic() - _last_put.get(found.digest, -RENEW_EVERY) < RENEW_EVERY:
+    if time.monotonic() - _last_put.get((signing.current_user(), found.digest), -RENEW_EVERY) < RENEW_EVERY:
         return found.digest  # put in this cluster's Redis (or renewed) by this process lately
     return upload(redis_client(), found)
 
