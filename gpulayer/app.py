@@ -26,9 +26,10 @@ from .engine.senders import CLIENT_HEADER  # noqa: F401 (for tasks/submit.py)
 from .config import REPLICATED, Settings, tls_options
 from .deadline import Deadline
 from .errors import ClusterUnavailable, JobRejected, PayloadError, UnsupportedOption
+from .fairshare import Weights
 from .models import Resources
 from .sentinel_url import is_sentinel_url
-from .store import durability
+from .store import durability, fair
 from .store.connection import client_name, connect_redis
 from .store.reconcile import RECONCILE_WAIT, switched_within
 from .store.registry import CachedSnapshot, Registry
@@ -118,6 +119,9 @@ def configure(settings: Settings) -> None:
             worker_send_task_events=settings.events,
         )
         signing.configure(settings.secret_bytes(), settings.max_payload_bytes, **_principal(settings))
+        fair.configure(settings.fair_share_half_life, Weights(  # (store/fair.py: read by takes and status)
+            fair_share=settings.fair_share_weight, age=settings.fair_share_age_weight,
+            priority=settings.fair_share_priority_weight, max_age=settings.fair_share_max_age))
         # Celery's own entry points (celery.result.AsyncResult(id), GroupResult.restore, signatures
         # built without an app) use the current/default app: make that this one.
         app.set_default()

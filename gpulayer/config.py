@@ -99,6 +99,18 @@ class Settings(BaseModel):
                                                  "free slot, no prefetch)")
     prefetch_hold: float = Field(default=1.0, ge=0, description="seconds prefetched messages wait on a worker whose "
                                                                 "slots stay busy before they go back to their queue")
+    fair_share_half_life: float = Field(default=86400.0, gt=0, description="seconds in which a user's recorded "
+                                                                        "usage halves (Slurm's PriorityDecayHalfLife; "
+                                                                        "fair share is on while gl:users holds a "
+                                                                        "policy: docs/FAIRSHARE.md)")
+    fair_share_weight: float = Field(default=1000.0, ge=0, description="weight of the fair-share factor in a user's "
+                                                                      "priority (Slurm's PriorityWeightFairshare)")
+    fair_share_age_weight: float = Field(default=0.0, ge=0, description="weight of a job's age in its priority "
+                                                                        "(Slurm's PriorityWeightAge)")
+    fair_share_priority_weight: float = Field(default=0.0, ge=0, description="weight of the user's policy "
+                                                                             "priority in its priority")
+    fair_share_max_age: float = Field(default=7 * 86400.0, gt=0, description="age at which a job's age factor "
+                                                                             "reaches 1 (Slurm's PriorityMaxAge)")
     max_deliveries: int = Field(default=3, ge=1, le=100,
                                 description="deliveries of a job whose process or worker dies, before it fails")
     preempt_grace: float = Field(default=30.0, ge=0, description="seconds a preempted gang's ranks have between "

@@ -5,13 +5,13 @@ from __future__ import annotations
 import heapq
 import sys
 
-from . import queues
+from . import fairshare, queues
 from .config import Settings, home_dir, load_settings
 from .errors import ClusterUnavailable, ConfigError
 from .masking import mask_url
 from .sentinel_url import is_sentinel_url, parse_sentinel_url
 from .store.replication import describe as describe_replication, replication
-from .store import keys
+from .store import fair, keys
 from .store.broker_loss import LOST, unavailable
 from .store.connection import reachable
 from .store.gangs import GangStore
@@ -162,7 +162,8 @@ def _collect(settings: Settings, registry: Registry, full: bool | None, top: int
     workers = registry.current()
     read = read_queues(workers)
     client = registry.client  # this process's; left open for the next call (--watch)
-    lengths = queue_lengths(client, read)
+    per_user: dict[str, int] = {}
+    lengths = queue_lengths(client, read, per_user)
     gangs = GangStore(client)
     held = gangs.held()
     line = {g: i + 1 for i, g in enumerate(gangs.waiting())}  # gang id -> place in the waiting line
@@ -183,6 +184,7 @@ def _collect(settings: Settings, registry: Registry, full: bool | None, top: int
         "queues": lengths,
         "objects": _objects(settings, client),
         "users": _users(settings, client),
+        "fair_share": fair_share(client, per_user),
         "unread_queues": sorted(q for q, n in lengths.items() if n and q not in read),
         "gangs": [
             {"id": g["gang_id"], "name": g.get("spec", {}).get("name"), "state": g["state"], "reason": _reason(g),
@@ -262,11 +264,12 @@ def read_queues(workers) -> set[str]:
 _NOT_QUEUES = (f"{keys.NAMESPACE}:", "celery-task", "chord-unlock", "_kombu.")
 
 
-def queue_lengths(client, read) -> dict[str, int]:
+def queue_lengths(client, read, per_user: dict[str, int] | None = None) -> dict[str, int]:
     """Messages waiting per queue: every queue live workers read, and every other queue holding messages.
 
-    A queue is a Redis list (kombu's, one more list per priority step, ``<queue>\\x06\\x16<step>``);
-    finding the ones nobody reads costs one SCAN over the keyspace, in large steps.
+    A queue is a Redis list (kombu's, one more list per priority step, ``<queue>\\x06\\x16<step>``, and one
+    per user with a fair-share policy, ``keys.user_queue``); finding the ones nobody reads costs one SCAN over
+    the keyspace, in large steps. ``per_user`` (given) gets each user's waiting jobs added.
     """
     sep = "\x06\x16"
     found = set()
@@ -274,17 +277,56 @@ def queue_lengths(client, read) -> dict[str, int]:
         name = raw.decode(errors="replace")
         if not name.startswith(_NOT_QUEUES):
             found.add(name)
-    names = sorted(set(read) | {n.split(sep, 1)[0] for n in found})
+    names = sorted(set(read) | {keys.base_queue(n).split(sep, 1)[0] for n in found})
     # A Redis list exists only while it holds something: the queues the SCAN did not find are empty,
     # so only the found ones are counted (10,000 workers read 10,000 private queues, mostly empty).
-    lists = [(n.split(sep, 1)[0], n) for n in sorted(found)]
+    lists = [(keys.base_queue(n).split(sep, 1)[0], n) for n in sorted(found)]
     pipe = client.pipeline(transaction=False)
     for _, key in lists:
         pipe.llen(key)
     lengths = dict.fromkeys(names, 0)
-    for (q, _), n in zip(lists, pipe.execute()):
+    for (q, key), n in zip(lists, pipe.execute()):
         lengths[q] += int(n)
+        if per_user is not None and keys.USER_SEP in key:
+            user = key.split(keys.USER_SEP, 1)[1]
+            per_user[user] = per_user.get(user, 0) + int(n)
     return {q: n for q, n in lengths.items() if q in read or n}
+
+
+def fair_share(client, waiting: dict[str, int]) -> list[dict] | None:
+    """Each user with a policy, best-ranked first: what it runs, its share, decayed usage, F, quota, and its
+    waiting jobs with the reason (a quota); None while fair share is off (no policy in ``keys.USERS``)."""
+    snap = fair.snapshot(client)
+    if not snap.policies:
+        return None
+    computed = fairshare.shares(snap)
+    reasons = {k.decode(): v.decode() for k, v in client.hgetall(keys.FAIR_WAITING).items()}
+    rows = []
+    for user in fairshare.rank(snap, fair.weights):
+        p, held, share = snap.policies[user], snap.running.get(user, fairshare.Running()), computed.get(user)
+        rows.append({"user": user, "slots": held.slots, "gpus": held.gpus, "gangs": held.gangs,
+                     "share": p.share, "norm_share": share.norm_shares if share else 0.0,
+                     "usage": snap.usage.get(user, 0.0), "factor": share.factor if share else 0.0,
+                     "max_slots": p.max_slots, "max_gpus": p.max_gpus, "max_gangs": p.max_gangs,
+                     "priority": p.priority, "waiting": waiting.get(user, 0),
+                     "reason": _waits_because(user, p, held, reasons.get(user)) if waiting.get(user) else None})
+    return rows
+
+
+def _waits_because(user: str, policy, held, written: str | None) -> str:
+    """Why a user's queued jobs wait now: its slot quota as the snapshot has it, a GPU quota a take found
+    (``written``, while the user still holds GPUs), or no free slot."""
+    return (fairshare.over_quota(user, policy, held)
+            or (written if written and "GPUs" in written and held.gpus else None)
+            or "waits for a free slot")
+
+
+def _fair_cells(row: dict) -> tuple[str, ...]:
+    quota = ", ".join(f"{what} {row[k]}" for k, what in (("max_slots", "slots"), ("max_gpus", "GPUs"),
+                                                           ("max_gangs", "gangs")) if row[k] is not None)
+    return (row["user"], f"{row['slots']}" + (f" ({row['gpus']} GPUs)" if row["gpus"] else ""),
+            f"{row['share']:g} ({row['norm_share']:.0%})", f"{row['usage']:.0f}", f"{row['factor']:.3f}",
+            quota or "-", str(row["waiting"]), row["reason"] or "")
 
 
 def renderables(report: dict, full: bool | None = None) -> list:
@@ -329,6 +371,10 @@ def renderables(report: dict, full: bool | None = None) -> list:
                           caption, right=(1,)))
     if report.get("users"):
         out.append(_users_table(report["users"]))
+    if report.get("fair_share"):
+        out.append(_Lines("fair share (docs/FAIRSHARE.md)", [
+            ("user", "running slots", "share", "usage slot-s", "F", "quota", "waiting", "why"),
+            *map(_fair_cells, report["fair_share"])]))
     if report["gangs"]:
         out.append(_Lines("distributed jobs", [("id", "function", "shape", "state", "workers", "why"), *(
             (job["id"][:12], job["name"] or "-", f"{job['nodes']} x {job['procs_per_node']}",

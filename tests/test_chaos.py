@@ -125,7 +125,7 @@ def test_a_message_taken_by_a_worker_that_dies_at_once_goes_back_from_its_record
         # t1's take, as its transport does it (take.lua, recorded as it takes), then nothing: t1 dies.
         before = set(client.keys("*"))
         got = client.eval(transport.TAKE, 4, queues.DEFAULT, delivery.UNACKED, delivery.UNACKED_INDEX,
-                          keys.inflight(t1), 1, time.time(), 0)
+                          keys.inflight(t1), 1, time.time(), 0, 0)
         assert len(got) == 2 and client.llen(queues.DEFAULT) == 0 and client.hlen(keys.inflight(t1)) == 1
         assert set(client.keys("*")) - before <= {k.encode() for k in (delivery.UNACKED, delivery.UNACKED_INDEX,
                                                                        keys.inflight(t1))}

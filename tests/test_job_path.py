@@ -254,10 +254,12 @@ def test_takes_double_while_full_takes_start_at_once_and_fall_back_when_they_do_
     Channel._drained(ch)
     assert ch._burst == 1
 
-    def size(free, ahead, burst):
+    def size(free, ahead, burst, fair_on=False):
         gate = SimpleNamespace(free=lambda: free, ahead=lambda: ahead)
-        return Channel._batch_size(SimpleNamespace(qos=SimpleNamespace(gate=gate), _burst=burst))
+        return Channel._batch_size(SimpleNamespace(qos=SimpleNamespace(gate=gate), _burst=burst,
+                                                   _fair=SimpleNamespace(on=fair_on)))
     assert size(2, 4, 4) == 32 and size(2, 4, 1) == 8
+    assert size(2, 4, 4, fair_on=True) == 2  # fair share on: each take fills the free slots only (docs/FAIRSHARE.md)
     assert size(2, 1, 4) == 2 and size(2, 0, 4) == 2  # prefetch off, or a gang holds slots here: one per free slot
     assert size(0, 4, 1) == 4  # (a take while no slot is free: kombu asked anyway)
 

@@ -87,7 +87,7 @@ def take(r, queues_, life, want, acks=(), results=()):
     result_keys = [k for key, done, _, _ in results for k in (key, done)]
     result_args = [a for _, _, value, expires in results for a in (value, expires)]
     return script(keys=[*queues_, UNACKED, UNACKED_INDEX, keys.inflight(life), *result_keys],
-                  args=[want, 1000.0, len(results), *result_args, *acks])
+                  args=[want, 1000.0, len(results), 0, *result_args, *acks])
 
 
 def test_a_take_records_each_message_it_takes_in_the_same_step_and_acks_what_it_carries(r):

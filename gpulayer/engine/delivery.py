@@ -15,6 +15,7 @@ from typing import Iterator
 
 from kombu.transport import redis as kredis
 
+from ..store import fair
 from . import envelope
 
 UNACKED = kredis.Channel.unacked_key  # kombu's default key names (a channel's transport options may rename them)
@@ -61,6 +62,7 @@ class Unacked:
         """Remove ``tag``'s delivery without requeueing it (its job failed for good)."""
         pipe = client.pipeline()
         forget(pipe, tag, self.key, self.index_key)
+        fair.release(pipe, [tag], charge=True)  # its user's slot back (store/fair.py)
         pipe.execute()
 
 

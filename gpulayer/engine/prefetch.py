@@ -25,6 +25,7 @@ from kombu.asynchronous import get_event_loop
 from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 
+from ..store import fair, keys
 from . import envelope
 from .batches import batchable, batches
 from .bells import ring
@@ -54,6 +55,8 @@ class Prefetch:
         gate = self.qos.gate
         if gate is None:
             return 1
+        if self._fair.on:  # each take fills free slots from the best-ranked user's list (store/fair.py)
+            return max(1, gate.free())
         ahead = gate.ahead()
         return max(1, gate.free()) * (ahead * self._burst if ahead > 1 else 1)
 
@@ -63,7 +66,7 @@ class Prefetch:
         instead of a take's round trip later (and as small as what was left). So the worker holds at most one
         batch more than without it, given back after ``prefetch_hold`` if the jobs turned slow."""
         gate = self.qos.gate
-        return (batches.full_in_flight > 0 and gate is not None and len(self._buffer) < batches.size
+        return (batches.full_in_flight > 0 and gate is not None and not self._fair.on and len(self._buffer) < batches.size
                 and not self._closing and gate.ahead() > 0)
 
     def _buffer_taken(self, taken: list[tuple[bytes, bytes, dict]]) -> None:
@@ -102,7 +105,7 @@ class Prefetch:
 
     def _deliver_next(self) -> None:
         queue_key, _, message = self._buffer.popleft()
-        dest = bytes_to_str(queue_key).rsplit(self.sep, 1)[0]
+        dest = keys.base_queue(bytes_to_str(queue_key)).rsplit(self.sep, 1)[0]  # (a user's list: its queue's)
         self._queue_cycle.rotate(dest)
         self.connection._deliver(message, dest)
 
@@ -171,8 +174,9 @@ class Prefetch:
                 pipe = client.pipeline(transaction=False)
                 pipe.eval(GIVE_BACK, 3 + len(items), self.unacked_key, self.unacked_index_key,
                           self._records_key(), *queue_keys, *args)
+                fair.release(pipe, [tag for tag in args[0::2]], charge=False)  # never started: not charged
                 for queue_key in set(queue_keys):
-                    ring(pipe, queue_key)
+                    ring(pipe, keys.base_queue(bytes_to_str(queue_key)))
                 pipe.execute()
         except self.connection_errors as err:  # still recorded as ours: handed back after the reconnect
             self._sweep_later()

@@ -41,7 +41,7 @@ from kombu.entity import maybe_delivery_mode
 import redis
 from kombu.utils.json import dumps
 
-from ..store import durability, keys
+from ..store import durability, fair, keys
 from ..store.in_sync import forget
 from ..store.registry import load_script
 from . import senders
@@ -176,7 +176,7 @@ def publish_one(channel, queue: str, raw: str, job_id: str, sender: str) -> None
         def send(waits):
             refresh = senders.refresh_due(sender)
             out = durability.call_script(
-                client, script, [queue, keys.bell(queue), sent, keys.CLIENTS],
+                client, script, [fair.queue_key(client, queue, sender), keys.bell(queue), sent, keys.CLIENTS],
                 [raw, job_id, time(), BELL_TOKENS, keys.SENT_KEEP_SECONDS if refresh else "", sender], waits)
             if refresh:
                 senders.refreshed(sender)
@@ -195,7 +195,8 @@ def publish_chunk(channel, queue: str, raws: Sequence[str], ids: Sequence[str], 
     with channel.conn_or_acquire() as client:
         script = _script(client, "publish_chunk")
         members = keys.batch(batch_id)
-        script_keys = [queue, keys.bell(queue), keys.client_jobs(sender), members, keys.CLIENTS, keys.BATCHES]
+        script_keys = [fair.queue_key(client, queue, sender), keys.bell(queue), keys.client_jobs(sender), members,
+                       keys.CLIENTS, keys.BATCHES]  # (a user with a policy: its own list of the queue, store/fair.py)
         args = [len(raws), time(), BELL_TOKENS, keys.SENT_KEEP_SECONDS, sender, batch_id, *raws, *ids]
         waits, acked = _until_landed(  # WAIT on the same connection: returns once a replica has the whole chunk
             client, channel.durability, lambda w: durability.call_script(client, script, script_keys, args, w),

@@ -21,6 +21,7 @@ from celery.worker import state as worker_state
 from kombu.transport import redis as kredis
 from kombu.transport import virtual
 
+from ..store import fair
 from .batches import extra_active, extra_reserved
 
 
@@ -81,6 +82,7 @@ class QoS(kredis.QoS):
         records = self.channel._records_key()
         if records is not None:
             pipe.hdel(records, delivery_tag)
+        fair.release(pipe, [delivery_tag], charge=True)  # acked or requeued: its user's slot back (store/fair.py)
         return pipe
 
 

@@ -50,9 +50,9 @@ from kombu.transport import virtual
 from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps
 
-from .. import signing
+from .. import queues, signing
 from ..errors import ConfigError, PayloadRejected
-from ..store import durability, keys
+from ..store import durability, fair, keys
 from . import batches, senders, takeover
 from .senders import CLIENT_HEADER
 from .bells import BELL_TOKENS, ring
@@ -149,6 +149,7 @@ class Channel(Prefetch, SentinelPools, kredis.Channel):
         self._recorded: dict[str, bool] = {}
         self._poll_keys: list[str] = []
         self._carry = Carry()
+        self._fair = fair.Order()  # users' lists first, by fair-share rank, while a policy exists (store/fair.py)
         self._init_prefetch()
 
     @contextmanager
@@ -165,15 +166,21 @@ class Channel(Prefetch, SentinelPools, kredis.Channel):
 
     # -- publishing: every message rings its queue's bell -----------------------------------
     def _put(self, queue, message, **kwargs):
-        key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))
+        bell_key = self._q_for_pri(queue, self._get_message_priority(message, reverse=False))
         batch = kwargs.get("_publish_batch")
+        user = (message.get("headers") or {}).get(senders.CLIENT_HEADER) if queue != queues.CONTROL else None
+        with self.conn_or_acquire() as client:  # a user with a policy: its own list (store/fair.py)
+            key = fair.queue_key(client, bell_key, user)
         if batch is not None:
-            super()._put(queue, message, **kwargs)
+            if key == bell_key:
+                super()._put(queue, message, **kwargs)
+            else:
+                batch.add("lpush", key, dumps(message))
             senders.record(batch, message)
             rung = batch.__dict__.setdefault("_gpulayer_rung", {})
-            if rung.get(key, 0) < BELL_TOKENS:  # a bigger batch wakes no more workers
-                rung[key] = rung.get(key, 0) + 1
-                ring(batch, key)
+            if rung.get(bell_key, 0) < BELL_TOKENS:  # a bigger batch wakes no more workers
+                rung[bell_key] = rung.get(bell_key, 0) + 1
+                ring(batch, bell_key)
             return
         with self.conn_or_acquire() as client, client.pipeline(transaction=False) as pipe:
             pipe.lpush(key, dumps(message))
@@ -181,7 +188,7 @@ class Channel(Prefetch, SentinelPools, kredis.Channel):
             if self._expires and queue in self._expires:
                 for p in self.priority_steps:
                     pipe.pexpire(self._q_for_pri(queue, p), self._expires[queue])
-            ring(pipe, key)
+            ring(pipe, bell_key)
             job_id = (message.get("headers") or {}).get("id")  # a job's (not a control reply's)
             waits = durability.planned(self.durability, client) if job_id else durability.NONE
             if waits:  # on the same connection: returns once a replica has the message
@@ -190,7 +197,21 @@ class Channel(Prefetch, SentinelPools, kredis.Channel):
         durability.confirm(acked, waits, "publish", (job_id,), client)
 
     def _do_restore_message(self, payload, exchange, routing_key, pipe, leftmost=False):
-        super()._do_restore_message(payload, exchange, routing_key, pipe, leftmost)
+        user = (payload.get("headers") or {}).get(senders.CLIENT_HEADER) if isinstance(payload, dict) else None
+        if any(queue == queues.CONTROL for queue in self._lookup(exchange, routing_key)):
+            user = None  # (the control consumer reads its queue's own list only)
+        with self.conn_or_acquire() as client:
+            has_policy = bool(user) and user in fair.policies(client)
+        if not has_policy:
+            super()._do_restore_message(payload, exchange, routing_key, pipe, leftmost)
+        else:  # back to its user's list, as kombu restores one to its queue (marked redelivered)
+            for part in ("headers", "properties"):
+                target = payload.get(part) if part == "headers" else (payload.get(part) or {}).get("delivery_info")
+                if isinstance(target, dict):
+                    target["redelivered"] = True
+            for queue in self._lookup(exchange, routing_key):
+                key = self._q_for_pri(queue, self._get_message_priority(payload, reverse=False))
+                (pipe.lpush if leftmost else pipe.rpush)(keys.user_queue(key, user), dumps(payload))
         for queue in self._lookup(exchange, routing_key):
             ring(pipe, self._q_for_pri(queue, self._get_message_priority(payload, reverse=False)))
 
@@ -235,16 +256,19 @@ class Channel(Prefetch, SentinelPools, kredis.Channel):
             self._poll_keys = []  # results to store (with the acks that wait), nothing to take
         else:
             # Higher priority first (gpulayer's one convention for jobs and gangs): kombu's highest step's list,
-            # its base list (no priority, or 0) last. kombu itself serves step 0 first.
-            self._poll_keys = [self._q_for_pri(q, pri) for pri in sorted(self.priority_steps, reverse=True)
-                               for q in queues]
+            # its base list (no priority, or 0) last. kombu itself serves step 0 first. Users' lists first while
+            # a fair-share policy exists (store/fair.py).
+            with self.conn_or_acquire() as client:
+                self._poll_keys = self._fair.keys(client, [self._q_for_pri(q, pri)
+                                                           for pri in sorted(self.priority_steps, reverse=True)
+                                                           for q in queues])
         if self._taking_again or self._carry:
             self._poll_command = "EVAL"
             self._take_sent = self._take_args()
             args = ["EVALSHA", TAKE_SHA, *self._take_sent]
         else:
             self._poll_command = "BRPOP"
-            args = ["BRPOP", *[keys.bell(k) for k in self._poll_keys], timeout or 0]
+            args = ["BRPOP", *[keys.bell(k) for k in self._poll_keys if keys.USER_SEP not in k], timeout or 0]
         self._waits = args[0] == "EVAL" and self._carry_waits()
         self._in_poll = self.client.connection
         self._brpop_sent_at = monotonic()
@@ -263,8 +287,9 @@ class Channel(Prefetch, SentinelPools, kredis.Channel):
         result_keys, result_args, n_results, acks = self._carry.send()
         queue_keys = self._poll_keys if queue_keys is None else queue_keys
         want = self._batch_size() if queue_keys else 0
-        return [len(queue_keys) + 3 + len(result_keys), *queue_keys, self.unacked_key, self.unacked_index_key,
-                self._records_key(), *result_keys, want, time(), n_results, *result_args, *acks]
+        return [len(queue_keys) + 3 + len(keys.FAIR_KEYS) + len(result_keys), *queue_keys, self.unacked_key,
+                self.unacked_index_key, self._records_key(), *keys.FAIR_KEYS, *result_keys, want, time(), n_results,
+                fair.half_life, *result_args, *acks]
 
     def _brpop_read(self, **options):
         command, self._poll_command = self._poll_command, None

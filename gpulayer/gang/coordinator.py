@@ -166,7 +166,11 @@ def _try_one(store: GangStore, gang_id: str, workers, held: dict[str, int], now:
     except JobRejected as rejected:
         store.finish_if_waiting(gang_id, GangState.FAILED, str(rejected))
         return False
-    outcome, short, free = store.reserve(gang_id, attempt, placement, spec.procs_per_node)
+    outcome, short, free = store.reserve(gang_id, attempt, placement, spec.procs_per_node, spec.client,
+                                         spec.resources.gpus if spec.resources.cuda else 0)
+    if outcome == "quota":  # its user's fair-share quota: it waits, with the reason (docs/FAIRSHARE.md)
+        store.set_waiting(gang_id, f"waiting: {short}", since=now)
+        return False
     if outcome == "full":
         store.set_waiting(gang_id, f"waiting: {short} has {max(free, 0)} free slots now (taken since the "
                                    "snapshot); retrying", since=now)

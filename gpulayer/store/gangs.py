@@ -8,7 +8,7 @@ import time
 import redis
 
 from ..models import GangPlacement, GangSpec, GangState
-from . import durability, keys
+from . import durability, fair, keys
 from .registry import load_script
 
 KEEP_SECONDS = 86400
@@ -225,18 +225,22 @@ class GangStore:
     def held(self) -> dict[str, int]:
         return {k.decode(): int(v) for k, v in self.r.hgetall(keys.SLOTS_HELD).items()}
 
-    def reserve(self, gang_id: str, attempt: int, placement: GangPlacement, procs: int) -> tuple[str, str, int]:
+    def reserve(self, gang_id: str, attempt: int, placement: GangPlacement, procs: int, user: str | None = None,
+                gpus: int = 0) -> tuple[str, str, int]:
         """All or nothing, in one Lua script.
 
         On success the gang's record says running, with the placement, and it leaves the
         waiting line. Returns ("ok", "", 0), ("already", "", 0) if another coordinator
         reserved this attempt first, ("gone", "", 0) if the gang no longer waits (cancelled,
-        timed out), or ("full", worker that lacked room, its free slots).
+        timed out), ("full", worker that lacked room, its free slots), or ("quota", why, 0) while ``user``'s
+        fair-share quota holds it back (``gpus``: per process; docs/FAIRSHARE.md).
         """
         waits = self.waits if durability.worker_waits(self.waits, self.r) else durability.NONE
         out, acked = durability.call_script(
-            self.r, self._reserve, [keys.SLOTS_HELD, keys.WORKERS_INFO, keys.gang(gang_id), keys.GANGS_WAITING],
-            [procs, attempt, placement.model_dump_json(), placement.reason, gang_id, *placement.workers], waits)
+            self.r, self._reserve, [keys.SLOTS_HELD, keys.WORKERS_INFO, keys.gang(gang_id), keys.GANGS_WAITING,
+                                    *keys.FAIR_KEYS],
+            [procs, attempt, placement.model_dump_json(), placement.reason, gang_id, user or "", gpus, time.time(),
+             *placement.workers], waits)
         if waits:  # a miss is logged; the coordinator goes on (after a failover the ledger is reconciled)
             durability.worker_confirm(acked, waits, f"the reservation of gang {gang_id}", self.r)
         if int(out[0]) == 1:
@@ -245,18 +249,25 @@ class GangStore:
             return "already", "", 0
         if int(out[0]) == 3:
             return "gone", "", 0
+        if int(out[0]) == 4:
+            return "quota", out[1].decode(), 0
         return "full", out[1].decode(), int(out[2])
 
     def release(self, gang_id: str, attempt: int, worker_id: str, procs: int) -> bool:
-        """Give one worker's slots back for this attempt; idempotent."""
-        return bool(self._release(keys=[keys.SLOTS_HELD, keys.gang_attempt(gang_id, attempt, "released")],
-                                  args=[worker_id, procs]))
+        """Give one worker's slots back for this attempt, and its user's hold (charged); idempotent."""
+        released = bool(self._release(keys=[keys.SLOTS_HELD, keys.gang_attempt(gang_id, attempt, "released")],
+                                      args=[worker_id, procs]))
+        pipe = self.r.pipeline(transaction=False)
+        fair.release(pipe, [fair.gang_hold(gang_id, attempt, worker_id)], charge=True)
+        pipe.execute()
+        return released
 
     def forget_worker(self, worker_id: str) -> None:
         """A worker (re)starting holds nothing yet: drop stale holds and orders from a previous life."""
         pipe = self.r.pipeline()
         pipe.hdel(keys.SLOTS_HELD, worker_id)
         pipe.delete(keys.agent_orders(worker_id))
+        fair.release(pipe, fair.gang_holds_of(self.r, worker_id), charge=True)
         pipe.execute()
 
     # -- orders and what comes back ---------------------------------------------------------------

@@ -275,3 +275,37 @@ def obj(oid: str) -> str:
 
 def obj_holders(oid: str) -> str:
     return f"{obj(oid)}:holders"
+
+
+# Fair share and quotas (gpulayer/fairshare.py the formulas, store/fair.py the edge, docs/FAIRSHARE.md). Off while
+# gl:users is empty or missing: then nothing below is read or written and jobs run first come, first served.
+#   gl:users                   hash   user (the job's client identity) -> JSON {share, max_slots, max_gpus, max_gangs,
+#                                     priority, account?}; other fields (signatures) are ignored here
+#   gl:accounts                hash   account -> JSON {share, parent?}: the tree above users (none: users under root)
+#   <queue key>\x06\x15<user>  list   a user's jobs of one queue (priority key included), taken in fair-share order
+#                                     before the queue's own list (jobs of users without a policy, and restores
+#                                     of messages whose user has none)
+#   gl:fair:taken              hash   delivery tag -> "<user>\t<start>\t<weight>\t<gpus>": a job taken for a user,
+#                                     until its ack, give-back or requeue
+#   gl:fair:running            hash   slots:<user>, gpus:<user>, weight:<user> (slot-weights charging now),
+#                                     since:<user> (sum of weight x start), gangs:<user>
+#   gl:fair:usage              hash   u:<user> decayed slot-seconds as of at:<user> (Unix time)
+#   gl:fair:waiting            hash   user -> why its next job waits (a quota), set by the take that held it back
+USERS = f"{NAMESPACE}:users"
+ACCOUNTS = f"{NAMESPACE}:accounts"
+USER_SEP = "\x06\x15"
+FAIR_TAKEN = f"{NAMESPACE}:fair:taken"
+FAIR_RUNNING = f"{NAMESPACE}:fair:running"
+FAIR_USAGE = f"{NAMESPACE}:fair:usage"
+FAIR_WAITING = f"{NAMESPACE}:fair:waiting"
+FAIR_KEYS = (USERS, FAIR_TAKEN, FAIR_RUNNING, FAIR_USAGE, FAIR_WAITING)  # take.lua's and fair_release.lua's order
+
+
+def user_queue(queue_key: str, user: str) -> str:
+    """``user``'s list of the queue kept at ``queue_key``."""
+    return f"{queue_key}{USER_SEP}{user}"
+
+
+def base_queue(key: str) -> str:
+    """The queue key a user's list belongs to (``key`` itself for a queue's own list)."""
+    return key.split(USER_SEP, 1)[0]

@@ -151,7 +151,7 @@ class Emulator:
             pipe = self.client.pipeline(transaction=False)
             now = time.time()
             for wid in takers:
-                self.take(keys=[queue, UNACKED, UNACKED_INDEX, keys.inflight(self.lives[wid])], args=[1, now, 0],
+                self.take(keys=[queue, UNACKED, UNACKED_INDEX, keys.inflight(self.lives[wid])], args=[1, now, 0, 0],
                           client=pipe)
             got = [(wid, r) for wid, r in zip(takers, pipe.execute()) if r]
             if got:
