@@ -121,12 +121,7 @@ def _users(settings: Settings, client) -> list[dict]:
 
 
 def _users_table(users: list[dict]) -> "_Lines":
-    def cell(value) -> str:
-        if value is None:
-            return "-"
-        if isinstance(value, bool):
-            return "yes" if value else "no"
-        return f"{value:g}" if isinstance(value, float) else str(value)
+    from .users.table import cell
 
     rows = [(u["name"], *(cell(u[k]) for k in USER_FIELDS),
              {True: "", False: "not signed with the cluster secret: ignored", None: ""}[u["verified"]])

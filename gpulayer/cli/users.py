@@ -75,7 +75,7 @@ def rows(entries: dict) -> list[dict]:
 
 
 def render(entries: dict) -> list[str]:
-    table_rows = [[_cell(row[c]) for c in COLUMNS] for row in rows(entries)]
+    table_rows = [[table.cell(row[c]) for c in COLUMNS] for row in rows(entries)]
     widths = [max(len(c), *(len(r[i]) for r in table_rows)) if table_rows else len(c) for i, c in enumerate(COLUMNS)]
     return ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in [list(COLUMNS), *table_rows]]
 
@@ -99,16 +99,8 @@ def list_users(out=None) -> int:
     return 0
 
 
-def _cell(value) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
 def _quotas(entry) -> str:
-    return ", ".join(f"{k} {_cell(v)}" for k, v in (("share", entry.share), ("max_slots", entry.max_slots),
+    return ", ".join(f"{k} {table.cell(v)}" for k, v in (("share", entry.share), ("max_slots", entry.max_slots),
                                                    ("max_gpus", entry.max_gpus), ("max_gangs", entry.max_gangs),
                                                    ("priority", entry.priority), ("admin", entry.admin),
                                                    ("revoked", entry.revoked)))

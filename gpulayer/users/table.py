@@ -234,3 +234,12 @@ class UsersCache:
     def any(self) -> bool:
         """Does the cluster have users (at least one verified entry)? No: today's behaviour, unchanged."""
         return bool(self.entries())
+
+
+def cell(value) -> str:
+    """A table field as `gpulayer users list` and `gpulayer status` show it: "-" for none, yes/no, 0.5, 3."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return f"{value:g}" if isinstance(value, float) else str(value)
